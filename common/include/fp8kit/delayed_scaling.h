@@ -1,0 +1,50 @@
+/* Delayed scaling: amax-history update and scale recomputation for many
+ * tensors in one call (one kernel launch per 64 tensors on CUDA). */
+#ifndef FP8KIT_DELAYED_SCALING_H_
+#define FP8KIT_DELAYED_SCALING_H_
+
+#include "fp8kit/export.h"
+#include "fp8kit/status.h"
+#include "fp8kit/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum fp8kit_amax_reduction {
+  FP8KIT_AMAX_MAX = 0,        /* max over the whole history */
+  FP8KIT_AMAX_MOST_RECENT = 1 /* the newest amax only */
+} fp8kit_amax_reduction;
+
+/* One tensor's scaling state; every pointer is on the call's device. */
+typedef struct fp8kit_delayed_scaling_state {
+  float* amax_history;  /* [history_len], element 0 is the newest */
+  const float* amax;    /* the amax the last quantize wrote (1 float) */
+  float* scale;         /* read (previous scale) and written */
+  float* scale_inv;     /* written (= 1/scale) */
+  fp8kit_dtype fp8_dtype; /* E4M3 or E5M2: gives fp8_max */
+} fp8kit_delayed_scaling_state;
+
+typedef struct fp8kit_delayed_scaling_config {
+  int history_len;                 /* >= 1 */
+  int margin;                      /* scale = fp8_max / amax_reduced / 2**margin */
+  fp8kit_amax_reduction reduction;
+} fp8kit_delayed_scaling_config;
+
+/* For each state, in order:
+ *   1. roll the history: h[i] = h[i-1] for i = len-1..1, h[0] = *amax;
+ *   2. amax_reduced = max(h) or h[0] per config->reduction (NaN-propagating);
+ *   3. if amax_reduced is finite and > 0:
+ *        scale = fp8_max / amax_reduced / 2**margin, else keep the previous scale;
+ *   4. scale_inv = 1 / scale.
+ * `states` is a host array of `count` entries. */
+FP8KIT_API fp8kit_status fp8kit_delayed_scaling_update(
+    const fp8kit_delayed_scaling_state* states, int count,
+    const fp8kit_delayed_scaling_config* config, fp8kit_device_type device_type,
+    int device_index, void* stream);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif  /* FP8KIT_DELAYED_SCALING_H_ */

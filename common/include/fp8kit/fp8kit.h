@@ -1,0 +1,13 @@
+/* The whole fp8kit C API. */
+#ifndef FP8KIT_FP8KIT_H_
+#define FP8KIT_FP8KIT_H_
+
+#include "fp8kit/amax.h"
+#include "fp8kit/delayed_scaling.h"
+#include "fp8kit/device.h"
+#include "fp8kit/gemm.h"
+#include "fp8kit/quantize.h"
+#include "fp8kit/status.h"
+#include "fp8kit/tensor.h"
+
+#endif  /* FP8KIT_FP8KIT_H_ */

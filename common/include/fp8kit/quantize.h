@@ -1,0 +1,68 @@
+/* Per-tensor FP8 quantization and dequantization.
+ *
+ * Scale convention: see fp8kit/tensor.h. Rounding is round-to-nearest-even;
+ * finite values beyond the format's largest finite value saturate to it
+ * (+-448 for E4M3, +-57344 for E5M2); NaN stays NaN; +-inf saturates to
+ * +-max (E4M3 has no inf, and saturating keeps E5M2 consistent with it).
+ * Results are bit-identical between the CPU and CUDA implementations. */
+#ifndef FP8KIT_QUANTIZE_H_
+#define FP8KIT_QUANTIZE_H_
+
+#include "fp8kit/export.h"
+#include "fp8kit/status.h"
+#include "fp8kit/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Quantize with the scale already in output->scale (delayed scaling).
+ *   input:  float32/bfloat16/float16, any rank (rank 0 counts as [1]).
+ *   output: dtype E4M3 or E5M2, scaling_mode PER_TENSOR, same shape and
+ *           device as input. Fields read: scale (required). Fields written,
+ *           each only when non-NULL: data (rowwise), columnwise_data
+ *           (transposed [last dim, prod(leading dims)]), scale_inv
+ *           (= 1/scale), amax (= max |input|, NaN-propagating).
+ * At least one of data and columnwise_data must be non-NULL. Everything is
+ * produced in one pass over the input. */
+FP8KIT_API fp8kit_status fp8kit_quantize(const fp8kit_tensor* input, fp8kit_tensor* output,
+                                         void* stream);
+
+typedef struct fp8kit_current_scaling_config {
+  /* The scale is computed from max(amax, amax_epsilon); 0 disables. */
+  float amax_epsilon;
+  /* Round the scale down to a power of two (exact scale_inv). */
+  int force_pow2_scale;
+} fp8kit_current_scaling_config;
+
+/* Current scaling: amax of this tensor, then scale, then cast, in two passes
+ * over the input (one reduction, one cast). output->scale, scale_inv and amax
+ * are all required and written. A zero or non-finite amax gives scale 1.
+ * Other fields as for fp8kit_quantize. */
+FP8KIT_API fp8kit_status fp8kit_quantize_current_scaling(
+    const fp8kit_tensor* input, fp8kit_tensor* output,
+    const fp8kit_current_scaling_config* config, void* stream);
+
+/* Scale from an amax already on the device: the step current scaling uses
+ * between its two passes, exposed for callers that reduce amax themselves
+ * (for example across devices). All three pointers are one float on
+ * (device_type, device_index). */
+FP8KIT_API fp8kit_status fp8kit_compute_scale(const float* amax, float* scale, float* scale_inv,
+                                              fp8kit_dtype fp8_dtype,
+                                              const fp8kit_current_scaling_config* config,
+                                              fp8kit_device_type device_type, int device_index,
+                                              void* stream);
+
+/* Dequantize: output = q * scale_inv.
+ *   input:  E4M3 or E5M2 per-tensor tensor with scale_inv, and data (rowwise)
+ *           or, when from_columnwise != 0, columnwise_data.
+ *   output: float32/bfloat16/float16 with the input's logical shape (the
+ *           columnwise copy is transposed back). */
+FP8KIT_API fp8kit_status fp8kit_dequantize(const fp8kit_tensor* input, fp8kit_tensor* output,
+                                           int from_columnwise, void* stream);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif  /* FP8KIT_QUANTIZE_H_ */

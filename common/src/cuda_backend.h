@@ -1,0 +1,44 @@
+// The seam between the dispatching C API (common/src) and the CUDA
+// implementation (common/cuda). Only compiled in when FP8KIT_WITH_CUDA is
+// defined. Inputs reaching these functions are already validated by the
+// same checks the CPU path runs; they throw fp8kit::Error on CUDA or
+// cuBLASLt failures.
+#ifndef FP8KIT_SRC_CUDA_BACKEND_H_
+#define FP8KIT_SRC_CUDA_BACKEND_H_
+
+#include "fp8kit/delayed_scaling.h"
+#include "fp8kit/gemm.h"
+#include "fp8kit/quantize.h"
+#include "fp8kit/tensor.h"
+
+namespace fp8kit {
+namespace cuda {
+
+// Device queries (common/cuda/device.cu).
+int device_count();
+int compute_capability(int device_index);
+bool supports_non_tn_fp8_gemm(int device_index);
+
+// Kernels (common/cuda/*.cu). `stream` is a cudaStream_t.
+void amax(const fp8kit_tensor& input, float* amax_out, void* stream);
+void quantize(const fp8kit_tensor& input, fp8kit_tensor& output, void* stream);
+void quantize_current_scaling(const fp8kit_tensor& input, fp8kit_tensor& output,
+                              const fp8kit_current_scaling_config& config, void* stream);
+void compute_scale(const float* amax, float* scale, float* scale_inv, float fp8_max,
+                   const fp8kit_current_scaling_config& config, int device_index, void* stream);
+void dequantize(const fp8kit_tensor& input, fp8kit_tensor& output, bool from_columnwise,
+                void* stream);
+void delayed_scaling_update(const fp8kit_delayed_scaling_state* states, int count,
+                            const fp8kit_delayed_scaling_config& config, int device_index,
+                            void* stream);
+
+// cuBLASLt GEMM (common/cuda/gemm_cublaslt.cc).
+void gemm(const fp8kit_tensor& a, const fp8kit_tensor& b, fp8kit_tensor& d,
+          const fp8kit_gemm_config& config, void* stream);
+size_t gemm_workspace_size();
+size_t gemm_plan_cache_size();
+
+}  // namespace cuda
+}  // namespace fp8kit
+
+#endif  // FP8KIT_SRC_CUDA_BACKEND_H_
