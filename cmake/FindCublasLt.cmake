@@ -14,10 +14,8 @@ set(CMAKE_CUDA_STANDARD 17)
 enable_language(CUDA)
 find_package(CUDAToolkit REQUIRED)
 
-execute_process(
-  COMMAND "${Python_EXECUTABLE}" -c
-  "import importlib.util as u, pathlib as p\ns=u.find_spec('nvidia')\nprint(';'.join(str(x) for x in p.Path(list(s.submodule_search_locations)[0]).glob('*') if x.is_dir()) if s else '')"
-  OUTPUT_VARIABLE _fp8kit_wheel_dirs OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+fp8kit_python_query(_fp8kit_wheel_dirs
+  "import importlib.util as u, pathlib as p\ns=u.find_spec('nvidia')\nprint(';'.join(str(x) for x in p.Path(list(s.submodule_search_locations)[0]).glob('*') if x.is_dir()) if s else '')")
 
 find_path(FP8KIT_CUBLASLT_INCLUDE_DIR cublasLt.h
           HINTS ${CUDAToolkit_INCLUDE_DIRS} ${_fp8kit_wheel_dirs}

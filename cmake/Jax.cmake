@@ -1,8 +1,6 @@
 # fp8kit._jax_ext: the XLA FFI handlers, exported as PyCapsules.
-execute_process(COMMAND "${Python_EXECUTABLE}" -c "import jax.ffi; print(jax.ffi.include_dir())"
-                OUTPUT_VARIABLE FP8KIT_XLA_FFI_INCLUDE OUTPUT_STRIP_TRAILING_WHITESPACE
-                RESULT_VARIABLE _fp8kit_jax_found)
-if(NOT _fp8kit_jax_found EQUAL 0)
+fp8kit_python_query(FP8KIT_XLA_FFI_INCLUDE "import jax.ffi; print(jax.ffi.include_dir())")
+if(NOT FP8KIT_XLA_FFI_INCLUDE)
   message(FATAL_ERROR "fp8kit: building the JAX extension needs jax installed (or pass -DFP8KIT_JAX=OFF)")
 endif()
 file(GLOB FP8KIT_JAX_SRCS CONFIGURE_DEPENDS jax_ext/*.cc)

@@ -1,12 +1,9 @@
 # fp8kit._torch_ext: the pybind11 module under fp8kit.torch. Links against
 # the installed torch's libraries directly (no Caffe2 CMake config), with
 # torch's C++ ABI flag.
-execute_process(
-  COMMAND "${Python_EXECUTABLE}" -c
-  "import torch, torch.utils.cpp_extension as c, os\nprint(';'.join(c.include_paths()))\nprint(os.path.join(os.path.dirname(torch.__file__), 'lib'))\nprint(int(torch._C._GLIBCXX_USE_CXX11_ABI))\nprint(int(torch.version.cuda is not None))"
-  OUTPUT_VARIABLE _fp8kit_torch_info OUTPUT_STRIP_TRAILING_WHITESPACE
-  RESULT_VARIABLE _fp8kit_torch_found)
-if(NOT _fp8kit_torch_found EQUAL 0)
+fp8kit_python_query(_fp8kit_torch_info
+  "import torch, torch.utils.cpp_extension as c, os\nprint(','.join(c.include_paths()))\nprint(os.path.join(os.path.dirname(torch.__file__), 'lib'))\nprint(int(torch._C._GLIBCXX_USE_CXX11_ABI))\nprint(int(torch.version.cuda is not None))")
+if(NOT _fp8kit_torch_info)
   message(FATAL_ERROR "fp8kit: building the PyTorch extension needs torch installed (or pass -DFP8KIT_TORCH=OFF)")
 endif()
 string(REPLACE "\n" ";" _fp8kit_torch_info "${_fp8kit_torch_info}")

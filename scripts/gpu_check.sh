@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The whole GPU run on the H200, the one script everyone uses so numbers can
+# be repeated: build with CMake (the pip path), print the device facts and
+# the capability query, run the C++ and Python GPU tests, compute-sanitizer
+# on the kernels, then the benchmarks. Each stage writes a log to OUTDIR.
+#
+#   scripts/gpu_check.sh [OUTDIR]          (default: out/gpu)
+#   STAGES="build info cpp pytest sanitizer bench" scripts/gpu_check.sh
+#
+# Needs: nvcc + cuBLASLt, python3 with torch and jax (the GPU machine's
+# image). GoogleTest: libgtest-dev, or Debian's googletest source copied to
+# .gpu_deps/googletest (see README, "Building on a CUDA machine").
+set -uo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+OUTDIR=${1:-${OUT:-$REPO/out/gpu}}
+STAGES=${STAGES:-build info cpp pytest sanitizer bench}
+PY=${PYTHON:-python3}
+JOBS=${JOBS:-$(nproc)}
+mkdir -p "$OUTDIR"
+cd "$REPO"
+# JAX takes 75% of GPU memory by default; torch shares the GPU in these runs.
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+export PYTHONUNBUFFERED=1
+status=0
+run_stage() {  # name, command...
+  local name=$1; shift
+  echo "== $name: $*" | tee -a "$OUTDIR/summary.log"
+  local t0=$SECONDS
+  if "$@" >"$OUTDIR/$name.log" 2>&1; then
+    echo "   $name ok ($((SECONDS - t0)) s)" | tee -a "$OUTDIR/summary.log"
+  else
+    echo "   $name FAILED ($((SECONDS - t0)) s); tail:" | tee -a "$OUTDIR/summary.log"
+    tail -n 40 "$OUTDIR/$name.log" | tee -a "$OUTDIR/summary.log"
+    status=1
+  fi
+}
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+
+build() {
+  export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
+  "$PY" -m pip install --no-build-isolation --no-deps --force-reinstall -v \
+    -Ccmake.define.FP8KIT_CUDA=ON -Ccmake.define.FP8KIT_CUDA_ARCHITECTURES=90 \
+    -Cbuild-dir=build/gpu-pip . || return 1
+  local gtest=()
+  [ -d .gpu_deps/googletest ] && gtest=(-DFP8KIT_GTEST_SOURCE_DIR="$REPO/.gpu_deps/googletest")
+  cmake -S . -B build/gpu-cpp -G Ninja -DPython_EXECUTABLE="$(command -v "$PY")" \
+    -DFP8KIT_CUDA=ON -DFP8KIT_CUDA_ARCHITECTURES=90 -DFP8KIT_JAX=OFF -DFP8KIT_TORCH=OFF \
+    -DFP8KIT_CPP_TESTS=ON "${gtest[@]}" && cmake --build build/gpu-cpp -j "$JOBS"
+}
+info() {
+  nvidia-smi
+  cd /tmp && "$PY" - <<'PY'
+import fp8kit.torch as ft, torch, jax
+print("torch", torch.__version__, "jax", jax.__version__, "device", torch.cuda.get_device_name())
+print("capability", torch.cuda.get_device_capability())
+print("fp8kit built with CUDA:", ft.built_with_cuda())
+print("supports non-TN FP8 GEMM on cuda:0 ->", ft.supports_non_tn_fp8_gemm(torch.device("cuda", 0)))
+PY
+}
+cpp() { build/gpu-cpp/fp8kit_core_test --gtest_color=no; }
+pytests() { cd /tmp && "$PY" -m pytest -q -p no:cacheprovider -rs "$REPO/tests"; }
+sanitizer() {
+  local t=build/gpu-cpp/fp8kit_core_test
+  compute-sanitizer --tool memcheck --error-exitcode 1 $t --gtest_filter='*Cuda*:*Gpu*:*GPU*' &&
+  compute-sanitizer --tool racecheck --error-exitcode 1 $t --gtest_filter='*Cuda*Quant*:*Gpu*Quant*:*Cuda*Amax*:*Cuda*Transpose*'
+}
+bench() {
+  local tmp; tmp=$(mktemp -d)
+  for b in benchmarks/bench_*.py; do
+    echo "---- $b"; "$PY" "$b" --out "$tmp/$(basename "$b" .py).json" || status=1
+  done
+  "$PY" - "$tmp" "$OUTDIR/bench.json" <<'PY'
+import json, pathlib, sys
+merged = {p.stem: json.loads(p.read_text()) for p in sorted(pathlib.Path(sys.argv[1]).glob("*.json"))}
+pathlib.Path(sys.argv[2]).write_text(json.dumps(merged, indent=1))
+PY
+}
+
+has build && run_stage build build
+has info && run_stage info info
+has cpp && run_stage cpp cpp
+has pytest && run_stage pytest pytests
+has sanitizer && run_stage sanitizer sanitizer
+has bench && run_stage bench bench
+exit $status
