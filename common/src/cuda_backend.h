@@ -10,6 +10,7 @@
 #include "fp8kit/gemm.h"
 #include "fp8kit/quantize.h"
 #include "fp8kit/tensor.h"
+#include "gemm_problem.h"
 
 namespace fp8kit {
 namespace cuda {
@@ -32,9 +33,9 @@ void delayed_scaling_update(const fp8kit_delayed_scaling_state* states, int coun
                             const fp8kit_delayed_scaling_config& config, int device_index,
                             void* stream);
 
-// cuBLASLt GEMM (common/cuda/gemm_cublaslt.cc).
-void gemm(const fp8kit_tensor& a, const fp8kit_tensor& b, fp8kit_tensor& d,
-          const fp8kit_gemm_config& config, void* stream);
+// cuBLASLt GEMM (common/cuda/gemm_cublaslt.cc). Takes the problem that
+// make_gemm_problem (common/src/gemm_problem.h) validated and canonicalized.
+void gemm(const GemmProblem& problem, void* stream);
 size_t gemm_workspace_size();
 size_t gemm_plan_cache_size();
 

@@ -4,7 +4,10 @@
  * FP8 GEMMs in layouts other than TN (A transposed, B not, in cuBLAS's
  * column-major terms; in row-major terms: both operands K-contiguous).
  * cuBLASLt's rule: Ada (sm_89) and Hopper (sm_90) run FP8 GEMMs in TN only;
- * Blackwell (sm_100) and later also run NN, NT and TT. A CPU "device" has no
+ * data-center Blackwell (sm_100, sm_103) and sm_110 also run NN, NT and TT.
+ * The GeForce/workstation Blackwell parts (sm_120, sm_121) use Ada-style
+ * tensor cores and cuBLASLt keeps them TN-only, so the answer is 1 exactly
+ * for compute capability 10.0-11.x and 13.0 or later. A CPU "device" has no
  * cuBLASLt and answers 0, so the CPU reference exercises the same
  * columnwise-data path Hopper uses.
  *

@@ -19,8 +19,16 @@
  * columnwise data, which is exactly that transpose. Missing columnwise data
  * is an error naming the operand.
  *
- * Alignment rules of FP8 cuBLASLt, enforced on the CPU too: K, and N when D
- * is FP8, must be multiples of 16; every data pointer 16-byte aligned. */
+ * Alignment rules of FP8 cuBLASLt, enforced on the CPU too: K must be a
+ * multiple of 16 (and > 0); each row of D must be a multiple of 16 bytes (N a
+ * multiple of 16 for FP8 D, 8 for bf16/fp16 D, 4 for fp32 D); on devices that
+ * read an operand non-K-contiguous (sm_100), that operand's M or N must be a
+ * multiple of 16 too; every data pointer (A, B, D, bias, gelu_aux) must be
+ * 16-byte aligned.
+ *
+ * Type combinations are cuBLASLt's: E4M3 x E4M3, E4M3 x E5M2, E5M2 x E4M3;
+ * an E5M2 D needs one E5M2 operand. Bias dtype by D dtype: bf16 D -> bf16,
+ * fp16 D -> fp16, fp32 D -> bf16, FP8 D -> bf16 or fp16. */
 #ifndef FP8KIT_GEMM_H_
 #define FP8KIT_GEMM_H_
 
@@ -47,16 +55,25 @@ typedef struct fp8kit_gemm_config {
   float alpha;            /* 1 for a plain product */
   float beta;             /* 0, or accumulate into D's old contents (D not FP8) */
   fp8kit_epilogue epilogue;
-  const void* bias;       /* [N], dtype bias_dtype (bf16, or fp16/fp32 matching D); NULL unless a BIAS epilogue */
+  const void* bias;       /* [N], dtype bias_dtype (see the table above); NULL unless a BIAS epilogue */
   fp8kit_dtype bias_dtype;
   /* GELU epilogues: when non-NULL, the pre-GELU value is stored here as
-   * [M,N] row-major in D's dtype (bf16/fp16) for the backward pass. */
+   * [M,N] row-major in D's dtype for the backward pass; D must then be
+   * bf16 or fp16. */
   void* gelu_aux;
   /* 1: promote partial sums to FP32 every few K steps (more accurate);
    * 0: fast accumulation in the tensor core's native precision. */
   int use_split_accumulator;
-  void* workspace;        /* device memory for cuBLASLt; may be NULL with size 0 */
+  /* Device memory for cuBLASLt, 256-byte aligned, ideally
+   * fp8kit_gemm_workspace_size() bytes. NULL with size 0: fp8kit uses its own
+   * workspace of that size, allocated once per (device, stream) on first use
+   * and kept for the life of the process. Ignored on CPU. */
+  void* workspace;
   size_t workspace_bytes;
+  /* Element counts of bias and gelu_aux, checked against N and M*N when
+   * > 0 (0 = not given, not checked). Front ends should always set them. */
+  int64_t bias_numel;
+  int64_t gelu_aux_numel;
 } fp8kit_gemm_config;
 
 /* A config with alpha = 1, no epilogue and split accumulation on. */

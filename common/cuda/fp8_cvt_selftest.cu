@@ -1,0 +1,65 @@
+// fp8kit::cuda::fp8_cvt_selftest (see common/src/quantize_cuda_selftest.h):
+// the kernels' FP8 conversion against fp8_convert.h over all 2^32 float32
+// bit patterns. A test hook: it allocates and synchronizes, which no op does.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda_check.h"
+#include "fp8_convert.h"
+#include "quantize_cuda_selftest.h"
+#include "quantize_device.cuh"
+
+namespace fp8kit {
+namespace cuda {
+namespace {
+
+struct Counters {
+  unsigned long long mismatches;
+  unsigned int first;
+};
+
+template <bool kE4M3>
+__global__ void cvt_selftest_kernel(Counters* counters) {
+  const uint64_t stride = uint64_t(gridDim.x) * blockDim.x * 4;
+  for (uint64_t base = (uint64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
+       base < (uint64_t(1) << 32); base += stride) {
+    float f[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) f[i] = __uint_as_float(uint32_t(base + i));
+    const uint32_t hw = cvt4<kE4M3>(f[0], f[1], f[2], f[3]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t sw = kE4M3 ? float_to_e4m3_bits(f[i]) : float_to_e5m2_bits(f[i]);
+      if (((hw >> (8 * i)) & 0xffu) != sw) {
+        atomicAdd(&counters->mismatches, 1ull);
+        atomicMin(&counters->first, uint32_t(base + i));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+CvtSelftestResult fp8_cvt_selftest(bool e4m3) {
+  const char* op = "fp8_cvt_selftest";
+  Counters* d = nullptr;
+  cuda_check(cudaMalloc(&d, sizeof(Counters)), op, "cudaMalloc");
+  Counters h{0, 0xffffffffu};
+  cudaError_t e = cudaMemcpy(d, &h, sizeof(h), cudaMemcpyHostToDevice);
+  if (e == cudaSuccess) {
+    if (e4m3) {
+      cvt_selftest_kernel<true><<<4096, 256>>>(d);
+    } else {
+      cvt_selftest_kernel<false><<<4096, 256>>>(d);
+    }
+    e = cudaGetLastError();
+  }
+  if (e == cudaSuccess) e = cudaMemcpy(&h, d, sizeof(h), cudaMemcpyDeviceToHost);
+  (void)cudaFree(d);
+  cuda_check(e, op, "running the conversion self-test kernel");
+  return CvtSelftestResult{h.mismatches, h.first};
+}
+
+}  // namespace cuda
+}  // namespace fp8kit

@@ -1,0 +1,97 @@
+// Scale arithmetic shared (host and device inline) by the CPU reference and
+// the CUDA kernels, so both compute bit-identical scales: current scaling
+// (scale from this tensor's amax) and delayed scaling (scale from an amax
+// history). Every operation is a single IEEE float32 operation with
+// round-to-nearest-even; no fused or approximate math.
+#ifndef FP8KIT_SRC_COMPUTE_SCALE_H_
+#define FP8KIT_SRC_COMPUTE_SCALE_H_
+
+#include <cstdint>
+
+#include "float_bits.h"
+
+namespace fp8kit {
+
+// Largest finite float32 (FLT_MAX) and smallest normal float32 (FLT_MIN).
+constexpr uint32_t kFloatMaxBits = 0x7f7fffffu;
+constexpr uint32_t kFloatMinNormalBits = 0x00800000u;
+
+FP8KIT_HD bool is_finite_float(float x) {
+  return (float_to_bits(x) & 0x7f800000u) != 0x7f800000u;
+}
+
+FP8KIT_HD bool is_nan_float(float x) { return (float_to_bits(x) & 0x7fffffffu) > 0x7f800000u; }
+
+// a / b, correctly rounded, on host and device alike.
+FP8KIT_HD float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+// a * b, correctly rounded, never contracted into an FMA.
+FP8KIT_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+// scale_inv = 1 / scale.
+FP8KIT_HD float reciprocal(float scale) { return div_rn(1.0f, scale); }
+
+// Keeps a computed scale usable: one that overflowed float32 (amax tiny
+// next to fp8_max) becomes FLT_MAX, one that underflowed to zero or a
+// denormal becomes FLT_MIN, so that scale_inv = 1/scale stays finite and
+// non-zero.
+FP8KIT_HD float clamp_scale(float scale) {
+  const uint32_t bits = float_to_bits(scale);
+  if (bits >= 0x7f800000u) return bits_to_float(kFloatMaxBits);  // +inf (NaN cannot occur)
+  if (bits < kFloatMinNormalBits) return bits_to_float(kFloatMinNormalBits);
+  return scale;
+}
+
+// Current scaling: the scale for a tensor whose max |x| is `amax`.
+//   - amax zero, NaN or inf (the tensor is all zeros or holds a non-finite
+//     value), or negative (not a valid amax): 1;
+//   - otherwise fp8_max / max(amax, epsilon), clamped as above;
+//   - force_pow2: then rounded down to a power of two (the float32
+//     mantissa cleared), so that scale_inv is exact.
+FP8KIT_HD float current_scale_from_amax(float amax, float fp8_max, float epsilon,
+                                        bool force_pow2) {
+  if (!is_finite_float(amax) || !(amax > 0.0f)) return 1.0f;
+  const float denom = amax < epsilon ? epsilon : amax;
+  float scale = clamp_scale(div_rn(fp8_max, denom));
+  if (force_pow2) scale = bits_to_float(float_to_bits(scale) & 0xff800000u);
+  return scale;
+}
+
+// 2**e as a float for |e| <= 126 (exact).
+FP8KIT_HD float exp2_int(int e) { return bits_to_float(uint32_t(127 + e) << 23); }
+
+// Delayed scaling: the new scale from the reduced amax history.
+//   - amax_reduced finite and > 0: fp8_max / amax_reduced / 2**margin
+//     (the division by 2**margin done as an exact multiplication by
+//     2**-margin, |margin| <= 126), clamped as above;
+//   - otherwise (zero, negative, NaN, inf): the previous scale, unchanged.
+FP8KIT_HD float delayed_scale_from_amax(float amax_reduced, float previous_scale, float fp8_max,
+                                        int margin) {
+  if (!is_finite_float(amax_reduced) || !(amax_reduced > 0.0f)) return previous_scale;
+  return clamp_scale(mul_rn(div_rn(fp8_max, amax_reduced), exp2_int(-margin)));
+}
+
+// NaN-propagating max of two amax values: NaN if either is NaN. Max is
+// associative and commutative here, so any reduction order gives the same
+// NaN-ness and, for non-NaN inputs, the same value.
+FP8KIT_HD float max_nan(float a, float b) {
+  if (is_nan_float(a)) return a;
+  if (is_nan_float(b)) return b;
+  return a > b ? a : b;
+}
+
+}  // namespace fp8kit
+
+#endif  // FP8KIT_SRC_COMPUTE_SCALE_H_

@@ -1,0 +1,30 @@
+// CPU reference of per-tensor quantization: one pass over the input that
+// writes the rowwise and/or columnwise FP8 copies and measures amax.
+#ifndef FP8KIT_SRC_QUANTIZE_CPU_H_
+#define FP8KIT_SRC_QUANTIZE_CPU_H_
+
+#include <cstdint>
+
+#include "fp8kit/quantize.h"
+#include "fp8kit/tensor.h"
+
+namespace fp8kit {
+
+// q = fp8(x * scale) for every element of `input` (float32/bfloat16/float16,
+// validated). `data` (row-major, input's shape) and `data_t` (the
+// [rows, cols] flattening transposed, i.e. row-major [cols, rows]) are
+// written when non-NULL. Returns max |x| (NaN if any x is NaN, 0 if empty).
+float quantize_cpu(const fp8kit_tensor& input, float scale, fp8kit_dtype fp8_dtype, uint8_t* data,
+                   uint8_t* data_t);
+
+// fp8kit_quantize on a CPU tensor (arguments validated).
+void quantize_delayed_cpu(const fp8kit_tensor& input, fp8kit_tensor& output);
+
+// fp8kit_quantize_current_scaling on a CPU tensor (arguments validated):
+// amax pass, scale, cast pass.
+void quantize_current_scaling_cpu(const fp8kit_tensor& input, fp8kit_tensor& output,
+                                  const fp8kit_current_scaling_config& config);
+
+}  // namespace fp8kit
+
+#endif  // FP8KIT_SRC_QUANTIZE_CPU_H_

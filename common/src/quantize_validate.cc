@@ -1,0 +1,92 @@
+#include "quantize_validate.h"
+
+#include <cmath>
+
+#include "error.h"
+#include "validate.h"
+
+namespace fp8kit {
+
+void check_per_tensor_mode(const char* op, const char* arg, const fp8kit_tensor& t) {
+  switch (t.scaling_mode) {
+    case FP8KIT_SCALING_PER_TENSOR: return;
+    case FP8KIT_SCALING_NONE:
+      fail(FP8KIT_INVALID_ARGUMENT, op, ": ", arg,
+           " has scaling_mode FP8KIT_SCALING_NONE; an FP8 tensor needs "
+           "FP8KIT_SCALING_PER_TENSOR with its scale pointers");
+    case FP8KIT_SCALING_BLOCK_1X128:
+    case FP8KIT_SCALING_BLOCK_128X128:
+    case FP8KIT_SCALING_MXFP8_1X32:
+      fail(FP8KIT_UNSUPPORTED, op, ": ", arg, " has block scaling mode ", int(t.scaling_mode),
+           ", which is not implemented yet; use FP8KIT_SCALING_PER_TENSOR");
+  }
+  fail(FP8KIT_INVALID_ARGUMENT, op, ": ", arg, " has unknown scaling_mode ",
+       int(t.scaling_mode), "; use FP8KIT_SCALING_PER_TENSOR");
+}
+
+void check_quantize_args(const char* op, const fp8kit_tensor* input, const fp8kit_tensor* output,
+                         bool current_scaling) {
+  check_tensor(op, "input", input);
+  check_high_precision(op, "input", *input);
+  check_tensor(op, "output", output, /*allow_null_data=*/true);
+  check_fp8(op, "output", *output);
+  check_per_tensor_mode(op, "output", *output);
+  check_same_device(op, "input", *input, "output", *output);
+  check_same_shape(op, "input", *input, "output", *output);
+  // An empty tensor has nothing to write, and frameworks hand out NULL data
+  // pointers for empty storage, so only tensors with elements need one.
+  FP8KIT_CHECK(fp8kit_tensor_numel(output) == 0 || output->data != nullptr ||
+                   output->columnwise_data != nullptr,
+               op, ": output has neither data nor columnwise_data; set at least one of them "
+               "(data for the rowwise copy, columnwise_data for the transposed copy)");
+  FP8KIT_CHECK(output->scale != nullptr, op,
+               current_scaling ? ": output->scale is NULL; current scaling writes the scale it "
+                                 "computes there, so pass a buffer of 1 float"
+                               : ": output->scale is NULL; delayed-scaling quantize reads the "
+                                 "scale from there (or use fp8kit_quantize_current_scaling)");
+  if (current_scaling) {
+    FP8KIT_CHECK(output->scale_inv != nullptr, op,
+                 ": output->scale_inv is NULL; current scaling writes 1/scale there, so pass "
+                 "a buffer of 1 float");
+    FP8KIT_CHECK(output->amax != nullptr, op,
+                 ": output->amax is NULL; current scaling writes the input's amax there, so "
+                 "pass a buffer of 1 float");
+  }
+}
+
+void check_current_scaling_config(const char* op, const fp8kit_current_scaling_config* config) {
+  FP8KIT_CHECK(config != nullptr, op,
+               ": config is NULL; pass a fp8kit_current_scaling_config (amax_epsilon = 0 "
+               "and force_pow2_scale = 0 for plain current scaling)");
+  FP8KIT_CHECK(std::isfinite(config->amax_epsilon) && config->amax_epsilon >= 0.0f, op,
+               ": config->amax_epsilon is ", config->amax_epsilon,
+               "; it must be a finite number >= 0 (0 disables it)");
+}
+
+void check_dequantize_args(const fp8kit_tensor* input, const fp8kit_tensor* output,
+                           int from_columnwise) {
+  const char* op = "dequantize";
+  check_tensor(op, "input", input, /*allow_null_data=*/true);
+  check_fp8(op, "input", *input);
+  check_per_tensor_mode(op, "input", *input);
+  check_tensor(op, "output", output);
+  check_high_precision(op, "output", *output);
+  check_same_device(op, "input", *input, "output", *output);
+  check_same_shape(op, "input", *input, "output", *output);
+  FP8KIT_CHECK(input->scale_inv != nullptr, op,
+               ": input->scale_inv is NULL; dequantize multiplies by it, so pass the "
+               "tensor's scale_inv");
+  if (fp8kit_tensor_numel(input) > 0) {
+    if (from_columnwise) {
+      FP8KIT_CHECK(input->columnwise_data != nullptr, op,
+                   ": from_columnwise is set but input->columnwise_data is NULL; quantize with "
+                   "a columnwise output or dequantize the rowwise data (from_columnwise = 0)");
+    } else {
+      FP8KIT_CHECK(input->data != nullptr, op,
+                   ": input->data (rowwise) is NULL; pass from_columnwise = 1 to read the "
+                   "columnwise copy instead");
+    }
+  }
+}
+
+}  // namespace fp8kit

@@ -1,0 +1,35 @@
+// Argument checks of quantize, current-scaling quantize, compute_scale and
+// dequantize, run before the CPU or CUDA path so both accept exactly the
+// same inputs. Each throws fp8kit::Error naming the op, the argument and
+// the fix.
+#ifndef FP8KIT_SRC_QUANTIZE_VALIDATE_H_
+#define FP8KIT_SRC_QUANTIZE_VALIDATE_H_
+
+#include "fp8kit/quantize.h"
+#include "fp8kit/tensor.h"
+
+namespace fp8kit {
+
+// The output descriptor of a per-tensor quantize: FP8 dtype, PER_TENSOR
+// scaling mode (block modes: FP8KIT_UNSUPPORTED), same shape and device as
+// `input`, at least one of data / columnwise_data when there are elements,
+// and the scale pointers `op` needs (scale always; scale_inv and amax too
+// when `current_scaling`).
+void check_quantize_args(const char* op, const fp8kit_tensor* input, const fp8kit_tensor* output,
+                         bool current_scaling);
+
+// amax_epsilon finite and >= 0.
+void check_current_scaling_config(const char* op, const fp8kit_current_scaling_config* config);
+
+// input: FP8 per-tensor with scale_inv and the data selected by
+// from_columnwise; output: float32/bfloat16/float16 of the same shape and
+// device.
+void check_dequantize_args(const fp8kit_tensor* input, const fp8kit_tensor* output,
+                           int from_columnwise);
+
+// scaling_mode must be PER_TENSOR; the block modes are not implemented yet.
+void check_per_tensor_mode(const char* op, const char* arg, const fp8kit_tensor& t);
+
+}  // namespace fp8kit
+
+#endif  // FP8KIT_SRC_QUANTIZE_VALIDATE_H_
