@@ -5,7 +5,10 @@ if(NOT FP8KIT_XLA_FFI_INCLUDE)
 endif()
 file(GLOB FP8KIT_JAX_SRCS CONFIGURE_DEPENDS jax_ext/*.cc)
 pybind11_add_module(_jax_ext MODULE ${FP8KIT_JAX_SRCS})
-target_include_directories(_jax_ext PRIVATE ${FP8KIT_XLA_FFI_INCLUDE} jax_ext)
+# SYSTEM: the XLA FFI headers trigger GCC warnings (always_inline,
+# return-type) that are not ours to fix.
+target_include_directories(_jax_ext SYSTEM PRIVATE ${FP8KIT_XLA_FFI_INCLUDE})
+target_include_directories(_jax_ext PRIVATE jax_ext)
 target_link_libraries(_jax_ext PRIVATE fp8kit_core)
 if(FP8KIT_WITH_CUDA)
   target_link_libraries(_jax_ext PRIVATE CUDA::cudart_static)

@@ -4,9 +4,10 @@
 // Read-only and bandwidth-bound: a grid of a few blocks per SM strides over
 // 16-byte vectors, each thread keeping 4 vector loads in flight, folding
 // |x| bit patterns (16-bit formats two at a time with a SIMD max), then one
-// warp max, one block max and one atomicMax per block on *amax, which is
-// zeroed on the stream first. Elements before the first 16-byte boundary
-// and after the last are read one by one.
+// warp max, one block max and one atomicMax per block on *amax, which a
+// one-thread kernel zeroes just before (launched back to back with
+// programmatic dependent launch, so no launch gap; see pdl.cuh). Elements
+// before the first 16-byte boundary and after the last are read one by one.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -15,6 +16,7 @@
 #include "cuda_backend.h"
 #include "cuda_check.h"
 #include "launch_config.h"
+#include "pdl.cuh"
 #include "quantize_device.cuh"
 #include "quantize_launch.h"
 
@@ -40,6 +42,11 @@ __device__ __forceinline__ uint32_t abs_float_bits(uint32_t bits) {
     if (h > 0x7c00u) return 0x7fffffffu;  // NaN
     return __float_as_uint(__half2float(__ushort_as_half(static_cast<unsigned short>(h))));
   }
+}
+
+__global__ void zero_amax_kernel(float* amax) {
+  pdl_trigger();  // the dependent may start; it waits for our write itself
+  *amax = 0.0f;
 }
 
 template <int kIn>
@@ -110,11 +117,16 @@ void launch_amax_typed(const void* data, int64_t n, float* amax, cudaStream_t st
   const int64_t max_blocks = int64_t(sm_count(op)) * kAmaxBlocksPerSm;
   if (blocks > max_blocks) blocks = max_blocks;
   if (blocks < 1) blocks = 1;
-  amax_kernel<kIn><<<unsigned(blocks), kAmaxThreads, 0, stream>>>(data, head, n_vec, n, amax);
-  check_launch(op, "launching the amax kernel");
+  launch_pdl(amax_kernel<kIn>, dim3(unsigned(blocks)), dim3(kAmaxThreads), stream, op,
+             "launching the amax kernel", data, head, n_vec, n, amax);
 }
 
 }  // namespace
+
+void launch_zero_amax(float* amax, cudaStream_t stream, const char* op) {
+  zero_amax_kernel<<<1, 1, 0, stream>>>(amax);
+  check_launch(op, "launching the amax zeroing kernel");
+}
 
 void launch_amax(const void* data, fp8kit_dtype dtype, int64_t n, float* amax,
                  cudaStream_t stream, const char* op) {
@@ -129,8 +141,7 @@ void amax(const fp8kit_tensor& input, float* amax_out, void* stream_ptr) {
   const char* op = "amax";
   ScopedDevice device(input.device_index, op);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  cuda_check(cudaMemsetAsync(amax_out, 0, sizeof(float), stream), op,
-             "cudaMemsetAsync of amax_out");
+  launch_zero_amax(amax_out, stream, op);
   const int64_t n = fp8kit_tensor_numel(&input);
   if (n > 0) launch_amax(input.data, input.dtype, n, amax_out, stream, op);
 }

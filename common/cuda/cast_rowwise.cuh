@@ -39,7 +39,6 @@ struct CastFlatParams {
 template <int kIn, bool kE4M3>
 __global__ void __launch_bounds__(kFlatThreads) cast_flat_kernel(const CastFlatParams p) {
   __shared__ uint32_t warp_max[kFlatWarps];
-  const float scale = read_scale(p.scale);
   uint32_t amax_bits = 0;
   const int64_t block_base = int64_t(blockIdx.x) * kFlatBlockElems;
 
@@ -51,6 +50,7 @@ __global__ void __launch_bounds__(kFlatThreads) cast_flat_kernel(const CastFlatP
       load_raw8<kIn>(p.in, base, raw[u][0]);
       load_raw8<kIn>(p.in, base + 8, raw[u][1]);
     }
+    const float scale = read_scale(p.scale);  // after the loads: it may wait (pdl.cuh)
 #pragma unroll
     for (int u = 0; u < kFlatUnroll; ++u) {
       const int64_t base = block_base + int64_t(u * kFlatThreads + threadIdx.x) * kFlatChunk;
@@ -61,6 +61,7 @@ __global__ void __launch_bounds__(kFlatThreads) cast_flat_kernel(const CastFlatP
       if (p.out2 != nullptr) *reinterpret_cast<uint4*>(p.out2 + base) = v;
     }
   } else {
+    const float scale = read_scale(p.scale);
 #pragma unroll
     for (int u = 0; u < kFlatUnroll; ++u) {
       const int64_t base = block_base + int64_t(u * kFlatThreads + threadIdx.x) * kFlatChunk;

@@ -89,7 +89,7 @@ __device__ __forceinline__ void store_col_piece(uint8_t* dst, const uint4& v, in
 }
 
 template <int kIn, bool kE4M3, bool kRowwise>
-__global__ void __launch_bounds__(kCtThreads)
+__global__ void __launch_bounds__(kCtThreads, kIn == FP8KIT_FLOAT32 ? 2 : 4)
     cast_transpose_kernel(const CastTransposeParams p) {
   __shared__ __align__(16) uint4 tile_t[kCtTile * 8];  // [128 cols][16 slots of 8 B]
   __shared__ uint32_t warp_max[kCtWarps];

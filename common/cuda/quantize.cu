@@ -3,9 +3,13 @@
 // scale on the device): kernel choice and launches.
 //
 // Launch sequence, all on the caller's stream, no allocation:
-//   delayed:  [memset amax] -> cast kernel (atomicMax into amax)
-//   current:  memset amax -> amax kernel -> cast kernel (reads amax, block 0
+//   delayed:  [zero amax] -> cast kernel (atomicMax into amax)
+//   current:  zero amax -> amax kernel -> cast kernel (reads amax, block 0
 //             writes scale and scale_inv)
+// Each kernel after the zeroing one is a programmatic dependent launch of
+// its predecessor (pdl.cuh): it starts at once and waits only where it
+// needs the predecessor's result (the amax atomic, the scale). A cast
+// kernel not preceded by one of ours is launched normally.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -15,6 +19,7 @@
 #include "cuda_backend.h"
 #include "cuda_check.h"
 #include "launch_config.h"
+#include "pdl.cuh"
 #include "quantize_launch.h"
 #include "validate.h"
 
@@ -29,7 +34,19 @@ struct CastJob {
   uint8_t* out_t;   // columnwise or NULL
   float* amax;      // atomicMax target or NULL
   ScaleSource scale;
+  bool pdl;         // the previous launch on the stream is ours (zero / amax)
 };
+
+template <typename Params>
+void launch(void (*kernel)(Params), int64_t blocks, int threads, const Params& p, bool pdl,
+            cudaStream_t stream, const char* op, const char* what) {
+  if (pdl) {
+    launch_pdl(kernel, dim3(unsigned(blocks)), dim3(threads), stream, op, what, p);
+  } else {
+    kernel<<<unsigned(blocks), threads, 0, stream>>>(p);
+    check_launch(op, what);
+  }
+}
 
 template <int kIn, bool kE4M3>
 void launch_cast_typed(const CastJob& job, cudaStream_t stream, const char* op) {
@@ -45,9 +62,8 @@ void launch_cast_typed(const CastJob& job, cudaStream_t stream, const char* op) 
     p.n = n;
     p.vec = is_aligned(p.in, 16) && is_aligned(p.out, 16) &&
             (p.out2 == nullptr || is_aligned(p.out2, 16));
-    const int64_t blocks = ceil_div(n, kFlatBlockElems);
-    cast_flat_kernel<kIn, kE4M3><<<unsigned(blocks), kFlatThreads, 0, stream>>>(p);
-    check_launch(op, "launching the cast kernel");
+    launch(cast_flat_kernel<kIn, kE4M3>, ceil_div(n, kFlatBlockElems), kFlatThreads, p, job.pdl,
+           stream, op, "launching the cast kernel");
     return;
   }
   CastTransposeParams p;
@@ -66,11 +82,12 @@ void launch_cast_typed(const CastJob& job, cudaStream_t stream, const char* op) 
                                                                  : 1;
   const int64_t blocks = ceil_div(job.rows, kCtTile) * p.tiles_c;
   if (job.out != nullptr) {
-    cast_transpose_kernel<kIn, kE4M3, true><<<unsigned(blocks), kCtThreads, 0, stream>>>(p);
+    launch(cast_transpose_kernel<kIn, kE4M3, true>, blocks, kCtThreads, p, job.pdl, stream, op,
+           "launching the cast+transpose kernel");
   } else {
-    cast_transpose_kernel<kIn, kE4M3, false><<<unsigned(blocks), kCtThreads, 0, stream>>>(p);
+    launch(cast_transpose_kernel<kIn, kE4M3, false>, blocks, kCtThreads, p, job.pdl, stream, op,
+           "launching the cast+transpose kernel");
   }
-  check_launch(op, "launching the cast+transpose kernel");
 }
 
 template <int kIn>
@@ -107,12 +124,10 @@ void quantize(const fp8kit_tensor& input, fp8kit_tensor& output, void* stream_pt
   const char* op = "quantize";
   ScopedDevice device(input.device_index, op);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  if (output.amax != nullptr) {
-    cuda_check(cudaMemsetAsync(output.amax, 0, sizeof(float), stream), op,
-               "cudaMemsetAsync of output->amax");
-  }
+  if (output.amax != nullptr) launch_zero_amax(output.amax, stream, op);
   CastJob job = make_job(input, output);
   job.amax = output.amax;
+  job.pdl = output.amax != nullptr;
   job.scale = ScaleSource{output.scale, nullptr, fp8kit_fp8_max(output.dtype), 0.0f, 0,
                           nullptr, output.scale_inv};
   if (job.rows * job.cols == 0) {
@@ -127,10 +142,10 @@ void quantize_current_scaling(const fp8kit_tensor& input, fp8kit_tensor& output,
   const char* op = "quantize_current_scaling";
   ScopedDevice device(input.device_index, op);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  cuda_check(cudaMemsetAsync(output.amax, 0, sizeof(float), stream), op,
-             "cudaMemsetAsync of output->amax");
+  launch_zero_amax(output.amax, stream, op);
   CastJob job = make_job(input, output);
   job.amax = nullptr;  // the cast pass reads the finished amax instead
+  job.pdl = true;      // right after the amax kernel
   job.scale = ScaleSource{nullptr, output.amax, fp8kit_fp8_max(output.dtype),
                           config.amax_epsilon, config.force_pow2_scale, output.scale,
                           output.scale_inv};

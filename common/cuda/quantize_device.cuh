@@ -14,6 +14,7 @@
 #include "compute_scale.h"
 #include "fp8_convert.h"
 #include "fp8kit/tensor.h"
+#include "pdl.cuh"
 
 namespace fp8kit {
 namespace cuda {
@@ -189,7 +190,8 @@ __device__ __forceinline__ uint8_t u4_byte(const uint4& v, int i) {
 // made 0x7FFFFFFF so that the final NaN does not depend on block order.
 // `warp_max` is __shared__ with one slot per warp. Must be called by every
 // thread of the block; the caller provides the __syncthreads() between
-// amax_block_publish and amax_block_commit.
+// amax_block_publish and amax_block_commit. The atomic waits (pdl_wait) for
+// the kernel that zeroed *amax when this one was launched with launch_pdl.
 __device__ __forceinline__ void amax_block_publish(uint32_t amax_bits, uint32_t* warp_max) {
   const uint32_t m = __reduce_max_sync(0xffffffffu, amax_bits);
   if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
@@ -202,6 +204,7 @@ __device__ __forceinline__ void amax_block_commit(const uint32_t* warp_max, floa
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) m = max(m, warp_max[w]);
     if (m > 0x7f800000u) m = 0x7fffffffu;
+    pdl_wait();
     if (m != 0) atomicMax(reinterpret_cast<unsigned int*>(amax), m);
   }
 }
@@ -218,7 +221,11 @@ struct ScaleSource {
   float* scale_inv_out;    // block 0 writes 1/scale here when non-NULL
 };
 
+// Current scaling reads the amax the previous kernel (the amax pass)
+// wrote, so it waits for that kernel first (see pdl.cuh); the loads of the
+// input may already be in flight.
 __device__ __forceinline__ float read_scale(const ScaleSource& s) {
+  if (s.scale == nullptr) pdl_wait();
   const float scale =
       s.scale != nullptr
           ? *s.scale

@@ -14,8 +14,14 @@ namespace cuda {
 
 struct ScaleSource;
 
-// atomicMax of max |x| over `n` elements of `data` into *amax, which the
-// caller zeroed on `stream`. n > 0.
+// *amax = 0 by a one-thread kernel that lets the next kernel start early
+// (pdl.cuh); that next kernel must be launched with launch_pdl and wait
+// before touching *amax (amax_block_commit does).
+void launch_zero_amax(float* amax, cudaStream_t stream, const char* op);
+
+// atomicMax of max |x| over `n` elements of `data` into *amax. Must come
+// right after launch_zero_amax(amax) on `stream` (it is launched as that
+// kernel's programmatic dependent). n > 0.
 void launch_amax(const void* data, fp8kit_dtype dtype, int64_t n, float* amax,
                  cudaStream_t stream, const char* op);
 

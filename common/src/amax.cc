@@ -6,6 +6,7 @@
 
 #include "amax_cpu.h"
 #include "error.h"
+#include "quantize_validate.h"
 #include "validate.h"
 #ifdef FP8KIT_WITH_CUDA
 #include "cuda_backend.h"
@@ -16,6 +17,7 @@ extern "C" fp8kit_status fp8kit_amax(const fp8kit_tensor* input, float* amax_out
     using namespace fp8kit;
     check_tensor("amax", "input", input);
     check_high_precision("amax", "input", *input);
+    check_element_aligned("amax", "input", *input);
     check_not_null("amax", "amax_out", amax_out);
     if (input->device_type == FP8KIT_DEVICE_CPU) {
       *amax_out = amax_cpu(*input);

@@ -16,6 +16,16 @@ constexpr const char* kOp = "gemm";
 
 bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
+// cuBLASLt reads the scale and amax scalars with 16-byte accesses: a scale
+// pointer 4 or 8 bytes past a 16-byte boundary makes cublasLtMatmul return
+// CUBLAS_STATUS_NOT_SUPPORTED (seen with cuBLASLt 13.1 on an H200), so such
+// pointers are refused up front, on the CPU too.
+void check_scalar_aligned16(const char* tensor, const char* field, const void* p) {
+  FP8KIT_CHECK(aligned(p, 16), "gemm: ", tensor, "'s ", field, " pointer ", p,
+               " is not 16-byte aligned; cuBLASLt needs scale and amax scalars at 16-byte "
+               "aligned addresses: give each its own allocation instead of packing them");
+}
+
 void check_aligned16(const char* what, const void* p) {
   FP8KIT_CHECK(aligned(p, 16), "gemm: ", what, " pointer ", p,
                " is not 16-byte aligned; FP8 GEMM (cuBLASLt) needs 16-byte aligned buffers: pass a "
@@ -99,7 +109,7 @@ void check_operand_descriptor(const char* name, const fp8kit_tensor& t) {
                "; FP8 GEMM operands need per-tensor scaling (FP8KIT_SCALING_PER_TENSOR) with scale_inv");
   FP8KIT_CHECK(t.scale_inv != nullptr, "gemm: ", name,
                " has no scale_inv; the GEMM dequantizes with it (x = q * scale_inv)");
-  FP8KIT_CHECK(aligned(t.scale_inv, 4), "gemm: ", name, "'s scale_inv pointer is not 4-byte aligned");
+  check_scalar_aligned16(name, "scale_inv", t.scale_inv);
   FP8KIT_CHECK(t.rank >= 1, "gemm: ", name, " has rank 0; GEMM operands need rank >= 1");
 }
 
@@ -246,6 +256,10 @@ GemmProblem make_gemm_problem(const fp8kit_tensor* a, const fp8kit_tensor* b,
                      non_tn, n, k, "N");
   p.d = d->data;
   p.d_dtype = d->dtype;
+  if (d_fp8) {
+    check_scalar_aligned16("D", "scale", d->scale);
+    if (d->amax != nullptr) check_scalar_aligned16("D", "amax", d->amax);
+  }
   p.d_scale = d_fp8 ? d->scale : nullptr;
   p.d_amax = d_fp8 ? d->amax : nullptr;
   p.d_scale_inv = d_fp8 ? d->scale_inv : nullptr;

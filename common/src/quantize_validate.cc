@@ -1,6 +1,7 @@
 #include "quantize_validate.h"
 
 #include <cmath>
+#include <cstdint>
 
 #include "error.h"
 #include "validate.h"
@@ -24,10 +25,18 @@ void check_per_tensor_mode(const char* op, const char* arg, const fp8kit_tensor&
        int(t.scaling_mode), "; use FP8KIT_SCALING_PER_TENSOR");
 }
 
+void check_element_aligned(const char* op, const char* arg, const fp8kit_tensor& t) {
+  const size_t size = fp8kit_dtype_size(t.dtype);
+  FP8KIT_CHECK(size == 0 || reinterpret_cast<uintptr_t>(t.data) % size == 0, op, ": ", arg,
+               "->data is not aligned to its element size (", size, " bytes for ",
+               fp8kit_dtype_name(t.dtype), "); pass a pointer to the start of an element");
+}
+
 void check_quantize_args(const char* op, const fp8kit_tensor* input, const fp8kit_tensor* output,
                          bool current_scaling) {
   check_tensor(op, "input", input);
   check_high_precision(op, "input", *input);
+  check_element_aligned(op, "input", *input);
   check_tensor(op, "output", output, /*allow_null_data=*/true);
   check_fp8(op, "output", *output);
   check_per_tensor_mode(op, "output", *output);
@@ -71,6 +80,7 @@ void check_dequantize_args(const fp8kit_tensor* input, const fp8kit_tensor* outp
   check_per_tensor_mode(op, "input", *input);
   check_tensor(op, "output", output);
   check_high_precision(op, "output", *output);
+  check_element_aligned(op, "output", *output);
   check_same_device(op, "input", *input, "output", *output);
   check_same_shape(op, "input", *input, "output", *output);
   FP8KIT_CHECK(input->scale_inv != nullptr, op,

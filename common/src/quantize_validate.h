@@ -27,6 +27,10 @@ void check_current_scaling_config(const char* op, const fp8kit_current_scaling_c
 void check_dequantize_args(const fp8kit_tensor* input, const fp8kit_tensor* output,
                            int from_columnwise);
 
+// t.data is aligned to its element size (a float32/bf16/fp16 pointer at an
+// odd address would fault in the CUDA kernels).
+void check_element_aligned(const char* op, const char* arg, const fp8kit_tensor& t);
+
 // scaling_mode must be PER_TENSOR; the block modes are not implemented yet.
 void check_per_tensor_mode(const char* op, const char* arg, const fp8kit_tensor& t);
 

@@ -484,11 +484,16 @@ TEST(GemmCpu, ConfigDefaultAndWorkspaceSize) {
     if (fp8kit_cuda_device_count() == 0) GTEST_SKIP() << "no GPU";  \
   } while (0)
 
-// The GPU accumulates in fp32 (or, with fast accumulation, in the tensor
-// core's narrower format): its error is bounded by a fraction of
-// sum |a||b|, on top of the output's own rounding.
+// Hopper's FP8 tensor cores add partial products in a narrower-than-fp32
+// accumulator; the split accumulator only promotes to fp32 every few K
+// blocks, so within a block (and for K this small, over the whole product)
+// the error is that of a ~13-bit accumulator. Measured on an H200 with fp32
+// output: up to about 2^-14 * sum |a||b| with the split accumulator; the
+// bound below leaves 8x margin. Fast accumulation promotes less often.
+// Either way it is a fraction of sum |a||b|, on top of the output's own
+// rounding; a layout or scale bug gives errors of order 1.
 double accumulation_error(const GemmCase& c) {
-  return c.use_split_accumulator ? std::ldexp(1.0, -14) : std::ldexp(1.0, -8);
+  return c.use_split_accumulator ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
 }
 
 void expect_cuda_matches(const GemmCase& c) {

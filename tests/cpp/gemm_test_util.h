@@ -364,7 +364,12 @@ inline fp8kit_status call_gemm(const GemmCase& c, fp8kit_device_type dev, int in
 // Host-side byte images of a case's D (old contents), bias and aux.
 struct HostSide {
   HostBuffer d, bias, aux;
-  float a_scale_inv, b_scale_inv, d_scale, d_amax = -1.0f, d_scale_inv = -1.0f;
+  // Each scalar 16-byte aligned, as the GEMM requires of scale pointers.
+  alignas(16) float a_scale_inv;
+  alignas(16) float b_scale_inv;
+  alignas(16) float d_scale;
+  alignas(16) float d_amax = -1.0f;
+  alignas(16) float d_scale_inv = -1.0f;
 };
 
 inline HostSide host_side(const GemmCase& c, const GemmInputs& in) {
@@ -515,6 +520,8 @@ class DeviceBuffer {
 };
 
 // A case's buffers on GPU `device`, filled from the host images.
+constexpr int kScalarStride = 4;  // floats: 16 bytes
+
 struct DeviceCase {
   DeviceBuffer a_row, a_col, b_row, b_col, scalars, d, bias, aux;
   CaseBuffers buf;
@@ -525,7 +532,10 @@ struct DeviceCase {
     a_col = DeviceBuffer(in.a.columnwise.get(), a_bytes);
     b_row = DeviceBuffer(in.b.rowwise.get(), b_bytes);
     b_col = DeviceBuffer(in.b.columnwise.get(), b_bytes);
-    const float host_scalars[5] = {h.a_scale_inv, h.b_scale_inv, h.d_scale, h.d_amax, h.d_scale_inv};
+    // One scalar per 16 bytes: cuBLASLt needs 16-byte aligned scale pointers.
+    float host_scalars[kScalarStride * 5] = {};
+    const float values[5] = {h.a_scale_inv, h.b_scale_inv, h.d_scale, h.d_amax, h.d_scale_inv};
+    for (int i = 0; i < 5; ++i) host_scalars[i * kScalarStride] = values[i];
     scalars = DeviceBuffer(host_scalars, sizeof(host_scalars));
     d = DeviceBuffer(h.d.get(), h.d.bytes());
     bias = DeviceBuffer(h.bias.get(), h.bias.bytes());
@@ -535,10 +545,10 @@ struct DeviceCase {
     buf.b_row = b_row.get();
     buf.b_col = b_col.get();
     buf.a_scale_inv = scalars.as<float>();
-    buf.b_scale_inv = scalars.as<float>() + 1;
-    buf.d_scale = scalars.as<float>() + 2;
-    buf.d_amax = scalars.as<float>() + 3;
-    buf.d_scale_inv = scalars.as<float>() + 4;
+    buf.b_scale_inv = scalars.as<float>() + 1 * kScalarStride;
+    buf.d_scale = scalars.as<float>() + 2 * kScalarStride;
+    buf.d_amax = scalars.as<float>() + 3 * kScalarStride;
+    buf.d_scale_inv = scalars.as<float>() + 4 * kScalarStride;
     buf.d = d.get();
     buf.bias = bias.get();
     buf.aux = aux.get();
@@ -549,11 +559,12 @@ struct DeviceCase {
   void read(const GemmCase& c, const HostSide& h, cudaStream_t stream, GemmOutputs* out) {
     EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     HostBuffer hd(h.d.bytes()), haux(h.aux.bytes());
-    float sc[5];
+    float sc[kScalarStride * 5];
     EXPECT_EQ(cudaMemcpy(hd.get(), d.get(), h.d.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(haux.get(), aux.get(), h.aux.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(sc, scalars.get(), sizeof(sc), cudaMemcpyDeviceToHost), cudaSuccess);
-    read_outputs(c, hd.get(), haux.get(), sc[3], sc[4], h.d_scale, out);
+    read_outputs(c, hd.get(), haux.get(), sc[3 * kScalarStride], sc[4 * kScalarStride], h.d_scale,
+                 out);
   }
 };
 

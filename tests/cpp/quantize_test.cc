@@ -284,6 +284,9 @@ TEST_F(QuantizeErrors, BadShapesAndPointers) {
   SetUp();
   in.data = nullptr;
   expect_error(FP8KIT_INVALID_ARGUMENT, {"input", "data pointer is NULL"});
+  SetUp();
+  in.data = reinterpret_cast<uint8_t*>(in_buf) + 1;
+  expect_error(FP8KIT_INVALID_ARGUMENT, {"input->data is not aligned", "2 bytes"});
 }
 
 TEST_F(QuantizeErrors, DeviceMismatchOrMissingCuda) {

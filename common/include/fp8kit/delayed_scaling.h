@@ -37,6 +37,11 @@ typedef struct fp8kit_delayed_scaling_config {
  *   3. if amax_reduced is finite and > 0:
  *        scale = fp8_max / amax_reduced / 2**margin, else keep the previous scale;
  *   4. scale_inv = 1 / scale.
+ * In float32: (fp8_max / amax_reduced) * 2**-margin; a scale that overflows
+ * is clamped to FLT_MAX and one that underflows to FLT_MIN, so scale_inv
+ * stays finite. |margin| <= 126. `amax` may point into the history (it is
+ * read before the roll); different states must not share buffers (the
+ * CUDA update runs them in parallel).
  * `states` is a host array of `count` entries. */
 FP8KIT_API fp8kit_status fp8kit_delayed_scaling_update(
     const fp8kit_delayed_scaling_state* states, int count,

@@ -38,7 +38,12 @@ typedef struct fp8kit_current_scaling_config {
 /* Current scaling: amax of this tensor, then scale, then cast, in two passes
  * over the input (one reduction, one cast). output->scale, scale_inv and amax
  * are all required and written. A zero or non-finite amax gives scale 1.
- * Other fields as for fp8kit_quantize. */
+ * Other fields as for fp8kit_quantize.
+ * The scale rule exactly (common/src/compute_scale.h, same on CPU and CUDA):
+ *   amax zero (whatever the epsilon), negative, NaN or inf  -> scale 1;
+ *   else scale = fp8_max / max(amax, amax_epsilon) in float32, clamped to
+ *   FLT_MAX if it overflows, then (force_pow2_scale) rounded down to a
+ *   power of two; scale_inv = 1 / scale. */
 FP8KIT_API fp8kit_status fp8kit_quantize_current_scaling(
     const fp8kit_tensor* input, fp8kit_tensor* output,
     const fp8kit_current_scaling_config* config, void* stream);

@@ -1,0 +1,197 @@
+"""fp8kit.jax.gemm: FP8 GEMM on ScaledTensors through the core (cuBLASLt on
+CUDA, the reference on CPU).
+
+Row-major semantics as in fp8kit/gemm.h:
+    D[M,N] = (op(A) * a.scale_inv) @ (op(B) * b.scale_inv) (+ bias[N])
+    op(A) = A [M,K] (trans_a=False) or A^T (A's data is [K,M], trans_a=True)
+    op(B) = B [K,N] (trans_b=False) or B^T (B's data is [N,K], trans_b=True)
+
+Layout (TN canonicalization): whether a device's FP8 GEMM can read an
+operand that is not K-contiguous is the core's answer
+(`supports_non_tn_fp8_gemm`, cached per device; False on CPU, Ada and
+Hopper); this module keeps no copy of that rule. When the answer is False
+each operand is passed in its K-contiguous layout - A's rowwise data when
+trans_a is False, else its columnwise data; B's columnwise data when
+trans_b is False, else its rowwise data - and a missing layout is reported
+here, before lowering.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from fp8kit.jax import _registry
+from fp8kit.jax.scaled_tensor import ScaledTensor
+
+GEMM_TARGET = "fp8kit_gemm"
+
+_OUT_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
+# Bias dtype the core takes for each output dtype (fp8kit/gemm.h's table).
+_BIAS_DTYPE = {jnp.dtype(jnp.bfloat16): jnp.dtype(jnp.bfloat16),
+               jnp.dtype(jnp.float16): jnp.dtype(jnp.float16),
+               jnp.dtype(jnp.float32): jnp.dtype(jnp.bfloat16)}
+
+
+def default_device():
+    """The device jit places computations on: jax.default_device(...) when
+    set (a device or a platform name), else the default backend's first."""
+    d = jax.config.jax_default_device
+    if d is None:
+        return jax.devices()[0]
+    if isinstance(d, str):
+        return jax.devices(d)[0]
+    return d
+
+
+def supports_non_tn_fp8_gemm(device=None) -> bool:
+    """The core's answer for `device` (default: default_device()): can its
+    FP8 GEMM read operands that are not K-contiguous?
+
+    Under jit the device is not known while tracing, so fp8kit.jax asks for
+    the default device; run FP8 GEMMs on another kind of device inside
+    `with jax.default_device(that_device):` (a wrong answer is not silent:
+    the core then refuses the layout with an error naming the operand)."""
+    if device is None:
+        device = default_device()
+    platform = "cpu" if device.platform == "cpu" else "cuda"
+    index = 0 if platform == "cpu" else int(getattr(device, "local_hardware_id", device.id))
+    # The core caches its answer per device (std::call_once); no copy here.
+    return _registry.ext.supports_non_tn_fp8_gemm(platform, index)
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmLayout:
+    """Static description of one custom call: which layout of each operand is
+    passed (the other is an empty placeholder), the transposes, the output."""
+
+    trans_a: bool
+    trans_b: bool
+    a_rowwise: bool        # a's buffer is its rowwise data (else columnwise)
+    b_rowwise: bool
+    out_dtype: jnp.dtype
+    has_bias: bool
+    use_split_accumulator: bool
+
+    @property
+    def a_is_km(self) -> bool:
+        """a's buffer is [K, M] (else [M, K])."""
+        return self.a_rowwise == self.trans_a
+
+    @property
+    def b_is_kn(self) -> bool:
+        """b's buffer is [K, N] (else [N, K])."""
+        return self.b_rowwise != self.trans_b
+
+
+def _operand_buffer(fn: str, name: str, st: ScaledTensor, k_contiguous_is_rowwise: bool,
+                    non_tn: bool):
+    """(buffer, is_rowwise): the one layout of an operand the GEMM reads."""
+    if non_tn:
+        use_rowwise = st.has_rowwise
+    else:
+        use_rowwise = k_contiguous_is_rowwise
+        held = st.has_rowwise if use_rowwise else st.has_columnwise
+        if not held:
+            need, flag = ("rowwise", "rowwise=True") if use_rowwise else (
+                "columnwise", "columnwise=True")
+            raise ValueError(
+                f"{fn}: operand {name} must be read K-contiguous on this device (its FP8 GEMM "
+                f"runs the TN layout only) and that is {name}'s {need} data, which it does not "
+                f"hold. Quantize {name} with {flag}.")
+    return (st.data, True) if use_rowwise else (st.columnwise_data, False)
+
+
+def gemm_local(layout: GemmLayout, a_buf, a_scale_inv, b_buf, b_scale_inv, bias=None):
+    """The fp8kit_gemm custom call on one device's buffers (2-D each)."""
+    m = a_buf.shape[1] if layout.a_is_km else a_buf.shape[0]
+    n = b_buf.shape[1] if layout.b_is_kn else b_buf.shape[0]
+    empty = lambda dt: jnp.zeros((0,), dt)  # noqa: E731  (a layout not passed)
+    a_row, a_col = (a_buf, empty(a_buf.dtype)) if layout.a_rowwise else (empty(a_buf.dtype), a_buf)
+    b_row, b_col = (b_buf, empty(b_buf.dtype)) if layout.b_rowwise else (empty(b_buf.dtype), b_buf)
+    bias_arg = bias if layout.has_bias else empty(_BIAS_DTYPE[layout.out_dtype])
+    return jax.ffi.ffi_call(GEMM_TARGET, jax.ShapeDtypeStruct((m, n), layout.out_dtype),
+                            vmap_method="sequential")(
+        a_row, a_col, jnp.reshape(a_scale_inv, ()), b_row, b_col, jnp.reshape(b_scale_inv, ()),
+        bias_arg, trans_a=layout.trans_a, trans_b=layout.trans_b, a_rowwise=layout.a_rowwise,
+        a_columnwise=not layout.a_rowwise, b_rowwise=layout.b_rowwise,
+        b_columnwise=not layout.b_rowwise, has_bias=layout.has_bias,
+        use_split_accumulator=layout.use_split_accumulator)
+
+
+def gemm_call(a: ScaledTensor, b: ScaledTensor, trans_a: bool, trans_b: bool, out_dtype,
+              bias, use_split_accumulator: bool, non_tn: bool, fn: str = "fp8kit.jax.gemm"):
+    """The GEMM on 2-D ScaledTensors after the argument checks; sharded (see
+    partitioning.py) when a mesh is in context."""
+    from fp8kit.jax import gemm_partitioning  # noqa: PLC0415  (imports this module)
+
+    a_buf, a_rowwise = _operand_buffer(fn, "a", a, not trans_a, non_tn)
+    b_buf, b_rowwise = _operand_buffer(fn, "b", b, trans_b, non_tn)
+    layout = GemmLayout(bool(trans_a), bool(trans_b), a_rowwise, b_rowwise, jnp.dtype(out_dtype),
+                        bias is not None, bool(use_split_accumulator))
+    return gemm_partitioning.gemm(layout, a_buf, a.scale_inv, b_buf, b.scale_inv, bias)
+
+
+def gemm(a: ScaledTensor, b: ScaledTensor, trans_a: bool = False, trans_b: bool = False,
+         out_dtype=jnp.bfloat16, bias=None, use_split_accumulator: bool = True,
+         device=None) -> jax.Array:
+    """D = op(A) @ op(B) (+ bias) from FP8 ScaledTensors; see the module doc.
+
+    a:  [M,K] (or [K,M] with trans_a); with trans_a=False it may have more
+        leading dims, [..., K] -> D [..., N].
+    b:  [K,N] (or [N,K] with trans_b).
+    out_dtype: bfloat16, float16 or float32.
+    bias: [N], bfloat16 for bf16/fp32 output, float16 for fp16 output.
+    use_split_accumulator: promote partial sums to FP32 (accurate); False
+        uses the tensor cores' fast accumulation.
+    device: whose layout rules apply (default: the default device, see
+        supports_non_tn_fp8_gemm).
+    K must be a multiple of 16 and each output row a multiple of 16 bytes
+    (cuBLASLt's FP8 rules, enforced on CPU too).
+    """
+    fn = "fp8kit.jax.gemm"
+    for name, st in (("a", a), ("b", b)):
+        if not isinstance(st, ScaledTensor):
+            raise TypeError(f"{fn}: {name} must be an fp8kit.jax.ScaledTensor (from "
+                            f"fp8kit.jax.quantize), got {type(st).__name__}")
+    if a.fp8_dtype == "e5m2" and b.fp8_dtype == "e5m2":
+        raise TypeError(f"{fn}: a and b are both e5m2; FP8 GEMMs take e4m3 x e4m3, e4m3 x e5m2 "
+                        "or e5m2 x e4m3. Quantize one operand (usually the forward one) as e4m3.")
+    out_dtype = jnp.dtype(out_dtype)
+    if out_dtype not in _OUT_DTYPES:
+        raise TypeError(f"{fn}: out_dtype={out_dtype} is not supported; use jnp.bfloat16, "
+                        "jnp.float16 or jnp.float32.")
+    lead = ()
+    if a.ndim > 2 and not trans_a:
+        lead = a.shape[:-1]
+        a = a.as_2d()
+    for name, st in (("a", a), ("b", b)):
+        if st.ndim != 2:
+            raise ValueError(f"{fn}: {name} has shape {st.shape}; it must be 2-D (a may have "
+                             "extra leading dims only when trans_a is False)")
+    k_a = a.shape[0] if trans_a else a.shape[1]
+    k_b = b.shape[1] if trans_b else b.shape[0]
+    n = b.shape[0] if trans_b else b.shape[1]
+    if k_a != k_b:
+        raise ValueError(f"{fn}: inner dimensions differ: op(a) is {'a^T' if trans_a else 'a'} "
+                         f"with K={k_a} (a.shape={a.shape}, trans_a={trans_a}) but op(b) has "
+                         f"K={k_b} (b.shape={b.shape}, trans_b={trans_b})")
+    if k_a % 16 != 0 or k_a == 0:
+        raise ValueError(f"{fn}: K={k_a} must be a positive multiple of 16 for FP8 GEMMs; pad "
+                         "the reduction dimension with zeros.")
+    if (n * out_dtype.itemsize) % 16 != 0:
+        raise ValueError(f"{fn}: N={n} gives {out_dtype} output rows of "
+                         f"{n * out_dtype.itemsize} bytes; FP8 GEMMs need a multiple of 16 "
+                         f"bytes (N a multiple of {16 // out_dtype.itemsize}). Pad N.")
+    if bias is not None:
+        want = _BIAS_DTYPE[out_dtype]
+        if jnp.dtype(bias.dtype) != want or tuple(bias.shape) != (n,):
+            raise ValueError(f"{fn}: bias must be {want} of shape ({n},) for {out_dtype} "
+                             f"output; got {jnp.dtype(bias.dtype)} {tuple(bias.shape)}")
+    non_tn = supports_non_tn_fp8_gemm(device)
+    d = gemm_call(a, b, trans_a, trans_b, out_dtype, bias, use_split_accumulator, non_tn, fn)
+    if lead:
+        d = d.reshape(*lead, n)
+    return d

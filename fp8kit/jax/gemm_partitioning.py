@@ -1,0 +1,113 @@
+"""Sharding rule of the fp8kit GEMM (see partitioning.py for the overview).
+
+Factors: m (rows of D), n (columns of D), k (the reduction). Each operand's
+one buffer is [m,k]/[k,m] or [k,n]/[n,k] depending on its layout
+(GemmLayout.a_is_km / b_is_kn). m and n shardings pass through to D; a
+sharded k makes every device multiply its K-slice in float32, then psum,
+then add the bias once and round to the output type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.custom_partitioning import custom_partitioning
+
+from fp8kit.jax import partitioning as part
+from fp8kit.jax.gemm_op import GemmLayout, gemm_local
+
+
+def _dims(layout: GemmLayout):
+    """(index of m, index of k) in a's buffer; (index of k, index of n) in b's."""
+    a_m, a_k = (1, 0) if layout.a_is_km else (0, 1)
+    b_k, b_n = (0, 1) if layout.b_is_kn else (1, 0)
+    return a_m, a_k, b_k, b_n
+
+
+def _plan(layout: GemmLayout, mesh, arg_shapes):
+    """Mesh axes for m, k, n: disjoint, even, alignment-preserving."""
+    a, b = arg_shapes[0], arg_shapes[2]
+    sa, sb = part._spec(a), part._spec(b)
+    a_m, a_k, b_k, b_n = _dims(layout)
+    m_size, k_size, n_size = a.shape[a_m], a.shape[a_k], b.shape[b_n]
+    m_axes = part._even(mesh, m_size, sa[a_m])
+    # K shards must stay multiples of 16 (cuBLASLt's FP8 rule).
+    k_axes = part._even(mesh, k_size, sa[a_k], 16) or part._even(mesh, k_size, sb[b_k], 16)
+    if set(k_axes) & set(m_axes):
+        k_axes = ()
+    # Output rows of a shard must stay multiples of 16 bytes.
+    n_align = 16 // jnp.dtype(layout.out_dtype).itemsize
+    n_axes = part._even(mesh, n_size, sb[b_n], n_align)
+    if set(n_axes) & (set(m_axes) | set(k_axes)):
+        n_axes = ()
+    return m_axes, k_axes, n_axes
+
+
+def _arg_shardings(layout, mesh, m_axes, k_axes, n_axes, has_bias):
+    a_m, a_k, b_k, b_n = _dims(layout)
+    a_dims, b_dims = [()] * 2, [()] * 2
+    a_dims[a_m], a_dims[a_k] = m_axes, k_axes
+    b_dims[b_k], b_dims[b_n] = k_axes, n_axes
+    rep = part._replicated(mesh)
+    shardings = [part._named(mesh, a_dims), rep, part._named(mesh, b_dims), rep]
+    if has_bias:
+        shardings.append(part._named(mesh, [n_axes]))
+    return tuple(shardings)
+
+
+def _partition(layout: GemmLayout, mesh, arg_shapes, result_shape):
+    m_axes, k_axes, n_axes = _plan(layout, mesh, arg_shapes)
+
+    def lower(a, a_scale_inv, b, b_scale_inv, *bias):
+        if not k_axes:
+            return gemm_local(layout, a, a_scale_inv, b, b_scale_inv, *bias)
+        partial = dataclasses.replace(layout, out_dtype=jnp.dtype(jnp.float32), has_bias=False)
+        d = jax.lax.psum(gemm_local(partial, a, a_scale_inv, b, b_scale_inv), k_axes)
+        if bias:
+            d = d + bias[0].astype(jnp.float32)
+        return d.astype(layout.out_dtype)
+
+    return (mesh, lower, part._named(mesh, [m_axes, n_axes]),
+            _arg_shardings(layout, mesh, m_axes, k_axes, n_axes, layout.has_bias))
+
+
+def _infer(layout: GemmLayout, mesh, arg_shapes, result_shape):
+    m_axes, _, n_axes = _plan(layout, mesh, arg_shapes)
+    return part._named(mesh, [m_axes, n_axes])
+
+
+def _rule(layout: GemmLayout, mesh, operand_types, result_types):
+    a = "k m" if layout.a_is_km else "m k"
+    b = "k n" if layout.b_is_kn else "n k"
+    operands = [a, "", b, ""] + (["n"] if layout.has_bias else [])
+    return f"{', '.join(operands)} -> m n", {"reduction_factors": ("k",)}
+
+
+@functools.partial(custom_partitioning, static_argnums=(0,))
+def _gemm_p(layout, a, a_scale_inv, b, b_scale_inv):
+    return gemm_local(layout, a, a_scale_inv, b, b_scale_inv)
+
+
+@functools.partial(custom_partitioning, static_argnums=(0,))
+def _gemm_bias_p(layout, a, a_scale_inv, b, b_scale_inv, bias):
+    return gemm_local(layout, a, a_scale_inv, b, b_scale_inv, bias)
+
+
+for _f in (_gemm_p, _gemm_bias_p):
+    _f.def_partition(partition=_partition, infer_sharding_from_operands=_infer,
+                     sharding_rule=_rule)
+
+
+def gemm(layout: GemmLayout, a_buf, a_scale_inv, b_buf, b_scale_inv, bias=None):
+    """D for one GEMM; partitioned when a mesh is in context."""
+    a_scale_inv = jnp.reshape(a_scale_inv, ())
+    b_scale_inv = jnp.reshape(b_scale_inv, ())
+    args = (a_buf, a_scale_inv, b_buf, b_scale_inv) + (() if bias is None else (bias,))
+    if not part.use_partitioned(*args):
+        return gemm_local(layout, *args)
+    if bias is None:
+        return _gemm_p(layout, *args)
+    return _gemm_bias_p(layout, *args)

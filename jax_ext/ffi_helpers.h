@@ -1,0 +1,113 @@
+// Helpers shared by the XLA FFI handlers: turning XLA buffers into fp8kit
+// descriptors, fp8kit status codes into ffi::Error, and a guard so that no
+// C++ exception ever leaves a handler (XLA calls handlers through a C ABI).
+#ifndef FP8KIT_JAX_EXT_FFI_HELPERS_H_
+#define FP8KIT_JAX_EXT_FFI_HELPERS_H_
+
+#include <cstdint>
+#include <exception>
+#include <string>
+
+#include "fp8kit/fp8kit.h"
+#include "xla/ffi/api/ffi.h"
+
+#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
+#include <xmmintrin.h>
+#define FP8KIT_JAX_X86 1
+#endif
+
+namespace fp8kit_jax {
+
+namespace ffi = xla::ffi;
+
+// Where a handler runs. CPU handlers have no stream; CUDA handlers get XLA's
+// stream and the device ordinal from the execution context.
+struct Device {
+  fp8kit_device_type type;
+  int index;
+  void* stream;
+};
+
+inline Device CpuDevice() { return Device{FP8KIT_DEVICE_CPU, 0, nullptr}; }
+inline Device CudaDevice(void* stream, int32_t ordinal) {
+  return Device{FP8KIT_DEVICE_CUDA, static_cast<int>(ordinal), stream};
+}
+
+// XLA element type -> fp8kit dtype; false for types fp8kit has no name for.
+bool ToFp8kitDtype(ffi::DataType type, fp8kit_dtype* out);
+
+// Short name of an XLA element type for messages ("f32", "s32", ...).
+std::string XlaTypeName(ffi::DataType type);
+
+// An ffi::Error carrying the core's message for a failed call, or success.
+ffi::Error FromStatus(fp8kit_status status);
+
+// InvalidArgument error prefixed with the op name: "fp8kit_quantize: ...".
+ffi::Error Invalid(const char* op, const std::string& message);
+
+// A descriptor of `buffer` (an argument, or `*result` for a result) with its dims as the shape (rank <= 8 checked)
+// and its element type, which must map to an fp8kit dtype. `arg` names the
+// operand in the error message.
+ffi::ErrorOr<fp8kit_tensor> Describe(const char* op, const char* arg, const ffi::AnyBuffer& buffer,
+                                     const Device& device);
+
+// Element count of a dims span (1 for rank 0).
+int64_t NumElements(ffi::AnyBuffer::Dimensions dims);
+
+// XLA's CPU runtime runs its threads with denormals flushed to zero (FTZ and
+// DAZ set in MXCSR / FPCR). The core's CPU reference is specified in IEEE
+// arithmetic (it must match ml_dtypes and the CUDA kernels bit for bit,
+// denormal inputs included), so CPU handlers run the core with the default
+// IEEE mode and restore XLA's mode afterwards.
+class ScopedIeeeDenormals {
+ public:
+  ScopedIeeeDenormals() {
+#if defined(FP8KIT_JAX_X86)
+    saved_ = _mm_getcsr();
+    _mm_setcsr(saved_ & ~(kFtz | kDaz));
+#elif defined(__aarch64__)
+    __asm__ __volatile__("mrs %0, fpcr" : "=r"(saved_));
+    const uint64_t ieee = saved_ & ~(uint64_t{1} << 24);  // FZ bit
+    __asm__ __volatile__("msr fpcr, %0" : : "r"(ieee));
+#endif
+  }
+  ~ScopedIeeeDenormals() {
+#if defined(FP8KIT_JAX_X86)
+    _mm_setcsr(saved_);
+#elif defined(__aarch64__)
+    __asm__ __volatile__("msr fpcr, %0" : : "r"(saved_));
+#endif
+  }
+  ScopedIeeeDenormals(const ScopedIeeeDenormals&) = delete;
+  ScopedIeeeDenormals& operator=(const ScopedIeeeDenormals&) = delete;
+
+ private:
+#if defined(FP8KIT_JAX_X86)
+  static constexpr unsigned kFtz = 0x8000;  // MXCSR flush-to-zero
+  static constexpr unsigned kDaz = 0x0040;  // MXCSR denormals-are-zero
+  unsigned saved_ = 0;
+#elif defined(__aarch64__)
+  uint64_t saved_ = 0;
+#endif
+};
+
+// Runs `body` (returning ffi::Error) and turns any escaping C++ exception
+// (std::bad_alloc from a string, say) into an ffi::Error.
+template <typename Body>
+ffi::Error Guarded(const char* op, Body&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    try {
+      return ffi::Error::Internal(std::string(op) + ": internal error: " + e.what());
+    } catch (...) {
+      return ffi::Error(ffi::ErrorCode::kInternal, "");
+    }
+  } catch (...) {
+    return ffi::Error(ffi::ErrorCode::kInternal, "");
+  }
+}
+
+}  // namespace fp8kit_jax
+
+#endif  // FP8KIT_JAX_EXT_FFI_HELPERS_H_

@@ -1,0 +1,171 @@
+// FFI handler for fp8kit_gemm: D = op(A) op(B) with per-tensor scale_inv,
+// optional bias, D in bfloat16/float16/float32.
+//
+// Each FP8 operand arrives as up to two buffers: its rowwise data (2-D,
+// [rows, cols]) and its columnwise data (the transpose, [cols, rows]); a
+// buffer not held is an empty (0,) placeholder and flagged off by the
+// *_rowwise / *_columnwise attributes. The core picks the layout its GEMM
+// needs (TN canonicalization, fp8kit/gemm.h) and says which data is missing.
+//
+// Workspace: the CUDA handler takes cuBLASLt's workspace from XLA's scratch
+// allocator (XLA's own device allocator, no cudaMalloc); the CPU reference
+// needs none.
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "ffi_helpers.h"
+#include "handlers.h"
+
+namespace fp8kit_jax {
+namespace {
+
+constexpr char kOp[] = "fp8kit_gemm";
+
+// Descriptor of one FP8 operand from its rowwise and/or columnwise buffers.
+ffi::ErrorOr<fp8kit_tensor> DescribeOperand(const Device& device, const char* name,
+                                            ffi::AnyBuffer data, ffi::AnyBuffer columnwise,
+                                            ffi::Buffer<ffi::F32> scale_inv, bool has_rowwise,
+                                            bool has_columnwise) {
+  const std::string arg(name);
+  if (!has_rowwise && !has_columnwise) {
+    return ffi::Unexpected(Invalid(kOp, arg + " holds neither rowwise nor columnwise data"));
+  }
+  if (scale_inv.element_count() != 1) {
+    return ffi::Unexpected(Invalid(kOp, arg + "'s scale_inv must hold exactly one float32"));
+  }
+  int64_t shape[2] = {0, 0};
+  fp8kit_dtype dtype = FP8KIT_E4M3;
+  if (has_rowwise) {
+    auto d = data.dimensions();
+    if (d.size() != 2) return ffi::Unexpected(Invalid(kOp, arg + "'s rowwise data must be 2-D"));
+    shape[0] = d[0];
+    shape[1] = d[1];
+    if (!ToFp8kitDtype(data.element_type(), &dtype)) {
+      return ffi::Unexpected(Invalid(kOp, arg + " has element type " +
+                                              XlaTypeName(data.element_type())));
+    }
+  }
+  if (has_columnwise) {
+    auto d = columnwise.dimensions();
+    if (d.size() != 2) return ffi::Unexpected(Invalid(kOp, arg + "'s columnwise data must be 2-D"));
+    if (has_rowwise && (d[0] != shape[1] || d[1] != shape[0])) {
+      return ffi::Unexpected(
+          Invalid(kOp, arg + "'s columnwise data is not the transpose of its rowwise data"));
+    }
+    if (has_rowwise && columnwise.element_type() != data.element_type()) {
+      return ffi::Unexpected(
+          Invalid(kOp, arg + "'s rowwise and columnwise data have different FP8 types"));
+    }
+    shape[0] = d[1];
+    shape[1] = d[0];
+    if (!ToFp8kitDtype(columnwise.element_type(), &dtype)) {
+      return ffi::Unexpected(Invalid(kOp, arg + " has element type " +
+                                              XlaTypeName(columnwise.element_type())));
+    }
+  }
+  fp8kit_tensor t = fp8kit_tensor_make(device.type, device.index, dtype, 2, shape,
+                                       has_rowwise ? data.untyped_data() : nullptr);
+  t.scaling_mode = FP8KIT_SCALING_PER_TENSOR;
+  t.columnwise_data = has_columnwise ? columnwise.untyped_data() : nullptr;
+  t.scale_inv = const_cast<float*>(scale_inv.typed_data());  // read only
+  return t;
+}
+
+// Everything but the workspace, which only the CUDA handler has.
+ffi::Error GemmImpl(const Device& device, void* workspace, size_t workspace_bytes,
+                    ffi::AnyBuffer a_data, ffi::AnyBuffer a_columnwise,
+                    ffi::Buffer<ffi::F32> a_scale_inv, ffi::AnyBuffer b_data,
+                    ffi::AnyBuffer b_columnwise, ffi::Buffer<ffi::F32> b_scale_inv,
+                    ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> d, bool trans_a, bool trans_b,
+                    bool a_rowwise, bool a_columnwise_held, bool b_rowwise, bool b_columnwise_held,
+                    bool has_bias, bool use_split_accumulator) {
+  auto a = DescribeOperand(device, "A", a_data, a_columnwise, a_scale_inv, a_rowwise,
+                           a_columnwise_held);
+  if (a.has_error()) return a.error();
+  auto b = DescribeOperand(device, "B", b_data, b_columnwise, b_scale_inv, b_rowwise,
+                           b_columnwise_held);
+  if (b.has_error()) return b.error();
+  auto out = Describe(kOp, "D", *d, device);
+  if (out.has_error()) return out.error();
+  fp8kit_gemm_config config = fp8kit_gemm_config_default();
+  config.trans_a = trans_a ? 1 : 0;
+  config.trans_b = trans_b ? 1 : 0;
+  config.use_split_accumulator = use_split_accumulator ? 1 : 0;
+  if (has_bias) {
+    fp8kit_dtype bias_dtype;
+    if (!ToFp8kitDtype(bias.element_type(), &bias_dtype)) {
+      return Invalid(kOp, "bias has element type " + XlaTypeName(bias.element_type()));
+    }
+    config.epilogue = FP8KIT_EPILOGUE_BIAS;
+    config.bias = bias.untyped_data();
+    config.bias_dtype = bias_dtype;
+    config.bias_numel = static_cast<int64_t>(bias.element_count());
+  }
+  config.workspace = workspace;
+  config.workspace_bytes = workspace_bytes;
+  return FromStatus(fp8kit_gemm(&*a, &*b, &*out, &config, device.stream));
+}
+
+template <typename Binding>
+auto BindGemm(Binding binding) {
+  return std::move(binding)
+      .template Arg<ffi::AnyBuffer>()          // a_data: A's rowwise FP8 data, 2-D (or (0,))
+      .template Arg<ffi::AnyBuffer>()          // a_columnwise: A's transposed FP8 data (or (0,))
+      .template Arg<ffi::Buffer<ffi::F32>>()   // a_scale_inv: A's dequantization factor
+      .template Arg<ffi::AnyBuffer>()          // b_data: B's rowwise FP8 data, 2-D (or (0,))
+      .template Arg<ffi::AnyBuffer>()          // b_columnwise: B's transposed FP8 data (or (0,))
+      .template Arg<ffi::Buffer<ffi::F32>>()   // b_scale_inv: B's dequantization factor
+      .template Arg<ffi::AnyBuffer>()          // bias: [N] (or (0,) without bias)
+      .template Ret<ffi::AnyBuffer>()          // d: [M, N] bfloat16/float16/float32
+      .template Attr<bool>("trans_a")          // trans_a: A's rowwise data is [K, M]
+      .template Attr<bool>("trans_b")          // trans_b: B's rowwise data is [N, K]
+      .template Attr<bool>("a_rowwise")        // a_rowwise: a_data is held
+      .template Attr<bool>("a_columnwise")     // a_columnwise: a_columnwise is held
+      .template Attr<bool>("b_rowwise")        // b_rowwise: b_data is held
+      .template Attr<bool>("b_columnwise")     // b_columnwise: b_columnwise is held
+      .template Attr<bool>("has_bias")         // has_bias: add bias[N] in the epilogue
+      .template Attr<bool>("use_split_accumulator");  // use_split_accumulator: FP32 promotion
+}
+
+struct GemmOnCpu {
+  template <typename... Args>
+  ffi::Error operator()(Args... args) const {
+    ScopedIeeeDenormals ieee;
+    return Guarded(kOp, [&] { return GemmImpl(CpuDevice(), nullptr, 0, std::move(args)...); });
+  }
+};
+
+#ifdef FP8KIT_WITH_CUDA
+struct GemmOnCuda {
+  template <typename... Args>
+  ffi::Error operator()(void* stream, int32_t ordinal, ffi::ScratchAllocator scratch,
+                        Args... args) const {
+    return Guarded(kOp, [&]() -> ffi::Error {
+      const size_t bytes = fp8kit_gemm_workspace_size(FP8KIT_DEVICE_CUDA);
+      void* workspace = nullptr;
+      if (bytes > 0) {
+        std::optional<void*> p = scratch.Allocate(bytes, 256);
+        if (!p.has_value()) {
+          return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                            std::string(kOp) + ": could not get " + std::to_string(bytes) +
+                                " bytes of GEMM workspace from XLA's allocator");
+        }
+        workspace = *p;
+      }
+      return GemmImpl(CudaDevice(stream, ordinal), workspace, bytes, std::move(args)...);
+    });
+  }
+};
+#endif
+
+}  // namespace
+}  // namespace fp8kit_jax
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(fp8kit_jax_gemm_cpu, fp8kit_jax::GemmOnCpu{},
+                              fp8kit_jax::BindGemm(fp8kit_jax::CpuBinding()));
+#ifdef FP8KIT_WITH_CUDA
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    fp8kit_jax_gemm_cuda, fp8kit_jax::GemmOnCuda{},
+    fp8kit_jax::BindGemm(fp8kit_jax::CudaBinding().Ctx<xla::ffi::ScratchAllocator>()));
+#endif
