@@ -17,8 +17,10 @@ PY_DEPS := torch==2.13.0 jax ml_dtypes numpy pybind11 scikit-build-core ninja \
 
 .PHONY: demo test venv system-deps install bazel-test pip-test cuda-compile-check clean
 
+# Run from outside the source tree so `import fp8kit` is the installed
+# package (with its compiled extensions), not ./fp8kit.
 demo: install
-	$(PY) -m fp8kit.demo
+	cd /tmp && "$(abspath $(PY))" -m fp8kit.demo --out "$(CURDIR)/out/demo_loss.png"
 
 test: system-deps venv cuda-compile-check bazel-test pip-test
 	@echo "make test: all passed"

@@ -13,7 +13,7 @@
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 OUTDIR=${1:-${OUT:-$REPO/out/gpu}}
-STAGES=${STAGES:-build info cpp pytest sanitizer bench}
+STAGES=${STAGES:-build info cpp pytest sanitizer bench demo}
 PY=${PYTHON:-python3}
 JOBS=${JOBS:-$(nproc)}
 mkdir -p "$OUTDIR"
@@ -65,16 +65,10 @@ sanitizer() {
   compute-sanitizer --tool racecheck --error-exitcode 1 $t --gtest_filter='*Cuda*Quant*:*Gpu*Quant*:*Cuda*Amax*:*Cuda*Transpose*'
 }
 bench() {
-  local tmp; tmp=$(mktemp -d)
-  for b in benchmarks/bench_*.py; do
-    echo "---- $b"; "$PY" "$b" --out "$tmp/$(basename "$b" .py).json" || status=1
-  done
-  "$PY" - "$tmp" "$OUTDIR/bench.json" <<'PY'
-import json, pathlib, sys
-merged = {p.stem: json.loads(p.read_text()) for p in sorted(pathlib.Path(sys.argv[1]).glob("*.json"))}
-pathlib.Path(sys.argv[2]).write_text(json.dumps(merged, indent=1))
-PY
+  # The suite (python -m fp8kit.bench) measures every anchor in the same run.
+  (cd /tmp && "$PY" -m fp8kit.bench --full --out "$OUTDIR/bench" --plain-progress)
 }
+demo() { (cd /tmp && "$PY" -m fp8kit.demo --out "$OUTDIR/demo_loss.png"); }
 
 has build && run_stage build build
 has info && run_stage info info
@@ -82,4 +76,5 @@ has cpp && run_stage cpp cpp
 has pytest && run_stage pytest pytests
 has sanitizer && run_stage sanitizer sanitizer
 has bench && run_stage bench bench
+has demo && run_stage demo demo
 exit $status

@@ -1,0 +1,187 @@
+"""python -m fp8kit.bench: fp8kit's benchmark suite.
+
+Every row times fp8kit next to its anchor (ANCHORS.md) in the same run on
+the same inputs, after checking that fp8kit's output matches the anchor's,
+and compares the ratio with the row's target (P1..P5). Sections: gemm (P1),
+quantize (P2), linear (PyTorch Linear P3 and JAX dense P5, fwd+bwd), and
+overhead (per-call time, P4). Writes a JSON file and one PNG per section.
+
+On a machine without a CUDA GPU it runs a quick mode (tiny sizes, a few
+iterations) that checks the suite works end to end; its numbers come from
+fp8kit's CPU reference kernels and are not performance claims.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import os
+import pathlib
+import sys
+import time
+import traceback
+
+SECTIONS = ("gemm", "quantize", "linear", "overhead")
+# Sections run in this order; each is a module with cases(ctx).
+_MODULES = {"gemm": ["fp8kit.bench.gemm"], "quantize": ["fp8kit.bench.quantize"],
+            "linear": ["fp8kit.bench.linear_torch", "fp8kit.bench.dense_jax"],
+            "overhead": ["fp8kit.bench.overhead"]}
+NOT_A_CLAIM = ("CPU quick mode: this run checks that the suite works end to end. Its numbers "
+               "come from fp8kit's CPU reference kernels and tiny sizes: they are NOT "
+               "performance claims.")
+QUICK_ON_GPU = ("quick mode on a GPU: tiny sizes, few iterations - a smoke run, not a "
+                "performance claim.")
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="python -m fp8kit.bench",
+                                description=__doc__.split("\n\n")[1].replace("\n", " "))
+    p.add_argument("--out", default=os.path.join("out", "bench"),
+                   help="directory for bench.json and the PNGs (default out/bench)")
+    p.add_argument("--json", default=None, help="JSON path (default OUT/bench.json)")
+    p.add_argument("--sections", default=",".join(SECTIONS),
+                   help=f"comma-separated subset of {','.join(SECTIONS)}")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true",
+                      help="tiny sizes, few iterations (the default without a GPU)")
+    mode.add_argument("--full", action="store_true",
+                      help="ANCHORS.md sizes (the default with a GPU; needs one)")
+    p.add_argument("--rounds", type=int, default=None, help="timed rounds per function")
+    p.add_argument("--gemm-shapes", default="",
+                   help="GEMM section: comma-separated MxNxK list instead of ANCHORS.md's")
+    p.add_argument("--no-compile", action="store_true",
+                   help="skip the torch.compile peers (they compile for a while)")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 when a target is missed (default: only on errors)")
+    p.add_argument("--plain-progress", action="store_true",
+                   help="simple progress lines even if tqdm is installed")
+    return p
+
+
+def _source_tree_hint() -> str:
+    """Why the compiled extensions are missing, when the reason is the usual
+    one: python -m run from a source checkout imports ./fp8kit, which has
+    no compiled modules, instead of the installed package."""
+    import glob
+    import fp8kit
+    pkg = os.path.dirname(os.path.realpath(fp8kit.__file__))
+    if glob.glob(os.path.join(pkg, "_*_ext*.so")) or glob.glob(os.path.join(pkg, "_*_ext*.pyd")):
+        return ""
+    return (f" (fp8kit was imported from {pkg}, which holds no compiled extensions: run from "
+            "another directory so that the installed fp8kit is imported, or build in place)")
+
+
+def _shapes(text: str):
+    try:
+        return tuple(tuple(int(v) for v in s.lower().split("x")) for s in text.split(",") if s)
+    except ValueError:
+        raise SystemExit(f"--gemm-shapes: expected MxNxK[,MxNxK...], got {text!r}") from None
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    bad = [s for s in sections if s not in SECTIONS]
+    if bad or not sections:
+        print(f"--sections: unknown {bad}; choose from {', '.join(SECTIONS)}", file=sys.stderr)
+        return 2
+    # JAX must not take 75% of GPU memory: PyTorch shares the GPU in this process.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+    try:
+        import torch
+    except ImportError as e:
+        print(f"fp8kit.bench needs PyTorch (most anchors are PyTorch ops): {e}", file=sys.stderr)
+        return 2
+    try:
+        import fp8kit.torch  # noqa: F401  (the compiled extension, before anything is measured)
+    except ImportError as e:
+        print(f"fp8kit.bench: {e}{_source_tree_hint()}", file=sys.stderr)
+        return 2
+
+    from fp8kit.bench import meta, plots, progress, results, timing
+    from fp8kit.bench.context import Context
+    from fp8kit.bench.results import Row
+
+    has_gpu = torch.cuda.is_available()
+    if args.full and not has_gpu:
+        print("--full needs a CUDA GPU: on the CPU fp8kit runs its reference kernels, which "
+              "are for correctness, not speed. Run without --full for the quick mode.",
+              file=sys.stderr)
+        return 2
+    quick = args.quick or not has_gpu
+    device = "cuda" if has_gpu else "cpu"
+    if device == "cuda":
+        import fp8kit.torch as ft
+        if not ft.built_with_cuda():
+            print("a CUDA GPU is present but fp8kit was built without CUDA; rebuild with "
+                  "-DFP8KIT_CUDA=ON (see README) or run with CUDA_VISIBLE_DEVICES= for the "
+                  "CPU quick mode.", file=sys.stderr)
+            return 2
+    settings = timing.Settings.quick() if quick else timing.Settings()
+    if args.rounds:
+        settings = dataclasses.replace(settings, rounds=args.rounds)
+    ctx = Context(quick=quick, torch_device=device, settings=settings,
+                  gemm_shapes=_shapes(args.gemm_shapes), torch_compile=not args.no_compile)
+    claim_note = (None if ctx.claims else NOT_A_CLAIM if device == "cpu" else QUICK_ON_GPU)
+
+    out_dir = pathlib.Path(args.out)
+    json_path = pathlib.Path(args.json) if args.json else out_dir / "bench.json"
+    print(f"fp8kit.bench: {'quick' if quick else 'full'} mode on {device}, sections "
+          f"{', '.join(sections)}", flush=True)
+    if claim_note:
+        print(claim_note, flush=True)
+
+    cases, rows = [], []
+    for s in sections:
+        for mod_name in _MODULES[s]:
+            try:
+                mod = importlib.import_module(mod_name)
+                cases += mod.cases(ctx)
+            except ImportError as e:  # a framework that is not installed
+                rows.append(Row(s, mod_name.rsplit(".", 1)[1], "(not run)", 0, "-", "-",
+                                error=f"cannot import: {e}"))
+    t0 = time.perf_counter()
+    bar = progress.bar(len(cases), plain=args.plain_progress)
+    for case in cases:
+        bar.set_description(case.name)
+        try:
+            rows += case.run()
+        except Exception as e:  # noqa: BLE001  (one broken case must not stop the suite)
+            traceback.print_exc()
+            rows.append(Row(case.section, case.group, case.name, 0, "-", "-",
+                            error=f"{type(e).__name__}: {e}"))
+        bar.update(1)
+    bar.close()
+
+    print(results.table(rows, ctx.claims))
+    summary = results.summarize_targets(rows, ctx.claims)
+    print(results.summary_text(summary, ctx.claims))
+    errors = [f"[{r.section}] {r.group} {r.case}: {r.error}" for r in rows if r.error]
+    doc = {"suite": "fp8kit.bench", "mode": "quick" if quick else "full",
+           "performance_claims": ctx.claims, "note": claim_note,
+           "ratio": "anchor seconds / fp8kit seconds (> 1: fp8kit faster; quantization rows: "
+                    "fraction of the bandwidth limit measured in the same run)",
+           "meta": meta.collect(device), "settings": dataclasses.asdict(settings),
+           "sections": sections, "seconds": time.perf_counter() - t0,
+           "targets": summary, "errors": errors,
+           "rows": [r.to_json(ctx.claims) for r in rows]}
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(doc, indent=1))
+    print(f"\nwrote {json_path.resolve()}")
+    if not args.no_plots:
+        note = claim_note.split(":")[0] + ": not performance claims" if claim_note else \
+            f"{doc['meta'].get('device', device)}, {doc['meta']['time']}"
+        for p in plots.plot_all(rows, out_dir, note):
+            print(f"wrote {p.resolve()}")
+    if claim_note:
+        print(claim_note)
+    for e in errors:
+        print("ERROR", e)
+    missed = [t for t, e in summary.items() if e["met"] is False]
+    if missed:
+        print("targets not met: " + ", ".join(missed))
+    return 1 if errors or (args.strict and missed) else 0

@@ -1,0 +1,34 @@
+"""What every section of the suite gets: the mode, the devices, the timing
+settings, and the Case type sections return."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from fp8kit.bench.timing import Settings
+
+
+@dataclasses.dataclass
+class Context:
+    quick: bool                   # tiny sizes, few iterations: checks the suite works
+    torch_device: str             # "cuda" or "cpu"
+    settings: Settings
+    gemm_shapes: tuple = ()       # M x N x K override for the GEMM section
+    torch_compile: bool = True    # include torch.compile peers (full mode only)
+
+    @property
+    def claims(self) -> bool:
+        """Whether this run's numbers are performance claims: a full run on
+        a GPU. CPU numbers (fp8kit's reference kernels) never are."""
+        return not self.quick and self.torch_device == "cuda"
+
+
+@dataclasses.dataclass
+class Case:
+    """One unit of progress: run() measures and returns the case's rows."""
+
+    section: str
+    group: str                    # used for the error row if run() raises
+    name: str
+    run: Callable[[], list]

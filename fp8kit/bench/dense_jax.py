@@ -1,0 +1,189 @@
+"""Linear section, JAX (ANCHORS.md target P5), everything under jax.jit on
+JAX's default device, same inputs side by side:
+
+  GEMM         fp8kit.jax.gemm on already-quantized e4m3 operands, D = A @ B^T,
+               bf16 out, vs jax.lax.dot_general on the same e4m3 arrays
+               (preferred_element_type=bf16). Target (fast accumulation, which
+               XLA's FP8 GEMMs use at default precision): >= 1.45x.
+  dense fwd    fp8kit.jax.dense, bf16 in and out, quantization included,
+               vs x @ w in bf16. Target (delayed scaling): >= 1.6x.
+  dense fwd+bwd  the output and both gradients for a random cotangent
+               (jax.vjp: every GEMM stays alive, which a sum() loss would not
+               guarantee), vs the same in bf16. Target (delayed): >= 1.85x.
+
+Targets apply at ANCHORS.md's 8192^3; other sizes are for information.
+The delayed-scaling state holds the scales training would have (from the
+inputs' amaxes); its update (the state cotangent) is part of fwd+bwd.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from fp8kit.bench import checks, timing
+from fp8kit.bench.context import Case, Context
+from fp8kit.bench.results import Row
+
+SECTION = "linear"
+TARGET_SIZE = 8192
+SIZES = [4096, TARGET_SIZE]
+QUICK_SIZES = [64, 128]
+GEMM_TOL = 2e-2   # max rel diff vs lax.dot on the same e4m3 data (accumulation order only)
+FWD_TOL, BWD_TOL = 0.08, 0.15
+G_GEMM = "JAX jit: fp8kit.jax.gemm on e4m3 vs lax.dot_general on e4m3"
+G_FWD = "JAX jit: dense fwd, fp8kit vs bf16"
+G_FWD_BWD = "JAX jit: dense fwd+bwd (random cotangent), fp8kit vs bf16"
+
+
+def _device():
+    import jax
+    return jax.devices()[0]
+
+
+def run_gemm(ctx: Context, s: int) -> list[Row]:
+    import jax
+    import jax.numpy as jnp
+    import fp8kit.jax as fj
+
+    dev = _device()
+    one = jax.device_put(jnp.ones((), jnp.float32), dev)
+    sets = []  # (a, b, A, B): e4m3 arrays and the same data as ScaledTensors
+    key = jax.random.PRNGKey(s)
+    for _ in range(timing.copies_for_l2(2 * s * s + 2 * s * s)):  # e4m3 A, B; bf16 D
+        key, ka, kb = jax.random.split(key, 3)
+        a, b = (jax.device_put(jax.random.normal(kk, (s, s), jnp.float32)
+                               .astype(jnp.float8_e4m3fn), dev) for kk in (ka, kb))
+        sets.append((a, b, fj.ScaledTensor(data=a, scale_inv=one, fp8_dtype="e4m3"),
+                     fj.ScaledTensor(data=b, scale_inv=one, fp8_dtype="e4m3")))
+    lax_fn = jax.jit(lambda a, b: jax.lax.dot_general(
+        a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.bfloat16))
+    want = lax_fn(sets[0][0], sets[0][1])
+    flops = 2.0 * s ** 3
+    is_target = ctx.quick or s == TARGET_SIZE
+    fns = {"lax": lambda i: lax_fn(*sets[i % len(sets)][:2])}
+    rows = {}
+    for mode, split in (("fast", False), ("split", True)):
+        kit = jax.jit(functools.partial(
+            lambda A, B, split: fj.gemm(A, B, trans_b=True, out_dtype=jnp.bfloat16,
+                                        use_split_accumulator=split, device=dev), split=split))
+        row = Row(SECTION, G_GEMM, f"{s}^3 {mode} acc", s ** 3, "TFLOP/s",
+                  "lax.dot_general e4m3", fp8kit_work=flops, anchor_work=flops,
+                  target="P5-gemm" if mode == "fast" and is_target else None,
+                  note=f"{len(sets)} operand copies")
+        rows[mode] = row
+        try:
+            got = kit(*sets[0][2:])
+            row.check = checks.within("gemm", checks.max_rel_diff(got, want), GEMM_TOL,
+                                      "max rel diff")
+            fns[mode] = functools.partial(lambda i, f: f(*sets[i % len(sets)][2:]), f=kit)
+        except checks.Mismatch as e:
+            row.error = f"not timed: {e}"
+    t = timing.measure(fns, timing.jax_clock(), ctx.settings)
+    for mode, row in rows.items():
+        if mode in t:
+            row.fp8kit_s, row.anchor_s = t[mode].median_s, t["lax"].median_s
+            row.timing = {"fp8kit": t[mode].to_json(), "anchor": t["lax"].to_json()}
+    return list(rows.values())
+
+
+def _delayed_state(recipe, x, w, dy):
+    import jax.numpy as jnp
+    import fp8kit.jax as fj
+    from fp8kit.recipe import FP8_MAX
+    fmt = recipe.fp8_format
+    maxes = (FP8_MAX[fmt.forward_dtype], FP8_MAX[fmt.forward_dtype], FP8_MAX[fmt.backward_dtype])
+    amaxes = [jnp.max(jnp.abs(t)).astype(jnp.float32) for t in (x, w, dy)]
+    return fj.DelayedScalingState(
+        amax_history=jnp.zeros((3, recipe.amax_history_len), jnp.float32),
+        scale=jnp.stack([m / a for m, a in zip(maxes, amaxes)]))
+
+
+def run_dense(ctx: Context, s: int) -> list[Row]:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import fp8kit.jax as fj
+    from fp8kit.recipe import CurrentScaling, DelayedScaling
+
+    dev = _device()
+    kx, kw, kg = jax.random.split(jax.random.PRNGKey(s + 1), 3)
+    w = jax.device_put((jax.random.normal(kw, (s, s), jnp.float32) / np.sqrt(s))
+                       .astype(jnp.bfloat16), dev)
+    # (x, dy) copies, rotated per call: x, dy, y, dx, dw are 10 B per element.
+    xs, dys = [], []
+    for _ in range(timing.copies_for_l2(10 * s * s)):
+        kx, k1, k2 = jax.random.split(kx, 3)
+        xs.append(jax.device_put(jax.random.normal(k1, (s, s), jnp.bfloat16), dev))
+        dys.append(jax.device_put(jax.random.normal(k2, (s, s), jnp.bfloat16), dev))
+    x, dy = xs[0], dys[0]
+    n = len(xs)
+
+    def fwd_bwd(f):
+        def run(x, w, st, dy):
+            y, vjp = jax.vjp(f, x, w, st)
+            return y, vjp(dy)  # output, dx, dw (and the new delayed state)
+        return jax.jit(run)
+
+    def bf16(x, w, st):
+        return x @ w
+
+    base_fwd, base_fb = jax.jit(bf16), fwd_bwd(bf16)
+    want_y = base_fwd(x, w, None)
+    want_fb = base_fb(x, w, None, dy)
+    flops = 2.0 * s ** 3
+    is_target = ctx.quick or s == TARGET_SIZE
+    fns_fwd = {"bf16": lambda i: base_fwd(xs[i % n], w, None)}
+    fns_fb = {"bf16": lambda i: base_fb(xs[i % n], w, None, dys[i % n])}
+    rows_fwd, rows_fb = {}, {}
+    for name, recipe in (("delayed", DelayedScaling()), ("current", CurrentScaling())):
+        st = jax.device_put(_delayed_state(recipe, x, w, dy), dev) \
+            if isinstance(recipe, DelayedScaling) else None
+        f = functools.partial(lambda x, w, st, r: fj.dense(x, w, state=st, recipe=r), r=recipe)
+        f_fwd, f_fb = jax.jit(f), fwd_bwd(f)
+        tgt = name == "delayed" and is_target
+        r1 = Row(SECTION, G_FWD, f"{s}^3 {name}", s ** 3, "TFLOP/s", "bf16 x @ w",
+                 fp8kit_work=flops, anchor_work=flops, target="P5-fwd" if tgt else None)
+        r2 = Row(SECTION, G_FWD_BWD, f"{s}^3 {name}", s ** 3, "TFLOP/s", "bf16 (jax.vjp)",
+                 fp8kit_work=3 * flops, anchor_work=3 * flops,
+                 target="P5-fwd+bwd" if tgt else None)
+        rows_fwd[name], rows_fb[name] = r1, r2
+        try:
+            r1.check = checks.within("dense fwd", checks.norm_rel_err(f_fwd(x, w, st), want_y),
+                                     FWD_TOL, "rel err")
+            fns_fwd[name] = functools.partial(lambda i, g, st: g(xs[i % n], w, st), g=f_fwd,
+                                              st=st)
+        except checks.Mismatch as e:
+            r1.error = f"not timed: {e}"
+        try:
+            y, grads = f_fb(x, w, st, dy)
+            e_y = checks.norm_rel_err(y, want_fb[0])
+            e_dx = checks.norm_rel_err(grads[0], want_fb[1][0])
+            e_dw = checks.norm_rel_err(grads[1], want_fb[1][1])
+            checks.within("dense fwd+bwd y", e_y, FWD_TOL, "rel err")
+            checks.within("dense dx", e_dx, BWD_TOL, "rel err")
+            checks.within("dense dw", e_dw, BWD_TOL, "rel err")
+            r2.check = (f"rel err y {e_y:.2g}<={FWD_TOL:g}, dx {e_dx:.2g} dw {e_dw:.2g}"
+                        f"<={BWD_TOL:g}")
+            fns_fb[name] = functools.partial(lambda i, g, st: g(xs[i % n], w, st, dys[i % n]),
+                                             g=f_fb, st=st)
+        except checks.Mismatch as e:
+            r2.error = f"not timed: {e}"
+    clock = timing.jax_clock()
+    for fns, rows, base in ((fns_fwd, rows_fwd, "bf16"), (fns_fb, rows_fb, "bf16")):
+        t = timing.measure(fns, clock, ctx.settings)
+        for name, row in rows.items():
+            if name in t:
+                row.fp8kit_s, row.anchor_s = t[name].median_s, t[base].median_s
+                row.timing = {"fp8kit": t[name].to_json(), "anchor": t[base].to_json()}
+    return list(rows_fwd.values()) + list(rows_fb.values())
+
+
+def cases(ctx: Context) -> list[Case]:
+    import jax  # noqa: F401  (ImportError here: the suite reports JAX as not run)
+    import fp8kit.jax  # noqa: F401
+    sizes = QUICK_SIZES if ctx.quick else SIZES
+    out = []
+    for s in sizes:
+        out.append(Case(SECTION, G_GEMM, f"JAX gemm {s}^3", functools.partial(run_gemm, ctx, s)))
+        out.append(Case(SECTION, G_FWD, f"JAX dense {s}^3", functools.partial(run_dense, ctx, s)))
+    return out

@@ -1,0 +1,180 @@
+"""Quantization section (ANCHORS.md target P2): per-tensor bf16 -> e4m3
+quantization, against the bandwidth limit measured in the same run.
+
+The limit is a device-to-device copy of the same bf16 tensor (read 2 B +
+write 2 B per element), timed in the same alternating rounds as fp8kit.
+Bytes are counted as ANCHORS.md counts them:
+
+  delayed scaling, cast+transpose   read 2 + write 1 (rowwise) + 1 (columnwise) = 4 B/el;
+                                    target: >= 90% of copy bandwidth.
+  delayed scaling, rowwise only     3 B/el (information; TransformerEngine ~100%).
+  current scaling, cast+transpose   needs the amax before it can cast: two passes over the
+                                    input, 6 B/el moved at best; counted as 4 B/el, its limit
+                                    is copy bandwidth x 4/6. Target: >= 90% of that limit.
+
+Peers (information): the same current-scaling cast+transpose written in
+eager PyTorch and, in the full mode, compiled with torch.compile.
+Before timing, fp8kit's outputs are compared bit for bit with PyTorch's
+own cast (x.float() * scale, clamped, .to(float8_e4m3fn): round to nearest
+even, saturating), its transpose and its amax.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from fp8kit.bench import checks, timing
+from fp8kit.bench.context import Case, Context
+from fp8kit.bench.results import Row
+
+SECTION = "quantize"
+TARGET_SHAPES = [(8192, 8192), (16384, 8192), (8192, 28672)]  # ANCHORS.md's P2 shapes
+SHAPES = [(4096, 4096)] + TARGET_SHAPES
+QUICK_SHAPES = [(128, 256), (512, 384)]
+FP8_MAX = 448.0
+
+G_DELAYED = "delayed scaling cast+transpose (bf16 -> e4m3 row+col, amax), vs copy"
+G_ROWWISE = "delayed scaling rowwise only (3 B/el), vs copy"
+G_CURRENT = "current scaling cast+transpose (two-pass), vs its limit"
+G_EAGER = "current scaling cast+transpose vs torch eager"
+G_COMPILE = "current scaling cast+transpose vs torch.compile"
+
+
+def _torch_cast(torch, x, scale):
+    return (x.float() * scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+
+
+def _torch_amax_cast_transpose(x):
+    """What a PyTorch user writes for current scaling: amax, scale, cast, transpose."""
+    import torch
+    amax = x.abs().amax().float()
+    scale = FP8_MAX / amax
+    q = (x.float() * scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, q.t().contiguous(), (1.0 / scale), amax
+
+
+def run_shape(ctx: Context, rows_: int, cols: int, seed: int) -> list[Row]:
+    import torch
+    from fp8kit import _torch_ext as ext
+
+    dev = ctx.torch_device
+    n = rows_ * cols
+    g = torch.Generator(device=dev).manual_seed(seed)
+    copies = timing.copies_for_l2(4 * n)
+    xs = [torch.randn(rows_, cols, device=dev, dtype=torch.bfloat16, generator=g)
+          for _ in range(copies)]
+    dsts = [torch.empty_like(x) for x in xs]
+    amaxes = [torch.zeros(1, device=dev, dtype=torch.float32) for _ in xs]
+    # The scale training would use (delayed scaling: from an earlier amax).
+    scale = (FP8_MAX / xs[0].abs().max().float()).reshape(1)
+
+    def kit_delayed(i):
+        return ext.quantize(xs[i % copies], scale, "e4m3", True, True, amaxes[i % copies])
+
+    def kit_rowwise(i):
+        return ext.quantize(xs[i % copies], scale, "e4m3", True, False, amaxes[i % copies])
+
+    def kit_current(i):
+        return ext.quantize_current_scaling(xs[i % copies], "e4m3", True, True)
+
+    def copy(i):
+        return dsts[i % copies].copy_(xs[i % copies])
+
+    def eager(i):
+        return _torch_amax_cast_transpose(xs[i % copies])
+
+    case = f"{rows_}x{cols}"
+    target = "P2" if ctx.quick or (rows_, cols) in TARGET_SHAPES else None
+
+    def row(group, anchor, kit_bytes, anchor_bytes, tgt=None):
+        return Row(SECTION, group, case, n, "TB/s", anchor, fp8kit_work=kit_bytes * n,
+                   anchor_work=anchor_bytes * n, target=tgt)
+
+    r_del = row(G_DELAYED, "copy-speed limit (4 B/el)", 4, 4, target)
+    r_row = row(G_ROWWISE, "copy-speed limit (3 B/el)", 3, 3)
+    r_cur = row(G_CURRENT, "two-pass limit (copy x 4/6)", 4, 4, target)
+    r_eag = row(G_EAGER, "torch eager", 4, 4)
+    out = [r_del, r_row, r_cur, r_eag]
+
+    # Checks, bit for bit against PyTorch's own cast.
+    x0 = xs[0]
+    want_amax = x0.abs().max().float()
+    fns = {"copy": copy}
+    try:
+        data, data_t, _ = kit_delayed(0)
+        ref = _torch_cast(torch, x0, scale)
+        checks.same_fp8("delayed rowwise", data, ref)
+        checks.same_fp8("delayed columnwise", data_t, ref.t().contiguous())
+        if amaxes[0].item() != want_amax.item():
+            raise checks.Mismatch(f"amax {amaxes[0].item()} != {want_amax.item()}")
+        r_del.check = "bit-exact data, transpose, amax"
+        fns["delayed"] = kit_delayed
+    except checks.Mismatch as e:
+        r_del.error = f"not timed: {e}"
+    try:
+        data, data_t, _ = kit_rowwise(0)
+        if data_t is not None:
+            raise checks.Mismatch("rowwise-only call returned columnwise data")
+        checks.same_fp8("rowwise", data, _torch_cast(torch, x0, scale))
+        r_row.check = "bit-exact data"
+        fns["rowwise"] = kit_rowwise
+    except checks.Mismatch as e:
+        r_row.error = f"not timed: {e}"
+    try:
+        data, data_t, c_scale, c_scale_inv, c_amax = kit_current(0)
+        if c_amax.float().reshape(()).item() != want_amax.item():
+            raise checks.Mismatch(f"amax {c_amax.item()} != {want_amax.item()}")
+        want_scale = (FP8_MAX / want_amax).item()
+        got_scale = c_scale.float().reshape(()).item()
+        checks.within("current scale", abs(got_scale - want_scale) / want_scale, 1e-6,
+                      "scale rel diff")
+        ref = _torch_cast(torch, x0, c_scale.float().reshape(1))
+        checks.same_fp8("current rowwise", data, ref)
+        checks.same_fp8("current columnwise", data_t, ref.t().contiguous())
+        r_cur.check = "bit-exact data, transpose; amax, scale"
+        fns["current"] = kit_current
+        q, qt, _, _ = eager(0)
+        try:
+            r_eag.check = "vs fp8kit: " + checks.close_fp8("torch eager vs fp8kit", q, data)
+            fns["eager"] = eager
+        except checks.Mismatch as e:
+            r_eag.error = f"not timed: {e}"
+    except checks.Mismatch as e:
+        r_cur.error = r_eag.error = f"not timed: {e}"
+
+    r_cmp = None
+    if ctx.torch_compile and not ctx.quick:
+        r_cmp = row(G_COMPILE, "torch.compile", 4, 4)
+        out.append(r_cmp)
+        try:
+            compiled = torch.compile(_torch_amax_cast_transpose)
+            q, _, _, _ = compiled(x0)
+            r_cmp.check = "vs fp8kit: " + checks.close_fp8("torch.compile vs fp8kit", q,
+                                                           kit_current(0)[0])
+            fns["compile"] = lambda i: compiled(xs[i % copies])
+        except Exception as e:  # noqa: BLE001  (compilation can fail; report, go on)
+            r_cmp.error = f"torch.compile peer not timed: {type(e).__name__}: {e}"[:300]
+
+    t = timing.measure(fns, timing.torch_clock(dev), ctx.settings)
+    t_copy = t["copy"].median_s
+    copy_note = f"copy {4 * n / t_copy / 1e12:.3g} TB/s (4 B/el), {copies} input copies"
+    for r, key, anchor_s in ((r_del, "delayed", t_copy), (r_row, "rowwise", t_copy * 3 / 4),
+                             (r_cur, "current", t_copy * 6 / 4)):
+        r.note = copy_note
+        if key in t:
+            r.fp8kit_s, r.anchor_s = t[key].median_s, anchor_s
+            r.timing = {"fp8kit": t[key].to_json(), "copy": t["copy"].to_json()}
+    for r, key in ((r_eag, "eager"), (r_cmp, "compile")):
+        if r is not None and key in t and "current" in t:
+            r.fp8kit_s, r.anchor_s = t["current"].median_s, t[key].median_s
+            r.timing = {"fp8kit": t["current"].to_json(), "anchor": t[key].to_json()}
+    del xs, dsts
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def cases(ctx: Context) -> list[Case]:
+    shapes = QUICK_SHAPES if ctx.quick else SHAPES
+    return [Case(SECTION, G_DELAYED, f"quantize {r}x{c}",
+                 functools.partial(run_shape, ctx, r, c, i)) for i, (r, c) in enumerate(shapes)]

@@ -1,0 +1,40 @@
+"""The performance targets of /work/shared/ANCHORS.md ("Targets"), as the
+suite checks them. Every target is a ratio measured in one run:
+
+    ratio = anchor seconds / fp8kit seconds      (> 1: fp8kit is faster)
+
+For quantization (P2) the "anchor" is a bandwidth limit measured in the
+same run (a device-to-device copy), so the ratio is the fraction of that
+limit fp8kit reaches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    id: str
+    text: str
+    min_ratio: float                       # every row of the target
+    geomean_min: Optional[float] = None    # and the geometric mean of each group
+
+
+TARGETS = {t.id: t for t in (
+    Target("P1", "per-tensor FP8 GEMM >= 1.00x torch._scaled_mm on every shape, "
+           "geomean >= 1.03x", 1.00, 1.03),
+    Target("P2", "delayed cast+transpose >= 90% of copy bandwidth (4 B/element); current "
+           "scaling >= 90% of its two-pass limit", 0.90),
+    Target("P3", "PyTorch Linear fwd+bwd 8192x8192x8192 bf16, eager: >= 1.75x bf16 "
+           "nn.Linear", 1.75),
+    Target("P4", "PyTorch Linear per call at 16x1024x1024, eager, fwd and fwd+bwd: <= 1.25x "
+           "bf16 nn.Linear (ratio >= 0.80)", 1 / 1.25),
+    Target("P5-gemm", "JAX jit: fp8kit GEMM on pre-quantized e4m3 at 8192^3 >= 1.45x "
+           "lax.dot on the same e4m3 data", 1.45),
+    Target("P5-fwd", "JAX jit: dense fwd (bf16 in, quantization included) >= 1.6x bf16 "
+           "dense", 1.6),
+    Target("P5-fwd+bwd", "JAX jit: dense fwd+bwd (random cotangent) >= 1.85x bf16 dense",
+           1.85),
+)}

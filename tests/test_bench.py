@@ -1,0 +1,189 @@
+"""python -m fp8kit.bench in its quick mode (the CPU default): every section
+runs end to end, checks fp8kit's outputs against the anchors before timing,
+writes the JSON and the PNGs and says its numbers are not performance
+claims; the harness pieces (timing, targets, mismatch handling) on their
+own. No timing assertions: CPU numbers mean nothing."""
+
+import contextlib
+import io
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("jax")
+pytest.importorskip("matplotlib")
+
+from fp8kit import bench  # noqa: E402
+from fp8kit.bench import progress, results, timing  # noqa: E402
+from fp8kit.bench.results import Row  # noqa: E402
+
+SECTIONS = ("gemm", "quantize", "linear", "overhead")
+GPU = torch.cuda.is_available()
+
+
+def _run(argv):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = bench.main(argv)
+    return rc, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bench")
+    rc, out, err = _run(["--quick", "--out", str(d), "--plain-progress"])
+    return rc, out, err, d
+
+
+def test_quick_suite_runs_every_section(suite):
+    rc, out, err, d = suite
+    doc = json.loads((d / "bench.json").read_text())
+    assert doc["errors"] == [], doc["errors"]
+    assert rc == 0, out + err
+    assert doc["mode"] == "quick" and doc["performance_claims"] is False
+    assert "NOT performance claims" in doc["note"] or "not a performance claim" in doc["note"]
+    assert "not performance claims" in out.lower() or "not a performance claim" in out.lower()
+    assert {r["section"] for r in doc["rows"]} == set(SECTIONS)
+    for s in SECTIONS:
+        png = d / f"bench_{s}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", s
+    # Progress: one line per case and a final one.
+    assert "done" in err and "fp8kit.bench [" in err
+
+
+def test_rows_are_checked_and_measured_side_by_side(suite):
+    _, out, _, d = suite
+    doc = json.loads((d / "bench.json").read_text())
+    for r in doc["rows"]:
+        what = f"{r['section']} {r['group']} {r['case']}"
+        assert r["error"] is None, what
+        assert r["check"], what                      # checked before timing
+        assert r["fp8kit_s"] > 0 and r["anchor_s"] > 0, what
+        assert r["ratio"] == pytest.approx(r["anchor_s"] / r["fp8kit_s"])
+        assert r["met"] is None, what                # quick mode: no claims
+    checks = " ".join(r["check"] for r in doc["rows"])
+    assert "bit-exact" in checks                     # quantization, bit for bit
+    # Every ANCHORS.md target has rows (quick sizes stand in for the real ones).
+    assert set(doc["targets"]) == {"P1", "P2", "P3", "P4", "P5-gemm", "P5-fwd", "P5-fwd+bwd"}
+    assert all(t["met"] is None and t["complete"] for t in doc["targets"].values())
+    assert "torch._scaled_mm" in out and "lax.dot_general e4m3" in out
+
+
+def test_mismatch_is_reported_and_not_timed(tmp_path, monkeypatch):
+    from fp8kit import _torch_ext
+
+    real = _torch_ext.gemm
+
+    def wrong_gemm(*args, **kwargs):
+        return real(*args, **kwargs) * 1.5   # a scale bug
+
+    monkeypatch.setattr(_torch_ext, "gemm", wrong_gemm)
+    rc, out, _ = _run(["--quick", "--sections", "gemm", "--gemm-shapes", "16x32x32",
+                       "--out", str(tmp_path), "--no-plots", "--plain-progress"])
+    assert rc == 1
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    p1 = [r for r in doc["rows"] if r["target"] == "P1"]
+    assert len(p1) == 2
+    for r in p1:
+        assert "outputs disagree, not timed" in r["error"]
+        assert r["fp8kit_s"] is None and r["ratio"] is None
+    assert doc["targets"]["P1"]["complete"] is False
+    assert "ERROR" in out
+
+
+class _FakeClock(timing.Clock):
+    """Seconds per call from a script, to test the measuring logic."""
+
+    def __init__(self, per_call):
+        self.per_call, self.calls = per_call, []
+
+    def sync(self, out):
+        pass
+
+    def batch(self, fn, iters):
+        name = fn(0)
+        self.calls.append((name, iters))
+        return self.per_call[name].pop(0)
+
+
+def test_measure_alternates_and_takes_the_median():
+    settings = timing.Settings(warmup=1, rounds=3, batch_seconds=1.0, min_iters=2,
+                               max_iters=50)
+    clock = _FakeClock({"a": [0.1, 5.0, 1.0, 3.0], "b": [0.5, 2.0, 2.0, 9.0]})
+    t = timing.measure({"a": lambda i: "a", "b": lambda i: "b"}, clock, settings)
+    assert t["a"].median_s == 3.0 and t["b"].median_s == 2.0
+    assert t["a"].min_s == 1.0 and t["a"].rounds == 3
+    assert t["a"].iters == 10 and t["b"].iters == 2   # 1.0 s / calibration time, clamped
+    # Calibration of each, then rounds alternating a, b, a, b, ...
+    assert [c[0] for c in clock.calls] == ["a", "b", "a", "b", "a", "b", "a", "b"]
+
+
+def test_copies_for_l2():
+    assert timing.copies_for_l2(1 << 30) == 1
+    assert timing.copies_for_l2(64 << 20) == 4
+    assert timing.copies_for_l2(1) == timing.MAX_COPIES
+
+
+def _row(ratio, group="g", target="P1"):
+    return Row("gemm", group, f"c{ratio}", 1.0, "TFLOP/s", "anchor", fp8kit_s=1.0,
+               anchor_s=ratio, fp8kit_work=1e12, anchor_work=1e12, target=target)
+
+
+def test_targets_per_row_and_geomean():
+    rows = [_row(1.01), _row(1.02)]          # every row >= 1.00 but geomean < 1.03
+    s = results.summarize_targets(rows, claims=True)
+    assert s["P1"]["met"] is False and s["P1"]["geomean"]["g"] == pytest.approx(1.015, abs=1e-3)
+    rows = [_row(1.05), _row(1.04)]
+    assert results.summarize_targets(rows, claims=True)["P1"]["met"] is True
+    rows = [_row(1.2), _row(0.99)]           # one shape below 1.00
+    assert results.summarize_targets(rows, claims=True)["P1"]["met"] is False
+    assert results.summarize_targets(rows, claims=False)["P1"]["met"] is None
+    assert _row(0.99).met(claims=True) is False and _row(0.99).met(claims=False) is None
+    # Time units: lower is better, the ratio is still anchor / fp8kit.
+    r = Row("overhead", "g", "c", 0, "us", "bf16", fp8kit_s=30e-6, anchor_s=27e-6, target="P4")
+    assert r.value("fp8kit") == pytest.approx(30.0) and r.ratio == pytest.approx(0.9)
+    assert r.met(claims=True) is True        # 30 us <= 1.25 x 27 us
+
+
+def test_plain_progress_bar():
+    buf = io.StringIO()
+    b = progress.bar(2, desc="x", stream=buf, plain=True)
+    b.set_description("first")
+    b.update()
+    b.set_description("second")
+    b.update()
+    b.close()
+    lines = buf.getvalue().splitlines()
+    assert lines[0].startswith("x [") and "0/2" in lines[0] and "first" in lines[0]
+    assert "2/2" in lines[-1] and "done" in lines[-1]
+
+
+@pytest.mark.skipif(GPU, reason="--full is the real run on a GPU")
+def test_full_mode_refuses_the_cpu(tmp_path):
+    rc, _, err = _run(["--full", "--out", str(tmp_path)])
+    assert rc == 2 and "--full needs a CUDA GPU" in err
+
+
+def test_bad_section_is_reported(tmp_path):
+    rc, _, err = _run(["--sections", "gemm,nope", "--out", str(tmp_path)])
+    assert rc == 2 and "nope" in err
+
+
+def test_bench_gemm_wrapper(tmp_path):
+    script = pathlib.Path(os.path.realpath(__file__)).parents[1] / "benchmarks" / "bench_gemm.py"
+    if not script.exists():
+        pytest.skip("benchmarks/ is not next to the tests (e.g. under Bazel)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    out = tmp_path / "gemm.json"
+    r = subprocess.run([sys.executable, str(script), "--quick", "--shapes", "16x32x32",
+                        "--out", str(out)], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(out.read_text())
+    assert doc["sections"] == ["gemm"] and len(doc["rows"]) == 3
+    assert (tmp_path / "bench_gemm.png").exists()
