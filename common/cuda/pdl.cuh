@@ -39,7 +39,8 @@ __device__ __forceinline__ void pdl_trigger() {
 }
 
 // Launches `kernel` on `stream` allowed to overlap its predecessor. Where
-// the attribute is not supported the launch is retried as a plain one.
+// the attribute is not supported the launch is retried as a plain one;
+// building with -DFP8KIT_NO_PDL makes every launch a plain one.
 template <typename... Params, typename... Args>
 void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
                 const char* op, const char* what, Args&&... args) {
@@ -52,7 +53,11 @@ void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t s
   config.dynamicSmemBytes = 0;
   config.stream = stream;
   config.attrs = &attr;
+#ifdef FP8KIT_NO_PDL
+  config.numAttrs = 0;
+#else
   config.numAttrs = 1;
+#endif
   cudaError_t e = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
   if (e == cudaErrorNotSupported || e == cudaErrorInvalidValue) {
     (void)cudaGetLastError();

@@ -60,8 +60,8 @@ void launch_cast_typed(const CastJob& job, cudaStream_t stream, const char* op) 
     p.amax = job.amax;
     p.scale = job.scale;
     p.n = n;
-    p.vec = is_aligned(p.in, 16) && is_aligned(p.out, 16) &&
-            (p.out2 == nullptr || is_aligned(p.out2, 16));
+    p.vec = is_aligned(p.in, 16) && is_aligned(p.out, 8) &&
+            (p.out2 == nullptr || is_aligned(p.out2, 8));
     launch(cast_flat_kernel<kIn, kE4M3>, ceil_div(n, kFlatBlockElems), kFlatThreads, p, job.pdl,
            stream, op, "launching the cast kernel");
     return;

@@ -45,9 +45,13 @@ FP8KIT_HD uint16_t float_to_fp16_bits(float x) {
   return uint16_t(sign | fp8_detail::shift_right_rne(m, shift));
 }
 
-// The dequantized float32 value of one FP8 byte.
+// The dequantized float32 value of one FP8 byte. NaN comes out as the
+// canonical quiet NaN 0x7FC00000: a GPU multiply returns 0x7FFFFFFF for any
+// NaN while an x86 multiply keeps the input's payload and sign, so without
+// this float32 outputs would differ bitwise between CPU and CUDA.
 FP8KIT_HD float dequantize_value(uint8_t q, fp8kit_dtype fp8_dtype, float scale_inv) {
-  return mul_rn(fp8_bits_to_float(q, fp8_dtype), scale_inv);
+  const float v = mul_rn(fp8_bits_to_float(q, fp8_dtype), scale_inv);
+  return (float_to_bits(v) & 0x7fffffffu) > 0x7f800000u ? bits_to_float(0x7fc00000u) : v;
 }
 
 }  // namespace fp8kit

@@ -123,7 +123,9 @@ TEST(Quantize, SpecialValues) {
   };
   for (const Special& c : cases) {
     SCOPED_TRACE(std::string(fp8kit_dtype_name(c.fmt)) + " x=" + std::to_string(c.x));
-    if (!std::isnan(c.x)) EXPECT_EQ(qtest::ref_encode(c.x, c.fmt), c.code) << "test reference";
+    if (!std::isnan(c.x)) {
+      EXPECT_EQ(qtest::ref_encode(c.x, c.fmt), c.code) << "test reference";
+    }
     QuantSpec s;
     s.in_dtype = FP8KIT_FLOAT32;
     s.shape = {1};
