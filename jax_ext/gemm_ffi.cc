@@ -7,10 +7,14 @@
 // *_rowwise / *_columnwise attributes. The core picks the layout its GEMM
 // needs (TN canonicalization, fp8kit/gemm.h) and says which data is missing.
 //
-// Workspace: the CUDA handler takes cuBLASLt's workspace from XLA's scratch
-// allocator (XLA's own device allocator, no cudaMalloc); the CPU reference
-// needs none.
-#include <optional>
+// Workspace: cuBLASLt's workspace is a second result of the custom call, a
+// uint8 buffer XLA allocates with the program's other temporaries (sized by
+// fp8kit.jax at trace time: fp8kit_gemm_workspace_size for the target
+// platform, 0 for the CPU). Nothing is cudaMalloc'ed per call. XLA's FFI
+// scratch allocator was the first choice, but under jax 0.11.2 on an H200
+// it refused 32 MiB requests (RESOURCE_EXHAUSTED) even with memory free.
+// An empty workspace result makes the core use its own per-stream
+// workspace, allocated once.
 #include <string>
 #include <utility>
 
@@ -72,12 +76,11 @@ ffi::ErrorOr<fp8kit_tensor> DescribeOperand(const Device& device, const char* na
   return t;
 }
 
-// Everything but the workspace, which only the CUDA handler has.
-ffi::Error GemmImpl(const Device& device, void* workspace, size_t workspace_bytes,
-                    ffi::AnyBuffer a_data, ffi::AnyBuffer a_columnwise,
+ffi::Error GemmImpl(const Device& device, ffi::AnyBuffer a_data, ffi::AnyBuffer a_columnwise,
                     ffi::Buffer<ffi::F32> a_scale_inv, ffi::AnyBuffer b_data,
                     ffi::AnyBuffer b_columnwise, ffi::Buffer<ffi::F32> b_scale_inv,
-                    ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> d, bool trans_a, bool trans_b,
+                    ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> d,
+                    ffi::Result<ffi::AnyBuffer> workspace, bool trans_a, bool trans_b,
                     bool a_rowwise, bool a_columnwise_held, bool b_rowwise, bool b_columnwise_held,
                     bool has_bias, bool use_split_accumulator) {
   auto a = DescribeOperand(device, "A", a_data, a_columnwise, a_scale_inv, a_rowwise,
@@ -102,8 +105,10 @@ ffi::Error GemmImpl(const Device& device, void* workspace, size_t workspace_byte
     config.bias_dtype = bias_dtype;
     config.bias_numel = static_cast<int64_t>(bias.element_count());
   }
-  config.workspace = workspace;
-  config.workspace_bytes = workspace_bytes;
+  if (device.type == FP8KIT_DEVICE_CUDA && workspace->size_bytes() > 0) {
+    config.workspace = workspace->untyped_data();
+    config.workspace_bytes = workspace->size_bytes();
+  }
   return FromStatus(fp8kit_gemm(&*a, &*b, &*out, &config, device.stream));
 }
 
@@ -118,6 +123,7 @@ auto BindGemm(Binding binding) {
       .template Arg<ffi::Buffer<ffi::F32>>()   // b_scale_inv: B's dequantization factor
       .template Arg<ffi::AnyBuffer>()          // bias: [N] (or (0,) without bias)
       .template Ret<ffi::AnyBuffer>()          // d: [M, N] bfloat16/float16/float32
+      .template Ret<ffi::AnyBuffer>()          // workspace: uint8 cuBLASLt scratch ((0,) on CPU)
       .template Attr<bool>("trans_a")          // trans_a: A's rowwise data is [K, M]
       .template Attr<bool>("trans_b")          // trans_b: B's rowwise data is [N, K]
       .template Attr<bool>("a_rowwise")        // a_rowwise: a_data is held
@@ -132,29 +138,15 @@ struct GemmOnCpu {
   template <typename... Args>
   ffi::Error operator()(Args... args) const {
     ScopedIeeeDenormals ieee;
-    return Guarded(kOp, [&] { return GemmImpl(CpuDevice(), nullptr, 0, std::move(args)...); });
+    return Guarded(kOp, [&] { return GemmImpl(CpuDevice(), std::move(args)...); });
   }
 };
 
 #ifdef FP8KIT_WITH_CUDA
 struct GemmOnCuda {
   template <typename... Args>
-  ffi::Error operator()(void* stream, int32_t ordinal, ffi::ScratchAllocator scratch,
-                        Args... args) const {
-    return Guarded(kOp, [&]() -> ffi::Error {
-      const size_t bytes = fp8kit_gemm_workspace_size(FP8KIT_DEVICE_CUDA);
-      void* workspace = nullptr;
-      if (bytes > 0) {
-        std::optional<void*> p = scratch.Allocate(bytes, 256);
-        if (!p.has_value()) {
-          return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                            std::string(kOp) + ": could not get " + std::to_string(bytes) +
-                                " bytes of GEMM workspace from XLA's allocator");
-        }
-        workspace = *p;
-      }
-      return GemmImpl(CudaDevice(stream, ordinal), workspace, bytes, std::move(args)...);
-    });
+  ffi::Error operator()(void* stream, int32_t ordinal, Args... args) const {
+    return Guarded(kOp, [&] { return GemmImpl(CudaDevice(stream, ordinal), std::move(args)...); });
   }
 };
 #endif
@@ -167,5 +159,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(fp8kit_jax_gemm_cpu, fp8kit_jax::GemmOnCpu{},
 #ifdef FP8KIT_WITH_CUDA
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     fp8kit_jax_gemm_cuda, fp8kit_jax::GemmOnCuda{},
-    fp8kit_jax::BindGemm(fp8kit_jax::CudaBinding().Ctx<xla::ffi::ScratchAllocator>()));
+    fp8kit_jax::BindGemm(fp8kit_jax::CudaBinding()));
 #endif

@@ -93,6 +93,13 @@ PYBIND11_MODULE(_jax_ext, m) {
       "The core's cached answer: can FP8 GEMMs on this device read operands in "
       "non-TN layouts? (False on CPU, Ada and Hopper.)");
   m.def("cuda_device_count", [] { return fp8kit_cuda_device_count(); });
+  m.def(
+      "gemm_workspace_size",
+      [](const std::string& platform) {
+        return fp8kit_gemm_workspace_size(DeviceType(platform));
+      },
+      py::arg("platform"),
+      "Bytes of cuBLASLt workspace the GEMM custom call asks XLA for (0 on CPU).");
   // The C enum values of the dtypes that travel as FFI attributes.
   py::dict codes;
   codes["e4m3"] = static_cast<int>(FP8KIT_E4M3);

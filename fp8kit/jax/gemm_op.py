@@ -112,13 +112,23 @@ def gemm_local(layout: GemmLayout, a_buf, a_scale_inv, b_buf, b_scale_inv, bias=
     a_row, a_col = (a_buf, empty(a_buf.dtype)) if layout.a_rowwise else (empty(a_buf.dtype), a_buf)
     b_row, b_col = (b_buf, empty(b_buf.dtype)) if layout.b_rowwise else (empty(b_buf.dtype), b_buf)
     bias_arg = bias if layout.has_bias else empty(_BIAS_DTYPE[layout.out_dtype])
-    return jax.ffi.ffi_call(GEMM_TARGET, jax.ShapeDtypeStruct((m, n), layout.out_dtype),
+    # cuBLASLt's workspace is a second, discarded result, so XLA allocates it
+    # with the program's temporaries (jax_ext/gemm_ffi.cc says why).
+    workspace = jax.ShapeDtypeStruct((_workspace_bytes(),), jnp.uint8)
+    d, _ = jax.ffi.ffi_call(GEMM_TARGET, (jax.ShapeDtypeStruct((m, n), layout.out_dtype), workspace),
                             vmap_method="sequential")(
         a_row, a_col, jnp.reshape(a_scale_inv, ()), b_row, b_col, jnp.reshape(b_scale_inv, ()),
         bias_arg, trans_a=layout.trans_a, trans_b=layout.trans_b, a_rowwise=layout.a_rowwise,
         a_columnwise=not layout.a_rowwise, b_rowwise=layout.b_rowwise,
         b_columnwise=not layout.b_rowwise, has_bias=layout.has_bias,
         use_split_accumulator=layout.use_split_accumulator)
+    return d
+
+
+def _workspace_bytes() -> int:
+    """GEMM workspace for the platform jit compiles for (0 for the CPU)."""
+    platform = "cpu" if default_device().platform == "cpu" else "cuda"
+    return int(_registry.ext.gemm_workspace_size(platform))
 
 
 def gemm_call(a: ScaledTensor, b: ScaledTensor, trans_a: bool, trans_b: bool, out_dtype,
