@@ -1,0 +1,40 @@
+"""fp8kit's PyTorch front end.
+
+Functional ops (fp8kit.torch.ops): amax, quantize, quantize_current_scaling,
+dequantize, delayed_scaling_update, gemm, supports_non_tn_fp8_gemm.
+Quantizers (C++): Float8Quantizer (delayed scaling),
+Float8CurrentScalingQuantizer; calling one returns a Float8Tensor.
+Tensors: QuantizedTensor, Float8Tensor. Modules: Linear, used inside
+autocast(recipe=...).
+"""
+
+from fp8kit.recipe import AmaxReduction, CurrentScaling, DelayedScaling, Format  # noqa: F401
+from fp8kit.torch.autocast import autocast, current_recipe
+from fp8kit.torch.float8_tensor import Float8Tensor
+from fp8kit.torch.linear import Linear
+from fp8kit.torch.ops import (amax, built_with_cuda, delayed_scaling_update, dequantize, gemm,
+                              quantize, quantize_current_scaling, supports_non_tn_fp8_gemm)
+from fp8kit.torch.quantized_tensor import QuantizedTensor
+from fp8kit.torch.quantizers import (Float8CurrentScalingQuantizer, Float8Quantizer, Quantizer,
+                                     quantizer_for)
+
+__all__ = [
+    "amax", "quantize", "quantize_current_scaling", "dequantize", "delayed_scaling_update",
+    "gemm", "supports_non_tn_fp8_gemm", "built_with_cuda", "Quantizer", "Float8Quantizer",
+    "Float8CurrentScalingQuantizer", "quantizer_for", "QuantizedTensor", "Float8Tensor",
+    "Linear", "autocast", "current_recipe", "DelayedScaling", "CurrentScaling", "Format",
+    "AmaxReduction",
+]
+
+
+def _allow_in_weights_only_load():
+    # Checkpoints holding Float8Tensors (or their quantizers) load with
+    # torch.load(weights_only=True): these are plain data containers.
+    import torch.serialization as s
+    from fp8kit.torch.float8_tensor import _rebuild_float8_tensor
+    if hasattr(s, "add_safe_globals"):
+        s.add_safe_globals([_rebuild_float8_tensor, Float8Quantizer,
+                            Float8CurrentScalingQuantizer])
+
+
+_allow_in_weights_only_load()

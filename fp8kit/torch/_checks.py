@@ -1,0 +1,37 @@
+"""Python-side argument checks: plain TypeErrors/ValueErrors that name the
+function, the argument and the fix, for mistakes the C++ bindings would
+otherwise report as a pybind11 signature mismatch."""
+
+from __future__ import annotations
+
+import torch
+
+FP8_DTYPES = ("e4m3", "e5m2")
+TORCH_FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+FP8_NAME = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
+HIGH_PRECISION = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def tensor(fn: str, arg: str, x, *, allow_none: bool = False):
+    """x must be a plain torch.Tensor (not a quantized one)."""
+    if x is None and allow_none:
+        return
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{fn}: {arg} must be a torch.Tensor, got {type(x).__name__}")
+    from fp8kit.torch.quantized_tensor import QuantizedTensor
+    if isinstance(x, QuantizedTensor):
+        raise TypeError(f"{fn}: {arg} is an fp8kit {type(x).__name__}; pass a plain tensor "
+                        f"({arg}.dequantize()) or its FP8 buffers")
+
+
+def fp8_name(fn: str, arg: str, name) -> str:
+    if name not in FP8_DTYPES:
+        raise ValueError(f"{fn}: {arg} is {name!r}; use 'e4m3' (float8_e4m3fn) or 'e5m2' "
+                         "(float8_e5m2)")
+    return name
+
+
+def dtype(fn: str, arg: str, d) -> torch.dtype:
+    if not isinstance(d, torch.dtype):
+        raise TypeError(f"{fn}: {arg} must be a torch.dtype (e.g. torch.bfloat16), got {d!r}")
+    return d

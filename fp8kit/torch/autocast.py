@@ -1,0 +1,49 @@
+"""fp8kit.torch.autocast: the context inside which fp8kit.torch.Linear
+layers run their GEMMs in FP8 with a scaling recipe.
+
+    with fp8kit.torch.autocast(recipe=DelayedScaling()):
+        y = model(x)
+    y.backward(dy)        # backward uses the recipe the forward used
+
+Outside the context (or with enabled=False) the layers compute exactly as
+torch.nn.Linear. The state is per thread; contexts nest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Optional
+
+from fp8kit.recipe import CurrentScaling, DelayedScaling
+
+DEFAULT_RECIPE = DelayedScaling()
+
+
+class _State(threading.local):
+    recipe = None  # the active recipe, None when FP8 is off (class default: fast reads)
+
+
+STATE = _State()
+
+
+def current_recipe():
+    """The recipe of the innermost enabled autocast on this thread, or None."""
+    return STATE.recipe
+
+
+@contextlib.contextmanager
+def autocast(enabled: bool = True, recipe: Optional[object] = None):
+    """Runs fp8kit.torch.Linear layers in FP8 with `recipe` (default:
+    DelayedScaling()) while enabled."""
+    if recipe is None:
+        recipe = DEFAULT_RECIPE
+    if not isinstance(recipe, (DelayedScaling, CurrentScaling)):
+        raise TypeError("fp8kit.torch.autocast: recipe must be an fp8kit.recipe.DelayedScaling or "
+                        f"CurrentScaling, got {type(recipe).__name__}")
+    previous = STATE.recipe
+    STATE.recipe = recipe if enabled else None
+    try:
+        yield
+    finally:
+        STATE.recipe = previous

@@ -1,0 +1,144 @@
+"""fp8kit.torch.Linear: a drop-in torch.nn.Linear whose GEMMs run in FP8
+inside fp8kit.torch.autocast.
+
+Same constructor, parameters (weight, bias), initialization and state_dict
+keys as torch.nn.Linear, plus `_extra_state` holding the FP8 scaling state
+(delayed-scaling histories, amaxes, scales), so a run resumed from a
+checkpoint continues with exactly the scales it stopped with. Plain
+nn.Linear checkpoints load too (the FP8 state then starts fresh).
+
+Inside autocast, forward is one call into C++ (torch_ext/linear.cc): it
+quantizes the input and the weight, runs the FP8 GEMM with the bias
+epilogue and records a C++ autograd node whose backward quantizes the
+output gradient and runs the dgrad and wgrad GEMMs in FP8. Activations are
+saved for backward in FP8. The quantized weight is reused while the weight
+tensor is unchanged (same tensor, storage and version counter, which every
+in-place update through PyTorch bumps); a weight modified through `.data`
+escapes that check, so set `layer.cache_fp8_weight = False` in that case.
+
+FP8 GEMMs need in_features and out_features to be multiples of 16.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from fp8kit.recipe import CurrentScaling, DelayedScaling
+from fp8kit.torch._ext import ext
+from fp8kit.torch.autocast import STATE as _AUTOCAST
+
+_linear_forward = ext.linear_forward
+_EXTRA_STATE_FORMAT = 1
+
+
+def _state_params(recipe) -> tuple:
+    """The LinearState constructor arguments a recipe means (a plain tuple:
+    it is compared and saved in checkpoints)."""
+    fmt = recipe.fp8_format
+    if isinstance(recipe, DelayedScaling):
+        return ("delayed", fmt.forward_dtype, fmt.backward_dtype, recipe.amax_history_len,
+                recipe.margin, recipe.amax_compute_algo.value, 0.0, False)
+    if isinstance(recipe, CurrentScaling):
+        return ("current", fmt.forward_dtype, fmt.backward_dtype, 1, 0, "max",
+                float(recipe.amax_epsilon), bool(recipe.power_2_scale))
+    raise TypeError(f"fp8kit.torch.Linear: unknown recipe type {type(recipe).__name__}")
+
+
+class Linear(torch.nn.Linear):
+    """torch.nn.Linear with FP8 GEMMs inside fp8kit.torch.autocast."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
+                 dtype=None) -> None:
+        super().__init__(in_features, out_features, bias, device, dtype)
+        self._fp8_state = None    # ext.LinearState for the recipe in use
+        self._fp8_params = None   # _state_params of that recipe
+        self._fp8_recipe = None   # the recipe object last seen (fast identity check)
+        self._fp8_cache_weight = True
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        recipe = _AUTOCAST.recipe
+        if recipe is None:
+            return F.linear(input, self.weight, self.bias)
+        if recipe is not self._fp8_recipe:
+            self._fp8_use_recipe(recipe)
+        return _linear_forward(self._fp8_state, input, self.weight, self.bias)
+
+    # ------------------------------------------------------------ FP8 state
+    def _fp8_use_recipe(self, recipe) -> None:
+        params = _state_params(recipe)
+        if self._fp8_state is None or params != self._fp8_params:
+            self._fp8_state = ext.LinearState(*params, device=self.weight.device)
+            self._fp8_state.cache_weight = self._fp8_cache_weight
+            self._fp8_params = params
+        self._fp8_recipe = recipe
+
+    @property
+    def fp8_state(self):
+        """The layer's ext.LinearState (None before its first FP8 forward)."""
+        return self._fp8_state
+
+    @property
+    def cache_fp8_weight(self) -> bool:
+        return self._fp8_cache_weight
+
+    @cache_fp8_weight.setter
+    def cache_fp8_weight(self, value: bool) -> None:
+        self._fp8_cache_weight = bool(value)
+        if self._fp8_state is not None:
+            self._fp8_state.cache_weight = self._fp8_cache_weight
+
+    def get_extra_state(self):
+        if self._fp8_state is None:
+            return {"format": _EXTRA_STATE_FORMAT}
+        state = self._fp8_state.get_state()
+        state["format"] = _EXTRA_STATE_FORMAT
+        state["params"] = list(self._fp8_params)
+        return state
+
+    def set_extra_state(self, state) -> None:
+        if not isinstance(state, dict) or state.get("format") != _EXTRA_STATE_FORMAT:
+            raise ValueError("fp8kit.torch.Linear: _extra_state is not an fp8kit Linear FP8 state "
+                             f"(format {_EXTRA_STATE_FORMAT}); was the checkpoint written by "
+                             "another version or another layer type?")
+        if "params" not in state:  # saved before any FP8 forward
+            self._fp8_state = self._fp8_params = self._fp8_recipe = None
+            return
+        params = tuple(state["params"])
+        st = ext.LinearState(*params, device=self.weight.device)
+        st.set_state(state)
+        st.cache_weight = self._fp8_cache_weight
+        self._fp8_state, self._fp8_params, self._fp8_recipe = st, params, None
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+        # A torch.nn.Linear checkpoint has no FP8 state: start fresh.
+        key = prefix + "_extra_state"
+        if key in missing_keys:
+            missing_keys.remove(key)
+
+    def _apply(self, fn, *args, **kwargs):
+        out = super()._apply(fn, *args, **kwargs)
+        st = self._fp8_state
+        if st is not None:
+            if st.device != self.weight.device:
+                st.to(self.weight.device)
+            else:
+                st.clear_weight_cache()
+        return out
+
+    # Pickling (torch.save(module), copy.deepcopy): the C++ state travels as
+    # its extra state.
+    def __getstate__(self):
+        d = self.__dict__.copy()
+        d["_fp8_saved"] = self.get_extra_state()
+        d["_fp8_state"] = d["_fp8_params"] = d["_fp8_recipe"] = None
+        return d
+
+    def __setstate__(self, d):
+        saved = d.pop("_fp8_saved", None)
+        super().__setstate__(d)
+        if saved is not None:
+            self.set_extra_state(saved)

@@ -1,0 +1,136 @@
+"""fp8kit.torch's functional API: thin checked wrappers over the C++
+bindings in fp8kit._torch_ext (one call each into the core's C API).
+
+Scale convention (common/include/fp8kit/tensor.h):
+    q = saturate(round_to_nearest_even(x * scale)),  x ~= q * scale_inv.
+Outputs are allocated by PyTorch on the input's device; CUDA work runs on
+PyTorch's current stream. Inputs that are not contiguous are copied to a
+contiguous tensor first.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from fp8kit.torch import _checks
+from fp8kit.torch._ext import ext
+
+
+def amax(x: torch.Tensor) -> torch.Tensor:
+    """max |x| over the whole tensor, as a float32 0-d tensor on x.device.
+
+    A NaN anywhere gives NaN, +-inf gives inf, an empty tensor gives 0.
+    x must be float32, bfloat16 or float16.
+    """
+    _checks.tensor("fp8kit.torch.amax", "x", x)
+    return ext.amax(x)
+
+
+def _scale_tensor(fn: str, arg: str, scale, like: torch.Tensor) -> torch.Tensor:
+    if isinstance(scale, (int, float)):
+        return torch.tensor([float(scale)], dtype=torch.float32, device=like.device)
+    _checks.tensor(fn, arg, scale)
+    return scale
+
+
+def quantize(x: torch.Tensor, scale, fp8_dtype: str = "e4m3", rowwise: bool = True,
+             columnwise: bool = False, amax_out: Optional[torch.Tensor] = None):
+    """Quantizes x with a given per-tensor scale (delayed scaling).
+
+    Returns (data or None, data_t or None, scale_inv): data has x's shape,
+    data_t is the transposed [x.shape[-1], prod(x.shape[:-1])] copy, both in
+    torch.float8_e4m3fn / torch.float8_e5m2; scale_inv = 1/scale. `scale`
+    is a float32 tensor of one element on x.device (or a Python number).
+    amax_out, when given, receives max|x|.
+    """
+    fn = "fp8kit.torch.quantize"
+    _checks.tensor(fn, "x", x)
+    _checks.fp8_name(fn, "fp8_dtype", fp8_dtype)
+    scale = _scale_tensor(fn, "scale", scale, x)
+    _checks.tensor(fn, "amax_out", amax_out, allow_none=True)
+    return ext.quantize(x, scale, fp8_dtype, bool(rowwise), bool(columnwise), amax_out)
+
+
+def quantize_current_scaling(x: torch.Tensor, fp8_dtype: str = "e4m3", rowwise: bool = True,
+                             columnwise: bool = False, amax_epsilon: float = 0.0,
+                             power_2_scale: bool = False):
+    """Current scaling: scale = fp8_max / max(amax(x), amax_epsilon), rounded
+    down to a power of two if asked, 1 for a zero or non-finite amax.
+
+    Returns (data or None, data_t or None, scale, scale_inv, amax).
+    """
+    fn = "fp8kit.torch.quantize_current_scaling"
+    _checks.tensor(fn, "x", x)
+    _checks.fp8_name(fn, "fp8_dtype", fp8_dtype)
+    return ext.quantize_current_scaling(x, fp8_dtype, bool(rowwise), bool(columnwise),
+                                        float(amax_epsilon), bool(power_2_scale))
+
+
+def dequantize(data: torch.Tensor, scale_inv: torch.Tensor,
+               out_dtype: torch.dtype = torch.float32, from_columnwise: bool = False,
+               shape: Optional[Sequence[int]] = None) -> torch.Tensor:
+    """data * scale_inv in out_dtype (float32, bfloat16 or float16).
+
+    With from_columnwise=True, data is the transposed [last, prod(leading)]
+    copy and the result has `shape` (default: the 2-D transpose of data).
+    """
+    fn = "fp8kit.torch.dequantize"
+    _checks.tensor(fn, "data", data)
+    _checks.tensor(fn, "scale_inv", scale_inv)
+    _checks.dtype(fn, "out_dtype", out_dtype)
+    return ext.dequantize(data, scale_inv, out_dtype, bool(from_columnwise),
+                          None if shape is None else [int(s) for s in shape])
+
+
+def delayed_scaling_update(amax_histories, amaxes, scales, scale_invs, fp8_dtypes,
+                           margin: int = 0, reduction: str = "max") -> None:
+    """Updates many tensors' delayed-scaling state in one call, in place:
+    roll each history (h[0] = amax), reduce it ('max' or 'most_recent'),
+    scale = fp8_max / amax_reduced / 2**margin when that amax is finite and
+    > 0 (else the previous scale), scale_inv = 1/scale.
+    """
+    fn = "fp8kit.torch.delayed_scaling_update"
+    lists = (amax_histories, amaxes, scales, scale_invs, fp8_dtypes)
+    for name, v in zip(("amax_histories", "amaxes", "scales", "scale_invs", "fp8_dtypes"), lists):
+        if not isinstance(v, (list, tuple)):
+            raise TypeError(f"{fn}: {name} must be a list, got {type(v).__name__}")
+    for i, name in enumerate(fp8_dtypes):
+        _checks.fp8_name(fn, f"fp8_dtypes[{i}]", name)
+    ext.delayed_scaling_update(list(amax_histories), list(amaxes), list(scales),
+                               list(scale_invs), list(fp8_dtypes), int(margin), reduction)
+
+
+def gemm(a, a_scale_inv, a_t, b, b_scale_inv, b_t, trans_a: bool = False,
+         trans_b: bool = False, out_dtype: torch.dtype = torch.bfloat16, bias=None,
+         gelu: bool = False, gelu_aux=None, accumulate: bool = False,
+         use_split_accumulator: bool = True, d_scale=None, d_amax=None, out=None):
+    """D = (op(a) * a_scale_inv) @ (op(b) * b_scale_inv) (+ bias) (then GELU).
+
+    a / b: rowwise FP8 data or None; a_t / b_t: their columnwise copies or
+    None. The core reads whichever copy the device's FP8 GEMM can take
+    (see common/include/fp8kit/gemm.h).
+    """
+    fn = "fp8kit.torch.gemm"
+    for name, v in (("a", a), ("a_t", a_t), ("b", b), ("b_t", b_t), ("bias", bias),
+                    ("gelu_aux", gelu_aux), ("d_scale", d_scale), ("d_amax", d_amax),
+                    ("out", out)):
+        _checks.tensor(fn, name, v, allow_none=True)
+    _checks.tensor(fn, "a_scale_inv", a_scale_inv)
+    _checks.tensor(fn, "b_scale_inv", b_scale_inv)
+    _checks.dtype(fn, "out_dtype", out_dtype)
+    return ext.gemm(a, a_scale_inv, a_t, b, b_scale_inv, b_t, bool(trans_a), bool(trans_b),
+                    out_dtype, bias, bool(gelu), gelu_aux, bool(accumulate),
+                    bool(use_split_accumulator), d_scale, d_amax, out)
+
+
+def supports_non_tn_fp8_gemm(device) -> bool:
+    """Whether FP8 GEMMs on `device` accept non-TN layouts (the core's cached
+    per-device answer: False on CPU, Ada and Hopper)."""
+    return ext.supports_non_tn_fp8_gemm(torch.device(device))
+
+
+def built_with_cuda() -> bool:
+    """True when fp8kit._torch_ext and the core were built with CUDA."""
+    return ext.built_with_cuda()

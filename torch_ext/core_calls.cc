@@ -1,0 +1,158 @@
+#include "core_calls.h"
+
+#include <array>
+#include <mutex>
+
+#include "errors.h"
+
+namespace fp8kit_torch {
+namespace {
+
+fp8kit_device_type fp8kit_device(const at::Device& d) {
+  return d.is_cuda() ? FP8KIT_DEVICE_CUDA : FP8KIT_DEVICE_CPU;
+}
+
+int fp8kit_index(const at::Device& d) { return d.is_cuda() ? d.index() : 0; }
+
+// cuBLASLt's workspace, one torch tensor per CUDA device, allocated once
+// through PyTorch's caching allocator and kept for the life of the process
+// (held by a leaked array so that no tensor is freed during interpreter or
+// CUDA teardown). Work on one device is ordered on its streams by PyTorch's
+// usual rules; like other libraries' cached workspaces it must not be used
+// by two streams of one device at once.
+constexpr int kMaxDevices = 64;
+
+struct WorkspaceCache {
+  std::mutex mu;
+  std::array<at::Tensor, kMaxDevices> tensors;
+};
+
+WorkspaceCache& workspace_cache() {
+  static WorkspaceCache* cache = new WorkspaceCache();
+  return *cache;
+}
+
+std::pair<void*, size_t> workspace_for(const at::Device& device) {
+  if (!device.is_cuda()) return {nullptr, 0};
+  const int idx = device.index();
+  FP8KIT_VALUE_CHECK(idx >= 0 && idx < kMaxDevices, "fp8kit: CUDA device index ", idx,
+                     " is out of range");
+  WorkspaceCache& c = workspace_cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  at::Tensor& t = c.tensors[idx];
+  if (!t.defined()) {
+    const size_t bytes = fp8kit_gemm_workspace_size(FP8KIT_DEVICE_CUDA);
+    if (bytes == 0) return {nullptr, 0};
+    t = at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(device));
+  }
+  return {t.data_ptr(), static_cast<size_t>(t.numel())};
+}
+
+}  // namespace
+
+void quantize_into(const at::Tensor& x, fp8kit_dtype fp8, const at::Tensor& data,
+                   const at::Tensor& data_t, ScalePtrs s,
+                   const fp8kit_current_scaling_config* current) {
+  FP8KIT_PROFILE_SCOPE(current ? "fp8kit::quantize_current_scaling" : "fp8kit::quantize");
+  const fp8kit_device_type dev = fp8kit_device(x.device());
+  const fp8kit_tensor in = describe(x, *high_precision_dtype(x.scalar_type()), dev);
+  fp8kit_tensor out = in;
+  out.dtype = fp8;
+  out.scaling_mode = FP8KIT_SCALING_PER_TENSOR;
+  out.data = data.defined() ? data.data_ptr() : nullptr;
+  out.columnwise_data = data_t.defined() ? data_t.data_ptr() : nullptr;
+  out.scale = s.scale;
+  out.scale_inv = s.scale_inv;
+  out.amax = s.amax;
+  void* stream = current_stream(x.device());
+  const bool cpu = dev == FP8KIT_DEVICE_CPU;
+  check_status(call_core(cpu, [&] {
+    return current ? fp8kit_quantize_current_scaling(&in, &out, current, stream)
+                   : fp8kit_quantize(&in, &out, stream);
+  }));
+}
+
+at::Tensor alloc_rowwise(const at::Tensor& x, fp8kit_dtype fp8) {
+  return at::empty(x.sizes(), x.options().dtype(torch_fp8_type(fp8)));
+}
+
+at::Tensor alloc_columnwise(const at::Tensor& x, fp8kit_dtype fp8) {
+  return at::empty(columnwise_shape(x.sizes()), x.options().dtype(torch_fp8_type(fp8)));
+}
+
+void dequantize_into(const at::Tensor& q, bool from_columnwise, at::IntArrayRef logical_shape,
+                     fp8kit_dtype fp8, const float* scale_inv, const at::Tensor& out) {
+  FP8KIT_PROFILE_SCOPE("fp8kit::dequantize");
+  const fp8kit_device_type dev = fp8kit_device(q.device());
+  fp8kit_tensor in = describe(out, fp8, dev);
+  in.rank = static_cast<int>(logical_shape.size());
+  for (int i = 0; i < in.rank; ++i) in.shape[i] = logical_shape[i];
+  in.scaling_mode = FP8KIT_SCALING_PER_TENSOR;
+  in.data = from_columnwise ? nullptr : q.data_ptr();
+  in.columnwise_data = from_columnwise ? q.data_ptr() : nullptr;
+  in.scale_inv = const_cast<float*>(scale_inv);
+  fp8kit_tensor o = describe(out, *high_precision_dtype(out.scalar_type()), dev);
+  void* stream = current_stream(q.device());
+  check_status(call_core(dev == FP8KIT_DEVICE_CPU, [&] {
+    return fp8kit_dequantize(&in, &o, from_columnwise ? 1 : 0, stream);
+  }));
+}
+
+void amax_into(const at::Tensor& x, float* amax) {
+  FP8KIT_PROFILE_SCOPE("fp8kit::amax");
+  const fp8kit_device_type dev = fp8kit_device(x.device());
+  const fp8kit_tensor in = describe(x, *high_precision_dtype(x.scalar_type()), dev);
+  void* stream = current_stream(x.device());
+  check_status(call_core(dev == FP8KIT_DEVICE_CPU, [&] { return fp8kit_amax(&in, amax, stream); }));
+}
+
+void delayed_update(const fp8kit_delayed_scaling_state* states, int count, int history_len,
+                    int margin, fp8kit_amax_reduction reduction, const at::Device& device) {
+  if (count == 0) return;
+  FP8KIT_PROFILE_SCOPE("fp8kit::delayed_scaling_update");
+  fp8kit_delayed_scaling_config cfg;
+  cfg.history_len = history_len;
+  cfg.margin = margin;
+  cfg.reduction = reduction;
+  void* stream = current_stream(device);
+  check_status(call_core(!device.is_cuda(), [&] {
+    return fp8kit_delayed_scaling_update(states, count, &cfg, fp8kit_device(device),
+                                         fp8kit_index(device), stream);
+  }));
+}
+
+fp8kit_tensor gemm_operand(const at::Device& device, fp8kit_dtype fp8, int64_t rows, int64_t cols,
+                           void* data, void* data_t, const float* scale_inv) {
+  fp8kit_tensor t;
+  std::memset(&t, 0, sizeof(t));
+  t.device_type = fp8kit_device(device);
+  t.device_index = fp8kit_index(device);
+  t.dtype = fp8;
+  t.rank = 2;
+  t.shape[0] = rows;
+  t.shape[1] = cols;
+  t.data = data;
+  t.columnwise_data = data_t;
+  t.scaling_mode = FP8KIT_SCALING_PER_TENSOR;
+  t.scale_inv = const_cast<float*>(scale_inv);
+  return t;
+}
+
+void gemm_call(const fp8kit_tensor& a, const fp8kit_tensor& b, fp8kit_tensor& d,
+               fp8kit_gemm_config config, const at::Device& device) {
+  FP8KIT_PROFILE_SCOPE("fp8kit::gemm");
+  const auto ws = workspace_for(device);
+  config.workspace = ws.first;
+  config.workspace_bytes = ws.second;
+  void* stream = current_stream(device);
+  check_status(call_core(!device.is_cuda(), [&] { return fp8kit_gemm(&a, &b, &d, &config, stream); }));
+}
+
+bool supports_non_tn(const at::Device& device) {
+  int supported = 0;
+  check_status(fp8kit_supports_non_tn_fp8_gemm(fp8kit_device(device), fp8kit_index(device),
+                                                &supported));
+  return supported != 0;
+}
+
+}  // namespace fp8kit_torch

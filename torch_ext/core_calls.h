@@ -1,0 +1,66 @@
+// Thin C++ wrappers over the fp8kit C API for already-checked torch
+// buffers: fill a descriptor, pick the stream, call, turn a failed status
+// into an exception. Shared by the low-level bindings (ops.cc), the
+// quantizer objects (quantizer.cc) and the Linear layer (linear.cc), so
+// each C API op is called from exactly one place.
+#ifndef FP8KIT_TORCH_EXT_CORE_CALLS_H_
+#define FP8KIT_TORCH_EXT_CORE_CALLS_H_
+
+#include "descriptors.h"
+#include "torch_includes.h"
+
+// Names each fp8kit call for torch.profiler (free when not profiling), so a
+// profile shows where the host time of a Linear call goes.
+#define FP8KIT_PROFILE_SCOPE(name) RECORD_FUNCTION(name, c10::ArrayRef<const c10::IValue>{})
+
+namespace fp8kit_torch {
+
+// Device pointers of one per-tensor scaling triple (any may be null where
+// the op allows it).
+struct ScalePtrs {
+  float* scale = nullptr;
+  float* scale_inv = nullptr;
+  float* amax = nullptr;
+};
+
+// Quantizes contiguous high-precision `x` into the given FP8 buffers
+// (`data`: x's shape, `data_t`: columnwise_shape(x); either may be
+// undefined, not both). current == nullptr: delayed scaling with the scale
+// at s.scale; else current scaling, which also writes s.scale.
+void quantize_into(const at::Tensor& x, fp8kit_dtype fp8, const at::Tensor& data,
+                   const at::Tensor& data_t, ScalePtrs s,
+                   const fp8kit_current_scaling_config* current);
+
+// Allocates FP8 buffers for x's rowwise / columnwise data (undefined when
+// not requested) through PyTorch's allocator on x's device.
+at::Tensor alloc_rowwise(const at::Tensor& x, fp8kit_dtype fp8);
+at::Tensor alloc_columnwise(const at::Tensor& x, fp8kit_dtype fp8);
+
+// out (contiguous, high precision, the logical shape) = q * scale_inv,
+// from `data` (rowwise) or `data_t` (columnwise) of the logical shape.
+void dequantize_into(const at::Tensor& q, bool from_columnwise, at::IntArrayRef logical_shape,
+                     fp8kit_dtype fp8, const float* scale_inv, const at::Tensor& out);
+
+// Writes max|x| of contiguous high-precision x to `amax` (device pointer).
+void amax_into(const at::Tensor& x, float* amax);
+
+// One fp8kit_delayed_scaling_update call on `device`.
+void delayed_update(const fp8kit_delayed_scaling_state* states, int count, int history_len,
+                    int margin, fp8kit_amax_reduction reduction, const at::Device& device);
+
+// A GEMM operand: rows x cols is the logical 2-D shape of its rowwise
+// layout; data / data_t may be null (not both).
+fp8kit_tensor gemm_operand(const at::Device& device, fp8kit_dtype fp8, int64_t rows, int64_t cols,
+                           void* data, void* data_t, const float* scale_inv);
+
+// fp8kit_gemm with PyTorch's current stream and a cached per-device
+// workspace tensor (config.workspace is filled in here).
+void gemm_call(const fp8kit_tensor& a, const fp8kit_tensor& b, fp8kit_tensor& d,
+               fp8kit_gemm_config config, const at::Device& device);
+
+// The cached answer of fp8kit_supports_non_tn_fp8_gemm for `device`.
+bool supports_non_tn(const at::Device& device);
+
+}  // namespace fp8kit_torch
+
+#endif  // FP8KIT_TORCH_EXT_CORE_CALLS_H_

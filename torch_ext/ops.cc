@@ -1,0 +1,420 @@
+// Low-level bindings. Every output is allocated through PyTorch's allocator
+// on the input's device; CUDA work goes to PyTorch's current stream of that
+// device. Inputs that are not contiguous are made contiguous (a copy);
+// outputs passed in (out=, amax_out=, state tensors) must be contiguous.
+#include "ops.h"
+
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core_calls.h"
+#include "descriptors.h"
+#include "errors.h"
+
+namespace py = pybind11;
+
+namespace fp8kit_torch {
+namespace {
+
+using OptTensor = std::optional<at::Tensor>;
+
+// Checks a high-precision input and returns it contiguous.
+at::Tensor hp_input(const char* fn, const char* arg, const at::Tensor& x) {
+  check_high_precision(fn, arg, x);
+  check_rank(fn, arg, x);
+  device_type_of(x, fn, arg);
+  return x.contiguous();
+}
+
+at::Tensor f32_scalar_out(const at::Tensor& like) {
+  return at::empty({1}, like.options().dtype(at::kFloat));
+}
+
+at::Tensor amax(const at::Tensor& x_in) {
+  constexpr const char* fn = "fp8kit.torch.amax";
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  const at::Tensor x = hp_input(fn, "x", x_in);
+  DeviceScope scope(x.device());
+  at::Tensor out = at::empty({}, x.options().dtype(at::kFloat));
+  amax_into(x, out.data_ptr<float>());
+  return out;
+}
+
+std::tuple<OptTensor, OptTensor, at::Tensor> quantize(const at::Tensor& x_in,
+                                                      const at::Tensor& scale,
+                                                      const std::string& fp8_dtype, bool rowwise,
+                                                      bool columnwise, const OptTensor& amax_out) {
+  constexpr const char* fn = "fp8kit.torch.quantize";
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  const fp8kit_dtype f = parse_fp8_name(fp8_dtype, fn, "fp8_dtype");
+  FP8KIT_VALUE_CHECK(rowwise || columnwise, fn,
+                     ": rowwise and columnwise are both False; ask for at least one output");
+  const at::Tensor x = hp_input(fn, "x", x_in);
+  check_f32_scalar(fn, "scale", scale, "x", x);
+  check_contiguous(fn, "scale", scale);
+  if (amax_out) {
+    check_f32_scalar(fn, "amax_out", *amax_out, "x", x);
+    check_contiguous(fn, "amax_out", *amax_out);
+  }
+  DeviceScope scope(x.device());
+  const at::Tensor data = rowwise ? alloc_rowwise(x, f) : at::Tensor();
+  const at::Tensor data_t = columnwise ? alloc_columnwise(x, f) : at::Tensor();
+  at::Tensor scale_inv = f32_scalar_out(x);
+  ScalePtrs s;
+  s.scale = scale.data_ptr<float>();
+  s.scale_inv = scale_inv.data_ptr<float>();
+  s.amax = amax_out ? amax_out->data_ptr<float>() : nullptr;
+  quantize_into(x, f, data, data_t, s, nullptr);
+  return {rowwise ? OptTensor(data) : std::nullopt, columnwise ? OptTensor(data_t) : std::nullopt,
+          scale_inv};
+}
+
+std::tuple<OptTensor, OptTensor, at::Tensor, at::Tensor, at::Tensor> quantize_current_scaling(
+    const at::Tensor& x_in, const std::string& fp8_dtype, bool rowwise, bool columnwise,
+    double amax_epsilon, bool power_2_scale) {
+  constexpr const char* fn = "fp8kit.torch.quantize_current_scaling";
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  const fp8kit_dtype f = parse_fp8_name(fp8_dtype, fn, "fp8_dtype");
+  FP8KIT_VALUE_CHECK(rowwise || columnwise, fn,
+                     ": rowwise and columnwise are both False; ask for at least one output");
+  FP8KIT_VALUE_CHECK(amax_epsilon >= 0.0, fn, ": amax_epsilon is ", amax_epsilon,
+                     "; it must be >= 0 (0 disables it)");
+  const at::Tensor x = hp_input(fn, "x", x_in);
+  DeviceScope scope(x.device());
+  const at::Tensor data = rowwise ? alloc_rowwise(x, f) : at::Tensor();
+  const at::Tensor data_t = columnwise ? alloc_columnwise(x, f) : at::Tensor();
+  at::Tensor scale = f32_scalar_out(x), scale_inv = f32_scalar_out(x), amax_t = f32_scalar_out(x);
+  fp8kit_current_scaling_config cfg;
+  cfg.amax_epsilon = static_cast<float>(amax_epsilon);
+  cfg.force_pow2_scale = power_2_scale ? 1 : 0;
+  ScalePtrs s;
+  s.scale = scale.data_ptr<float>();
+  s.scale_inv = scale_inv.data_ptr<float>();
+  s.amax = amax_t.data_ptr<float>();
+  quantize_into(x, f, data, data_t, s, &cfg);
+  return {rowwise ? OptTensor(data) : std::nullopt, columnwise ? OptTensor(data_t) : std::nullopt,
+          scale, scale_inv, amax_t};
+}
+
+at::Tensor dequantize(const at::Tensor& data_in, const at::Tensor& scale_inv,
+                      at::ScalarType out_dtype, bool from_columnwise,
+                      const std::optional<std::vector<int64_t>>& shape) {
+  constexpr const char* fn = "fp8kit.torch.dequantize";
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  const fp8kit_dtype f = check_fp8(fn, "data", data_in);
+  device_type_of(data_in, fn, "data");
+  FP8KIT_TYPE_CHECK(high_precision_dtype(out_dtype).has_value(), fn, ": out_dtype is ",
+                    dtype_str(out_dtype),
+                    "; use torch.float32, torch.bfloat16 or torch.float16");
+  check_f32_scalar(fn, "scale_inv", scale_inv, "data", data_in);
+  check_contiguous(fn, "scale_inv", scale_inv);
+  const at::Tensor data = data_in.contiguous();
+  std::vector<int64_t> logical;
+  if (from_columnwise) {
+    FP8KIT_VALUE_CHECK(data.dim() == 2, fn, ": from_columnwise=True needs 2-D columnwise data "
+                       "[last dim, prod(leading dims)], got shape ", shape_str(data.sizes()));
+    if (shape) {
+      logical = *shape;
+      const auto cw = columnwise_shape(logical);
+      FP8KIT_VALUE_CHECK(cw[0] == data.size(0) && cw[1] == data.size(1), fn, ": shape ",
+                         shape_str(logical), " has columnwise layout ", shape_str(cw),
+                         " but data has shape ", shape_str(data.sizes()),
+                         "; pass the shape of the tensor that was quantized");
+    } else {
+      logical = {data.size(1), data.size(0)};
+    }
+  } else {
+    logical = data.sizes().vec();
+    FP8KIT_VALUE_CHECK(!shape || *shape == logical, fn, ": shape ",
+                       shape ? shape_str(*shape) : "", " differs from data's shape ",
+                       shape_str(data.sizes()),
+                       "; shape is only for from_columnwise=True (reshape the result instead)");
+  }
+  for (int64_t s : logical) {
+    FP8KIT_VALUE_CHECK(s >= 0, fn, ": shape ", shape_str(logical), " has a negative dimension");
+  }
+  FP8KIT_VALUE_CHECK(logical.size() <= FP8KIT_MAX_RANK, fn, ": shape has ", logical.size(),
+                     " dimensions; fp8kit supports up to ", FP8KIT_MAX_RANK);
+  DeviceScope scope(data.device());
+  at::Tensor out = at::empty(logical, data.options().dtype(out_dtype));
+  dequantize_into(data, from_columnwise, logical, f, scale_inv.data_ptr<float>(), out);
+  return out;
+}
+
+fp8kit_amax_reduction parse_reduction(const std::string& r, const char* fn) {
+  if (r == "max") return FP8KIT_AMAX_MAX;
+  if (r == "most_recent") return FP8KIT_AMAX_MOST_RECENT;
+  C10_THROW_ERROR(ValueError, c10::str(fn, ": reduction is '", r, "'; use 'max' or 'most_recent'"));
+}
+
+void delayed_scaling_update(const std::vector<at::Tensor>& histories,
+                            const std::vector<at::Tensor>& amaxes,
+                            const std::vector<at::Tensor>& scales,
+                            const std::vector<at::Tensor>& scale_invs,
+                            const std::vector<std::string>& fp8_dtypes, int64_t margin,
+                            const std::string& reduction) {
+  constexpr const char* fn = "fp8kit.torch.delayed_scaling_update";
+  const size_t n = histories.size();
+  FP8KIT_VALUE_CHECK(amaxes.size() == n && scales.size() == n && scale_invs.size() == n &&
+                         fp8_dtypes.size() == n,
+                     fn, ": amax_histories, amaxes, scales, scale_invs and fp8_dtypes must have the "
+                     "same length (one entry per tensor), got ", n, ", ", amaxes.size(), ", ",
+                     scales.size(), ", ", scale_invs.size(), " and ", fp8_dtypes.size());
+  FP8KIT_VALUE_CHECK(margin >= 0 && margin < 128, fn, ": margin is ", margin,
+                     "; use an int in [0, 127]");
+  const fp8kit_amax_reduction red = parse_reduction(reduction, fn);
+  if (n == 0) return;
+  const at::Tensor& ref = histories[0];
+  std::vector<fp8kit_delayed_scaling_state> states(n);
+  int64_t len = -1;
+  for (size_t i = 0; i < n; ++i) {
+    const std::string h = c10::str("amax_histories[", i, "]");
+    const at::Tensor& hist = histories[i];
+    check_dense(fn, h.c_str(), hist);
+    FP8KIT_TYPE_CHECK(hist.scalar_type() == at::kFloat, fn, ": ", h, " has dtype ",
+                      dtype_str(hist.scalar_type()), "; amax histories are torch.float32");
+    FP8KIT_VALUE_CHECK(hist.dim() == 1 && hist.numel() >= 1, fn, ": ", h, " has shape ",
+                       shape_str(hist.sizes()), "; each history is 1-D [history_len]");
+    check_contiguous(fn, h.c_str(), hist);
+    check_same_device(fn, h.c_str(), hist, "amax_histories[0]", ref);
+    if (len < 0) len = hist.numel();
+    FP8KIT_VALUE_CHECK(hist.numel() == len, fn, ": ", h, " has length ", hist.numel(),
+                       " but amax_histories[0] has length ", len,
+                       "; one call updates histories of one length (group them by length)");
+    const std::string a = c10::str("amaxes[", i, "]"), s = c10::str("scales[", i, "]"),
+                      si = c10::str("scale_invs[", i, "]");
+    check_f32_scalar(fn, a.c_str(), amaxes[i], "amax_histories[0]", ref);
+    check_f32_scalar(fn, s.c_str(), scales[i], "amax_histories[0]", ref);
+    check_f32_scalar(fn, si.c_str(), scale_invs[i], "amax_histories[0]", ref);
+    states[i].amax_history = hist.data_ptr<float>();
+    states[i].amax = amaxes[i].data_ptr<float>();
+    states[i].scale = scales[i].data_ptr<float>();
+    states[i].scale_inv = scale_invs[i].data_ptr<float>();
+    states[i].fp8_dtype = parse_fp8_name(fp8_dtypes[i], fn, c10::str("fp8_dtypes[", i, "]").c_str());
+  }
+  device_type_of(ref, fn, "amax_histories[0]");
+  DeviceScope scope(ref.device());
+  delayed_update(states.data(), static_cast<int>(n), static_cast<int>(len),
+                 static_cast<int>(margin), red, ref.device());
+}
+
+// One GEMM operand from its optional rowwise data and optional columnwise
+// data: returns the descriptor with the logical 2-D rowwise shape.
+fp8kit_tensor operand(const char* fn, const char* name, const char* name_t, const char* sinv_name,
+                      const OptTensor& x, const OptTensor& x_t, const at::Tensor& scale_inv,
+                      at::Device* device) {
+  FP8KIT_VALUE_CHECK(x || x_t, fn, ": ", name, " and ", name_t, " are both None; pass ", name,
+                     "'s rowwise data, its columnwise data, or both");
+  const at::Tensor& ref = x ? *x : *x_t;
+  const char* ref_name = x ? name : name_t;
+  fp8kit_dtype f = check_fp8(fn, ref_name, ref);
+  int64_t rows = 0, cols = 0;
+  if (x) {
+    FP8KIT_VALUE_CHECK(x->dim() >= 1, fn, ": ", name, " is 0-d; GEMM operands need rank >= 1");
+    check_contiguous(fn, name, *x);
+    const auto cw = columnwise_shape(x->sizes());
+    rows = cw[1];
+    cols = cw[0];
+  }
+  if (x_t) {
+    const fp8kit_dtype ft = check_fp8(fn, name_t, *x_t);
+    FP8KIT_TYPE_CHECK(ft == f, fn, ": ", name, " is ", fp8_name(f), " but ", name_t, " is ",
+                      fp8_name(ft), "; both layouts of one operand hold the same FP8 data");
+    FP8KIT_VALUE_CHECK(x_t->dim() == 2, fn, ": ", name_t, " has shape ", shape_str(x_t->sizes()),
+                       "; columnwise data is 2-D [last dim, prod(leading dims)]");
+    check_contiguous(fn, name_t, *x_t);
+    check_same_device(fn, name_t, *x_t, ref_name, ref);
+    if (x) {
+      FP8KIT_VALUE_CHECK(x_t->size(0) == cols && x_t->size(1) == rows, fn, ": ", name_t,
+                         " has shape ", shape_str(x_t->sizes()), " but ", name, " has shape ",
+                         shape_str(x->sizes()), " whose columnwise layout is [", cols, ", ", rows,
+                         "]");
+    } else {
+      rows = x_t->size(1);
+      cols = x_t->size(0);
+    }
+  }
+  check_f32_scalar(fn, sinv_name, scale_inv, ref_name, ref);
+  check_contiguous(fn, sinv_name, scale_inv);
+  device_type_of(ref, fn, ref_name);
+  *device = ref.device();
+  return gemm_operand(ref.device(), f, rows, cols, x ? x->data_ptr() : nullptr,
+                      x_t ? x_t->data_ptr() : nullptr, scale_inv.data_ptr<float>());
+}
+
+at::Tensor gemm(const OptTensor& a, const at::Tensor& a_scale_inv, const OptTensor& a_t,
+                const OptTensor& b, const at::Tensor& b_scale_inv, const OptTensor& b_t,
+                bool trans_a, bool trans_b, at::ScalarType out_dtype, const OptTensor& bias,
+                bool gelu, const OptTensor& gelu_aux, bool accumulate, bool use_split_accumulator,
+                const OptTensor& d_scale, const OptTensor& d_amax, const OptTensor& out) {
+  constexpr const char* fn = "fp8kit.torch.gemm";
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  at::Device dev_a(at::kCPU), dev_b(at::kCPU);
+  const fp8kit_tensor da = operand(fn, "a", "a_t", "a_scale_inv", a, a_t, a_scale_inv, &dev_a);
+  const fp8kit_tensor db = operand(fn, "b", "b_t", "b_scale_inv", b, b_t, b_scale_inv, &dev_b);
+  FP8KIT_VALUE_CHECK(dev_a == dev_b, fn, ": a is on ", device_str(dev_a), " but b is on ",
+                     device_str(dev_b), "; move both operands to one device");
+  const at::Device device = dev_a;
+  const int64_t m = trans_a ? da.shape[1] : da.shape[0];
+  const int64_t k = trans_a ? da.shape[0] : da.shape[1];
+  const int64_t kb = trans_b ? db.shape[1] : db.shape[0];
+  const int64_t n = trans_b ? db.shape[0] : db.shape[1];
+  FP8KIT_VALUE_CHECK(k == kb, fn, ": op(a) is ", m, "x", k, " (trans_a=", trans_a,
+                     ") but op(b) is ", kb, "x", n, " (trans_b=", trans_b,
+                     "); the inner dimensions must match: check the shapes and trans flags");
+  const auto d_fp8 = fp8_dtype_of(out_dtype);
+  const auto d_hp = high_precision_dtype(out_dtype);
+  FP8KIT_TYPE_CHECK(d_fp8 || d_hp, fn, ": out_dtype is ", dtype_str(out_dtype),
+                    "; use torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn or "
+                    "torch.float8_e5m2");
+  const fp8kit_dtype dd = d_fp8 ? *d_fp8 : *d_hp;
+  at::Tensor d;
+  if (out) {
+    check_dense(fn, "out", *out);
+    FP8KIT_TYPE_CHECK(out->scalar_type() == out_dtype, fn, ": out has dtype ",
+                      dtype_str(out->scalar_type()), " but out_dtype is ", dtype_str(out_dtype));
+    FP8KIT_VALUE_CHECK(out->dim() == 2 && out->size(0) == m && out->size(1) == n, fn,
+                       ": out has shape ", shape_str(out->sizes()), " but the product is [", m,
+                       ", ", n, "]");
+    check_contiguous(fn, "out", *out);
+    check_same_device(fn, "out", *out, "a", a ? *a : *a_t);
+    d = *out;
+  } else {
+    FP8KIT_VALUE_CHECK(!accumulate, fn,
+                       ": accumulate=True adds into out's old contents, so pass out=");
+    d = at::empty({m, n}, at::TensorOptions().dtype(out_dtype).device(device));
+  }
+  fp8kit_tensor dt;
+  std::memset(&dt, 0, sizeof(dt));
+  dt.device_type = da.device_type;
+  dt.device_index = da.device_index;
+  dt.dtype = dd;
+  dt.rank = 2;
+  dt.shape[0] = m;
+  dt.shape[1] = n;
+  dt.data = d.data_ptr();
+  if (d_fp8) {
+    dt.scaling_mode = FP8KIT_SCALING_PER_TENSOR;
+    FP8KIT_VALUE_CHECK(d_scale.has_value(), fn, ": out_dtype is ", dtype_str(out_dtype),
+                       " so d_scale (float32[1], the output's quantization scale) is required");
+  }
+  if (d_scale) {
+    FP8KIT_VALUE_CHECK(d_fp8.has_value(), fn,
+                       ": d_scale is only used for an FP8 out_dtype; drop it or pick an FP8 "
+                       "out_dtype");
+    check_f32_scalar(fn, "d_scale", *d_scale, "a", a ? *a : *a_t);
+    dt.scale = d_scale->data_ptr<float>();
+  }
+  if (d_amax) {
+    FP8KIT_VALUE_CHECK(d_fp8.has_value(), fn,
+                       ": d_amax is only written for an FP8 out_dtype; drop it or pick an FP8 "
+                       "out_dtype");
+    check_f32_scalar(fn, "d_amax", *d_amax, "a", a ? *a : *a_t);
+    dt.amax = d_amax->data_ptr<float>();
+  }
+  fp8kit_gemm_config cfg = fp8kit_gemm_config_default();
+  cfg.trans_a = trans_a ? 1 : 0;
+  cfg.trans_b = trans_b ? 1 : 0;
+  cfg.beta = accumulate ? 1.0f : 0.0f;
+  cfg.use_split_accumulator = use_split_accumulator ? 1 : 0;
+  at::Tensor bias_c;
+  if (bias) {
+    check_dense(fn, "bias", *bias);
+    const auto bd = high_precision_dtype(bias->scalar_type());
+    FP8KIT_TYPE_CHECK(bd.has_value(), fn, ": bias has dtype ", dtype_str(bias->scalar_type()),
+                      "; use torch.bfloat16 (or torch.float16 with a float16 output)");
+    FP8KIT_VALUE_CHECK(bias->dim() == 1 && bias->numel() == n, fn, ": bias has shape ",
+                       shape_str(bias->sizes()), " but the output has N = ", n,
+                       " columns; bias must be [N]");
+    check_same_device(fn, "bias", *bias, "a", a ? *a : *a_t);
+    bias_c = bias->contiguous();
+    cfg.bias = bias_c.data_ptr();
+    cfg.bias_dtype = *bd;
+    cfg.bias_numel = n;
+  }
+  if (gelu) {
+    cfg.epilogue = bias ? FP8KIT_EPILOGUE_GELU_BIAS : FP8KIT_EPILOGUE_GELU;
+  } else {
+    cfg.epilogue = bias ? FP8KIT_EPILOGUE_BIAS : FP8KIT_EPILOGUE_DEFAULT;
+  }
+  if (gelu_aux) {
+    FP8KIT_VALUE_CHECK(gelu, fn, ": gelu_aux is only written with gelu=True");
+    check_dense(fn, "gelu_aux", *gelu_aux);
+    FP8KIT_TYPE_CHECK(gelu_aux->scalar_type() == out_dtype, fn, ": gelu_aux has dtype ",
+                      dtype_str(gelu_aux->scalar_type()), "; it must match out_dtype ",
+                      dtype_str(out_dtype));
+    FP8KIT_VALUE_CHECK(gelu_aux->numel() == m * n, fn, ": gelu_aux has shape ",
+                       shape_str(gelu_aux->sizes()), " but must hold [", m, ", ", n, "]");
+    check_contiguous(fn, "gelu_aux", *gelu_aux);
+    check_same_device(fn, "gelu_aux", *gelu_aux, "a", a ? *a : *a_t);
+    cfg.gelu_aux = gelu_aux->data_ptr();
+    cfg.gelu_aux_numel = m * n;
+  }
+  DeviceScope scope(device);
+  gemm_call(da, db, dt, cfg, device);
+  return d;
+}
+
+bool supports_non_tn_fp8_gemm(const at::Device& device_in) {
+  constexpr const char* fn = "fp8kit.torch.supports_non_tn_fp8_gemm";
+  at::Device device = device_in;
+  if (device.is_cuda() && !device.has_index()) {
+#ifdef FP8KIT_TORCH_CUDA
+    device = at::Device(at::kCUDA, c10::cuda::current_device());
+#else
+    C10_THROW_ERROR(NotImplementedError,
+                    c10::str(fn, ": this fp8kit build has no CUDA support; rebuild it on a "
+                             "machine with a CUDA toolkit"));
+#endif
+  }
+  FP8KIT_VALUE_CHECK(device.is_cpu() || device.is_cuda(), fn, ": device is ", device_str(device),
+                     "; ask about a CPU or CUDA device");
+  return supports_non_tn(device);
+}
+
+}  // namespace
+
+void register_ops(py::module_& m) {
+  m.def("amax", &amax, py::arg("x"),
+        "max |x| over the whole tensor as a float32 0-d tensor on x.device (NaN if any NaN).");
+  m.def("quantize", &quantize, py::arg("x"), py::arg("scale"), py::arg("fp8_dtype"),
+        py::arg("rowwise") = true, py::arg("columnwise") = false, py::arg("amax_out") = py::none(),
+        "Per-tensor quantization with a given scale: returns (data or None, data_t or None, "
+        "scale_inv); data_t is the [last dim, prod(leading dims)] transpose.");
+  m.def("quantize_current_scaling", &quantize_current_scaling, py::arg("x"), py::arg("fp8_dtype"),
+        py::arg("rowwise") = true, py::arg("columnwise") = false, py::arg("amax_epsilon") = 0.0,
+        py::arg("power_2_scale") = false,
+        "Current scaling: returns (data or None, data_t or None, scale, scale_inv, amax).");
+  m.def("dequantize", &dequantize, py::arg("data"), py::arg("scale_inv"), py::arg("out_dtype"),
+        py::arg("from_columnwise") = false, py::arg("shape") = py::none(),
+        "data * scale_inv in out_dtype; from_columnwise reads [last, prod(leading)] data and "
+        "returns the tensor of `shape` (default: the 2-D transpose).");
+  m.def("delayed_scaling_update", &delayed_scaling_update, py::arg("amax_histories"),
+        py::arg("amaxes"), py::arg("scales"), py::arg("scale_invs"), py::arg("fp8_dtypes"),
+        py::arg("margin") = 0, py::arg("reduction") = "max",
+        "Rolls each amax history, reduces it and recomputes scale and scale_inv, for all tensors "
+        "in one call (see common/include/fp8kit/delayed_scaling.h).");
+  m.def("gemm", &gemm, py::arg("a"), py::arg("a_scale_inv"), py::arg("a_t"), py::arg("b"),
+        py::arg("b_scale_inv"), py::arg("b_t"), py::arg("trans_a") = false,
+        py::arg("trans_b") = false, py::arg("out_dtype") = at::kBFloat16,
+        py::arg("bias") = py::none(), py::arg("gelu") = false, py::arg("gelu_aux") = py::none(),
+        py::arg("accumulate") = false, py::arg("use_split_accumulator") = true,
+        py::arg("d_scale") = py::none(), py::arg("d_amax") = py::none(),
+        py::arg("out") = py::none(),
+        "D = (op(a) * a_scale_inv) @ (op(b) * b_scale_inv) (+ bias) (GELU); TN canonicalization "
+        "by the core (see common/include/fp8kit/gemm.h).");
+  m.def("supports_non_tn_fp8_gemm", &supports_non_tn_fp8_gemm, py::arg("device"),
+        "Whether FP8 GEMMs on `device` accept non-TN layouts (the core's cached answer).");
+  m.def("built_with_cuda", [] {
+#ifdef FP8KIT_TORCH_CUDA
+    return fp8kit_built_with_cuda() != 0;
+#else
+    return false;
+#endif
+  }, "True when this extension and the core were built with CUDA.");
+  m.def("version", [] { return std::string(fp8kit_version()); });
+}
+
+}  // namespace fp8kit_torch

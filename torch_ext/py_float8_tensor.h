@@ -1,0 +1,33 @@
+// Builds fp8kit.torch.float8_tensor.Float8Tensor objects from C++.
+//
+// The Python class and the helpers it needs (torch.Tensor's
+// _make_wrapper_subclass, torch.Size, the attribute names) are looked up
+// once, thread-safely (pybind11's gil_safe_call_once_and_store), and every
+// Python C-API call is checked; references are owned by py::object so none
+// leak on any path. The attribute names must match Float8Tensor._FIELDS and
+// QuantizedTensor._CACHED in fp8kit/torch (a test compares the two paths).
+#ifndef FP8KIT_TORCH_EXT_PY_FLOAT8_TENSOR_H_
+#define FP8KIT_TORCH_EXT_PY_FLOAT8_TENSOR_H_
+
+#include "torch_includes.h"
+
+namespace fp8kit_torch {
+
+// A Float8Tensor of logical `shape` and nominal (high-precision) `dtype` on
+// `device`, holding rowwise `data` and/or columnwise `data_t` (undefined
+// when absent), its `scale_inv` and its quantizer (None allowed).
+pybind11::object make_float8_tensor(at::IntArrayRef shape, at::ScalarType dtype,
+                                    const at::Device& device, const at::Tensor& data,
+                                    const at::Tensor& data_t, const at::Tensor& scale_inv,
+                                    fp8kit_dtype fp8, pybind11::handle quantizer,
+                                    bool requires_grad);
+
+// The FP8 buffers of a Float8Tensor object (undefined when None).
+struct Float8Parts {
+  at::Tensor data, data_t, scale_inv;
+};
+Float8Parts float8_parts(pybind11::handle float8_tensor, const char* fn, const char* arg);
+
+}  // namespace fp8kit_torch
+
+#endif  // FP8KIT_TORCH_EXT_PY_FLOAT8_TENSOR_H_
