@@ -21,6 +21,12 @@ cd "$REPO"
 # JAX takes 75% of GPU memory by default; torch shares the GPU in these runs.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 export PYTHONUNBUFFERED=1
+# Wheels of packages the GPU machine lacks (torchao for the anchors) travel
+# in .whl/ (git-ignored) and are installed into a private target dir.
+if compgen -G "$REPO/.whl/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/fp8kit-wheels "$REPO"/.whl/*.whl &&
+    export PYTHONPATH=/tmp/fp8kit-wheels${PYTHONPATH:+:$PYTHONPATH}
+fi
 status=0
 run_stage() {  # name, command...
   local name=$1; shift
@@ -58,7 +64,8 @@ print("supports non-TN FP8 GEMM on cuda:0 ->", ft.supports_non_tn_fp8_gemm(torch
 PY
 }
 cpp() { build/gpu-cpp/fp8kit_core_test --gtest_color=no; }
-pytests() { cd /tmp && "$PY" -m pytest -q -p no:cacheprovider -rs "$REPO/tests"; }
+# PYTEST_ARGS="-m gpu" runs only the GPU tests.
+pytests() { cd /tmp && "$PY" -m pytest -q -p no:cacheprovider -rs ${PYTEST_ARGS:-} "$REPO/tests"; }
 sanitizer() {
   local t=build/gpu-cpp/fp8kit_core_test
   compute-sanitizer --tool memcheck --error-exitcode 1 $t --gtest_filter='*Cuda*:*Gpu*:*GPU*' &&

@@ -1,7 +1,7 @@
 """fp8kit.jax.dense: forward and gradients against a float64 NumPy model of
 the same quantized math, against a bf16 dense within FP8 tolerances, the
 delayed-scaling state update, the lowered HLO, vmap and argument errors.
-(The MLP training run is in test_dense_training.py.)"""
+(The MLP training run is in test_jax_dense_training.py.)"""
 
 import jax
 import jax.numpy as jnp
