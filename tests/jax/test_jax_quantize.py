@@ -329,7 +329,7 @@ def test_gpu_bit_identical_to_cpu(fmt):
                 cur, cscale = jax.jit(
                     lambda a: fj.quantize_current_scaling(a, fmt, True, True))(xd)
                 deq = jax.jit(lambda s: fj.dequantize(s, jnp.bfloat16, True))(st)
-                outs.append([np.asarray(v).view(np.uint8) for v in
+                outs.append([np.atleast_1d(np.asarray(v)).view(np.uint8) for v in
                              (st.data, st.columnwise_data, st.amax, cur.data,
                               cur.columnwise_data, cscale, deq)])
             for c, g in zip(*outs):
