@@ -1,0 +1,500 @@
+"""The Bazel and CMake builds compile the same sources with the same globs.
+
+fp8kit has two build descriptions: CMakeLists.txt + cmake/*.cmake (pip, GPU
+machine) and the BUILD files (Bazel). Both are thin: one glob per library.
+This test reads both and fails when they drift:
+
+  * the glob patterns of a library's compiled sources differ
+    (CMake `file(GLOB VAR ...)` vs the BUILD target's `glob([...])`);
+  * a .cc/.cu file under common/, jax_ext/, torch_ext/ or tests/cpp/ is
+    compiled by one build and not the other, or by neither;
+  * a header there is declared by no BUILD target (Bazel's sandbox would
+    hide it from the compiler, CMake would still find it);
+  * the version in CMakeLists.txt, common/BUILD and pyproject.toml differ.
+
+Both the CPU configuration and the CUDA one (CMake with FP8KIT_WITH_CUDA,
+Bazel with --config=cuda) are checked.
+
+BUILD files are Starlark, which for BUILD files is a subset of Python: they
+are executed here with stand-ins for glob/select/rules that record what
+each target compiles. CMake files are tokenised into commands; `file(GLOB)`
+gives the patterns, add_library/add_executable/pybind11_add_module/
+target_sources say which target they feed, and an enclosing `if(...CUDA...)`
+marks a CUDA-only source list.
+
+It reads the real source tree (found through this file's real path), so
+under Bazel it runs uncached (tag "external") and needs no data deps.
+"""
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(os.path.realpath(__file__)).parents[1]
+
+# Directories whose C++/CUDA sources both builds must agree on.
+SOURCE_DIRS = ("common", "jax_ext", "torch_ext", "tests/cpp")
+COMPILED = (".cc", ".cu")
+HEADERS = (".h", ".cuh")
+
+# The libraries both builds define: CMake target -> Bazel target.
+LIBRARIES = {
+    "fp8kit_core": "//common:fp8kit_core",
+    "_jax_ext": "//jax_ext:jax_ext",
+    "_torch_ext": "//torch_ext:torch_ext",
+    "fp8kit_core_test": "//tests/cpp:fp8kit_core_test",
+}
+
+CONFIGS = ("cpu", "cuda")
+
+# Bazel rules whose srcs are compiled (or, for macros, passed through).
+CC_RULES = ("cc_library", "cc_binary", "cc_test")
+
+
+# --------------------------------------------------------------- globbing ---
+
+def _glob_regex(pattern):
+    """Bazel/CMake glob pattern (no brackets) -> compiled regex."""
+    out = []
+    parts = pattern.split("/")
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if part == "**":
+            out.append("(?:.*/)?" if not last else ".*")
+            continue
+        seg = ""
+        for ch in part:
+            if ch == "*":
+                seg += "[^/]*"
+            elif ch == "?":
+                seg += "[^/]"
+            else:
+                seg += re.escape(ch)
+        out.append(seg + ("" if last else "/"))
+    return re.compile("".join(out) + r"\Z")
+
+
+def _files_under(root, pkg_dir, stop_at_packages):
+    """Repo-relative paths of files under pkg_dir (not into subpackages)."""
+    base = root / pkg_dir if pkg_dir else root
+    found = []
+    for dirpath, dirnames, filenames in os.walk(base):
+        rel_dir = Path(dirpath).relative_to(root).as_posix()
+        keep = []
+        for d in dirnames:
+            sub = Path(dirpath) / d
+            if d.startswith("bazel-") or d == ".git" or d == "__pycache__":
+                continue
+            if stop_at_packages and any((sub / b).is_file() for b in ("BUILD", "BUILD.bazel")):
+                continue
+            keep.append(d)
+        dirnames[:] = keep
+        for f in filenames:
+            found.append(f if rel_dir == "." else "%s/%s" % (rel_dir, f))
+    return sorted(found)
+
+
+def expand(root, patterns, pkg="", excludes=(), stop_at_packages=False):
+    """Files matching glob `patterns` (relative to package `pkg`)."""
+    files = _files_under(root, pkg, stop_at_packages)
+    prefix = pkg + "/" if pkg else ""
+    inc = [_glob_regex(prefix + p) for p in patterns]
+    exc = [_glob_regex(prefix + p) for p in excludes]
+    return {f for f in files if any(r.match(f) for r in inc) and not any(r.match(f) for r in exc)}
+
+
+# ------------------------------------------------------------------ CMake ---
+
+def _cmake_commands(text):
+    """Yields (command name, [args]) of a CMake file, in order."""
+    text = re.sub(r"#\[\[.*?\]\]", "", text, flags=re.S)
+    i, n = 0, len(text)
+    name_re = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*\(")
+    while i < n:
+        if text[i] == "#":
+            i = text.find("\n", i)
+            i = n if i < 0 else i
+            continue
+        m = name_re.match(text, i)
+        if not m:
+            i += 1
+            continue
+        # Collect arguments up to the matching parenthesis.
+        j, depth, args, cur, in_str = m.end(), 1, [], "", False
+        while j < n and depth:
+            ch = text[j]
+            if in_str:
+                if ch == "\\" and j + 1 < n:
+                    cur += text[j:j + 2]
+                    j += 2
+                    continue
+                if ch == '"':
+                    in_str = False
+                else:
+                    cur += ch
+            elif ch == '"':
+                in_str = True
+            elif ch == "#":
+                j = text.find("\n", j)
+                j = n if j < 0 else j
+                continue
+            elif ch == "(":
+                depth += 1
+                cur += ch
+            elif ch == ")":
+                depth -= 1
+                if depth:
+                    cur += ch
+            elif ch.isspace():
+                if cur:
+                    args.append(cur)
+                    cur = ""
+            else:
+                cur += ch
+            j += 1
+        if cur:
+            args.append(cur)
+        yield m.group(1).lower(), args
+        i = j
+
+
+def parse_cmake(root):
+    """Returns (globs, uses, version).
+
+    globs: VAR -> [repo-relative patterns] from file(GLOB[_RECURSE] VAR ...).
+    uses: [(cmake target, VAR, cuda_only)] for each source list a target gets.
+    """
+    files = [root / "CMakeLists.txt"] + sorted((root / "cmake").glob("*.cmake"))
+    globs, uses, version = {}, [], None
+    for path in files:
+        if not path.is_file():
+            continue
+        conditions = []
+        for cmd, args in _cmake_commands(path.read_text()):
+            if cmd == "if":
+                conditions.append(" ".join(args))
+            elif cmd == "endif" and conditions:
+                conditions.pop()
+            elif cmd == "project" and "VERSION" in args:
+                version = args[args.index("VERSION") + 1]
+            elif cmd == "file" and args and args[0] in ("GLOB", "GLOB_RECURSE"):
+                pats = [a for a in args[2:] if a not in ("CONFIGURE_DEPENDS", "LIST_DIRECTORIES", "true", "false")]
+                globs[args[1]] = [re.sub(r"^\$\{(CMAKE_CURRENT_SOURCE_DIR|PROJECT_SOURCE_DIR|CMAKE_SOURCE_DIR)\}/", "", p)
+                                  for p in pats]
+            elif cmd in ("add_library", "add_executable", "pybind11_add_module", "target_sources") and args:
+                cuda_only = any("CUDA" in c for c in conditions)
+                for a in args[1:]:
+                    for var in re.findall(r"\$\{(\w+)\}", a):
+                        uses.append((args[0], var, cuda_only))
+    return globs, uses, version
+
+
+# ------------------------------------------------------------------ Bazel ---
+
+class Glob:
+    def __init__(self, pkg, include, exclude):
+        self.pkg, self.include, self.exclude = pkg, list(include), list(exclude)
+
+    def patterns(self):
+        prefix = self.pkg + "/" if self.pkg else ""
+        return [prefix + p for p in self.include]
+
+
+class Sel:
+    """A Starlark list value that may hold globs and select()s."""
+
+    def __init__(self, parts):
+        self.parts = parts  # each: ("items", [..]) or ("select", {cond: value})
+
+    @staticmethod
+    def of(value):
+        if isinstance(value, Sel):
+            return value
+        return Sel([("items", list(value))])
+
+    def __add__(self, other):
+        return Sel(self.parts + Sel.of(other).parts)
+
+    def __radd__(self, other):
+        return Sel(Sel.of(other).parts + self.parts)
+
+    def resolve(self, config):
+        """The flat list of items in `config` ("cpu" or "cuda")."""
+        out = []
+        for kind, value in self.parts:
+            if kind == "items":
+                for v in value:
+                    out.extend(Sel.of(v).resolve(config) if isinstance(v, Sel) else [v])
+                continue
+            chosen = None
+            if config == "cuda":
+                chosen = next((v for k, v in value.items() if "cuda" in k), None)
+            if chosen is None:
+                chosen = value.get("//conditions:default", [])
+            out.extend(Sel.of(chosen).resolve(config))
+        return out
+
+
+class Rule:
+    def __init__(self, kind, pkg, attrs):
+        self.kind, self.pkg, self.attrs = kind, pkg, attrs
+        self.label = "//%s:%s" % (pkg, attrs.get("name"))
+
+    def items(self, attr, config):
+        return Sel.of(self.attrs.get(attr, [])).resolve(config)
+
+
+class _Recorder:
+    """Callable stand-in for a rule or macro; records each call."""
+
+    def __init__(self, kind, pkg, rules, passes_srcs=False):
+        self.kind, self.pkg, self.rules, self.passes_srcs = kind, pkg, rules, passes_srcs
+
+    def __call__(self, *args, **attrs):
+        rule = Rule(self.kind, self.pkg, attrs)
+        self.rules.append(rule)
+        if self.passes_srcs:
+            # A macro such as cuda_objects returns what it builds from srcs.
+            return Sel.of(attrs.get("srcs", [])) + Sel.of(attrs.get("hdrs", []))
+        return None
+
+
+class _Namespace(dict):
+    """Globals for exec'ing a BUILD file: unknown names become rules."""
+
+    def __init__(self, pkg, rules, root):
+        super().__init__()
+        self.pkg, self.rules = pkg, rules
+        self["glob"] = lambda include, exclude=(), **kw: Sel([("items", [Glob(pkg, include, exclude)])])
+        self["select"] = lambda branches, **kw: Sel([("select", dict(branches))])
+        self["load"] = self._load
+        self["__builtins__"] = {"len": len, "repr": repr, "str": str, "sorted": sorted,
+                                "list": list, "dict": dict, "range": range, "enumerate": enumerate,
+                                "True": True, "False": False, "None": None}
+
+    def _load(self, label, *names, **aliases):
+        for n in names:
+            self[n] = _Recorder(n, self.pkg, self.rules, passes_srcs=True)
+        for alias, n in aliases.items():
+            self[alias] = _Recorder(n, self.pkg, self.rules, passes_srcs=True)
+
+    def __missing__(self, key):
+        return _Recorder(key, self.pkg, self.rules)
+
+
+def _ignored_dirs(root):
+    path = root / ".bazelignore"
+    if not path.is_file():
+        return set()
+    return {l.strip().strip("/") for l in path.read_text().splitlines() if l.strip() and not l.startswith("#")}
+
+
+def parse_bazel(root):
+    """Executes every BUILD file; returns ({label: Rule}, {name: value} of common/BUILD...)."""
+    rules, consts = [], {}
+    ignored = _ignored_dirs(root)
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel = Path(dirpath).relative_to(root).as_posix()
+        rel = "" if rel == "." else rel
+        dirnames[:] = [d for d in dirnames
+                       if not d.startswith("bazel-") and d not in (".git", "__pycache__")
+                       and ("%s/%s" % (rel, d)).lstrip("/") not in ignored
+                       and not (Path(dirpath) / d / "WORKSPACE").is_file()]
+        build = next((f for f in ("BUILD.bazel", "BUILD") if f in filenames), None)
+        if build is None:
+            continue
+        ns = _Namespace(rel, rules, root)
+        code = compile((Path(dirpath) / build).read_text(), str(Path(dirpath) / build), "exec")
+        exec(code, ns)  # noqa: S102 - our own BUILD files, parsed as Starlark
+        consts[rel] = {k: v for k, v in ns.items() if k.isupper()}
+    return {r.label: r for r in rules if "name" in r.attrs}, consts
+
+
+def _bazel_compiled(root, rule, config):
+    """(source patterns, compiled files) of a cc rule in `config`."""
+    pats, files = [], set()
+    for item in rule.items("srcs", config):
+        if isinstance(item, Glob):
+            for p in item.patterns():
+                if p.endswith(COMPILED):
+                    pats.append(p)
+            files |= {f for f in expand(root, item.include, item.pkg, item.exclude, stop_at_packages=True)
+                      if f.endswith(COMPILED)}
+        elif isinstance(item, str) and item.endswith(COMPILED) and not item.startswith(("@", "/", ":")):
+            pats.append("%s/%s" % (rule.pkg, item))
+            files.add("%s/%s" % (rule.pkg, item))
+    return sorted(pats), files
+
+
+def _bazel_declared_headers(root, rules):
+    """Every file any Bazel glob declares (any attribute, any config)."""
+    declared = set()
+    for rule in rules.values():
+        for attr in ("srcs", "hdrs", "textual_hdrs"):
+            for config in CONFIGS:
+                for item in rule.items(attr, config):
+                    if isinstance(item, Glob):
+                        declared |= expand(root, item.include, item.pkg, item.exclude, stop_at_packages=True)
+    return declared
+
+
+# ------------------------------------------------------------ the checks ---
+
+def check_tree(root):
+    """All the ways the two builds disagree, as readable strings."""
+    root = Path(root)
+    problems = []
+    globs, uses, cmake_version = parse_cmake(root)
+    rules, consts = parse_bazel(root)
+
+    for var in sorted({v for _, v, _ in uses if v not in globs}):
+        problems.append("CMake: a target uses ${%s}, which no file(GLOB) defines" % var)
+    for target in sorted({t for t, _, _ in uses} - set(LIBRARIES)):
+        problems.append("CMake target %s has sources but no Bazel twin in LIBRARIES "
+                        "(tests/test_build_sync.py)" % target)
+    for label, rule in sorted(rules.items()):
+        if rule.kind in CC_RULES and label not in LIBRARIES.values():
+            for config in CONFIGS:
+                if _bazel_compiled(root, rule, config)[1]:
+                    problems.append("Bazel target %s compiles sources but has no CMake twin in LIBRARIES" % label)
+                    break
+
+    cmake_all, bazel_all = set(), set()
+    for target, label in LIBRARIES.items():
+        rule = rules.get(label)
+        if rule is None:
+            problems.append("Bazel target %s (CMake %s) is missing" % (label, target))
+            continue
+        for config in CONFIGS:
+            cm_pats = sorted({p for t, var, cuda in uses if t == target and (config == "cuda" or not cuda)
+                              for p in globs.get(var, [])})
+            bz_pats, bz_files = _bazel_compiled(root, rule, config)
+            if sorted(set(bz_pats)) != cm_pats:
+                problems.append("%s (%s): CMake globs %s but Bazel %s globs %s"
+                                % (target, config, cm_pats, label, sorted(set(bz_pats))))
+            cm_files = expand(root, cm_pats)
+            for f in sorted(cm_files - bz_files):
+                problems.append("%s (%s): %s is compiled by CMake, not by Bazel %s" % (target, config, f, label))
+            for f in sorted(bz_files - cm_files):
+                problems.append("%s (%s): %s is compiled by Bazel %s, not by CMake" % (target, config, f, label))
+            cmake_all |= cm_files
+            bazel_all |= bz_files
+
+    sources = [f for d in SOURCE_DIRS for f in _files_under(root, d, False) if (root / d).is_dir()]
+    for f in sources:
+        if f.endswith(COMPILED) and f not in cmake_all and f not in bazel_all:
+            problems.append("%s is compiled by neither build (rename it or extend both globs)" % f)
+    declared = _bazel_declared_headers(root, rules)
+    for f in sources:
+        if f.endswith(HEADERS) and f not in declared:
+            problems.append("%s is declared in no BUILD file (Bazel's sandbox would hide it)" % f)
+
+    bazel_version = consts.get("common", {}).get("FP8KIT_VERSION")
+    pyproject = root / "pyproject.toml"
+    m = re.search(r'^version\s*=\s*"([^"]+)"', pyproject.read_text(), re.M) if pyproject.is_file() else None
+    versions = {"CMakeLists.txt": cmake_version, "common/BUILD": bazel_version,
+                "pyproject.toml": m.group(1) if m else None}
+    if len(set(versions.values())) != 1:
+        problems.append("versions differ: %s" % versions)
+    return problems
+
+
+def test_bazel_and_cmake_compile_the_same_sources():
+    problems = check_tree(ROOT)
+    assert not problems, "Bazel and CMake builds drifted:\n  " + "\n  ".join(problems)
+
+
+# ------------------------------------------- the checker catches drift ---
+
+_CMAKE = """
+project(demo VERSION 1.2.3 LANGUAGES CXX)
+file(GLOB FP8KIT_CORE_SRCS CONFIGURE_DEPENDS common/src/*.cc)
+file(GLOB FP8KIT_CORE_CUDA_SRCS CONFIGURE_DEPENDS common/cuda/*.cu common/cuda/*.cc)
+add_library(fp8kit_core STATIC ${FP8KIT_CORE_SRCS})
+if(FP8KIT_WITH_CUDA)  # a comment (with parentheses)
+  target_sources(fp8kit_core PRIVATE ${FP8KIT_CORE_CUDA_SRCS})
+endif()
+file(GLOB FP8KIT_JAX_SRCS CONFIGURE_DEPENDS jax_ext/*.cc)
+pybind11_add_module(_jax_ext MODULE ${FP8KIT_JAX_SRCS})
+file(GLOB FP8KIT_TORCH_SRCS CONFIGURE_DEPENDS torch_ext/*.cc)
+pybind11_add_module(_torch_ext MODULE ${FP8KIT_TORCH_SRCS})
+file(GLOB FP8KIT_CPP_TEST_SRCS CONFIGURE_DEPENDS tests/cpp/*_test.cc)
+add_executable(fp8kit_core_test ${FP8KIT_CPP_TEST_SRCS})
+"""
+
+_BUILDS = {
+    "common/BUILD": '''
+load("//third_party:cuda.bzl", "cuda_objects")
+FP8KIT_VERSION = "1.2.3"
+cc_library(
+    name = "fp8kit_core",
+    srcs = glob(["src/*.cc"]) + glob(["src/*.h"]) + select({
+        "//:cuda_enabled": glob(["cuda/*.cc"]) + cuda_objects(name = "o", srcs = glob(["cuda/*.cu"])),
+        "//conditions:default": [],
+    }),
+    hdrs = glob(["include/fp8kit/*.h"]),
+)
+''',
+    "jax_ext/BUILD": 'cc_library(name = "jax_ext", srcs = glob(["*.cc"]) + glob(["*.h"]))\n',
+    "torch_ext/BUILD": 'cc_library(name = "torch_ext", srcs = glob(["*.cc"]))\n',
+    "tests/cpp/BUILD": 'cc_test(name = "fp8kit_core_test", srcs = glob(["*_test.cc"]))\n',
+}
+
+
+def _make_tree(tmp_path, cmake=_CMAKE, builds=None, files=()):
+    (tmp_path / "cmake").mkdir()
+    (tmp_path / "CMakeLists.txt").write_text(cmake)
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\nversion = "1.2.3"\n')
+    for path, text in dict(_BUILDS, **(builds or {})).items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    for f in ("common/src/a.cc", "common/src/a.h", "common/include/fp8kit/a.h", "common/cuda/k.cu",
+              "common/cuda/g.cc", "jax_ext/m.cc", "torch_ext/t.cc", "tests/cpp/a_test.cc") + tuple(files):
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("")
+    return tmp_path
+
+
+def test_checker_accepts_matching_builds(tmp_path):
+    assert check_tree(_make_tree(tmp_path)) == []
+
+
+def test_checker_catches_different_patterns(tmp_path):
+    builds = {"torch_ext/BUILD": 'cc_library(name = "torch_ext", srcs = glob(["*.cc", "extra/*.cc"]))\n'}
+    problems = check_tree(_make_tree(tmp_path, builds=builds, files=["torch_ext/extra/x.cc"]))
+    assert any("_torch_ext (cpu): CMake globs" in p for p in problems), problems
+    assert any("torch_ext/extra/x.cc is compiled by Bazel" in p for p in problems), problems
+
+
+def test_checker_catches_cuda_source_missing_from_bazel(tmp_path):
+    builds = {"common/BUILD": _BUILDS["common/BUILD"].replace('glob(["cuda/*.cc"]) + ', "")}
+    problems = check_tree(_make_tree(tmp_path, builds=builds))
+    assert any("common/cuda/g.cc is compiled by CMake, not by Bazel" in p for p in problems), problems
+    assert not any("(cpu)" in p for p in problems), problems
+
+
+def test_checker_catches_file_neither_build_compiles(tmp_path):
+    problems = check_tree(_make_tree(tmp_path, files=["tests/cpp/helpers.cc", "torch_ext/detail/x.h"]))
+    assert any("tests/cpp/helpers.cc is compiled by neither" in p for p in problems), problems
+    assert any("torch_ext/detail/x.h is declared in no BUILD" in p for p in problems), problems
+
+
+def test_checker_catches_missing_library_and_version_drift(tmp_path):
+    cmake = _CMAKE.replace("VERSION 1.2.3", "VERSION 1.2.4") + \
+        "file(GLOB EXTRA_SRCS extra/*.cc)\nadd_library(extra ${EXTRA_SRCS})\n"
+    problems = check_tree(_make_tree(tmp_path, cmake=cmake, builds={"tests/cpp/BUILD": ""}))
+    assert any("CMake target extra has sources but no Bazel twin" in p for p in problems), problems
+    assert any("//tests/cpp:fp8kit_core_test (CMake fp8kit_core_test) is missing" in p for p in problems), problems
+    assert any("versions differ" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("pattern,path,hit", [
+    ("common/src/*.cc", "common/src/a.cc", True),
+    ("common/src/*.cc", "common/src/sub/a.cc", False),
+    ("src/**/*.h", "src/a.h", True),
+    ("src/**/*.h", "src/x/y/a.h", True),
+    ("tests/cpp/*_test.cc", "tests/cpp/helpers.cc", False),
+])
+def test_glob_semantics(pattern, path, hit):
+    assert bool(_glob_regex(pattern).match(path)) == hit

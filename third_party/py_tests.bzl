@@ -1,0 +1,29 @@
+"""fp8kit_py_tests: one py_test per pytest file, run through pytest.
+
+Each tests/**/test_*.py becomes a py_test named after the file whose main is
+third_party/pytest_runner.py; the runner hands the file to pytest.main, so
+pytest features (fixtures, parametrize, skips, conftest.py) work as they do
+under plain `pytest tests/`.
+"""
+
+def fp8kit_py_tests(srcs, deps = ["//fp8kit"], data = [], size = "medium", tags = []):
+    """One py_test per file in `srcs` (test_*.py files of this package).
+
+    Each test also gets the package's other .py files (conftest.py, shared
+    reference helpers such as torch_reference.py) and //tests:pytest_support.
+    """
+    helpers = native.glob(["*.py"], exclude = ["test_*.py"])
+    for src in srcs:
+        native.py_test(
+            name = src[:-len(".py")],
+            srcs = [src, "//third_party:pytest_runner.py"] + helpers,
+            main = "//third_party:pytest_runner.py",
+            args = ["$(location %s)" % src],
+            deps = deps,
+            data = data + ["//tests:pytest_support"],
+            legacy_create_init = False,
+            python_version = "PY3",
+            srcs_version = "PY3",
+            size = size,
+            tags = tags,
+        )
