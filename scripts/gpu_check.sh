@@ -44,9 +44,14 @@ has() { [[ " $STAGES " == *" $1 "* ]]; }
 
 build() {
   export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
+  # The GPU image's default compiler (/opt/gcc) links libstdc++ statically;
+  # an extension built that way shares the process with torch's and jaxlib's
+  # shared libstdc++, and the first std::ostream use crashes (two copies of
+  # the locale facets). Build with the system g++, which links it shared.
+  if [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
   "$PY" -m pip install --no-build-isolation --no-deps --force-reinstall -v \
     -Ccmake.define.FP8KIT_CUDA=ON -Ccmake.define.FP8KIT_CUDA_ARCHITECTURES=90 \
-    -Cbuild-dir=build/gpu-pip . || return 1
+    -Cbuild-dir=build/gpu-pip-sysgcc . || return 1
   local gtest=()
   [ -d .gpu_deps/googletest ] && gtest=(-DFP8KIT_GTEST_SOURCE_DIR="$REPO/.gpu_deps/googletest")
   cmake -S . -B build/gpu-cpp -G Ninja -DPython_EXECUTABLE="$(command -v "$PY")" \

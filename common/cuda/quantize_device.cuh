@@ -187,7 +187,8 @@ __device__ __forceinline__ uint8_t u4_byte(const uint4& v, int i) {
 // Largest |x| bit pattern of the block, then one atomicMax on the float
 // bits of *amax (zeroed before the launch). Unsigned order is value order
 // for non-negative floats, and NaN patterns lie above +inf; a block's NaN is
-// made 0x7FFFFFFF so that the final NaN does not depend on block order.
+// made the canonical quiet NaN 0x7FC00000 (still above +inf), so the
+// final NaN does not depend on block order and is the one the CPU writes.
 // `warp_max` is __shared__ with one slot per warp. Must be called by every
 // thread of the block; the caller provides the __syncthreads() between
 // amax_block_publish and amax_block_commit. The atomic waits (pdl_wait) for
@@ -203,7 +204,7 @@ __device__ __forceinline__ void amax_block_commit(const uint32_t* warp_max, floa
     uint32_t m = 0;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) m = max(m, warp_max[w]);
-    if (m > 0x7f800000u) m = 0x7fffffffu;
+    if (m > 0x7f800000u) m = 0x7fc00000u;
     pdl_wait();
     if (m != 0) atomicMax(reinterpret_cast<unsigned int*>(amax), m);
   }

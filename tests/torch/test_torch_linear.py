@@ -372,7 +372,7 @@ def test_cuda_matches_cpu(recipe, tokens):
     g = torch.randn(tokens, 64, dtype=torch.bfloat16)
     outs = []
     for m, d in ((cpu, "cpu"), (gpu, dev)):
-        xi = x.to(d).requires_grad_()
+        xi = x.to(d).detach().requires_grad_()  # a leaf on d, so xi.grad is filled
         with ft.autocast(recipe=recipe):
             for _ in range(3):
                 m.zero_grad()
