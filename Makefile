@@ -62,7 +62,7 @@ pip-test: install
 # sm_90 so that a CUDA build break cannot land unnoticed. cuBLASLt's headers
 # come from the nvidia-cublas wheel when the toolkit has none.
 cuda-compile-check: venv
-	@if command -v nvcc >/dev/null; then \
+	@mkdir -p build; if command -v nvcc >/dev/null; then \
 	  $(PY) -c "import nvidia.cu13" 2>/dev/null || $(PIP) install -q nvidia-cublas; \
 	  cmake -S . -B build/cuda-check -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV))/bin/ninja \
 	    -DPython_EXECUTABLE=$(abspath $(PY)) -DFP8KIT_CUDA=ON -DFP8KIT_JAX=OFF -DFP8KIT_TORCH=OFF \
