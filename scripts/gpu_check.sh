@@ -17,6 +17,7 @@ STAGES=${STAGES:-build info cpp pytest sanitizer bench demo}
 PY=${PYTHON:-python3}
 JOBS=${JOBS:-$(nproc)}
 mkdir -p "$OUTDIR"
+: >"$OUTDIR/summary.log"
 cd "$REPO"
 # JAX takes 75% of GPU memory by default; torch shares the GPU in these runs.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false

@@ -16,6 +16,10 @@ class Context:
     settings: Settings
     gemm_shapes: tuple = ()       # M x N x K override for the GEMM section
     torch_compile: bool = True    # include torch.compile peers (full mode only)
+    profile: bool = False         # overhead section: torch.profiler table of the per-call path
+    # Text reports cases add (title -> text, e.g. profiler tables): printed
+    # after the results table and stored in the JSON under "profiles".
+    profiles: dict = dataclasses.field(default_factory=dict)
 
     @property
     def claims(self) -> bool:

@@ -7,86 +7,71 @@ per-call time <= 1.25x bf16's (ratio >= 0.80) for the default recipe.
 The timed calls run inside one fp8kit.torch.autocast entered before each
 timed batch, as in a model whose forward runs many layers in one autocast;
 another fwd row enters autocast on every call. fp8kit re-quantizes the
-weight every call (cache off, as a training step must); a row with the
-weight cache on shows what gradient accumulation or inference gets.
+weight every call (cache off, as a training step must); rows with the
+weight cache on show what gradient accumulation or inference gets.
+torchao's Float8Linear, when installed, is a peer (its time in the fp8kit
+column). Each row also records the host time per call (the launch cost; a
+GPU busy with earlier work hides it). With --profile (default in the full
+mode on a GPU) a torch.profiler table of the fwd+bwd per-call path is
+added: see per_call_profile.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
-from fp8kit.bench import checks, timing, torch_layers
+from fp8kit.bench import per_call_profile, torch_layers
 from fp8kit.bench.context import Case, Context
 from fp8kit.bench.results import Row
 
 SECTION = "overhead"
 SIZE = (16, 1024, 1024)        # tokens, in_features, out_features
 QUICK_SIZE = (16, 128, 128)
+HOST_ITERS = 200               # calls whose host time is averaged
+QUICK_HOST_ITERS = 5
 
 
-def _variants():
-    from fp8kit.recipe import CurrentScaling, DelayedScaling
-    # name, recipe, weight cache on, autocast entered on every call, target
-    return [("delayed", DelayedScaling(), False, False, "P4"),
-            ("current", CurrentScaling(), False, False, None),
-            ("delayed, weight cached", DelayedScaling(), True, False, None),
-            ("delayed, autocast per call", DelayedScaling(), False, True, None)]
+def _variants(mode: str):
+    vs = torch_layers.standard_variants(cached=True)
+    vs[0] = dataclasses.replace(vs[0], target="P4")   # delayed, cache off
+    if mode == "fwd":
+        vs.append(dataclasses.replace(vs[0], name="delayed, autocast per call",
+                                      autocast_per_call=True, target=None))
+    return vs
 
 
 def run(ctx: Context, mode: str) -> list[Row]:
-    import fp8kit.torch as ft
-
-    dev = ctx.torch_device
     tokens, k, n = QUICK_SIZE if ctx.quick else SIZE
-    layers = torch_layers.make_layers(k, n, dev, seed=3)
-    data = torch_layers.inputs(tokens, k, n, dev, copies=1, seed=3)
-    make = torch_layers.forward_fn if mode == "fwd" else torch_layers.fwd_bwd_fn
+    data = torch_layers.inputs(tokens, k, n, ctx.torch_device, copies=1, seed=3)
+    variants = _variants(mode)
+    out = torch_layers.run_layers(ctx, k, n, data, mode, variants, seed=3,
+                                  host_iters=QUICK_HOST_ITERS if ctx.quick else HOST_ITERS)
     group = f"per call, {tokens}x{k}x{n}, {mode}: fp8kit vs bf16 nn.Linear"
-    fns = {"bf16": make(layers["bf16"], data)}
-    around = {}
-    want = fns["bf16"](0)
-    rows = {}
-    for name, recipe, cache, per_call, target in _variants():
-        if per_call and mode != "fwd":
-            continue
-        layer = torch_layers.make_layers(k, n, dev, seed=3)["fp8kit"]
-        layer.cache_fp8_weight = cache
-        row = Row(SECTION, group, name, len(rows), "us", "bf16 nn.Linear", target=target)
-        rows[name] = row
-        if per_call:
-            fn = make(layer, data, recipe)
-        else:
-            fn = make(layer, data)
-            around[name] = functools.partial(ft.autocast, recipe=recipe)
-        try:
-            with ft.autocast(enabled=not per_call, recipe=recipe):
-                fn(0)  # the first delayed-scaling call seeds the scales
-                row.check = torch_layers.check_against_bf16("fp8kit", fn(0), want)
-            fns[name] = fn
-        except checks.Mismatch as e:
-            row.error = f"not timed: {e}"
-    ao, why = torch_layers.torchao_layer(layers["bf16"], dev)
-    if ao is not None:
-        row = Row(SECTION, group, "torchao Float8Linear (peer)", len(rows), "us",
-                  "bf16 nn.Linear", note="torchao's time in the fp8kit column")
-        rows["torchao"] = row
-        fn = make(ao, data)
-        try:
-            row.check = torch_layers.check_against_bf16("torchao", fn(0), want)
-            fns["torchao"] = fn
-        except checks.Mismatch as e:
-            row.error = f"not timed: {e}"
-    elif why:
-        next(iter(rows.values())).note = why
-    t = timing.measure(fns, timing.torch_clock(dev), ctx.settings, around=around)
-    for name, row in rows.items():
-        if name in t:
-            row.fp8kit_s, row.anchor_s = t[name].median_s, t["bf16"].median_s
-            row.timing = {"fp8kit": t[name].to_json(), "anchor": t["bf16"].to_json()}
-    return list(rows.values())
+    rows = []
+    for v in variants:
+        rows.append(Row(SECTION, group, v.name, len(rows), "us", "bf16 nn.Linear",
+                        target=v.target))
+        out.fill(rows[-1], v.name)
+    if "torchao" in out.checks or "torchao" in out.errors:
+        rows.append(Row(SECTION, group, "torchao Float8Linear (peer)", len(rows), "us",
+                        "bf16 nn.Linear", note="torchao's time in the fp8kit column"))
+        out.fill(rows[-1], "torchao")
+    elif out.torchao_missing:
+        rows[0].note = out.torchao_missing
+    for r in rows:
+        if "fp8kit_host_s" in r.timing:
+            host = (f"host {r.timing['fp8kit_host_s'] * 1e6:.1f} us vs "
+                    f"{r.timing['anchor_host_s'] * 1e6:.1f} us per call")
+            r.note = f"{r.note}; {host}" if r.note else host
+    return rows
 
 
 def cases(ctx: Context) -> list[Case]:
     tokens, k, n = QUICK_SIZE if ctx.quick else SIZE
-    return [Case(SECTION, f"per call {mode}", f"overhead {tokens}x{k}x{n} {mode}",
-                 functools.partial(run, ctx, mode)) for mode in ("fwd", "fwd+bwd")]
+    out = [Case(SECTION, f"per call {mode}", f"overhead {tokens}x{k}x{n} {mode}",
+                functools.partial(run, ctx, mode)) for mode in ("fwd", "fwd+bwd")]
+    if ctx.profile:
+        out.append(Case(SECTION, "per call profile", f"profile {tokens}x{k}x{n} fwd+bwd",
+                        functools.partial(per_call_profile.run, ctx, tokens, k, n)))
+    return out

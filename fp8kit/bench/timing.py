@@ -159,3 +159,25 @@ def measure(fns: Dict[str, Callable[[int], object]], clock: Clock, settings: Set
                 samples[name].append(clock.batch(fn, iters[name]))
     return {name: Timing(median_s=statistics.median(v), min_s=min(v), rounds=len(v),
                          iters=iters[name]) for name, v in samples.items()}
+
+
+def host_seconds(fns: Dict[str, Callable[[int], object]], clock: Clock, iters: int,
+                 around: Optional[Dict[str, Callable[[], ContextManager]]] = None
+                 ) -> Dict[str, float]:
+    """Host (CPU) seconds per call of each function: perf_counter around
+    `iters` back-to-back calls without waiting for the device, then a sync.
+    On a GPU this is the launch cost a busy GPU hides and an idle one
+    waits for (per-call overhead); on the CPU it is the whole call. Run
+    after measure(), so everything is warm."""
+    around = around or {}
+    out = {}
+    for name, fn in fns.items():
+        with around[name]() if name in around else contextlib.nullcontext():
+            clock.sync(None)
+            t0 = time.perf_counter()
+            res = None
+            for i in range(iters):
+                res = fn(i)
+            out[name] = (time.perf_counter() - t0) / iters
+            clock.sync(res)
+    return out

@@ -13,14 +13,20 @@ several calls, e.g. gradient accumulation; that variant is a separate row).
 
 fwd+bwd = the output and the gradients of input, weight and bias for a
 random cotangent (torch.autograd.grad), so every GEMM does real work.
+
+run_layers() is what the linear and overhead sections share: every layer
+on the same inputs, checked against bf16 first, timed in one measure().
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
+import functools
+from typing import Optional
 
-from fp8kit.bench import checks
+from fp8kit.bench import checks, timing
 
 FWD_TOL = 0.08   # ||fp8 - bf16|| / ||bf16|| of the output (e4m3 x e4m3)
 BWD_TOL = 0.15   # of the input and weight gradients (e5m2 gradients under HYBRID)
@@ -101,3 +107,96 @@ def check_against_bf16(what: str, got, want) -> str:
         checks.within(f"{what} {name}", errs[-1], BWD_TOL, "rel err")
     return (f"rel err y {errs[0]:.2g}<={FWD_TOL:g}, dx {errs[1]:.2g} dw {errs[2]:.2g}"
             f"<={BWD_TOL:g}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One fp8kit.torch.Linear configuration under test."""
+
+    name: str
+    recipe: object
+    cache_weight: bool = False        # reuse the quantized weight (not a training step)
+    autocast_per_call: bool = False   # enter autocast on every call, not once per batch
+    target: Optional[str] = None      # the target this variant's row checks
+
+
+def standard_variants(cached: bool = True) -> list:
+    """Delayed and current scaling, weight re-quantized every call (as a
+    training step must), and with the weight cache on when `cached`."""
+    from fp8kit.recipe import CurrentScaling, DelayedScaling
+    out = [Variant("delayed", DelayedScaling()), Variant("current", CurrentScaling())]
+    if cached:
+        out += [Variant("delayed, weight cached", DelayedScaling(), cache_weight=True),
+                Variant("current, weight cached", CurrentScaling(), cache_weight=True)]
+    return out
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What run_layers measured, keyed by "bf16", a variant's name or "torchao"."""
+
+    timings: dict                     # name -> timing.Timing (only the checked ones)
+    checks: dict                      # name -> description of the passed check
+    errors: dict                      # name -> why it was not timed
+    host_s: dict                      # name -> host seconds per call (when asked)
+    torchao_missing: Optional[str]    # why there is no torchao layer, or None
+
+    def fill(self, row, kit: str, anchor: str = "bf16") -> None:
+        """Sets row's check or error and its times: `kit` in the fp8kit
+        column, `anchor` in the anchor column."""
+        row.check = self.checks.get(kit, "")
+        row.error = self.errors.get(kit) or self.errors.get(anchor)
+        if kit in self.timings and anchor in self.timings:
+            tk, ta = self.timings[kit], self.timings[anchor]
+            row.fp8kit_s, row.anchor_s = tk.median_s, ta.median_s
+            row.timing = {"fp8kit": tk.to_json(), "anchor": ta.to_json()}
+            if kit in self.host_s and anchor in self.host_s:
+                row.timing.update(fp8kit_host_s=self.host_s[kit],
+                                  anchor_host_s=self.host_s[anchor])
+
+
+def run_layers(ctx, k: int, n: int, data, mode: str, variants, seed: int,
+               host_iters: int = 0) -> Outcome:
+    """Times bf16 nn.Linear, one fp8kit.torch.Linear per variant and (on a
+    GPU, when installed) torchao's Float8Linear, all with the same weights,
+    on `data` (see inputs()); mode "fwd" or "fwd+bwd". Each output is
+    checked against bf16's first (a mismatch is reported, not timed). fp8kit
+    layers run inside fp8kit.torch.autocast entered once around each timed
+    batch (as in a model whose forward runs many layers in one autocast),
+    or on every call for variants that ask for it. host_iters > 0 also
+    measures host time per call (timing.host_seconds)."""
+    import fp8kit.torch as ft
+
+    dev = ctx.torch_device
+    make = forward_fn if mode == "fwd" else fwd_bwd_fn
+    base = make_layers(k, n, dev, seed)["bf16"]
+    fns = {"bf16": make(base, data)}
+    want = fns["bf16"](0)
+    around, found, errors = {}, {}, {}
+    for v in variants:
+        layer = make_layers(k, n, dev, seed)["fp8kit"]   # one per variant: its own FP8 state
+        layer.cache_fp8_weight = v.cache_weight
+        if v.autocast_per_call:
+            fn = make(layer, data, v.recipe)
+        else:
+            fn = make(layer, data)
+            around[v.name] = functools.partial(ft.autocast, recipe=v.recipe)
+        try:
+            with ft.autocast(enabled=not v.autocast_per_call, recipe=v.recipe):
+                fn(0)  # the first delayed-scaling call seeds the scales
+                found[v.name] = check_against_bf16("fp8kit", fn(0), want)
+            fns[v.name] = fn
+        except checks.Mismatch as e:
+            errors[v.name] = f"not timed: {e}"
+    ao, why = torchao_layer(base, dev)
+    if ao is not None:
+        fn = make(ao, data)
+        try:
+            found["torchao"] = "torchao vs bf16: " + check_against_bf16("torchao", fn(0), want)
+            fns["torchao"] = fn
+        except checks.Mismatch as e:
+            errors["torchao"] = f"torchao not timed: {e}"
+    clock = timing.torch_clock(dev)
+    t = timing.measure(fns, clock, ctx.settings, around=around)
+    host = timing.host_seconds(fns, clock, host_iters, around) if host_iters else {}
+    return Outcome(t, found, errors, host, why)
