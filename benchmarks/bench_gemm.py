@@ -12,27 +12,17 @@ CUDA (its PyTorch extension, fp8kit._torch_ext); --quick runs tiny shapes
 anywhere (a smoke run, not a measurement).
 """
 
-import argparse
-import os
 import sys
+
+from fp8kit.bench import scripts
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="bench_gemm.json", help="JSON results file")
-    parser.add_argument("--rounds", type=int, default=7, help="timed rounds per library")
+    parser = scripts.parser(__doc__, "bench_gemm.json")
     parser.add_argument("--shapes", default="",
                         help="comma-separated MxNxK subset, e.g. 4096x4096x4096")
-    parser.add_argument("--quick", action="store_true", help="tiny shapes, also on the CPU")
     args = parser.parse_args()
-
-    from fp8kit.bench.cli import main as suite
-
-    argv = ["--sections", "gemm", "--quick" if args.quick else "--full", "--json", args.out,
-            "--out", os.path.dirname(os.path.abspath(args.out)), "--rounds", str(args.rounds)]
-    if args.shapes:
-        argv += ["--gemm-shapes", args.shapes]
-    return suite(argv)
+    return scripts.run(args, "gemm", ["--gemm-shapes", args.shapes] if args.shapes else [])
 
 
 if __name__ == "__main__":

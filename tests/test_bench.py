@@ -36,7 +36,7 @@ def _run(argv):
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory):
     d = tmp_path_factory.mktemp("bench")
-    rc, out, err = _run(["--quick", "--out", str(d), "--plain-progress"])
+    rc, out, err = _run(["--quick", "--out", str(d), "--plain-progress", "--profile"])
     return rc, out, err, d
 
 
@@ -74,6 +74,39 @@ def test_rows_are_checked_and_measured_side_by_side(suite):
     assert "torch._scaled_mm" in out and "lax.dot_general e4m3" in out
 
 
+def test_linear_and_overhead_rows(suite):
+    _, _, _, d = suite
+    rows = json.loads((d / "bench.json").read_text())["rows"]
+    torch_linear = [r for r in rows if r["group"].startswith("PyTorch Linear")]
+    # fwd and fwd+bwd; delayed and current, weight re-quantized and cached.
+    for mode in ("fwd", "fwd+bwd"):
+        cases = {r["case"].split(" ", 1)[1] for r in torch_linear
+                 if r["group"].startswith(f"PyTorch Linear {mode},")}
+        assert cases == {"delayed", "current", "delayed, weight cached",
+                         "current, weight cached"}, mode
+    p3 = [r for r in torch_linear if r["target"] == "P3"]
+    assert p3 and all("fwd+bwd" in r["group"] and r["case"].endswith(" delayed") for r in p3)
+    overhead = [r for r in rows if r["section"] == "overhead"]
+    assert {r["case"] for r in overhead} >= {"delayed", "current", "current, weight cached",
+                                             "delayed, autocast per call"}
+    for r in overhead:   # host time per call, next to the device-side time
+        assert r["timing"]["fp8kit_host_s"] > 0 and r["timing"]["anchor_host_s"] > 0
+        assert "host " in r["note"]
+
+
+def test_profile_of_the_per_call_path(suite):
+    _, out, _, d = suite
+    profiles = json.loads((d / "bench.json").read_text())["profiles"]
+    assert len(profiles) == 2, list(profiles)
+    (bf16_title, bf16), (kit_title, kit) = profiles.items()
+    assert "bf16 nn.Linear" in bf16_title and "fp8kit delayed" in kit_title
+    for title, table in profiles.items():
+        assert "50 x fwd+bwd" in title and "Self CPU time total" in table
+        assert title in out                       # printed too
+    assert "fp8kit::" in kit and "fp8kit::" not in bf16   # fp8kit's own ops are named
+    assert "Self CPU" in (d / "profile_overhead.txt").read_text()
+
+
 def test_mismatch_is_reported_and_not_timed(tmp_path, monkeypatch):
     from fp8kit import _torch_ext
 
@@ -94,6 +127,7 @@ def test_mismatch_is_reported_and_not_timed(tmp_path, monkeypatch):
         assert r["fp8kit_s"] is None and r["ratio"] is None
     assert doc["targets"]["P1"]["complete"] is False
     assert "ERROR" in out
+    assert doc["profiles"] == {}        # off by default in the quick mode
 
 
 class _FakeClock(timing.Clock):
@@ -174,16 +208,42 @@ def test_bad_section_is_reported(tmp_path):
     assert rc == 2 and "nope" in err
 
 
-def test_bench_gemm_wrapper(tmp_path):
-    script = pathlib.Path(os.path.realpath(__file__)).parents[1] / "benchmarks" / "bench_gemm.py"
-    if not script.exists():
+def test_sections_take_half_of_linear(tmp_path):
+    rc, out, err = _run(["--quick", "--sections", "dense_jax", "--rounds", "1",
+                         "--out", str(tmp_path), "--no-plots", "--plain-progress"])
+    assert rc == 0, out + err
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    assert doc["sections"] == ["dense_jax"]
+    assert doc["rows"] and all(r["group"].startswith("JAX jit") for r in doc["rows"])
+
+
+# script, extra flags, the sections it runs, what its rows' groups start with, PNGs
+WRAPPERS = [
+    ("bench_gemm.py", ["--shapes", "16x32x32"], ["gemm"], ("e4m3 GEMM", "fp8kit split"),
+     ["bench_gemm.png"]),
+    ("bench_quantize.py", [], ["quantize"], ("delayed scaling", "current scaling"),
+     ["bench_quantize.png"]),
+    ("bench_torch.py", [], ["linear_torch", "overhead"], ("PyTorch Linear", "per call"),
+     ["bench_linear.png", "bench_overhead.png", "profile_overhead.txt"]),
+    ("bench_jax.py", [], ["dense_jax"], ("JAX jit",), ["bench_linear.png"]),
+]
+
+
+@pytest.mark.parametrize("script,extra,sections,groups,files", WRAPPERS,
+                         ids=[w[0] for w in WRAPPERS])
+def test_bench_script_wrappers(tmp_path, script, extra, sections, groups, files):
+    path = pathlib.Path(os.path.realpath(__file__)).parents[1] / "benchmarks" / script
+    if not path.exists():
         pytest.skip("benchmarks/ is not next to the tests (e.g. under Bazel)")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    out = tmp_path / "gemm.json"
-    r = subprocess.run([sys.executable, str(script), "--quick", "--shapes", "16x32x32",
+    out = tmp_path / "results.json"
+    r = subprocess.run([sys.executable, str(path), "--quick", "--rounds", "1", *extra,
                         "--out", str(out)], capture_output=True, text=True, env=env,
                        timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads(out.read_text())
-    assert doc["sections"] == ["gemm"] and len(doc["rows"]) == 3
-    assert (tmp_path / "bench_gemm.png").exists()
+    assert doc["sections"] == sections and doc["errors"] == []
+    assert doc["rows"] and all(row["group"].startswith(groups) for row in doc["rows"])
+    assert bool(doc["profiles"]) == (script == "bench_torch.py")
+    for f in files:
+        assert (tmp_path / f).exists(), f

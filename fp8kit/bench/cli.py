@@ -3,8 +3,10 @@
 Every row times fp8kit next to its anchor (ANCHORS.md) in the same run on
 the same inputs, after checking that fp8kit's output matches the anchor's,
 and compares the ratio with the row's target (P1..P5). Sections: gemm (P1),
-quantize (P2), linear (PyTorch Linear P3 and JAX dense P5, fwd+bwd), and
-overhead (per-call time, P4). Writes a JSON file and one PNG per section.
+quantize (P2), linear (PyTorch Linear P3 and JAX dense P5; fwd and
+fwd+bwd), and overhead (per-call time, P4; with --profile also a
+torch.profiler table of the per-call path). Writes a JSON file and one PNG
+per section.
 
 On a machine without a CUDA GPU it runs a quick mode (tiny sizes, a few
 iterations) that checks the suite works end to end; its numbers come from
@@ -28,6 +30,9 @@ SECTIONS = ("gemm", "quantize", "linear", "overhead")
 _MODULES = {"gemm": ["fp8kit.bench.gemm"], "quantize": ["fp8kit.bench.quantize"],
             "linear": ["fp8kit.bench.linear_torch", "fp8kit.bench.dense_jax"],
             "overhead": ["fp8kit.bench.overhead"]}
+# --sections also takes one module of a section: the PyTorch or the JAX half of "linear".
+_PARTS = {m.rsplit(".", 1)[1]: (s, m) for s, mods in _MODULES.items() if len(mods) > 1
+          for m in mods}
 NOT_A_CLAIM = ("CPU quick mode: this run checks that the suite works end to end. Its numbers "
                "come from fp8kit's CPU reference kernels and tiny sizes: they are NOT "
                "performance claims.")
@@ -42,7 +47,8 @@ def _parser():
                    help="directory for bench.json and the PNGs (default out/bench)")
     p.add_argument("--json", default=None, help="JSON path (default OUT/bench.json)")
     p.add_argument("--sections", default=",".join(SECTIONS),
-                   help=f"comma-separated subset of {','.join(SECTIONS)}")
+                   help=f"comma-separated subset of {','.join(SECTIONS)} (or of "
+                        f"{','.join(_PARTS)}: one half of linear)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true",
                       help="tiny sizes, few iterations (the default without a GPU)")
@@ -53,6 +59,10 @@ def _parser():
                    help="GEMM section: comma-separated MxNxK list instead of ANCHORS.md's")
     p.add_argument("--no-compile", action="store_true",
                    help="skip the torch.compile peers (they compile for a while)")
+    p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=None,
+                   help="overhead section: also a torch.profiler table of the per-call path "
+                        "(printed, in the JSON and in OUT/profile_overhead.txt; default: on "
+                        "in the full mode on a GPU)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--strict", action="store_true",
                    help="exit 1 when a target is missed (default: only on errors)")
@@ -81,12 +91,21 @@ def _shapes(text: str):
         raise SystemExit(f"--gemm-shapes: expected MxNxK[,MxNxK...], got {text!r}") from None
 
 
+def _modules(sections):
+    """[(section, module name)] in the suite's order, for --sections names."""
+    chosen = set()
+    for s in sections:
+        chosen.update([(s, m) for m in _MODULES[s]] if s in _MODULES else [_PARTS[s]])
+    return [(s, m) for s, mods in _MODULES.items() for m in mods if (s, m) in chosen]
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
-    bad = [s for s in sections if s not in SECTIONS]
+    bad = [s for s in sections if s not in SECTIONS and s not in _PARTS]
     if bad or not sections:
-        print(f"--sections: unknown {bad}; choose from {', '.join(SECTIONS)}", file=sys.stderr)
+        print(f"--sections: unknown {bad}; choose from {', '.join(SECTIONS + tuple(_PARTS))}",
+              file=sys.stderr)
         return 2
     # JAX must not take 75% of GPU memory: PyTorch shares the GPU in this process.
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -126,6 +145,7 @@ def main(argv=None) -> int:
         settings = dataclasses.replace(settings, rounds=args.rounds)
     ctx = Context(quick=quick, torch_device=device, settings=settings,
                   gemm_shapes=_shapes(args.gemm_shapes), torch_compile=not args.no_compile)
+    ctx.profile = ctx.claims if args.profile is None else args.profile
     claim_note = (None if ctx.claims else NOT_A_CLAIM if device == "cpu" else QUICK_ON_GPU)
 
     out_dir = pathlib.Path(args.out)
@@ -136,14 +156,13 @@ def main(argv=None) -> int:
         print(claim_note, flush=True)
 
     cases, rows = [], []
-    for s in sections:
-        for mod_name in _MODULES[s]:
-            try:
-                mod = importlib.import_module(mod_name)
-                cases += mod.cases(ctx)
-            except ImportError as e:  # a framework that is not installed
-                rows.append(Row(s, mod_name.rsplit(".", 1)[1], "(not run)", 0, "-", "-",
-                                error=f"cannot import: {e}"))
+    for s, mod_name in _modules(sections):
+        try:
+            mod = importlib.import_module(mod_name)
+            cases += mod.cases(ctx)
+        except ImportError as e:  # a framework that is not installed
+            rows.append(Row(s, mod_name.rsplit(".", 1)[1], "(not run)", 0, "-", "-",
+                            error=f"cannot import: {e}"))
     t0 = time.perf_counter()
     bar = progress.bar(len(cases), plain=args.plain_progress)
     for case in cases:
@@ -157,6 +176,8 @@ def main(argv=None) -> int:
         bar.update(1)
     bar.close()
 
+    for title, text in ctx.profiles.items():
+        print(f"\n=== {title} ===\n{text}")
     print(results.table(rows, ctx.claims))
     summary = results.summarize_targets(rows, ctx.claims)
     print(results.summary_text(summary, ctx.claims))
@@ -168,10 +189,14 @@ def main(argv=None) -> int:
            "meta": meta.collect(device), "settings": dataclasses.asdict(settings),
            "sections": sections, "seconds": time.perf_counter() - t0,
            "targets": summary, "errors": errors,
-           "rows": [r.to_json(ctx.claims) for r in rows]}
+           "rows": [r.to_json(ctx.claims) for r in rows], "profiles": ctx.profiles}
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(doc, indent=1))
     print(f"\nwrote {json_path.resolve()}")
+    if ctx.profiles:
+        prof_path = json_path.parent / "profile_overhead.txt"
+        prof_path.write_text("".join(f"=== {t} ===\n{x}\n" for t, x in ctx.profiles.items()))
+        print(f"wrote {prof_path.resolve()}")
     if not args.no_plots:
         note = claim_note.split(":")[0] + ": not performance claims" if claim_note else \
             f"{doc['meta'].get('device', device)}, {doc['meta']['time']}"

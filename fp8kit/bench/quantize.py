@@ -13,10 +13,17 @@ Bytes are counted as ANCHORS.md counts them:
                                     is copy bandwidth x 4/6. Target: >= 90% of that limit.
 
 Peers (information): the same current-scaling cast+transpose written in
-eager PyTorch and, in the full mode, compiled with torch.compile.
+eager PyTorch and, in the full mode, compiled with torch.compile; and, in
+the full mode, the delayed-scaling cast+transpose (amax, cast with the
+given scale, transpose) compiled with torch.compile. Compiled with
+dynamic=False: kernels specialized to each shape, the peer's best case.
 Before timing, fp8kit's outputs are compared bit for bit with PyTorch's
 own cast (x.float() * scale, clamped, .to(float8_e4m3fn): round to nearest
-even, saturating), its transpose and its amax.
+even, saturating), its transpose and its amax; scale and scale_inv with
+IEEE float32 division on the CPU (on CUDA, torch computes 448 / t as 448 *
+reciprocal(t), not the correctly rounded quotient fp8kit gives). fp8kit's
+ops allocate their outputs on every call (cheap with PyTorch's caching
+allocator); the times include that, as the peers' do.
 """
 
 from __future__ import annotations
@@ -38,10 +45,27 @@ G_ROWWISE = "delayed scaling rowwise only (3 B/el), vs copy"
 G_CURRENT = "current scaling cast+transpose (two-pass), vs its limit"
 G_EAGER = "current scaling cast+transpose vs torch eager"
 G_COMPILE = "current scaling cast+transpose vs torch.compile"
+G_COMPILE_DELAYED = "delayed scaling cast+transpose vs torch.compile"
 
 
 def _torch_cast(torch, x, scale):
     return (x.float() * scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+
+
+def _torch_delayed_cast_transpose(x, scale):
+    """Delayed scaling in PyTorch: the amax (for the history), the cast with
+    the given scale and its transpose."""
+    import torch
+    amax = x.abs().amax().float()
+    q = (x.float() * scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, q.t().contiguous(), amax
+
+
+def _exact(what: str, got, want) -> None:
+    """A float32 scalar tensor equal, bit for bit, to the CPU float32 `want`."""
+    g = got.float().reshape(()).cpu()
+    if not bool(g == want.reshape(())):
+        raise checks.Mismatch(f"{what} {g.item()!r} != {want.item()!r}")
 
 
 def _torch_amax_cast_transpose(x):
@@ -101,13 +125,14 @@ def run_shape(ctx: Context, rows_: int, cols: int, seed: int) -> list[Row]:
     want_amax = x0.abs().max().float()
     fns = {"copy": copy}
     try:
-        data, data_t, _ = kit_delayed(0)
+        data, data_t, scale_inv = kit_delayed(0)
         ref = _torch_cast(torch, x0, scale)
         checks.same_fp8("delayed rowwise", data, ref)
         checks.same_fp8("delayed columnwise", data_t, ref.t().contiguous())
         if amaxes[0].item() != want_amax.item():
             raise checks.Mismatch(f"amax {amaxes[0].item()} != {want_amax.item()}")
-        r_del.check = "bit-exact data, transpose, amax"
+        _exact("delayed scale_inv", scale_inv, 1.0 / scale.cpu().reshape(()))
+        r_del.check = "bit-exact data, transpose, amax, scale_inv"
         fns["delayed"] = kit_delayed
     except checks.Mismatch as e:
         r_del.error = f"not timed: {e}"
@@ -124,14 +149,13 @@ def run_shape(ctx: Context, rows_: int, cols: int, seed: int) -> list[Row]:
         data, data_t, c_scale, c_scale_inv, c_amax = kit_current(0)
         if c_amax.float().reshape(()).item() != want_amax.item():
             raise checks.Mismatch(f"amax {c_amax.item()} != {want_amax.item()}")
-        want_scale = (FP8_MAX / want_amax).item()
-        got_scale = c_scale.float().reshape(()).item()
-        checks.within("current scale", abs(got_scale - want_scale) / want_scale, 1e-6,
-                      "scale rel diff")
+        want_scale = torch.tensor(FP8_MAX) / want_amax.cpu()
+        _exact("current scale", c_scale, want_scale)
+        _exact("current scale_inv", c_scale_inv, 1.0 / want_scale)
         ref = _torch_cast(torch, x0, c_scale.float().reshape(1))
         checks.same_fp8("current rowwise", data, ref)
         checks.same_fp8("current columnwise", data_t, ref.t().contiguous())
-        r_cur.check = "bit-exact data, transpose; amax, scale"
+        r_cur.check = "bit-exact data, transpose, amax, scale, scale_inv"
         fns["current"] = kit_current
         q, qt, _, _ = eager(0)
         try:
@@ -142,18 +166,27 @@ def run_shape(ctx: Context, rows_: int, cols: int, seed: int) -> list[Row]:
     except checks.Mismatch as e:
         r_cur.error = r_eag.error = f"not timed: {e}"
 
-    r_cmp = None
+    r_cmp = r_cmpd = None
     if ctx.torch_compile and not ctx.quick:
         r_cmp = row(G_COMPILE, "torch.compile", 4, 4)
-        out.append(r_cmp)
+        r_cmpd = row(G_COMPILE_DELAYED, "torch.compile", 4, 4)
+        out += [r_cmp, r_cmpd]
         try:
-            compiled = torch.compile(_torch_amax_cast_transpose)
+            compiled = torch.compile(_torch_amax_cast_transpose, dynamic=False)
             q, _, _, _ = compiled(x0)
             r_cmp.check = "vs fp8kit: " + checks.close_fp8("torch.compile vs fp8kit", q,
                                                            kit_current(0)[0])
             fns["compile"] = lambda i: compiled(xs[i % copies])
         except Exception as e:  # noqa: BLE001  (compilation can fail; report, go on)
             r_cmp.error = f"torch.compile peer not timed: {type(e).__name__}: {e}"[:300]
+        try:
+            compiled_d = torch.compile(_torch_delayed_cast_transpose, dynamic=False)
+            q, _, _ = compiled_d(x0, scale)
+            r_cmpd.check = "vs fp8kit: " + checks.close_fp8("torch.compile vs fp8kit", q,
+                                                            kit_delayed(0)[0])
+            fns["compile_delayed"] = lambda i: compiled_d(xs[i % copies], scale)
+        except Exception as e:  # noqa: BLE001  (compilation can fail; report, go on)
+            r_cmpd.error = f"torch.compile peer not timed: {type(e).__name__}: {e}"[:300]
 
     t = timing.measure(fns, timing.torch_clock(dev), ctx.settings)
     t_copy = t["copy"].median_s
@@ -164,10 +197,13 @@ def run_shape(ctx: Context, rows_: int, cols: int, seed: int) -> list[Row]:
         if key in t:
             r.fp8kit_s, r.anchor_s = t[key].median_s, anchor_s
             r.timing = {"fp8kit": t[key].to_json(), "copy": t["copy"].to_json()}
-    for r, key in ((r_eag, "eager"), (r_cmp, "compile")):
-        if r is not None and key in t and "current" in t:
-            r.fp8kit_s, r.anchor_s = t["current"].median_s, t[key].median_s
-            r.timing = {"fp8kit": t["current"].to_json(), "anchor": t[key].to_json()}
+    for r, kit, key in ((r_eag, "current", "eager"), (r_cmp, "current", "compile"),
+                        (r_cmpd, "delayed", "compile_delayed")):
+        if r is not None and key in t and kit in t:
+            r.fp8kit_s, r.anchor_s = t[kit].median_s, t[key].median_s
+            r.timing = {"fp8kit": t[kit].to_json(), "anchor": t[key].to_json()}
+        elif r is not None and not r.error:
+            r.error = f"not timed: fp8kit's {kit} scaling failed its check"
     del xs, dsts
     if dev == "cuda":
         torch.cuda.empty_cache()
