@@ -24,6 +24,7 @@ import pathlib
 import sys
 import time
 import traceback
+from fp8kit._source_tree import source_tree_hint
 
 SECTIONS = ("gemm", "quantize", "linear", "overhead")
 # Sections run in this order; each is a module with cases(ctx).
@@ -71,19 +72,6 @@ def _parser():
     return p
 
 
-def _source_tree_hint() -> str:
-    """Why the compiled extensions are missing, when the reason is the usual
-    one: python -m run from a source checkout imports ./fp8kit, which has
-    no compiled modules, instead of the installed package."""
-    import glob
-    import fp8kit
-    pkg = os.path.dirname(os.path.realpath(fp8kit.__file__))
-    if glob.glob(os.path.join(pkg, "_*_ext*.so")) or glob.glob(os.path.join(pkg, "_*_ext*.pyd")):
-        return ""
-    return (f" (fp8kit was imported from {pkg}, which holds no compiled extensions: run from "
-            "another directory so that the installed fp8kit is imported, or build in place)")
-
-
 def _shapes(text: str):
     try:
         return tuple(tuple(int(v) for v in s.lower().split("x")) for s in text.split(",") if s)
@@ -118,7 +106,7 @@ def main(argv=None) -> int:
     try:
         import fp8kit.torch  # noqa: F401  (the compiled extension, before anything is measured)
     except ImportError as e:
-        print(f"fp8kit.bench: {e}{_source_tree_hint()}", file=sys.stderr)
+        print(f"fp8kit.bench: {e}{source_tree_hint()}", file=sys.stderr)
         return 2
 
     from fp8kit.bench import meta, plots, progress, results, timing

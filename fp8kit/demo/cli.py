@@ -16,6 +16,7 @@ import pathlib
 import sys
 import time
 
+from fp8kit._source_tree import source_tree_hint
 from fp8kit.demo.task import Config
 
 FRAMEWORKS = ("jax", "torch")
@@ -65,19 +66,6 @@ class _Progress:
                   f"{time.perf_counter() - self.t0:6.1f} s", flush=True)
 
 
-def _source_tree_hint() -> str:
-    """Why the compiled extensions are missing, when the reason is the usual
-    one: python -m run from a source checkout imports ./fp8kit, which has
-    no compiled modules, instead of the installed package."""
-    import glob
-    import fp8kit
-    pkg = os.path.dirname(os.path.realpath(fp8kit.__file__))
-    if glob.glob(os.path.join(pkg, "_*_ext*.so")) or glob.glob(os.path.join(pkg, "_*_ext*.pyd")):
-        return ""
-    return (f" (fp8kit was imported from {pkg}, which holds no compiled extensions: run from "
-            "another directory so that the installed fp8kit is imported, or build in place)")
-
-
 def _load_trainers(names, cpu: bool):
     """{framework: train function}; a framework that cannot be imported is
     skipped with the reason (make demo installs both)."""
@@ -94,7 +82,7 @@ def _load_trainers(names, cpu: bool):
                 device = torch.device("cpu") if cpu else train_torch.default_device()
                 trainers[name] = (lambda *a, _d=device, _t=train_torch.train: _t(*a, device=_d))
         except ImportError as e:
-            print(f"skipping {name}: {e}{_source_tree_hint()}", flush=True)
+            print(f"skipping {name}: {e}{source_tree_hint()}", flush=True)
     return trainers
 
 

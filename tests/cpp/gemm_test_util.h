@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "fp8_convert.h"
+#include "reference_decode.h"
 #include "fp8kit/fp8kit.h"
 
 #ifdef FP8KIT_WITH_CUDA
@@ -60,24 +61,8 @@ class HostBuffer {
 
 // ------------------------------------------------- independent decoding --
 
-inline double decode_fp8(uint8_t b, fp8kit_dtype dtype) {
-  const double sign = (b & 0x80) ? -1.0 : 1.0;
-  if (dtype == FP8KIT_E4M3) {
-    const int e = (b >> 3) & 15, m = b & 7;
-    if (e == 15 && m == 7) return NAN;
-    return sign * (e == 0 ? std::ldexp(m, -9) : std::ldexp(8 + m, e - 10));
-  }
-  const int e = (b >> 2) & 31, m = b & 3;
-  if (e == 31) return m == 0 ? sign * INFINITY : NAN;
-  return sign * (e == 0 ? std::ldexp(m, -16) : std::ldexp(4 + m, e - 17));
-}
-
-inline double decode_half(uint16_t h) {
-  const double sign = (h & 0x8000) ? -1.0 : 1.0;
-  const int e = (h >> 10) & 31, m = h & 1023;
-  if (e == 31) return m == 0 ? sign * INFINITY : NAN;
-  return sign * (e == 0 ? std::ldexp(m, -24) : std::ldexp(1024 + m, e - 25));
-}
+using testref::decode_fp8;
+inline double decode_half(uint16_t h) { return testref::decode_fp16(h); }
 
 inline double decode_bf16(uint16_t h) {
   const uint32_t bits = uint32_t(h) << 16;
