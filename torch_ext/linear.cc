@@ -160,7 +160,7 @@ struct LinearState : torch::CustomClassHolder {
   std::mutex mu;
 
   // Cached quantized weight, reused while the weight is unchanged.
-  bool cache_weight = true;
+  bool cache_weight = false;  // opt-in (fp8kit/torch/linear.py says why)
   at::Tensor w_src, w_data, w_data_t, w_sbuf;
   const void* w_ptr = nullptr;
   int64_t w_version = -1;
@@ -573,7 +573,8 @@ void register_linear(py::module_& m) {
             if (!v) s.clear_weight_cache();
           },
           "Reuse the quantized weight while the weight tensor is unchanged (same tensor, "
-          "storage and version counter). Turn off if the weight is modified through .data.")
+          "storage and version counter). Off by default: a write through weight.data does "
+          "not bump the version counter and would leave a stale FP8 weight.")
       .def_property_readonly("weight_cache_valid",
                              [](const LinearState& s) { return s.w_src.defined(); })
       .def("clear_weight_cache", [](LinearState& s) {

@@ -11,10 +11,13 @@ Inside autocast, forward is one call into C++ (torch_ext/linear.cc): it
 quantizes the input and the weight, runs the FP8 GEMM with the bias
 epilogue and records a C++ autograd node whose backward quantizes the
 output gradient and runs the dgrad and wgrad GEMMs in FP8. Activations are
-saved for backward in FP8. The quantized weight is reused while the weight
-tensor is unchanged (same tensor, storage and version counter, which every
-in-place update through PyTorch bumps); a weight modified through `.data`
-escapes that check, so set `layer.cache_fp8_weight = False` in that case.
+saved for backward in FP8. The weight is quantized on every forward by
+default. `layer.cache_fp8_weight = True` reuses the quantized weight while
+the weight tensor is unchanged (same tensor, storage and version counter,
+which every in-place update through PyTorch bumps): worth it for gradient
+accumulation and inference. It is opt-in because a write through
+`weight.data` does not bump the version counter, and a cached FP8 weight
+would then silently be stale.
 
 FP8 GEMMs need in_features and out_features to be multiples of 16.
 """
@@ -54,7 +57,7 @@ class Linear(torch.nn.Linear):
         self._fp8_state = None    # ext.LinearState for the recipe in use
         self._fp8_params = None   # _state_params of that recipe
         self._fp8_recipe = None   # the recipe object last seen (fast identity check)
-        self._fp8_cache_weight = True
+        self._fp8_cache_weight = False  # opt-in: see the module docstring
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         recipe = _AUTOCAST.recipe

@@ -222,7 +222,8 @@ def test_weight_cache_follows_weight_updates():
     # scaling the cache also means one history entry per weight version.)
     lin, _ = make_pair(32, 32)
     nocache = copy.deepcopy(lin)
-    nocache.cache_fp8_weight = False
+    assert not nocache.cache_fp8_weight  # off by default
+    lin.cache_fp8_weight = True
     opt = torch.optim.SGD(lin.parameters(), lr=0.1)
     opt2 = torch.optim.SGD(nocache.parameters(), lr=0.1)
     x = torch.randn(16, 32)
