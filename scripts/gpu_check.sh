@@ -61,19 +61,20 @@ build() {
 }
 info() {
   nvidia-smi
-  cd /tmp && "$PY" - <<'PY'
+  (cd /tmp && "$PY" - <<'PY'
 import fp8kit.torch as ft, torch, jax
 print("torch", torch.__version__, "jax", jax.__version__, "device", torch.cuda.get_device_name())
 print("capability", torch.cuda.get_device_capability())
 print("fp8kit built with CUDA:", ft.built_with_cuda())
 print("supports non-TN FP8 GEMM on cuda:0 ->", ft.supports_non_tn_fp8_gemm(torch.device("cuda", 0)))
 PY
+  )
 }
-cpp() { build/gpu-cpp/fp8kit_core_test --gtest_color=no; }
+cpp() { "$REPO"/build/gpu-cpp/fp8kit_core_test --gtest_color=no; }
 # PYTEST_ARGS="-m gpu" runs only the GPU tests.
-pytests() { cd /tmp && "$PY" -m pytest -q -p no:cacheprovider -rs ${PYTEST_ARGS:-} "$REPO/tests"; }
+pytests() { (cd /tmp && "$PY" -m pytest -q -p no:cacheprovider -rs ${PYTEST_ARGS:-} "$REPO/tests"); }
 sanitizer() {
-  local t=build/gpu-cpp/fp8kit_core_test
+  local t="$REPO"/build/gpu-cpp/fp8kit_core_test
   compute-sanitizer --tool memcheck --error-exitcode 1 $t --gtest_filter='*Cuda*:*Gpu*:*GPU*' &&
   compute-sanitizer --tool racecheck --error-exitcode 1 $t --gtest_filter='*Cuda*Quant*:*Gpu*Quant*:*Cuda*Amax*:*Cuda*Transpose*'
 }
