@@ -35,11 +35,13 @@ struct CastFlatParams {
   bool vec;        // `in` 16-byte aligned, out (and out2) 8-byte aligned
 };
 
+// Block `block` of the flat range: the whole work of one block. Shared by
+// the one-tensor kernel below and the grouped kernels of quantize_fused.cu.
 template <int kIn, bool kE4M3>
-__global__ void __launch_bounds__(kFlatThreads) cast_flat_kernel(const CastFlatParams p) {
+__device__ __forceinline__ void cast_flat_block(const CastFlatParams& p, int64_t block) {
   __shared__ uint32_t warp_max[kFlatWarps];
   uint32_t amax_bits = 0;
-  const int64_t block_base = int64_t(blockIdx.x) * kFlatBlockElems;
+  const int64_t block_base = block * kFlatBlockElems;
 
   Raw8<kIn> raw[kFlatGroups];
   if (p.vec && block_base + kFlatBlockElems <= p.n) {
@@ -47,7 +49,7 @@ __global__ void __launch_bounds__(kFlatThreads) cast_flat_kernel(const CastFlatP
     for (int k = 0; k < kFlatGroups; ++k) {
       load_raw8<kIn>(p.in, block_base + int64_t(k * kFlatThreads + threadIdx.x) * 8, raw[k]);
     }
-    const float scale = read_scale(p.scale);  // after the loads: it may wait (pdl.cuh)
+    const float scale = read_scale(p.scale, block == 0);  // after the loads: it may wait (pdl.cuh)
 #pragma unroll
     for (int k = 0; k < kFlatGroups; ++k) {
       const int64_t e = block_base + int64_t(k * kFlatThreads + threadIdx.x) * 8;
@@ -56,7 +58,7 @@ __global__ void __launch_bounds__(kFlatThreads) cast_flat_kernel(const CastFlatP
       if (p.out2 != nullptr) *reinterpret_cast<uint2*>(p.out2 + e) = q;
     }
   } else {
-    const float scale = read_scale(p.scale);
+    const float scale = read_scale(p.scale, block == 0);
 #pragma unroll
     for (int k = 0; k < kFlatGroups; ++k) {
       const int64_t e = block_base + int64_t(k * kFlatThreads + threadIdx.x) * 8;
@@ -86,6 +88,11 @@ __global__ void __launch_bounds__(kFlatThreads) cast_flat_kernel(const CastFlatP
   amax_block_publish(amax_bits, warp_max);
   __syncthreads();
   if (p.amax != nullptr) amax_block_commit<kFlatWarps>(warp_max, p.amax);
+}
+
+template <int kIn, bool kE4M3>
+__global__ void __launch_bounds__(kFlatThreads) cast_flat_kernel(const CastFlatParams p) {
+  cast_flat_block<kIn, kE4M3>(p, blockIdx.x);
 }
 
 }  // namespace cuda

@@ -88,9 +88,11 @@ __device__ __forceinline__ void store_col_piece(uint8_t* dst, const uint4& v, in
   }
 }
 
+// Tile `tile` (row-major over the tiles) of the tensor: the whole work of
+// one block. Shared by the one-tensor kernel below and the grouped kernels
+// of quantize_fused.cu.
 template <int kIn, bool kE4M3, bool kRowwise>
-__global__ void __launch_bounds__(kCtThreads, kIn == FP8KIT_FLOAT32 ? 2 : 4)
-    cast_transpose_kernel(const CastTransposeParams p) {
+__device__ __forceinline__ void cast_transpose_block(const CastTransposeParams& p, int64_t tile) {
   __shared__ __align__(16) uint4 tile_t[kCtTile * 8];  // [128 cols][16 slots of 8 B]
   __shared__ uint32_t warp_max[kCtWarps];
 
@@ -100,8 +102,8 @@ __global__ void __launch_bounds__(kCtThreads, kIn == FP8KIT_FLOAT32 ? 2 : 4)
   const int cg = (lane & 7) + 8 * (warp & 1);  // column group 0..15
   const int rg = 4 * (warp >> 1) + (lane >> 3);  // row group 0..15
 
-  const int64_t tile_r0 = (int64_t(blockIdx.x) / p.tiles_c) * kCtTile;
-  const int64_t tile_c0 = (int64_t(blockIdx.x) % p.tiles_c) * kCtTile;
+  const int64_t tile_r0 = (tile / p.tiles_c) * kCtTile;
+  const int64_t tile_c0 = (tile % p.tiles_c) * kCtTile;
   const bool full = tile_r0 + kCtTile <= p.rows && tile_c0 + kCtTile <= p.cols;
 
   const int64_t r0 = tile_r0 + rg * 8;  // this thread's first row
@@ -128,7 +130,7 @@ __global__ void __launch_bounds__(kCtThreads, kIn == FP8KIT_FLOAT32 ? 2 : 4)
 
   // 2. Cast (absent elements are 0: they leave amax alone and are never
   // stored).
-  const float scale = read_scale(p.scale);
+  const float scale = read_scale(p.scale, tile == 0);
   uint32_t amax_bits = 0;
   uint2 q[8];
 #pragma unroll
@@ -190,6 +192,12 @@ __global__ void __launch_bounds__(kCtThreads, kIn == FP8KIT_FLOAT32 ? 2 : 4)
 
   // 5. Amax.
   if (p.amax != nullptr) amax_block_commit<kCtWarps>(warp_max, p.amax);
+}
+
+template <int kIn, bool kE4M3, bool kRowwise>
+__global__ void __launch_bounds__(kCtThreads, kIn == FP8KIT_FLOAT32 ? 2 : 4)
+    cast_transpose_kernel(const CastTransposeParams p) {
+  cast_transpose_block<kIn, kE4M3, kRowwise>(p, blockIdx.x);
 }
 
 }  // namespace cuda

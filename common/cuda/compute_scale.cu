@@ -11,7 +11,7 @@ namespace fp8kit {
 namespace cuda {
 namespace {
 
-__global__ void scale_kernel(const ScaleSource source) { (void)read_scale(source); }
+__global__ void scale_kernel(const ScaleSource source) { (void)read_scale(source, true); }
 
 }  // namespace
 

@@ -3,16 +3,15 @@
 // host-to-device copy, no allocation); one block per tensor.
 //
 // Per block: every thread reads the new amax first (it may alias the
-// history), the history rolls by one in chunks of blockDim elements from
-// the end (each chunk reads h[i-1], syncs, writes h[i], syncs, so no value
-// is overwritten before it is read), h[0] = amax, the reduction runs over
-// the values each thread just wrote, and thread 0 computes the scale with
-// compute_scale.h, as the CPU reference does.
+// history), then roll_history_and_reduce (delayed_update_device.cuh), and
+// thread 0 computes the scale with compute_scale.h, as the CPU reference
+// does.
 #include <cuda_runtime.h>
 
 #include "compute_scale.h"
 #include "cuda_backend.h"
 #include "cuda_check.h"
+#include "delayed_update_device.cuh"
 
 namespace fp8kit {
 namespace cuda {
@@ -31,39 +30,12 @@ struct DelayedScalingChunk {
 
 __global__ void __launch_bounds__(kDsThreads)
     delayed_scaling_kernel(const DelayedScalingChunk chunk) {
-  __shared__ float warp_red[kDsThreads / 32];
   const fp8kit_delayed_scaling_state& st = chunk.states[blockIdx.x];
-  const int len = chunk.history_len;
-  float* h = st.amax_history;
   const float newest = *st.amax;
   __syncthreads();  // every read of *amax happens before any history write
-
-  float reduced = newest;  // NaN-propagating max of what this thread wrote
-  const int last_chunk = (len - 1) / kDsThreads;
-  for (int c = last_chunk; c >= 0; --c) {
-    const int i = c * kDsThreads + threadIdx.x;
-    float v = 0.0f;
-    if (i < len) v = (i == 0) ? newest : h[i - 1];
-    __syncthreads();  // reads of this chunk before its writes
-    if (i < len) {
-      h[i] = v;
-      reduced = max_nan(reduced, v);
-    }
-    __syncthreads();  // this chunk's writes before the next (lower) chunk's writes
-  }
-
-  if (!chunk.most_recent) {
-    for (int off = 16; off > 0; off >>= 1) {
-      reduced = max_nan(reduced, __shfl_xor_sync(0xffffffffu, reduced, off));
-    }
-    if ((threadIdx.x & 31) == 0) warp_red[threadIdx.x >> 5] = reduced;
-    __syncthreads();
-  }
+  const float r = roll_history_and_reduce(st.amax_history, chunk.history_len, newest,
+                                          chunk.most_recent != 0);
   if (threadIdx.x == 0) {
-    float r = newest;
-    if (!chunk.most_recent) {
-      for (int w = 0; w < kDsThreads / 32; ++w) r = max_nan(r, warp_red[w]);
-    }
     const float scale =
         delayed_scale_from_amax(r, *st.scale, chunk.fp8_max[blockIdx.x], chunk.margin);
     *st.scale = scale;

@@ -14,8 +14,7 @@
 
 #include <cstdint>
 
-#include "cast_rowwise.cuh"
-#include "cast_transpose.cuh"
+#include "cast_jobs.cuh"
 #include "cuda_backend.h"
 #include "cuda_check.h"
 #include "launch_config.h"
@@ -26,16 +25,6 @@
 namespace fp8kit {
 namespace cuda {
 namespace {
-
-struct CastJob {
-  const void* in;
-  int64_t rows, cols;
-  uint8_t* out;     // rowwise or NULL
-  uint8_t* out_t;   // columnwise or NULL
-  float* amax;      // atomicMax target or NULL
-  ScaleSource scale;
-  bool pdl;         // the previous launch on the stream is ours (zero / amax)
-};
 
 template <typename Params>
 void launch(void (*kernel)(Params), int64_t blocks, int threads, const Params& p, bool pdl,
@@ -50,43 +39,25 @@ void launch(void (*kernel)(Params), int64_t blocks, int threads, const Params& p
 
 template <int kIn, bool kE4M3>
 void launch_cast_typed(const CastJob& job, cudaStream_t stream, const char* op) {
-  const int64_t n = job.rows * job.cols;
-  // One row or one column: the columnwise copy has the row-major layout.
-  if (job.out_t == nullptr || job.rows == 1 || job.cols == 1) {
-    CastFlatParams p;
-    p.in = job.in;
-    p.out = job.out != nullptr ? job.out : job.out_t;
-    p.out2 = job.out != nullptr ? job.out_t : nullptr;
-    p.amax = job.amax;
-    p.scale = job.scale;
-    p.n = n;
-    p.vec = is_aligned(p.in, 16) && is_aligned(p.out, 8) &&
-            (p.out2 == nullptr || is_aligned(p.out2, 8));
-    launch(cast_flat_kernel<kIn, kE4M3>, ceil_div(n, kFlatBlockElems), kFlatThreads, p, job.pdl,
-           stream, op, "launching the cast kernel");
-    return;
-  }
-  CastTransposeParams p;
-  p.in = job.in;
-  p.out = job.out;
-  p.out_t = job.out_t;
-  p.amax = job.amax;
-  p.scale = job.scale;
-  p.rows = job.rows;
-  p.cols = job.cols;
-  p.tiles_c = ceil_div(job.cols, kCtTile);
-  p.in_vec = job.cols % 8 == 0 && is_aligned(job.in, 16);
-  p.out_vec = job.out != nullptr && job.cols % 8 == 0 && is_aligned(job.out, 8);
-  p.t_align = (job.rows % 16 == 0 && is_aligned(job.out_t, 16))  ? 16
-              : (job.rows % 8 == 0 && is_aligned(job.out_t, 8)) ? 8
-                                                                 : 1;
-  const int64_t blocks = ceil_div(job.rows, kCtTile) * p.tiles_c;
-  if (job.out != nullptr) {
-    launch(cast_transpose_kernel<kIn, kE4M3, true>, blocks, kCtThreads, p, job.pdl, stream, op,
-           "launching the cast+transpose kernel");
-  } else {
-    launch(cast_transpose_kernel<kIn, kE4M3, false>, blocks, kCtThreads, p, job.pdl, stream, op,
-           "launching the cast+transpose kernel");
+  switch (cast_kind(job)) {
+    case CastKind::kFlat: {
+      const CastFlatParams p = flat_params(job);
+      launch(cast_flat_kernel<kIn, kE4M3>, flat_blocks(p), kFlatThreads, p, job.pdl, stream, op,
+             "launching the cast kernel");
+      return;
+    }
+    case CastKind::kTransposeWithRowwise: {
+      const CastTransposeParams p = transpose_params(job);
+      launch(cast_transpose_kernel<kIn, kE4M3, true>, transpose_blocks(p), kCtThreads, p,
+             job.pdl, stream, op, "launching the cast+transpose kernel");
+      return;
+    }
+    case CastKind::kTransposeOnly: {
+      const CastTransposeParams p = transpose_params(job);
+      launch(cast_transpose_kernel<kIn, kE4M3, false>, transpose_blocks(p), kCtThreads, p,
+             job.pdl, stream, op, "launching the cast+transpose kernel");
+      return;
+    }
   }
 }
 
@@ -107,15 +78,6 @@ void launch_cast(const CastJob& job, fp8kit_dtype in_dtype, fp8kit_dtype fp8_dty
     case FP8KIT_BFLOAT16: launch_cast_in<FP8KIT_BFLOAT16>(job, fp8_dtype, stream, op); break;
     default: launch_cast_in<FP8KIT_FLOAT16>(job, fp8_dtype, stream, op); break;
   }
-}
-
-CastJob make_job(const fp8kit_tensor& input, fp8kit_tensor& output) {
-  CastJob job{};
-  flatten_2d(input, &job.rows, &job.cols);
-  job.in = input.data;
-  job.out = static_cast<uint8_t*>(output.data);
-  job.out_t = static_cast<uint8_t*>(output.columnwise_data);
-  return job;
 }
 
 }  // namespace

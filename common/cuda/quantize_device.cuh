@@ -224,14 +224,15 @@ struct ScaleSource {
 
 // Current scaling reads the amax the previous kernel (the amax pass)
 // wrote, so it waits for that kernel first (see pdl.cuh); the loads of the
-// input may already be in flight.
-__device__ __forceinline__ float read_scale(const ScaleSource& s) {
+// input may already be in flight. `first_block`: this block is the first
+// of its tensor, whose thread 0 writes scale_out / scale_inv_out.
+__device__ __forceinline__ float read_scale(const ScaleSource& s, bool first_block) {
   if (s.scale == nullptr) pdl_wait();
   const float scale =
       s.scale != nullptr
           ? *s.scale
           : current_scale_from_amax(*s.amax_in, s.fp8_max, s.amax_epsilon, s.force_pow2 != 0);
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
+  if (first_block && threadIdx.x == 0) {
     if (s.scale_out != nullptr) *s.scale_out = scale;
     if (s.scale_inv_out != nullptr) *s.scale_inv_out = reciprocal(scale);
   }

@@ -4,6 +4,7 @@
 
 #include "delayed_scaling_cpu.h"
 #include "error.h"
+#include "quantize_validate.h"
 #include "validate.h"
 #ifdef FP8KIT_WITH_CUDA
 #include "cuda_backend.h"
@@ -12,9 +13,6 @@
 namespace fp8kit {
 namespace {
 
-// |margin| beyond this would make 2**margin leave float32's normal range.
-constexpr int kMaxMargin = 126;
-
 void check_delayed_scaling_args(const fp8kit_delayed_scaling_state* states, int count,
                                 const fp8kit_delayed_scaling_config* config,
                                 fp8kit_device_type device_type, int device_index) {
@@ -22,15 +20,7 @@ void check_delayed_scaling_args(const fp8kit_delayed_scaling_state* states, int 
   FP8KIT_CHECK(count >= 0, op, ": count is ", count, "; it must be >= 0");
   FP8KIT_CHECK(count == 0 || states != nullptr, op, ": states is NULL but count is ", count,
                "; pass an array of count fp8kit_delayed_scaling_state");
-  FP8KIT_CHECK(config != nullptr, op, ": config is NULL; pass a fp8kit_delayed_scaling_config");
-  FP8KIT_CHECK(config->history_len >= 1, op, ": config->history_len is ", config->history_len,
-               "; it must be >= 1 (1 keeps only the newest amax)");
-  FP8KIT_CHECK(config->reduction == FP8KIT_AMAX_MAX || config->reduction == FP8KIT_AMAX_MOST_RECENT,
-               op, ": config->reduction is ", int(config->reduction),
-               "; use FP8KIT_AMAX_MAX or FP8KIT_AMAX_MOST_RECENT");
-  FP8KIT_CHECK(config->margin >= -kMaxMargin && config->margin <= kMaxMargin, op,
-               ": config->margin is ", config->margin, "; it must be within [-", kMaxMargin,
-               ", ", kMaxMargin, "] (scale = fp8_max / amax / 2**margin)");
+  check_delayed_scaling_config(op, config);
   check_device_usable(op, device_type, device_index);
   for (int i = 0; i < count; ++i) {
     const fp8kit_delayed_scaling_state& s = states[i];

@@ -63,6 +63,20 @@ void check_quantize_args(const char* op, const fp8kit_tensor* input, const fp8ki
   }
 }
 
+void check_delayed_scaling_config(const char* op, const fp8kit_delayed_scaling_config* config) {
+  // |margin| beyond this would make 2**margin leave float32's normal range.
+  constexpr int kMaxMargin = 126;
+  FP8KIT_CHECK(config != nullptr, op, ": config is NULL; pass a fp8kit_delayed_scaling_config");
+  FP8KIT_CHECK(config->history_len >= 1, op, ": config->history_len is ", config->history_len,
+               "; it must be >= 1 (1 keeps only the newest amax)");
+  FP8KIT_CHECK(config->reduction == FP8KIT_AMAX_MAX || config->reduction == FP8KIT_AMAX_MOST_RECENT,
+               op, ": config->reduction is ", int(config->reduction),
+               "; use FP8KIT_AMAX_MAX or FP8KIT_AMAX_MOST_RECENT");
+  FP8KIT_CHECK(config->margin >= -kMaxMargin && config->margin <= kMaxMargin, op,
+               ": config->margin is ", config->margin, "; it must be within [-", kMaxMargin,
+               ", ", kMaxMargin, "] (scale = fp8_max / amax / 2**margin)");
+}
+
 void check_current_scaling_config(const char* op, const fp8kit_current_scaling_config* config) {
   FP8KIT_CHECK(config != nullptr, op,
                ": config is NULL; pass a fp8kit_current_scaling_config (amax_epsilon = 0 "

@@ -5,6 +5,7 @@
 #ifndef FP8KIT_SRC_QUANTIZE_VALIDATE_H_
 #define FP8KIT_SRC_QUANTIZE_VALIDATE_H_
 
+#include "fp8kit/delayed_scaling.h"
 #include "fp8kit/quantize.h"
 #include "fp8kit/tensor.h"
 
@@ -17,6 +18,9 @@ namespace fp8kit {
 // when `current_scaling`).
 void check_quantize_args(const char* op, const fp8kit_tensor* input, const fp8kit_tensor* output,
                          bool current_scaling);
+
+// history_len >= 1, a known reduction, |margin| <= 126.
+void check_delayed_scaling_config(const char* op, const fp8kit_delayed_scaling_config* config);
 
 // amax_epsilon finite and >= 0.
 void check_current_scaling_config(const char* op, const fp8kit_current_scaling_config* config);

@@ -48,6 +48,38 @@ FP8KIT_API fp8kit_status fp8kit_delayed_scaling_update(
     const fp8kit_delayed_scaling_config* config, fp8kit_device_type device_type,
     int device_index, void* stream);
 
+/* One tensor's state for fp8kit_quantize_delayed_update; every pointer is
+ * on the call's device and none aliases another. */
+typedef struct fp8kit_delayed_quantize_state {
+  float* amax_history;  /* [history_len], element 0 is the newest */
+  float* amax;          /* amax accumulator: >= 0 (or NaN) on entry, 0 on exit */
+  float* scale;         /* read (this quantization's scale) and written (the next one) */
+  float* scale_inv;     /* written (= 1/the new scale) */
+  unsigned int* counter; /* 0 on entry and on exit: the CUDA kernel counts its
+                          * finished blocks here to find the last one */
+} fp8kit_delayed_quantize_state;
+
+/* Delayed-scaling quantization with the scaling-state update fused in, for
+ * `count` tensors at once (on CUDA one kernel launch per kind of cast, no
+ * separate amax-zeroing or update launches). For each i:
+ *   1. outputs[i] = quantize(inputs[i]) with the scale *states[i].scale,
+ *      exactly as fp8kit_quantize; outputs[i].scale_inv (optional) receives
+ *      1/that scale. outputs[i].scale and outputs[i].amax must be NULL
+ *      (the state holds them).
+ *   2. amax = max(*states[i].amax, max |inputs[i]|) (NaN-propagating);
+ *   3. the update of fp8kit_delayed_scaling_update with that amax: roll it
+ *      into the history, reduce, write the new scale and scale_inv;
+ *   4. *states[i].amax = 0 and *states[i].counter = 0.
+ * So a quantization at step t uses the scale from the history up to step
+ * t-1, as with fp8kit_quantize + fp8kit_delayed_scaling_update, and the
+ * saved outputs[i].scale_inv stays valid after the state moves on. All
+ * tensors are on one device; states must not be shared within a call, and
+ * calls sharing a state must not run concurrently. count <= 64. */
+FP8KIT_API fp8kit_status fp8kit_quantize_delayed_update(
+    const fp8kit_tensor* inputs, fp8kit_tensor* outputs,
+    const fp8kit_delayed_quantize_state* states, int count,
+    const fp8kit_delayed_scaling_config* config, void* stream);
+
 #ifdef __cplusplus
 }  /* extern "C" */
 #endif
