@@ -121,6 +121,39 @@ void delayed_update(const fp8kit_delayed_scaling_state* states, int count, int h
   }));
 }
 
+void quantize_delayed_update_into(const DelayedQuantizeItem* items, int count, int history_len,
+                                  int margin, fp8kit_amax_reduction reduction,
+                                  const at::Device& device) {
+  FP8KIT_PROFILE_SCOPE("fp8kit::quantize_delayed_update");
+  constexpr int kMax = 4;  // a Linear quantizes at most two tensors per call
+  FP8KIT_VALUE_CHECK(count >= 0 && count <= kMax, "fp8kit: ", count,
+                     " tensors in one fused quantize call; at most ", kMax);
+  const fp8kit_device_type dev = fp8kit_device(device);
+  fp8kit_tensor in[kMax], out[kMax];
+  fp8kit_delayed_quantize_state st[kMax];
+  for (int i = 0; i < count; ++i) {
+    const DelayedQuantizeItem& it = items[i];
+    in[i] = describe(*it.x, *high_precision_dtype(it.x->scalar_type()), dev);
+    out[i] = in[i];
+    out[i].dtype = it.fp8;
+    out[i].scaling_mode = FP8KIT_SCALING_PER_TENSOR;
+    out[i].data = it.data->defined() ? it.data->data_ptr() : nullptr;
+    out[i].columnwise_data = it.data_t->defined() ? it.data_t->data_ptr() : nullptr;
+    out[i].scale = nullptr;
+    out[i].scale_inv = it.scale_inv;
+    out[i].amax = nullptr;
+    st[i] = it.state;
+  }
+  fp8kit_delayed_scaling_config cfg;
+  cfg.history_len = history_len;
+  cfg.margin = margin;
+  cfg.reduction = reduction;
+  void* stream = current_stream(device);
+  check_status(call_core(dev == FP8KIT_DEVICE_CPU, [&] {
+    return fp8kit_quantize_delayed_update(in, out, st, count, &cfg, stream);
+  }));
+}
+
 fp8kit_tensor gemm_operand(const at::Device& device, fp8kit_dtype fp8, int64_t rows, int64_t cols,
                            void* data, void* data_t, const float* scale_inv) {
   fp8kit_tensor t;

@@ -48,6 +48,23 @@ void amax_into(const at::Tensor& x, float* amax);
 void delayed_update(const fp8kit_delayed_scaling_state* states, int count, int history_len,
                     int margin, fp8kit_amax_reduction reduction, const at::Device& device);
 
+// One tensor of a fused delayed-scaling quantize+update call: contiguous
+// high-precision `x`, its FP8 outputs (either may be undefined, not both),
+// where this quantization's 1/scale goes, and the scaling state.
+struct DelayedQuantizeItem {
+  const at::Tensor* x;
+  fp8kit_dtype fp8;
+  const at::Tensor* data;
+  const at::Tensor* data_t;
+  float* scale_inv;
+  fp8kit_delayed_quantize_state state;
+};
+
+// One fp8kit_quantize_delayed_update call for `count` items on `device`.
+void quantize_delayed_update_into(const DelayedQuantizeItem* items, int count, int history_len,
+                                  int margin, fp8kit_amax_reduction reduction,
+                                  const at::Device& device);
+
 // A GEMM operand: rows x cols is the logical 2-D shape of its rowwise
 // layout; data / data_t may be null (not both).
 fp8kit_tensor gemm_operand(const at::Device& device, fp8kit_dtype fp8, int64_t rows, int64_t cols,

@@ -25,10 +25,25 @@ constexpr int kInput = 0, kWeight = 1, kGrad = 2, kSlots = 3;
 // Per-quantization scalars: scale, scale_inv and amax, each at a 16-byte
 // aligned offset (cuBLASLt reads scale_inv through 16-byte aligned
 // pointers). Every quantization gets its own, so a saved tensor's scale_inv
-// never changes under it (the layer's delayed-scaling scale_inv does, at the
-// next update).
+// never changes under it (the layer's delayed-scaling scale_inv does, at
+// its next quantization). Delayed scaling writes only the scale_inv (scale
+// and amax live in the layer's state). A forward keeps the input's and the
+// weight's scalars in one buffer (one allocation): the input's at offset
+// 0, the weight's at kScalars.
 constexpr int kScale = 0, kScaleInv = 4, kAmax = 8, kScalars = 12;
-float* scale_inv_of(const at::Tensor& sbuf) { return sbuf.data_ptr<float>() + kScaleInv; }
+float* scale_inv_of(const at::Tensor& scalars, int64_t offset) {
+  return scalars.data_ptr<float>() + offset + kScaleInv;
+}
+
+// One quantization of a forward or backward: the layer's slot, the
+// contiguous input, its FP8 outputs (either may be undefined) and where its
+// scalars go (kScale / kScaleInv / kAmax floats from there).
+struct SlotJob {
+  int slot;
+  const at::Tensor* x;
+  at::Tensor data, data_t;
+  float* scalars;
+};
 
 // Locks `mu` without ever blocking while this thread holds the GIL: a thread
 // holding mu may itself wait for the GIL (CPU work releases and re-takes it),
@@ -67,12 +82,14 @@ struct LinearState : torch::CustomClassHolder {
     amax = at::zeros({kSlots}, opts);
     scale = at::ones({kSlots}, opts);
     scale_inv = at::ones({kSlots}, opts);
+    counters = at::zeros({kSlots}, opts.dtype(at::kInt));
     non_tn = supports_non_tn(device);
   }
 
   fp8kit_dtype slot_dtype(int slot) const { return slot == kGrad ? bwd_fp8 : fwd_fp8; }
 
-  // One fp8kit_delayed_scaling_update call for `slots`. Caller holds mu.
+  // One fp8kit_delayed_scaling_update call for `slots` (rolls their amax
+  // into the history). Caller holds mu.
   void update_slots(const int* slots, int n) {
     std::array<fp8kit_delayed_scaling_state, kSlots> s{};
     float* h = history.data_ptr<float>();
@@ -83,44 +100,58 @@ struct LinearState : torch::CustomClassHolder {
       s[i].scale = scale.data_ptr<float>() + k;
       s[i].scale_inv = scale_inv.data_ptr<float>() + k;
       s[i].fp8_dtype = slot_dtype(k);
-      pending[k] = false;
     }
     delayed_update(s.data(), n, history_len, margin, reduction, device);
   }
 
-  // Quantizes contiguous x into data / data_t for `slot` and returns its
-  // scalars buffer (kScale, kScaleInv, kAmax). Delayed scaling (caller holds mu):
-  // the slot's scale, its amax recorded for the next update; the very first
-  // quantization of a slot seeds the history from the tensor's own amax so
-  // that step 0 is not cast with scale 1. Current scaling: from x's amax.
-  at::Tensor quantize_slot(int slot, const at::Tensor& x, const at::Tensor& data,
-                           const at::Tensor& data_t) {
-    at::Tensor sbuf = at::empty({kScalars}, x.options().dtype(at::kFloat));
-    float* sb = sbuf.data_ptr<float>();
-    if (delayed) {
-      float* slot_amax = amax.data_ptr<float>() + slot;
-      if (!seeded[slot]) {
-        amax_into(x, slot_amax);
-        update_slots(&slot, 1);
-        seeded[slot] = true;
-      }
-      ScalePtrs s;
-      s.scale = scale.data_ptr<float>() + slot;
-      s.scale_inv = sb + kScaleInv;
-      s.amax = slot_amax;
-      quantize_into(x, slot_dtype(slot), data, data_t, s, nullptr);
-      pending[slot] = true;
-    } else {
+  // Quantizes `jobs`. Delayed scaling (caller holds mu): all jobs in one
+  // fused quantize+update call (one kernel launch on CUDA for the usual
+  // same-shaped layouts), each cast with its slot's scale and the amax it
+  // measures rolled into the slot's history at once; the very first
+  // quantization of a slot seeds the history from the tensor's own amax
+  // first, so that step 0 is not cast with scale 1. Current scaling: one
+  // call per job, from the tensor's own amax.
+  void quantize_slots(const SlotJob* jobs, int n) {
+    if (!delayed) {
       fp8kit_current_scaling_config cfg;
       cfg.amax_epsilon = amax_epsilon;
       cfg.force_pow2_scale = power_2_scale ? 1 : 0;
-      ScalePtrs s;
-      s.scale = sb + kScale;
-      s.scale_inv = sb + kScaleInv;
-      s.amax = sb + kAmax;
-      quantize_into(x, slot_dtype(slot), data, data_t, s, &cfg);
+      for (int i = 0; i < n; ++i) {
+        const SlotJob& j = jobs[i];
+        ScalePtrs s;
+        s.scale = j.scalars + kScale;
+        s.scale_inv = j.scalars + kScaleInv;
+        s.amax = j.scalars + kAmax;
+        quantize_into(*j.x, slot_dtype(j.slot), j.data, j.data_t, s, &cfg);
+      }
+      return;
     }
-    return sbuf;
+    std::array<DelayedQuantizeItem, kSlots> items{};
+    for (int i = 0; i < n; ++i) {
+      const SlotJob& j = jobs[i];
+      const int k = j.slot;
+      if (!seeded[k]) seed_slot(k, *j.x);
+      items[i].x = j.x;
+      items[i].fp8 = slot_dtype(k);
+      items[i].data = &j.data;
+      items[i].data_t = &j.data_t;
+      items[i].scale_inv = j.scalars + kScaleInv;
+      items[i].state.amax_history = history.data_ptr<float>() + k * history_len;
+      items[i].state.amax = amax.data_ptr<float>() + k;
+      items[i].state.scale = scale.data_ptr<float>() + k;
+      items[i].state.scale_inv = scale_inv.data_ptr<float>() + k;
+      items[i].state.counter = reinterpret_cast<unsigned int*>(counters.data_ptr<int32_t>()) + k;
+    }
+    quantize_delayed_update_into(items.data(), n, history_len, margin, reduction, device);
+  }
+
+  // Rolls x's amax into slot k's history (so its first scale fits x) and
+  // leaves the slot's amax accumulator at 0 again. Caller holds mu.
+  void seed_slot(int k, const at::Tensor& x) {
+    amax_into(x, amax.data_ptr<float>() + k);
+    update_slots(&k, 1);
+    amax.narrow(0, k, 1).zero_();
+    seeded[k] = true;
   }
 
   // Whether the cached FP8 weight is `w` as it is now (same tensor, same
@@ -135,7 +166,7 @@ struct LinearState : torch::CustomClassHolder {
     w_src = at::Tensor();
     w_data = at::Tensor();
     w_data_t = at::Tensor();
-    w_sbuf = at::Tensor();
+    w_scalars = at::Tensor();
     w_ptr = nullptr;
     w_version = -1;
   }
@@ -151,9 +182,10 @@ struct LinearState : torch::CustomClassHolder {
   bool non_tn = false;  // the core's answer for `device`
 
   // Delayed-scaling state, float32 on `device`: history [3, history_len]
-  // (column 0 newest), amax, scale, scale_inv [3].
-  at::Tensor history, amax, scale, scale_inv;
-  std::array<bool, kSlots> pending{};  // amax[i] not yet rolled into history[i]
+  // (column 0 newest), amax accumulators (0 between calls), scale,
+  // scale_inv [3]; and the fused quantize's block counters (int32 [3], 0
+  // between calls).
+  at::Tensor history, amax, scale, scale_inv, counters;
   std::array<bool, kSlots> seeded{};   // slot i has been quantized before
   // Orders forward (caller's thread) and backward (autograd thread) use of
   // the delayed-scaling state and flags.
@@ -161,7 +193,8 @@ struct LinearState : torch::CustomClassHolder {
 
   // Cached quantized weight, reused while the weight is unchanged.
   bool cache_weight = false;  // opt-in (fp8kit/torch/linear.py says why)
-  at::Tensor w_src, w_data, w_data_t, w_sbuf;
+  at::Tensor w_src, w_data, w_data_t, w_scalars;
+  int64_t w_offset = 0;  // of the weight's scalars in w_scalars
   const void* w_ptr = nullptr;
   int64_t w_version = -1;
 };
@@ -174,13 +207,15 @@ struct Plan {
 };
 
 struct Saved {
-  at::Tensor x_q, x_sbuf, w_q, w_sbuf;
+  at::Tensor x_q, x_scalars, w_q, w_scalars;
+  int64_t w_offset = 0;  // of the weight's scalars in w_scalars (the input's are at 0)
 };
 
 // Everything backward needs besides the saved tensors, in one capsule.
 struct BackwardInfo : torch::CustomClassHolder {
   c10::intrusive_ptr<LinearState> st;
   Plan plan;
+  int64_t w_offset = 0;
   std::vector<int64_t> x_sizes;
   at::ScalarType x_dtype, w_dtype, b_dtype;
 };
@@ -198,29 +233,26 @@ at::Tensor forward_impl(LinearState& st, const at::Tensor& x_in, const at::Tenso
   const bool need_xt = p.wgrad && p.wgrad_cw;
   const at::Tensor x_data = alloc_rowwise(x, st.fwd_fp8);
   const at::Tensor x_t = need_xt ? alloc_columnwise(x, st.fwd_fp8) : at::Tensor();
-  at::Tensor x_sbuf, w_data, w_data_t, w_sbuf;  // this call's copies, read under the lock
+  // This call's scalars: the input's at 0, the weight's at kScalars.
+  const at::Tensor scalars = at::empty({2 * kScalars}, x.options().dtype(at::kFloat));
+  at::Tensor w_data, w_data_t, w_scalars, w;  // this call's weight copies, read under the lock
+  int64_t w_offset = kScalars;
   {
     const auto lock = lock_state(st.mu);
-    const bool requant = !st.weight_cached(w_in, need_wt);
-    if (st.delayed) {
-      // The amaxes recorded since the last forward, all in one call.
-      int slots[kSlots];
-      int count = 0;
-      if (st.pending[kInput]) slots[count++] = kInput;
-      if (requant && st.pending[kWeight]) slots[count++] = kWeight;
-      if (st.pending[kGrad]) slots[count++] = kGrad;
-      if (count) st.update_slots(slots, count);
-    }
-    if (requant) {
+    SlotJob jobs[2];
+    int n = 0;
+    if (!st.weight_cached(w_in, need_wt)) {
       st.clear_weight_cache();
-      const at::Tensor w = w_in.contiguous();
+      w = w_in.contiguous();
       w_data = alloc_rowwise(w, st.fwd_fp8);
       w_data_t = need_wt ? alloc_columnwise(w, st.fwd_fp8) : at::Tensor();
-      w_sbuf = st.quantize_slot(kWeight, w, w_data, w_data_t);
+      w_scalars = scalars;
+      jobs[n++] = SlotJob{kWeight, &w, w_data, w_data_t, scalars.data_ptr<float>() + kScalars};
       if (st.cache_weight && !w_in.is_inference()) {
         st.w_data = w_data;
         st.w_data_t = w_data_t;
-        st.w_sbuf = w_sbuf;
+        st.w_scalars = scalars;
+        st.w_offset = kScalars;
         st.w_src = w_in;
         st.w_ptr = w_in.data_ptr();
         st.w_version = w_in._version();
@@ -228,18 +260,20 @@ at::Tensor forward_impl(LinearState& st, const at::Tensor& x_in, const at::Tenso
     } else {
       w_data = st.w_data;
       w_data_t = st.w_data_t;
-      w_sbuf = st.w_sbuf;
+      w_scalars = st.w_scalars;
+      w_offset = st.w_offset;
     }
-    x_sbuf = st.quantize_slot(kInput, x, x_data, x_t);
+    jobs[n++] = SlotJob{kInput, &x, x_data, x_t, scalars.data_ptr<float>()};
+    st.quantize_slots(jobs, n);
   }
 
   // y[M, N] = x[M, K] @ w[N, K]^T (+ bias): both operands K-contiguous.
   const at::ScalarType out_dtype = x.scalar_type();
   at::Tensor y = at::empty(out_sizes(x, p.n), x.options());
   const fp8kit_tensor a = gemm_operand(st.device, st.fwd_fp8, p.m, p.k, x_data.data_ptr(),
-                                       nullptr, scale_inv_of(x_sbuf));
+                                       nullptr, scale_inv_of(scalars, 0));
   const fp8kit_tensor bw = gemm_operand(st.device, st.fwd_fp8, p.n, p.k, w_data.data_ptr(),
-                                        nullptr, scale_inv_of(w_sbuf));
+                                        nullptr, scale_inv_of(w_scalars, w_offset));
   fp8kit_tensor d = describe(y, *high_precision_dtype(out_dtype),
                              st.device.is_cuda() ? FP8KIT_DEVICE_CUDA : FP8KIT_DEVICE_CPU);
   fp8kit_gemm_config cfg = fp8kit_gemm_config_default();
@@ -264,9 +298,10 @@ at::Tensor forward_impl(LinearState& st, const at::Tensor& x_in, const at::Tenso
 
   if (saved) {
     if (p.wgrad) saved->x_q = need_xt ? x_t : x_data;
-    saved->x_sbuf = x_sbuf;
+    saved->x_scalars = scalars;
     if (p.dgrad) saved->w_q = st.non_tn ? w_data : w_data_t;
-    saved->w_sbuf = w_sbuf;
+    saved->w_scalars = w_scalars;
+    saved->w_offset = w_offset;
   }
   return y;
 }
@@ -285,9 +320,9 @@ variable_list backward_impl(const BackwardInfo& info, const variable_list& saved
   LinearState& st = *info.st;
   const Plan& p = info.plan;
   const at::Tensor& x_q = saved[0];
-  const at::Tensor& x_sbuf = saved[1];
+  const at::Tensor& x_scalars = saved[1];  // the input's at 0
   const at::Tensor& w_q = saved[2];
-  const at::Tensor& w_sbuf = saved[3];
+  const at::Tensor& w_scalars = saved[3];  // the weight's at info.w_offset
   DeviceScope scope(st.device);
   const auto dev_type = st.device.is_cuda() ? FP8KIT_DEVICE_CUDA : FP8KIT_DEVICE_CPU;
   const at::Tensor dy = dy_in.contiguous();
@@ -306,22 +341,23 @@ variable_list backward_impl(const BackwardInfo& info, const variable_list& saved
     const bool dy_col = p.wgrad && p.wgrad_cw;
     const at::Tensor dy_data = dy_row ? alloc_rowwise(dy, st.bwd_fp8) : at::Tensor();
     const at::Tensor dy_t = dy_col ? alloc_columnwise(dy, st.bwd_fp8) : at::Tensor();
-    at::Tensor dy_sbuf;
+    const at::Tensor dy_scalars = at::empty({kScalars}, opts.dtype(at::kFloat));
     {
       std::unique_lock<std::mutex> lock;
       if (st.delayed) lock = lock_state(st.mu);
-      dy_sbuf = st.quantize_slot(kGrad, dy, dy_data, dy_t);
+      const SlotJob job{kGrad, &dy, dy_data, dy_t, dy_scalars.data_ptr<float>()};
+      st.quantize_slots(&job, 1);
     }
     if (p.dgrad) {
       // dx[M, K] = dy[M, N] @ w[N, K]: w is read K(=N)-contiguous from its
       // columnwise copy on TN-only devices.
       dx = at::empty(info.x_sizes, opts.dtype(info.x_dtype));
       const fp8kit_tensor a = gemm_operand(st.device, st.bwd_fp8, p.m, p.n, dy_data.data_ptr(),
-                                           nullptr, scale_inv_of(dy_sbuf));
+                                           nullptr, scale_inv_of(dy_scalars, 0));
       const fp8kit_tensor b = gemm_operand(st.device, st.fwd_fp8, p.n, p.k,
                                            st.non_tn ? w_q.data_ptr() : nullptr,
                                            st.non_tn ? nullptr : w_q.data_ptr(),
-                                           scale_inv_of(w_sbuf));
+                                           scale_inv_of(w_scalars, info.w_offset));
       fp8kit_tensor d = describe(dx, *high_precision_dtype(info.x_dtype), dev_type);
       fp8kit_gemm_config cfg = fp8kit_gemm_config_default();
       cfg.trans_a = 0;
@@ -338,9 +374,9 @@ variable_list backward_impl(const BackwardInfo& info, const variable_list& saved
         const at::Tensor dy_tp = pad_columns(dy_t, mp);
         const at::Tensor x_tp = pad_columns(x_q, mp);
         a = gemm_operand(st.device, st.bwd_fp8, mp, p.n, nullptr, dy_tp.data_ptr(),
-                         scale_inv_of(dy_sbuf));
+                         scale_inv_of(dy_scalars, 0));
         b = gemm_operand(st.device, st.fwd_fp8, mp, p.k, nullptr, x_tp.data_ptr(),
-                         scale_inv_of(x_sbuf));
+                         scale_inv_of(x_scalars, 0));
         fp8kit_tensor d = describe(dw, *high_precision_dtype(info.w_dtype), dev_type);
         fp8kit_gemm_config cfg = fp8kit_gemm_config_default();
         cfg.trans_a = 1;
@@ -348,9 +384,9 @@ variable_list backward_impl(const BackwardInfo& info, const variable_list& saved
         gemm_call(a, b, d, cfg, st.device);  // dy_tp / x_tp stay alive until here
       } else {
         a = gemm_operand(st.device, st.bwd_fp8, p.m, p.n, dy_data.data_ptr(), nullptr,
-                         scale_inv_of(dy_sbuf));
+                         scale_inv_of(dy_scalars, 0));
         b = gemm_operand(st.device, st.fwd_fp8, p.m, p.k, x_q.data_ptr(), nullptr,
-                         scale_inv_of(x_sbuf));
+                         scale_inv_of(x_scalars, 0));
         fp8kit_tensor d = describe(dw, *high_precision_dtype(info.w_dtype), dev_type);
         fp8kit_gemm_config cfg = fp8kit_gemm_config_default();
         cfg.trans_a = 1;
@@ -377,10 +413,11 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     Saved saved;
     const at::Tensor b = bias ? *bias : at::Tensor();
     at::Tensor y = forward_impl(*st, x, w, b, *plan, &saved);
-    ctx->save_for_backward({saved.x_q, saved.x_sbuf, saved.w_q, saved.w_sbuf});
+    ctx->save_for_backward({saved.x_q, saved.x_scalars, saved.w_q, saved.w_scalars});
     auto info = c10::make_intrusive<BackwardInfo>();
     info->st = c10::intrusive_ptr<LinearState>::reclaim_copy(st);
     info->plan = *plan;
+    info->w_offset = saved.w_offset;
     info->x_sizes = x.sizes().vec();
     info->x_dtype = x.scalar_type();
     info->w_dtype = w.scalar_type();
@@ -469,7 +506,10 @@ py::dict get_state(LinearState& st) {
   d["amax"] = st.amax.to(at::kCPU, false, true);
   d["scale"] = st.scale.to(at::kCPU, false, true);
   d["scale_inv"] = st.scale_inv.to(at::kCPU, false, true);
-  d["pending"] = std::vector<bool>(st.pending.begin(), st.pending.end());
+  // Every amax is rolled into its history when it is measured (the fused
+  // quantize+update); "pending" stays in the format for checkpoints written
+  // when amaxes waited for the next forward.
+  d["pending"] = std::vector<bool>(kSlots, false);
   d["seeded"] = std::vector<bool>(st.seeded.begin(), st.seeded.end());
   return d;
 }
@@ -494,10 +534,17 @@ void set_state(LinearState& st, const py::dict& d) {
   const auto seeded = d["seeded"].cast<std::vector<bool>>();
   FP8KIT_VALUE_CHECK(pending.size() == kSlots && seeded.size() == kSlots, fn,
                      ": saved FP8 flags have the wrong length");
+  int rolls[kSlots];
+  int n_rolls = 0;
   for (int i = 0; i < kSlots; ++i) {
-    st.pending[i] = pending[i];
     st.seeded[i] = seeded[i];
+    if (pending[i]) rolls[n_rolls++] = i;
   }
+  // An amax such a checkpoint left waiting is rolled in now, as its next
+  // forward would have done, and the accumulators start from 0.
+  if (n_rolls > 0) st.update_slots(rolls, n_rolls);
+  st.amax.zero_();
+  st.counters.zero_();
   st.clear_weight_cache();
 }
 
@@ -557,10 +604,6 @@ void register_linear(py::module_& m) {
       .def_property_readonly("amax", [](const LinearState& s) { return s.amax; })
       .def_property_readonly("scale", [](const LinearState& s) { return s.scale; })
       .def_property_readonly("scale_inv", [](const LinearState& s) { return s.scale_inv; })
-      .def_property_readonly("pending", [](LinearState& s) {
-        const auto lock = lock_state(s.mu);
-        return std::vector<bool>(s.pending.begin(), s.pending.end());
-      })
       .def_property_readonly("seeded", [](LinearState& s) {
         const auto lock = lock_state(s.mu);
         return std::vector<bool>(s.seeded.begin(), s.seeded.end());
@@ -588,6 +631,7 @@ void register_linear(py::module_& m) {
         s.amax = s.amax.to(device);
         s.scale = s.scale.to(device);
         s.scale_inv = s.scale_inv.to(device);
+        s.counters = s.counters.to(device);
         s.device = s.history.device();
         s.clear_weight_cache();
         DeviceScope scope(s.device);

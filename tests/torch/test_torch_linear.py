@@ -19,8 +19,11 @@ from torch_reference import (assert_fp8_equal_reference, cuda_or_skip, current_s
                              to_numpy_f32)
 
 CURRENT = CurrentScaling(fp8_format=Format.HYBRID)
-# A quantization's saved scalars: scale, scale_inv, amax at 16-byte offsets.
+# A quantization's saved scalars: scale, scale_inv, amax at 16-byte offsets;
+# a forward keeps the input's at offset 0 and the weight's at W_SCALARS of
+# one buffer.
 SCALE, SCALE_INV = 0, 4
+W_SCALARS = 12
 DELAYED = DelayedScaling(fp8_format=Format.HYBRID, amax_history_len=4)
 
 
@@ -107,7 +110,7 @@ def test_matches_float64_reference_of_the_quantized_math(tokens, bias):
     # their [scale, scale_inv, amax] triples. Nothing in high precision.
     fp8 = [t for t in rec.saved if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)]
     assert len(fp8) == 2
-    assert all(t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) or t.numel() <= 12
+    assert all(t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) or t.numel() <= 2 * W_SCALARS
                for t in rec.saved)
     x_t, w_t = fp8
     x_sb, w_sb = [t for t in rec.saved if t.dtype == torch.float32]
@@ -116,13 +119,13 @@ def test_matches_float64_reference_of_the_quantized_math(tokens, bias):
     # Quantization: current scaling of x and w, bit-exact.
     sx = current_scale(x.abs().max().item(), "e4m3")
     sw = current_scale(lin.weight.abs().max().item(), "e4m3")
-    assert x_sb[SCALE].item() == sx and w_sb[SCALE].item() == sw
+    assert x_sb[SCALE].item() == sx and w_sb[W_SCALARS + SCALE].item() == sw
     assert_fp8_equal_reference(x_t.t(), x.detach(), float(sx), "e4m3")
     assert_fp8_equal_reference(w_t.t(), lin.weight.detach(), float(sw), "e4m3")
 
     # GEMMs against float64 of the dequantized operands.
     xq = decode(x_t).T * np.float64(x_sb[SCALE_INV].item())
-    wq = decode(w_t).T * np.float64(w_sb[SCALE_INV].item())
+    wq = decode(w_t).T * np.float64(w_sb[W_SCALARS + SCALE_INV].item())
     y_ref = xq @ wq.T + (to_numpy_f32(lin.bias) if bias else 0)
     np.testing.assert_allclose(y.detach().numpy(), y_ref, rtol=1e-5, atol=1e-5)
     sg = current_scale(g.abs().max().item(), "e5m2")
@@ -206,14 +209,15 @@ def test_delayed_scaling_state_follows_the_rule():
     assert sinv_used[1] == np.float32(1) / want1
     want2 = np.float32(448.0) / np.float32(max(a[0], a[1])) * np.float32(0.5)
     assert sinv_used[2] == np.float32(1) / want2
-    assert st.pending == [True, True, True] and st.seeded == [True, True, True]
-    # History of the input slot: newest first, [a1, a0, a0] (the seed plus step 0).
-    assert st.amax_history[0].tolist() == pytest.approx([a[1], a[0], a[0]])
-    assert st.amax[0].item() == a[2]
-    # grad_output slot: seeded from g0, then g0 and g1 recorded.
+    assert st.seeded == [True, True, True]
+    # History of the input slot, newest first: each step's amax is rolled in
+    # when it is measured, after the seed: [a2, a1, a0] (history length 3).
+    assert st.amax_history[0].tolist() == pytest.approx([a[2], a[1], a[0]])
+    assert st.amax.tolist() == [0.0, 0.0, 0.0]  # accumulators back at 0
+    # grad_output slot: seeded from g0, then g0, g1, g2 rolled in.
     ga = [g.abs().max().item() for g in gs]
-    assert st.amax_history[2].tolist() == pytest.approx([ga[1], ga[0], ga[0]])
-    assert st.scale[2].item() == pytest.approx(57344.0 / max(ga[0], ga[1]) / 2)
+    assert st.amax_history[2].tolist() == pytest.approx([ga[2], ga[1], ga[0]])
+    assert st.scale[2].item() == pytest.approx(57344.0 / max(ga) / 2)
 
 
 def test_weight_cache_follows_weight_updates():
@@ -292,7 +296,7 @@ def test_pickle_deepcopy_and_torch_save_of_the_module():
         torch.save(m, buf)
         buf.seek(0)
         copies.append(torch.load(buf, weights_only=False))
-        want = m(x)  # runs the pending update on m
+        want = m(x)
         for c in copies:
             assert c[0].fp8_state is not None
             assert torch.equal(c(x), want)
@@ -306,10 +310,28 @@ def test_extra_state_round_trip_and_bad_state():
     st = lin.get_extra_state()
     other, _ = make_pair(32, 16)
     other.set_extra_state(st)
-    assert other.fp8_state.pending == lin.fp8_state.pending
+    assert other.fp8_state.seeded == lin.fp8_state.seeded
     assert torch.equal(other.fp8_state.amax_history, lin.fp8_state.amax_history)
     with pytest.raises(ValueError, match="not an fp8kit Linear FP8 state"):
         other.set_extra_state({"format": 99})
+
+
+def test_extra_state_with_a_pending_amax_rolls_it_in():
+    # Checkpoints from before the fused quantize+update kept the last amax
+    # "pending" until the next forward; loading one rolls it in at once.
+    lin, _ = make_pair(32, 16)
+    with ft.autocast(recipe=DELAYED):
+        lin(torch.randn(16, 32))
+    st = lin.get_extra_state()
+    assert st["pending"] == [False, False, False] and st["amax"].tolist() == [0.0, 0.0, 0.0]
+    st["pending"] = [True, False, False]
+    st["amax"] = torch.tensor([5.0, 7.0, 0.0])
+    lin.set_extra_state(st)
+    h = lin.fp8_state.amax_history
+    assert h[0, 0].item() == 5.0 and h[0, 1:].tolist() == st["amax_history"][0, :-1].tolist()
+    assert torch.equal(h[1], st["amax_history"][1])  # not pending: not rolled
+    assert lin.fp8_state.amax.tolist() == [0.0, 0.0, 0.0]
+    assert lin.fp8_state.scale[0].item() == pytest.approx(448.0 / max(h[0].tolist()))
 
 
 # -------------------------------------------------------------- autocast ---
@@ -385,7 +407,8 @@ def test_cuda_matches_cpu(recipe, tokens):
         b = b.cpu().float()
         assert ((a.float() - b).norm() / a.float().norm()).item() < 1e-2
     assert gpu.fp8_state.device == dev
-    assert torch.equal(cpu.fp8_state.scale, gpu.fp8_state.scale.cpu())
+    for k in ("scale", "scale_inv", "amax_history", "amax"):  # bit for bit, 3 steps on
+        assert torch.equal(getattr(cpu.fp8_state, k), getattr(gpu.fp8_state, k).cpu()), k
 
 
 @pytest.mark.gpu
