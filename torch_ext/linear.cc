@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "carve.h"
 #include "core_calls.h"
 #include "descriptors.h"
 #include "errors.h"
@@ -27,13 +28,9 @@ constexpr int kInput = 0, kWeight = 1, kGrad = 2, kSlots = 3;
 // pointers). Every quantization gets its own, so a saved tensor's scale_inv
 // never changes under it (the layer's delayed-scaling scale_inv does, at
 // its next quantization). Delayed scaling writes only the scale_inv (scale
-// and amax live in the layer's state). A forward keeps the input's and the
-// weight's scalars in one buffer (one allocation): the input's at offset
-// 0, the weight's at kScalars.
+// and amax live in the layer's state).
 constexpr int kScale = 0, kScaleInv = 4, kAmax = 8, kScalars = 12;
-float* scale_inv_of(const at::Tensor& scalars, int64_t offset) {
-  return scalars.data_ptr<float>() + offset + kScaleInv;
-}
+float* scale_inv_of(const at::Tensor& scalars) { return scalars.data_ptr<float>() + kScaleInv; }
 
 // One quantization of a forward or backward: the layer's slot, the
 // contiguous input, its FP8 outputs (either may be undefined) and where its
@@ -194,7 +191,6 @@ struct LinearState : torch::CustomClassHolder {
   // Cached quantized weight, reused while the weight is unchanged.
   bool cache_weight = false;  // opt-in (fp8kit/torch/linear.py says why)
   at::Tensor w_src, w_data, w_data_t, w_scalars;
-  int64_t w_offset = 0;  // of the weight's scalars in w_scalars
   const void* w_ptr = nullptr;
   int64_t w_version = -1;
 };
@@ -208,14 +204,12 @@ struct Plan {
 
 struct Saved {
   at::Tensor x_q, x_scalars, w_q, w_scalars;
-  int64_t w_offset = 0;  // of the weight's scalars in w_scalars (the input's are at 0)
 };
 
 // Everything backward needs besides the saved tensors, in one capsule.
 struct BackwardInfo : torch::CustomClassHolder {
   c10::intrusive_ptr<LinearState> st;
   Plan plan;
-  int64_t w_offset = 0;
   std::vector<int64_t> x_sizes;
   at::ScalarType x_dtype, w_dtype, b_dtype;
 };
@@ -231,28 +225,68 @@ at::Tensor forward_impl(LinearState& st, const at::Tensor& x_in, const at::Tenso
   const at::Tensor x = x_in.contiguous();
   const bool need_wt = p.dgrad && !st.non_tn;
   const bool need_xt = p.wgrad && p.wgrad_cw;
-  const at::Tensor x_data = alloc_rowwise(x, st.fwd_fp8);
-  const at::Tensor x_t = need_xt ? alloc_columnwise(x, st.fwd_fp8) : at::Tensor();
-  // This call's scalars: the input's at 0, the weight's at kScalars.
-  const at::Tensor scalars = at::empty({2 * kScalars}, x.options().dtype(at::kFloat));
-  at::Tensor w_data, w_data_t, w_scalars, w;  // this call's weight copies, read under the lock
-  int64_t w_offset = kScalars;
+  const bool save = saved != nullptr;
+  at::Tensor x_data, x_t, x_scalars, w, w_data, w_data_t, w_scalars;
   {
     const auto lock = lock_state(st.mu);
-    SlotJob jobs[2];
-    int n = 0;
-    if (!st.weight_cached(w_in, need_wt)) {
+    const bool requant = !st.weight_cached(w_in, need_wt);
+    // The cache keeps the weight's pieces across calls: their own buffer.
+    const bool cache_w = requant && st.cache_weight && !w_in.is_inference();
+    if (requant) {
       st.clear_weight_cache();
       w = w_in.contiguous();
-      w_data = alloc_rowwise(w, st.fwd_fp8);
-      w_data_t = need_wt ? alloc_columnwise(w, st.fwd_fp8) : at::Tensor();
-      w_scalars = scalars;
-      jobs[n++] = SlotJob{kWeight, &w, w_data, w_data_t, scalars.data_ptr<float>() + kScalars};
-      if (st.cache_weight && !w_in.is_inference()) {
+    }
+    // Every FP8 buffer and scalars block of this call, carved by lifetime:
+    // kept for backward, kept by the weight cache, or used only here.
+    const at::ScalarType fp8 = torch_fp8_type(st.fwd_fp8);
+    const std::vector<int64_t> x_cw = columnwise_shape(x.sizes());
+    const std::vector<int64_t> w_cw = requant ? columnwise_shape(w.sizes()) : std::vector<int64_t>();
+    const int64_t scalars_shape[1] = {kScalars};
+    enum { kUsedHere, kSaved, kCached };
+    const int w_group_saved = cache_w ? kCached : kSaved;
+    const int w_group_here = cache_w ? kCached : kUsedHere;
+    const Piece pieces[6] = {
+        {true, fp8, x.sizes()},                                         // x_data
+        {need_xt, fp8, x_cw},                                           // x_t
+        {true, at::kFloat, scalars_shape},                              // x_scalars
+        {requant, fp8, requant ? w.sizes() : at::IntArrayRef()},        // w_data
+        {requant && need_wt, fp8, w_cw},                                // w_data_t
+        {requant, at::kFloat, scalars_shape}};                          // w_scalars
+    const int group[6] = {save && p.wgrad && !need_xt ? kSaved : kUsedHere,
+                          kSaved,
+                          save ? kSaved : kUsedHere,
+                          save && p.dgrad && st.non_tn ? w_group_saved : w_group_here,
+                          w_group_saved,
+                          cache_w ? kCached : (save ? kSaved : kUsedHere)};
+    at::Tensor t[6];
+    for (int g = kUsedHere; g <= kCached; ++g) {
+      Piece mine[6];
+      int index[6], n = 0;
+      for (int i = 0; i < 6; ++i) {
+        if (pieces[i].wanted && group[i] == g) {
+          mine[n] = pieces[i];
+          index[n++] = i;
+        }
+      }
+      if (n == 0) continue;
+      at::Tensor got[6];
+      carve(x.device(), mine, n, got);
+      for (int i = 0; i < n; ++i) t[index[i]] = std::move(got[i]);
+    }
+    x_data = t[0];
+    x_t = t[1];
+    x_scalars = t[2];
+    SlotJob jobs[2];
+    int n = 0;
+    if (requant) {
+      w_data = t[3];
+      w_data_t = t[4];
+      w_scalars = t[5];
+      jobs[n++] = SlotJob{kWeight, &w, w_data, w_data_t, w_scalars.data_ptr<float>()};
+      if (cache_w) {
         st.w_data = w_data;
         st.w_data_t = w_data_t;
-        st.w_scalars = scalars;
-        st.w_offset = kScalars;
+        st.w_scalars = w_scalars;
         st.w_src = w_in;
         st.w_ptr = w_in.data_ptr();
         st.w_version = w_in._version();
@@ -261,9 +295,8 @@ at::Tensor forward_impl(LinearState& st, const at::Tensor& x_in, const at::Tenso
       w_data = st.w_data;
       w_data_t = st.w_data_t;
       w_scalars = st.w_scalars;
-      w_offset = st.w_offset;
     }
-    jobs[n++] = SlotJob{kInput, &x, x_data, x_t, scalars.data_ptr<float>()};
+    jobs[n++] = SlotJob{kInput, &x, x_data, x_t, x_scalars.data_ptr<float>()};
     st.quantize_slots(jobs, n);
   }
 
@@ -271,9 +304,9 @@ at::Tensor forward_impl(LinearState& st, const at::Tensor& x_in, const at::Tenso
   const at::ScalarType out_dtype = x.scalar_type();
   at::Tensor y = at::empty(out_sizes(x, p.n), x.options());
   const fp8kit_tensor a = gemm_operand(st.device, st.fwd_fp8, p.m, p.k, x_data.data_ptr(),
-                                       nullptr, scale_inv_of(scalars, 0));
+                                       nullptr, scale_inv_of(x_scalars));
   const fp8kit_tensor bw = gemm_operand(st.device, st.fwd_fp8, p.n, p.k, w_data.data_ptr(),
-                                        nullptr, scale_inv_of(w_scalars, w_offset));
+                                        nullptr, scale_inv_of(w_scalars));
   fp8kit_tensor d = describe(y, *high_precision_dtype(out_dtype),
                              st.device.is_cuda() ? FP8KIT_DEVICE_CUDA : FP8KIT_DEVICE_CPU);
   fp8kit_gemm_config cfg = fp8kit_gemm_config_default();
@@ -298,10 +331,9 @@ at::Tensor forward_impl(LinearState& st, const at::Tensor& x_in, const at::Tenso
 
   if (saved) {
     if (p.wgrad) saved->x_q = need_xt ? x_t : x_data;
-    saved->x_scalars = scalars;
+    saved->x_scalars = x_scalars;
     if (p.dgrad) saved->w_q = st.non_tn ? w_data : w_data_t;
     saved->w_scalars = w_scalars;
-    saved->w_offset = w_offset;
   }
   return y;
 }
@@ -320,9 +352,9 @@ variable_list backward_impl(const BackwardInfo& info, const variable_list& saved
   LinearState& st = *info.st;
   const Plan& p = info.plan;
   const at::Tensor& x_q = saved[0];
-  const at::Tensor& x_scalars = saved[1];  // the input's at 0
+  const at::Tensor& x_scalars = saved[1];
   const at::Tensor& w_q = saved[2];
-  const at::Tensor& w_scalars = saved[3];  // the weight's at info.w_offset
+  const at::Tensor& w_scalars = saved[3];
   DeviceScope scope(st.device);
   const auto dev_type = st.device.is_cuda() ? FP8KIT_DEVICE_CUDA : FP8KIT_DEVICE_CPU;
   const at::Tensor dy = dy_in.contiguous();
@@ -339,9 +371,16 @@ variable_list backward_impl(const BackwardInfo& info, const variable_list& saved
   if (p.dgrad || p.wgrad) {
     const bool dy_row = p.dgrad || (p.wgrad && !p.wgrad_cw);
     const bool dy_col = p.wgrad && p.wgrad_cw;
-    const at::Tensor dy_data = dy_row ? alloc_rowwise(dy, st.bwd_fp8) : at::Tensor();
-    const at::Tensor dy_t = dy_col ? alloc_columnwise(dy, st.bwd_fp8) : at::Tensor();
-    const at::Tensor dy_scalars = at::empty({kScalars}, opts.dtype(at::kFloat));
+    const at::ScalarType fp8 = torch_fp8_type(st.bwd_fp8);
+    const std::vector<int64_t> dy_cw = columnwise_shape(dy.sizes());
+    const int64_t scalars_shape[1] = {kScalars};
+    const Piece pieces[3] = {{dy_row, fp8, dy.sizes()}, {dy_col, fp8, dy_cw},
+                             {true, at::kFloat, scalars_shape}};
+    at::Tensor t[3];
+    carve(dy.device(), pieces, 3, t);  // all three used only in this backward
+    const at::Tensor& dy_data = t[0];
+    const at::Tensor& dy_t = t[1];
+    const at::Tensor& dy_scalars = t[2];
     {
       std::unique_lock<std::mutex> lock;
       if (st.delayed) lock = lock_state(st.mu);
@@ -353,11 +392,11 @@ variable_list backward_impl(const BackwardInfo& info, const variable_list& saved
       // columnwise copy on TN-only devices.
       dx = at::empty(info.x_sizes, opts.dtype(info.x_dtype));
       const fp8kit_tensor a = gemm_operand(st.device, st.bwd_fp8, p.m, p.n, dy_data.data_ptr(),
-                                           nullptr, scale_inv_of(dy_scalars, 0));
+                                           nullptr, scale_inv_of(dy_scalars));
       const fp8kit_tensor b = gemm_operand(st.device, st.fwd_fp8, p.n, p.k,
                                            st.non_tn ? w_q.data_ptr() : nullptr,
                                            st.non_tn ? nullptr : w_q.data_ptr(),
-                                           scale_inv_of(w_scalars, info.w_offset));
+                                           scale_inv_of(w_scalars));
       fp8kit_tensor d = describe(dx, *high_precision_dtype(info.x_dtype), dev_type);
       fp8kit_gemm_config cfg = fp8kit_gemm_config_default();
       cfg.trans_a = 0;
@@ -374,9 +413,9 @@ variable_list backward_impl(const BackwardInfo& info, const variable_list& saved
         const at::Tensor dy_tp = pad_columns(dy_t, mp);
         const at::Tensor x_tp = pad_columns(x_q, mp);
         a = gemm_operand(st.device, st.bwd_fp8, mp, p.n, nullptr, dy_tp.data_ptr(),
-                         scale_inv_of(dy_scalars, 0));
+                         scale_inv_of(dy_scalars));
         b = gemm_operand(st.device, st.fwd_fp8, mp, p.k, nullptr, x_tp.data_ptr(),
-                         scale_inv_of(x_scalars, 0));
+                         scale_inv_of(x_scalars));
         fp8kit_tensor d = describe(dw, *high_precision_dtype(info.w_dtype), dev_type);
         fp8kit_gemm_config cfg = fp8kit_gemm_config_default();
         cfg.trans_a = 1;
@@ -384,9 +423,9 @@ variable_list backward_impl(const BackwardInfo& info, const variable_list& saved
         gemm_call(a, b, d, cfg, st.device);  // dy_tp / x_tp stay alive until here
       } else {
         a = gemm_operand(st.device, st.bwd_fp8, p.m, p.n, dy_data.data_ptr(), nullptr,
-                         scale_inv_of(dy_scalars, 0));
+                         scale_inv_of(dy_scalars));
         b = gemm_operand(st.device, st.fwd_fp8, p.m, p.k, x_q.data_ptr(), nullptr,
-                         scale_inv_of(x_scalars, 0));
+                         scale_inv_of(x_scalars));
         fp8kit_tensor d = describe(dw, *high_precision_dtype(info.w_dtype), dev_type);
         fp8kit_gemm_config cfg = fp8kit_gemm_config_default();
         cfg.trans_a = 1;
@@ -417,7 +456,6 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     auto info = c10::make_intrusive<BackwardInfo>();
     info->st = c10::intrusive_ptr<LinearState>::reclaim_copy(st);
     info->plan = *plan;
-    info->w_offset = saved.w_offset;
     info->x_sizes = x.sizes().vec();
     info->x_dtype = x.scalar_type();
     info->w_dtype = w.scalar_type();
