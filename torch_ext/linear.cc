@@ -12,7 +12,6 @@
 #include "errors.h"
 
 namespace py = pybind11;
-using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 namespace fp8kit_torch {
@@ -207,7 +206,7 @@ struct Saved {
 };
 
 // Everything backward needs besides the saved tensors, in one capsule.
-struct BackwardInfo : torch::CustomClassHolder {
+struct BackwardInfo {
   c10::intrusive_ptr<LinearState> st;
   Plan plan;
   std::vector<int64_t> x_sizes;
@@ -365,7 +364,7 @@ variable_list backward_impl(const BackwardInfo& info, const variable_list& saved
     if (p.dgrad) dx = at::zeros(info.x_sizes, opts.dtype(info.x_dtype));
     if (p.wgrad) dw = at::zeros({p.n, p.k}, opts.dtype(info.w_dtype));
     if (p.bgrad) db = at::zeros({p.n}, opts.dtype(info.b_dtype));
-    return {dx, dw, db, at::Tensor(), at::Tensor()};
+    return {dx, dw, db};
   }
 
   if (p.dgrad || p.wgrad) {
@@ -440,39 +439,79 @@ variable_list backward_impl(const BackwardInfo& info, const variable_list& saved
     const at::Tensor dy2 = dy.view({p.m, p.n});
     db = info.b_dtype == dy.scalar_type() ? dy2.sum(0) : dy2.sum(0, false, info.b_dtype);
   }
-  return {dx, dw, db, at::Tensor(), at::Tensor()};
+  return {dx, dw, db};
 }
 
-struct LinearFunction : public torch::autograd::Function<LinearFunction> {
-  // The bias is optional<Tensor> (not an undefined Tensor): autograd
-  // records metadata of every tensor input, which an undefined one lacks.
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
-                            const std::optional<at::Tensor>& bias, LinearState* st,
-                            const Plan* plan) {
-    Saved saved;
-    const at::Tensor b = bias ? *bias : at::Tensor();
-    at::Tensor y = forward_impl(*st, x, w, b, *plan, &saved);
-    ctx->save_for_backward({saved.x_q, saved.x_scalars, saved.w_q, saved.w_scalars});
-    auto info = c10::make_intrusive<BackwardInfo>();
-    info->st = c10::intrusive_ptr<LinearState>::reclaim_copy(st);
-    info->plan = *plan;
-    info->x_sizes = x.sizes().vec();
-    info->x_dtype = x.scalar_type();
-    info->w_dtype = w.scalar_type();
-    info->b_dtype = b.defined() ? b.scalar_type() : at::kFloat;
-    ctx->saved_data["info"] = at::IValue::make_capsule(std::move(info));
-    return y;
+// The autograd node of one FP8 Linear call: a plain Node (rather than a
+// torch::autograd::Function) because it is made on every forward of small
+// layers, where Function's generic bookkeeping (input metadata, output
+// wrapping, the saved_data map) is a visible share of the call. Its edges
+// are (input, weight, bias); the saved FP8 tensors go through SavedVariable,
+// so saved-tensor hooks see them and the engine frees them after backward.
+struct LinearBackward : public torch::autograd::Node {
+  BackwardInfo info;
+  torch::autograd::SavedVariable x_q, x_scalars, w_q, w_scalars;
+
+  std::string name() const override { return "fp8kit::LinearBackward"; }
+
+  variable_list apply(variable_list&& grads) override {
+    FP8KIT_PROFILE_SCOPE("fp8kit::linear_backward");
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};  // y unused
+    const variable_list saved = {x_q.unpack(), x_scalars.unpack(), w_q.unpack(), w_scalars.unpack()};
+    BackwardInfo needed = info;  // only the gradients this backward asks for
+    needed.plan.dgrad = needed.plan.dgrad && task_should_compute_output(0);
+    needed.plan.wgrad = needed.plan.wgrad && task_should_compute_output(1);
+    needed.plan.bgrad = needed.plan.bgrad && task_should_compute_output(2);
+    at::NoGradGuard no_grad;
+    return backward_impl(needed, saved, grads[0]);
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const variable_list saved = ctx->get_saved_variables();
-    FP8KIT_PROFILE_SCOPE("fp8kit::linear_backward");
-    const auto info = c10::static_intrusive_pointer_cast<BackwardInfo>(
-        ctx->saved_data["info"].toCapsule());
-    at::NoGradGuard no_grad;
-    return backward_impl(*info, saved, grads[0]);
+  void release_variables() override {
+    x_q.reset_data();
+    x_scalars.reset_data();
+    w_q.reset_data();
+    w_scalars.reset_data();
   }
 };
+
+// torch holds autograd nodes by std::shared_ptr up to 2.12 and by
+// c10::intrusive_ptr since; Edge::function names the one this build has.
+using NodePtr = decltype(torch::autograd::Edge::function);
+template <typename T, typename P = NodePtr>
+struct NodeMaker;
+template <typename T>
+struct NodeMaker<T, std::shared_ptr<torch::autograd::Node>> {
+  static std::shared_ptr<T> make() { return std::make_shared<T>(); }
+};
+template <typename T>
+struct NodeMaker<T, c10::intrusive_ptr<torch::autograd::Node>> {
+  static c10::intrusive_ptr<T> make() { return c10::make_intrusive<T>(); }
+};
+
+// Forward with autograd: the FP8 forward below autograd, then the node.
+at::Tensor forward_with_grad(LinearState& st, const at::Tensor& x, const at::Tensor& w,
+                             const at::Tensor& b, const Plan& p) {
+  Saved saved;
+  at::Tensor y;
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    y = forward_impl(st, x, w, b, p, &saved);
+  }
+  auto node = NodeMaker<LinearBackward>::make();
+  node->set_next_edges(torch::autograd::collect_next_edges(x, w, b));
+  node->info.st = c10::intrusive_ptr<LinearState>::reclaim_copy(&st);
+  node->info.plan = p;
+  node->info.x_sizes = x.sizes().vec();
+  node->info.x_dtype = x.scalar_type();
+  node->info.w_dtype = w.scalar_type();
+  node->info.b_dtype = b.defined() ? b.scalar_type() : at::kFloat;
+  node->x_q = torch::autograd::SavedVariable(saved.x_q, /*is_output=*/false);
+  node->x_scalars = torch::autograd::SavedVariable(saved.x_scalars, false);
+  node->w_q = torch::autograd::SavedVariable(saved.w_q, false);
+  node->w_scalars = torch::autograd::SavedVariable(saved.w_scalars, false);
+  torch::autograd::set_history(y, NodePtr(node));
+  return y;
+}
 
 at::Tensor linear_forward(LinearState& st, const at::Tensor& x, const at::Tensor& w,
                           const std::optional<at::Tensor>& bias) {
@@ -522,8 +561,7 @@ at::Tensor linear_forward(LinearState& st, const at::Tensor& x, const at::Tensor
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return forward_impl(st, x, w, b, p, nullptr);
   }
-  return LinearFunction::apply(x, w, b.defined() ? std::optional<at::Tensor>(b) : std::nullopt,
-                               &st, &p);
+  return forward_with_grad(st, x, w, b, p);
 }
 
 fp8kit_amax_reduction parse_reduction(const std::string& r) {

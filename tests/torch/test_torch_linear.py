@@ -4,10 +4,12 @@ FP8 activations saved for backward, state save/restore and resume, pickling,
 bad input."""
 
 import copy
+import gc
 import inspect
 import io
 import pickle
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -182,6 +184,40 @@ def test_empty_batch():
     assert y.shape == (0, 16)
     y.sum().backward()
     assert x.grad.shape == (0, 32) and torch.count_nonzero(lin.weight.grad) == 0
+
+
+def test_backward_frees_the_saved_fp8_tensors():
+    # The autograd node releases what it saved once backward has run (no
+    # retain_graph), so a training step does not hold last step's FP8
+    # activations.
+    lin, _ = make_pair(64, 48)
+    x = torch.randn(32, 64, requires_grad=True)
+    refs = []
+
+    def pack(t):
+        refs.append(weakref.ref(t))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+            ft.autocast(recipe=DELAYED):
+        y = lin(x)
+    assert len(refs) == 4 and all(r() is not None for r in refs)
+    y.backward(torch.randn_like(y))
+    gc.collect()
+    assert all(r() is None for r in refs)
+    assert x.grad is not None and lin.weight.grad is not None and lin.bias.grad is not None
+
+
+def test_grad_of_some_inputs_only():
+    # torch.autograd.grad for the weight alone: the node computes what is asked.
+    lin, ref = make_pair(64, 48)
+    x = torch.randn(32, 64, requires_grad=True)
+    with ft.autocast(recipe=CURRENT):
+        y = lin(x)
+    (dw,) = torch.autograd.grad(y, [lin.weight], torch.ones_like(y))
+    assert dw.shape == lin.weight.shape and x.grad is None
+    want = torch.ones(32, 48).t() @ x.detach()
+    assert ((dw - want).norm() / want.norm()).item() < 0.1
 
 
 # --------------------------------------------------------- delayed state ----
