@@ -65,7 +65,10 @@ class Linear(torch.nn.Linear):
             return F.linear(input, self.weight, self.bias)
         if recipe is not self._fp8_recipe:
             self._fp8_use_recipe(recipe)
-        return _linear_forward(self._fp8_state, input, self.weight, self.bias)
+        # _parameters directly: the lookup self.weight makes through
+        # Module.__getattr__ is a visible share of a small layer's call.
+        params = self._parameters
+        return _linear_forward(self._fp8_state, input, params["weight"], params["bias"])
 
     # ------------------------------------------------------------ FP8 state
     def _fp8_use_recipe(self, recipe) -> None:
