@@ -1,12 +1,11 @@
-// Several tensors of one lifetime carved out of a single allocation.
+// Several tensors carved out of one allocation per lifetime.
 //
 // Why: on a small layer every caching-allocator call is a visible share of
-// the per-call time (ANCHORS.md P4), and a Linear forward needs up to five
-// buffers besides its output. Tensors that are freed together (those saved
-// for backward; those used only inside the call) are carved from one
-// buffer, so a forward makes three allocations instead of six. Never carve
-// tensors with different lifetimes together: the buffer lives as long as
-// the longest-lived piece.
+// the per-call time (ANCHORS.md P4), and a Linear forward needs up to six
+// buffers besides its output. Tensors freed together (those saved for
+// backward; those used only inside the call) share one buffer, so a forward
+// makes three allocations instead of six. Pieces of different lifetimes
+// never share a buffer: a buffer lives as long as its longest-lived piece.
 #ifndef FP8KIT_TORCH_EXT_CARVE_H_
 #define FP8KIT_TORCH_EXT_CARVE_H_
 
@@ -17,17 +16,21 @@
 namespace fp8kit_torch {
 
 // One requested tensor: contiguous `sizes` of `dtype`, or nothing (the
-// result stays undefined) when `wanted` is false.
+// result stays undefined) when `wanted` is false. Pieces with the same
+// `lifetime` (any small int the caller chooses) share one allocation.
 struct Piece {
   bool wanted;
   at::ScalarType dtype;
   at::IntArrayRef sizes;
+  int lifetime;
 };
 
-// Allocates one buffer on `device` (through PyTorch's allocator, on its
-// current stream) and returns a contiguous tensor per wanted piece, each
-// starting at a 256-byte aligned offset (the alignment cuBLASLt's fastest
-// kernels want). `out` has n entries.
+// Allocates one buffer per distinct lifetime among the wanted pieces on
+// `device` (through PyTorch's allocator, on its current stream) and returns
+// a contiguous tensor per wanted piece in out[i], each starting at a
+// 256-byte aligned offset (the alignment cuBLASLt's fastest kernels want).
+// At most kMaxPieces pieces.
+constexpr int kMaxPieces = 8;
 void carve(const at::Device& device, const Piece* pieces, int n, at::Tensor* out);
 
 }  // namespace fp8kit_torch

@@ -241,37 +241,20 @@ at::Tensor forward_impl(LinearState& st, const at::Tensor& x_in, const at::Tenso
     const std::vector<int64_t> x_cw = columnwise_shape(x.sizes());
     const std::vector<int64_t> w_cw = requant ? columnwise_shape(w.sizes()) : std::vector<int64_t>();
     const int64_t scalars_shape[1] = {kScalars};
-    enum { kUsedHere, kSaved, kCached };
-    const int w_group_saved = cache_w ? kCached : kSaved;
-    const int w_group_here = cache_w ? kCached : kUsedHere;
+    enum { kUsedHere, kSaved, kCached };  // lifetimes
+    const int w_kept = cache_w ? kCached : kSaved;
+    const int w_here = cache_w ? kCached : kUsedHere;
+    const int x_scalars_life = save ? kSaved : kUsedHere;
     const Piece pieces[6] = {
-        {true, fp8, x.sizes()},                                         // x_data
-        {need_xt, fp8, x_cw},                                           // x_t
-        {true, at::kFloat, scalars_shape},                              // x_scalars
-        {requant, fp8, requant ? w.sizes() : at::IntArrayRef()},        // w_data
-        {requant && need_wt, fp8, w_cw},                                // w_data_t
-        {requant, at::kFloat, scalars_shape}};                          // w_scalars
-    const int group[6] = {save && p.wgrad && !need_xt ? kSaved : kUsedHere,
-                          kSaved,
-                          save ? kSaved : kUsedHere,
-                          save && p.dgrad && st.non_tn ? w_group_saved : w_group_here,
-                          w_group_saved,
-                          cache_w ? kCached : (save ? kSaved : kUsedHere)};
+        {true, fp8, x.sizes(), save && p.wgrad && !need_xt ? kSaved : kUsedHere},  // x_data
+        {need_xt, fp8, x_cw, kSaved},                                              // x_t
+        {true, at::kFloat, scalars_shape, x_scalars_life},                         // x_scalars
+        {requant, fp8, requant ? w.sizes() : at::IntArrayRef(),
+         save && p.dgrad && st.non_tn ? w_kept : w_here},                          // w_data
+        {requant && need_wt, fp8, w_cw, w_kept},                                   // w_data_t
+        {requant, at::kFloat, scalars_shape, cache_w ? kCached : x_scalars_life}}; // w_scalars
     at::Tensor t[6];
-    for (int g = kUsedHere; g <= kCached; ++g) {
-      Piece mine[6];
-      int index[6], n = 0;
-      for (int i = 0; i < 6; ++i) {
-        if (pieces[i].wanted && group[i] == g) {
-          mine[n] = pieces[i];
-          index[n++] = i;
-        }
-      }
-      if (n == 0) continue;
-      at::Tensor got[6];
-      carve(x.device(), mine, n, got);
-      for (int i = 0; i < n; ++i) t[index[i]] = std::move(got[i]);
-    }
+    carve(x.device(), pieces, 6, t);
     x_data = t[0];
     x_t = t[1];
     x_scalars = t[2];
@@ -373,10 +356,11 @@ variable_list backward_impl(const BackwardInfo& info, const variable_list& saved
     const at::ScalarType fp8 = torch_fp8_type(st.bwd_fp8);
     const std::vector<int64_t> dy_cw = columnwise_shape(dy.sizes());
     const int64_t scalars_shape[1] = {kScalars};
-    const Piece pieces[3] = {{dy_row, fp8, dy.sizes()}, {dy_col, fp8, dy_cw},
-                             {true, at::kFloat, scalars_shape}};
+    // All three are used only in this backward: one lifetime, one buffer.
+    const Piece pieces[3] = {{dy_row, fp8, dy.sizes(), 0}, {dy_col, fp8, dy_cw, 0},
+                             {true, at::kFloat, scalars_shape, 0}};
     at::Tensor t[3];
-    carve(dy.device(), pieces, 3, t);  // all three used only in this backward
+    carve(dy.device(), pieces, 3, t);
     const at::Tensor& dy_data = t[0];
     const at::Tensor& dy_t = t[1];
     const at::Tensor& dy_scalars = t[2];

@@ -114,6 +114,8 @@ def test_matches_float64_reference_of_the_quantized_math(tokens, bias):
     x_t, w_t = fp8
     x_sb, w_sb = [t for t in rec.saved if t.dtype == torch.float32]
     assert x_t.shape == (64, tokens) and w_t.shape == (64, 48)
+    # What backward keeps is carved from one allocation (carve.h).
+    assert x_t.untyped_storage().data_ptr() == w_t.untyped_storage().data_ptr()
 
     # Quantization: current scaling of x and w, bit-exact.
     sx = current_scale(x.abs().max().item(), "e4m3")
