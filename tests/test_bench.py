@@ -72,6 +72,9 @@ def test_rows_are_checked_and_measured_side_by_side(suite):
     assert set(doc["targets"]) == {"P1", "P2", "P3", "P4", "P5-gemm", "P5-fwd", "P5-fwd+bwd"}
     assert all(t["met"] is None and t["complete"] for t in doc["targets"].values())
     assert "torch._scaled_mm" in out and "lax.dot_general e4m3" in out
+    # The [K, N]-layout lax.dot row (ANCHORS.md's own measurement) is timed too.
+    kn = [r for r in doc["rows"] if r["anchor"] == "lax.dot e4m3 [K,N] b"]
+    assert kn and all(r["fp8kit_s"] > 0 and r["anchor_s"] > 0 and not r["error"] for r in kn)
 
 
 def test_linear_and_overhead_rows(suite):

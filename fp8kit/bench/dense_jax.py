@@ -31,6 +31,7 @@ QUICK_SIZES = [64, 128]
 GEMM_TOL = 2e-2   # max rel diff vs lax.dot on the same e4m3 data (accumulation order only)
 FWD_TOL, BWD_TOL = 0.08, 0.15
 G_GEMM = "JAX jit: fp8kit.jax.gemm on e4m3 vs lax.dot_general on e4m3"
+G_GEMM_NN = "JAX jit: fp8kit.jax.gemm vs lax.dot, e4m3 [M,K] x [K,N]"
 G_FWD = "JAX jit: dense fwd, fp8kit vs bf16"
 G_FWD_BWD = "JAX jit: dense fwd+bwd (random cotangent), fp8kit vs bf16"
 
@@ -47,14 +48,20 @@ def run_gemm(ctx: Context, s: int) -> list[Row]:
 
     dev = _device()
     one = jax.device_put(jnp.ones((), jnp.float32), dev)
-    sets = []  # (a, b, A, B): e4m3 arrays and the same data as ScaledTensors
+    # (a, b, A, B, B_kn): e4m3 arrays, the same data as ScaledTensors, and b
+    # read as a [K, N] operand with its transposed copy (which fp8kit's
+    # quantizer writes in the same pass as the data).
+    sets = []
     key = jax.random.PRNGKey(s)
-    for _ in range(timing.copies_for_l2(2 * s * s + 2 * s * s)):  # e4m3 A, B; bf16 D
+    transpose = jax.jit(lambda b: b.T)
+    for _ in range(timing.copies_for_l2(3 * s * s + 2 * s * s)):  # e4m3 A, B, B^T; bf16 D
         key, ka, kb = jax.random.split(key, 3)
         a, b = (jax.device_put(jax.random.normal(kk, (s, s), jnp.float32)
                                .astype(jnp.float8_e4m3fn), dev) for kk in (ka, kb))
         sets.append((a, b, fj.ScaledTensor(data=a, scale_inv=one, fp8_dtype="e4m3"),
-                     fj.ScaledTensor(data=b, scale_inv=one, fp8_dtype="e4m3")))
+                     fj.ScaledTensor(data=b, scale_inv=one, fp8_dtype="e4m3"),
+                     fj.ScaledTensor(data=b, scale_inv=one, columnwise_data=transpose(b),
+                                     fp8_dtype="e4m3")))
     lax_fn = jax.jit(lambda a, b: jax.lax.dot_general(
         a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.bfloat16))
     want = lax_fn(sets[0][0], sets[0][1])
@@ -72,18 +79,49 @@ def run_gemm(ctx: Context, s: int) -> list[Row]:
                   note=f"{len(sets)} operand copies")
         rows[mode] = row
         try:
-            got = kit(*sets[0][2:])
+            got = kit(*sets[0][2:4])
             row.check = checks.within("gemm", checks.max_rel_diff(got, want), GEMM_TOL,
                                       "max rel diff")
-            fns[mode] = functools.partial(lambda i, f: f(*sets[i % len(sets)][2:]), f=kit)
+            fns[mode] = functools.partial(lambda i, f: f(*sets[i % len(sets)][2:4]), f=kit)
         except checks.Mismatch as e:
             row.error = f"not timed: {e}"
+    _add_kn_layout_row(s, dev, sets, fns, rows)
     t = timing.measure(fns, timing.jax_clock(), ctx.settings)
     for mode, row in rows.items():
-        if mode in t:
-            row.fp8kit_s, row.anchor_s = t[mode].median_s, t["lax"].median_s
-            row.timing = {"fp8kit": t[mode].to_json(), "anchor": t["lax"].to_json()}
+        anchor = "lax_kn" if mode == "kn" else "lax"
+        if mode in t and anchor in t:
+            row.fp8kit_s, row.anchor_s = t[mode].median_s, t[anchor].median_s
+            row.timing = {"fp8kit": t[mode].to_json(), "anchor": t[anchor].to_json()}
     return list(rows.values())
+
+
+def _add_kn_layout_row(s, dev, sets, fns, rows) -> None:
+    """ANCHORS.md's lax.dot figure is for a plain lax.dot(a, b), b [K, N]:
+    XLA's FP8 GEMM takes both operands K-major on Hopper, so it transposes
+    b inside the program. fp8kit reads b's transposed copy, which its
+    quantizer wrote with the data. Information only (no target): it shows
+    whether the anchor's number reproduces next to the TN row above."""
+    import jax
+    import jax.numpy as jnp
+    import fp8kit.jax as fj
+
+    lax_kn = jax.jit(lambda a, b: jax.lax.dot(a, b, preferred_element_type=jnp.bfloat16))
+    kit = jax.jit(lambda A, B: fj.gemm(A, B, out_dtype=jnp.bfloat16,
+                                       use_split_accumulator=False, device=dev))
+    row = Row(SECTION, G_GEMM_NN, f"{s}^3 fast acc", s ** 3, "TFLOP/s", "lax.dot e4m3 [K,N] b",
+              fp8kit_work=2.0 * s ** 3, anchor_work=2.0 * s ** 3,
+              note="fp8kit reads b's transposed copy (written by its quantizer with b); "
+                   "lax.dot transposes b in the program")
+    rows["kn"] = row
+    a, b, _, _, b_kn = sets[0]
+    try:
+        row.check = checks.within("gemm [K,N]", checks.max_rel_diff(kit(sets[0][2], b_kn),
+                                                                   lax_kn(a, b)),
+                                  GEMM_TOL, "max rel diff")
+        fns["lax_kn"] = lambda i: lax_kn(*sets[i % len(sets)][:2])
+        fns["kn"] = lambda i: kit(sets[i % len(sets)][2], sets[i % len(sets)][4])
+    except checks.Mismatch as e:
+        row.error = f"not timed: {e}"
 
 
 def _delayed_state(recipe, x, w, dy):
