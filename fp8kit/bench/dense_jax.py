@@ -122,6 +122,8 @@ def _add_kn_layout_row(s, dev, sets, fns, rows) -> None:
         fns["kn"] = lambda i: kit(sets[i % len(sets)][2], sets[i % len(sets)][4])
     except checks.Mismatch as e:
         row.error = f"not timed: {e}"
+    except Exception as e:  # noqa: BLE001  (an information row must not stop the target rows)
+        row.error = f"not run: {type(e).__name__}: {e}"
 
 
 def _delayed_state(recipe, x, w, dy):
