@@ -238,8 +238,9 @@ at::Tensor forward_impl(LinearState& st, const at::Tensor& x_in, const at::Tenso
     // Every FP8 buffer and scalars block of this call, carved by lifetime:
     // kept for backward, kept by the weight cache, or used only here.
     const at::ScalarType fp8 = torch_fp8_type(st.fwd_fp8);
-    const std::vector<int64_t> x_cw = columnwise_shape(x.sizes());
-    const std::vector<int64_t> w_cw = requant ? columnwise_shape(w.sizes()) : std::vector<int64_t>();
+    const std::vector<int64_t> x_cw = need_xt ? columnwise_shape(x.sizes()) : std::vector<int64_t>();
+    const std::vector<int64_t> w_cw =
+        requant && need_wt ? columnwise_shape(w.sizes()) : std::vector<int64_t>();
     const int64_t scalars_shape[1] = {kScalars};
     enum { kUsedHere, kSaved, kCached };  // lifetimes
     const int w_kept = cache_w ? kCached : kSaved;
@@ -329,10 +330,10 @@ at::Tensor pad_columns(const at::Tensor& t, int64_t cols_padded) {
   return p.view(t.scalar_type());
 }
 
-variable_list backward_impl(const BackwardInfo& info, const variable_list& saved,
+// `p`: info.plan narrowed to the gradients this backward computes.
+variable_list backward_impl(const BackwardInfo& info, const Plan& p, const variable_list& saved,
                             const at::Tensor& dy_in) {
   LinearState& st = *info.st;
-  const Plan& p = info.plan;
   const at::Tensor& x_q = saved[0];
   const at::Tensor& x_scalars = saved[1];
   const at::Tensor& w_q = saved[2];
@@ -354,7 +355,8 @@ variable_list backward_impl(const BackwardInfo& info, const variable_list& saved
     const bool dy_row = p.dgrad || (p.wgrad && !p.wgrad_cw);
     const bool dy_col = p.wgrad && p.wgrad_cw;
     const at::ScalarType fp8 = torch_fp8_type(st.bwd_fp8);
-    const std::vector<int64_t> dy_cw = columnwise_shape(dy.sizes());
+    const std::vector<int64_t> dy_cw =
+        dy_col ? columnwise_shape(dy.sizes()) : std::vector<int64_t>();
     const int64_t scalars_shape[1] = {kScalars};
     // All three are used only in this backward: one lifetime, one buffer.
     const Piece pieces[3] = {{dy_row, fp8, dy.sizes(), 0}, {dy_col, fp8, dy_cw, 0},
@@ -390,31 +392,25 @@ variable_list backward_impl(const BackwardInfo& info, const variable_list& saved
       // dw[N, K] = dy[M, N]^T @ x[M, K]: the token dimension M is the inner
       // one, read from the columnwise copies (zero-padded to a multiple of 16).
       dw = at::empty({p.n, p.k}, opts.dtype(info.w_dtype));
-      fp8kit_tensor a, b;
-      if (p.wgrad_cw) {
-        const int64_t mp = (p.m + 15) / 16 * 16;
-        const at::Tensor dy_tp = pad_columns(dy_t, mp);
-        const at::Tensor x_tp = pad_columns(x_q, mp);
-        a = gemm_operand(st.device, st.bwd_fp8, mp, p.n, nullptr, dy_tp.data_ptr(),
-                         scale_inv_of(dy_scalars));
-        b = gemm_operand(st.device, st.fwd_fp8, mp, p.k, nullptr, x_tp.data_ptr(),
-                         scale_inv_of(x_scalars));
-        fp8kit_tensor d = describe(dw, *high_precision_dtype(info.w_dtype), dev_type);
-        fp8kit_gemm_config cfg = fp8kit_gemm_config_default();
-        cfg.trans_a = 1;
-        cfg.trans_b = 0;
-        gemm_call(a, b, d, cfg, st.device);  // dy_tp / x_tp stay alive until here
-      } else {
-        a = gemm_operand(st.device, st.bwd_fp8, p.m, p.n, dy_data.data_ptr(), nullptr,
-                         scale_inv_of(dy_scalars));
-        b = gemm_operand(st.device, st.fwd_fp8, p.m, p.k, x_q.data_ptr(), nullptr,
-                         scale_inv_of(x_scalars));
-        fp8kit_tensor d = describe(dw, *high_precision_dtype(info.w_dtype), dev_type);
-        fp8kit_gemm_config cfg = fp8kit_gemm_config_default();
-        cfg.trans_a = 1;
-        cfg.trans_b = 0;
-        gemm_call(a, b, d, cfg, st.device);
-      }
+      // With wgrad_cw: the columnwise copies, M zero-padded to a multiple of
+      // 16; otherwise the rowwise data, read transposed. Both stay alive
+      // until the GEMM below has been enqueued.
+      const int64_t mk = p.wgrad_cw ? (p.m + 15) / 16 * 16 : p.m;
+      const at::Tensor dy_w = p.wgrad_cw ? pad_columns(dy_t, mk) : dy_data;
+      const at::Tensor x_w = p.wgrad_cw ? pad_columns(x_q, mk) : x_q;
+      void* dy_ptr = dy_w.data_ptr();
+      void* x_ptr = x_w.data_ptr();
+      const fp8kit_tensor a =
+          gemm_operand(st.device, st.bwd_fp8, mk, p.n, p.wgrad_cw ? nullptr : dy_ptr,
+                       p.wgrad_cw ? dy_ptr : nullptr, scale_inv_of(dy_scalars));
+      const fp8kit_tensor b =
+          gemm_operand(st.device, st.fwd_fp8, mk, p.k, p.wgrad_cw ? nullptr : x_ptr,
+                       p.wgrad_cw ? x_ptr : nullptr, scale_inv_of(x_scalars));
+      fp8kit_tensor d = describe(dw, *high_precision_dtype(info.w_dtype), dev_type);
+      fp8kit_gemm_config cfg = fp8kit_gemm_config_default();
+      cfg.trans_a = 1;
+      cfg.trans_b = 0;
+      gemm_call(a, b, d, cfg, st.device);
     }
   }
   if (p.bgrad) {
@@ -442,12 +438,12 @@ struct LinearBackward : public torch::autograd::Node {
     FP8KIT_PROFILE_SCOPE("fp8kit::linear_backward");
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};  // y unused
     const variable_list saved = {x_q.unpack(), x_scalars.unpack(), w_q.unpack(), w_scalars.unpack()};
-    BackwardInfo needed = info;  // only the gradients this backward asks for
-    needed.plan.dgrad = needed.plan.dgrad && task_should_compute_output(0);
-    needed.plan.wgrad = needed.plan.wgrad && task_should_compute_output(1);
-    needed.plan.bgrad = needed.plan.bgrad && task_should_compute_output(2);
+    Plan plan = info.plan;  // only the gradients this backward asks for
+    plan.dgrad = plan.dgrad && task_should_compute_output(0);
+    plan.wgrad = plan.wgrad && task_should_compute_output(1);
+    plan.bgrad = plan.bgrad && task_should_compute_output(2);
     at::NoGradGuard no_grad;
-    return backward_impl(needed, saved, grads[0]);
+    return backward_impl(info, plan, saved, grads[0]);
   }
 
   void release_variables() override {

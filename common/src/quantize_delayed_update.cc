@@ -3,7 +3,6 @@
 // CUDA kernels (common/cuda/quantize_fused.cu).
 #include <algorithm>
 #include <cstdint>
-#include <string>
 
 #include "compute_scale.h"
 #include "delayed_scaling_cpu.h"
@@ -34,17 +33,16 @@ void check_args(const fp8kit_tensor* inputs, const fp8kit_tensor* outputs,
   check_delayed_scaling_config(kOp, config);
   for (int i = 0; i < count; ++i) {
     const fp8kit_delayed_quantize_state& s = states[i];
-    const std::string at = "[" + std::to_string(i) + "]";
     FP8KIT_CHECK(s.amax_history != nullptr && s.amax != nullptr && s.scale != nullptr &&
                      s.scale_inv != nullptr && s.counter != nullptr,
-                 kOp, ": states", at, " has a NULL pointer; amax_history, amax, scale, "
+                 kOp, ": states[", i, "] has a NULL pointer; amax_history, amax, scale, "
                  "scale_inv and counter are all required");
     FP8KIT_CHECK(s.amax < s.amax_history || s.amax >= s.amax_history + config->history_len, kOp,
-                 ": states", at, ".amax points into its amax_history; the amax accumulator "
+                 ": states[", i, "].amax points into its amax_history; the amax accumulator "
                  "needs a float of its own");
-    FP8KIT_CHECK(outputs[i].scale == nullptr && outputs[i].amax == nullptr, kOp, ": outputs", at,
-                 " has scale or amax set; leave them NULL (the scale is read from and the amax "
-                 "accumulated into states", at, ")");
+    FP8KIT_CHECK(outputs[i].scale == nullptr && outputs[i].amax == nullptr, kOp, ": outputs[", i,
+                 "] has scale or amax set; leave them NULL (the scale is read from and the amax "
+                 "accumulated into states[", i, "])");
     // Every other output field exactly as fp8kit_quantize checks it.
     fp8kit_tensor out = outputs[i];
     out.scale = s.scale;
@@ -52,12 +50,12 @@ void check_args(const fp8kit_tensor* inputs, const fp8kit_tensor* outputs,
     for (int j = 0; j < i; ++j) {
       FP8KIT_CHECK(states[j].amax_history != s.amax_history && states[j].amax != s.amax &&
                        states[j].counter != s.counter && states[j].scale != s.scale,
-                   kOp, ": states[", j, "] and states", at, " share buffers; each tensor of a "
+                   kOp, ": states[", j, "] and states[", i, "] share buffers; each tensor of a "
                    "call needs its own state");
     }
     FP8KIT_CHECK(inputs[i].device_type == inputs[0].device_type &&
                      inputs[i].device_index == inputs[0].device_index,
-                 kOp, ": inputs", at, " is on another device than inputs[0]; one call runs on "
+                 kOp, ": inputs[", i, "] is on another device than inputs[0]; one call runs on "
                  "one device");
   }
 }
