@@ -6,6 +6,7 @@
 #
 #   scripts/gpu_check.sh [OUTDIR]          (default: out/gpu)
 #   STAGES="build info cpp pytest sanitizer bench" scripts/gpu_check.sh
+#   (also: kprofile, the kernel times of one large Linear step)
 #
 # Needs: nvcc + cuBLASLt, python3 with torch and jax (the GPU machine's
 # image). GoogleTest: libgtest-dev, or Debian's googletest source copied to
@@ -83,6 +84,8 @@ bench() {
   (cd /tmp && "$PY" -m fp8kit.bench --full --out "$OUTDIR/bench" --plain-progress)
 }
 demo() { (cd /tmp && "$PY" -m fp8kit.demo --out "$OUTDIR/demo_loss.png"); }
+# Kernel times of one large Linear step (not a measurement of record).
+kprofile() { (cd /tmp && "$PY" "$REPO/scripts/kernel_profile.py"); }
 
 has build && run_stage build build
 has info && run_stage info info
@@ -91,4 +94,5 @@ has pytest && run_stage pytest pytests
 has sanitizer && run_stage sanitizer sanitizer
 has bench && run_stage bench bench
 has demo && run_stage demo demo
+has kprofile && run_stage kprofile kprofile
 exit $status
