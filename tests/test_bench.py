@@ -72,9 +72,12 @@ def test_rows_are_checked_and_measured_side_by_side(suite):
     assert set(doc["targets"]) == {"P1", "P2", "P3", "P4", "P5-gemm", "P5-fwd", "P5-fwd+bwd"}
     assert all(t["met"] is None and t["complete"] for t in doc["targets"].values())
     assert "torch._scaled_mm" in out and "lax.dot_general e4m3" in out
-    # The [K, N]-layout lax.dot row (ANCHORS.md's own measurement) is timed too.
+    # P5-gemm is the [K, N]-layout lax.dot row (ANCHORS.md's own measurement).
     kn = [r for r in doc["rows"] if r["anchor"] == "lax.dot e4m3 [K,N] b"]
     assert kn and all(r["fp8kit_s"] > 0 and r["anchor_s"] > 0 and not r["error"] for r in kn)
+    assert {r["target"] for r in doc["rows"] if r["anchor"].startswith("lax.dot")} == \
+        {"P5-gemm", None}
+    assert all(r["target"] == "P5-gemm" for r in kn)
 
 
 def test_linear_and_overhead_rows(suite):
@@ -86,7 +89,7 @@ def test_linear_and_overhead_rows(suite):
         cases = {r["case"].split(" ", 1)[1] for r in torch_linear
                  if r["group"].startswith(f"PyTorch Linear {mode},")}
         assert cases == {"delayed", "current", "delayed, weight cached",
-                         "current, weight cached"}, mode
+                         "current, weight cached", "delayed, fast fwd acc"}, mode
     p3 = [r for r in torch_linear if r["target"] == "P3"]
     assert p3 and all("fwd+bwd" in r["group"] and r["case"].endswith(" delayed") for r in p3)
     overhead = [r for r in rows if r["section"] == "overhead"]

@@ -189,6 +189,9 @@ struct LinearState : torch::CustomClassHolder {
 
   // Cached quantized weight, reused while the weight is unchanged.
   bool cache_weight = false;  // opt-in (fp8kit/torch/linear.py says why)
+  // The recipe's choice for the forward GEMM (set from Python with the
+  // recipe; not part of the saved state).
+  bool forward_fast_accumulation = false;
   at::Tensor w_src, w_data, w_data_t, w_scalars;
   const void* w_ptr = nullptr;
   int64_t w_version = -1;
@@ -295,6 +298,9 @@ at::Tensor forward_impl(LinearState& st, const at::Tensor& x_in, const at::Tenso
   fp8kit_gemm_config cfg = fp8kit_gemm_config_default();
   cfg.trans_a = 0;
   cfg.trans_b = 1;
+  // The recipe's forward_fast_accumulation (fp8kit/recipe.py says why it
+  // is off by default); the gradient GEMMs always promote.
+  cfg.use_split_accumulator = st.forward_fast_accumulation ? 0 : 1;
   // The bias epilogue takes a bias in D's dtype (bf16 for an fp32 D, which
   // would round an fp32 bias): fp32 outputs add the bias separately.
   const bool fused_bias = b.defined() && out_dtype != at::kFloat;
@@ -674,6 +680,9 @@ void register_linear(py::module_& m) {
           "Reuse the quantized weight while the weight tensor is unchanged (same tensor, "
           "storage and version counter). Off by default: a write through weight.data does "
           "not bump the version counter and would leave a stale FP8 weight.")
+      .def_readwrite("forward_fast_accumulation", &LinearState::forward_fast_accumulation,
+                     "Fast (native-precision) accumulation in the forward GEMM: the recipe's "
+                     "forward_fast_accumulation.")
       .def_property_readonly("weight_cache_valid",
                              [](const LinearState& s) { return s.w_src.defined(); })
       .def("clear_weight_cache", [](LinearState& s) {

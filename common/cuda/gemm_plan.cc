@@ -14,8 +14,26 @@ namespace fp8kit {
 namespace cuda {
 namespace {
 
-// How many heuristic results to ask for (and time, when autotuning).
-constexpr int kMaxCandidates = 8;
+// How many heuristic results to ask for (and time, when autotuning):
+// FP8KIT_GEMM_CANDIDATES (1..kMaxCandidates), default kDefaultCandidates.
+constexpr int kMaxCandidates = 64;
+constexpr int kDefaultCandidates = 8;
+
+int candidate_count() {
+  static const int count = [] {
+    const char* v = std::getenv("FP8KIT_GEMM_CANDIDATES");
+    if (v == nullptr) return kDefaultCandidates;
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    if (end == v || *end != '\0' || n < 1 || n > kMaxCandidates) {
+      fail(FP8KIT_INVALID_ARGUMENT, "FP8KIT_GEMM_CANDIDATES=\"", v,
+           "\" must be an integer from 1 to ", kMaxCandidates, "; unset it for the default ",
+           kDefaultCandidates);
+    }
+    return int(n);
+  }();
+  return count;
+}
 
 cudaDataType_t cuda_dtype(fp8kit_dtype dtype) {
   switch (dtype) {
@@ -238,7 +256,7 @@ std::unique_ptr<GemmPlan> build_plan(cublasLtHandle_t handle, cublasLtMatmulDesc
   int returned = 0;
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
       handle, desc, &plan->layout_a, &plan->layout_b, &plan->layout_c, &plan->layout_d, pref,
-      kMaxCandidates, results, &returned);
+      candidate_count(), results, &returned);
   std::vector<cublasLtMatmulHeuristicResult_t> candidates;
   if (st == CUBLAS_STATUS_SUCCESS) {
     for (int i = 0; i < returned; ++i) {

@@ -5,8 +5,10 @@ Float8Linear when it is installed (a GPU only). Layers and calls:
 torch_layers.py. The target applies to fwd+bwd with the default recipe
 (delayed scaling, weight re-quantized every call as in a training step) at
 ANCHORS.md's size, 8192 tokens x 8192 x 8192; current scaling, the forward
-pass alone, the weight-cached rows (gradient accumulation, inference) and
-the other sizes are for information.
+pass alone, the weight-cached rows (gradient accumulation, inference), the
+forward GEMM with fast accumulation (the recipe's opt-in
+forward_fast_accumulation; its check shows the accuracy it costs) and the
+other sizes are for information.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def run_size(ctx: Context, tokens: int, k: int, n: int, seed: int, mode: str) ->
     flops = PASSES[mode] * 2.0 * tokens * k * n
     case = f"{tokens}x{k}x{n}"
     is_target = mode == "fwd+bwd" and (ctx.quick or (tokens, k, n) == TARGET_SIZE)
-    variants = torch_layers.standard_variants(cached=True)
+    variants = torch_layers.standard_variants(cached=True) + [torch_layers.fast_forward_variant()]
     out = torch_layers.run_layers(ctx, k, n, data, mode, variants, seed)
     rows = []
     for v in variants:

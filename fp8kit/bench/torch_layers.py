@@ -131,6 +131,12 @@ def standard_variants(cached: bool = True) -> list:
     return out
 
 
+def fast_forward_variant() -> Variant:
+    """Delayed scaling with the forward GEMM's fast accumulation (opt-in)."""
+    from fp8kit.recipe import DelayedScaling
+    return Variant("delayed, fast fwd acc", DelayedScaling(forward_fast_accumulation=True))
+
+
 @dataclasses.dataclass
 class Outcome:
     """What run_layers measured, keyed by "bf16", a variant's name or "torchao"."""

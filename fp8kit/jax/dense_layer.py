@@ -49,10 +49,13 @@ class _Config:
     x_dtype: jnp.dtype
     kernel_dtype: jnp.dtype
     bias_dtype: Optional[jnp.dtype]
-    # TransformerEngine's choice: fast accumulation for the forward GEMM,
-    # FP32-promoted (split) accumulation for the two gradient GEMMs.
-    fwd_split_accumulator: bool = False
+    # The gradient GEMMs promote partial sums to FP32 (split accumulation);
+    # the forward GEMM too unless the recipe asks for fast accumulation.
     bwd_split_accumulator: bool = True
+
+    @property
+    def fwd_split_accumulator(self) -> bool:
+        return not self.recipe.forward_fast_accumulation
 
     @property
     def delayed(self) -> bool:

@@ -10,7 +10,9 @@ nn.Linear checkpoints load too (the FP8 state then starts fresh).
 Inside autocast, forward is one call into C++ (torch_ext/linear.cc): it
 quantizes the input and the weight, runs the FP8 GEMM with the bias
 epilogue and records a C++ autograd node whose backward quantizes the
-output gradient and runs the dgrad and wgrad GEMMs in FP8. Activations are
+output gradient and runs the dgrad and wgrad GEMMs in FP8 (all three with
+FP32-promoted accumulation unless the recipe's forward_fast_accumulation
+asks for the forward GEMM's fast accumulation). Activations are
 saved for backward in FP8. The weight is quantized on every forward by
 default. `layer.cache_fp8_weight = True` reuses the quantized weight while
 the weight tensor is unchanged (same tensor, storage and version counter,
@@ -77,6 +79,7 @@ class Linear(torch.nn.Linear):
             self._fp8_state = ext.LinearState(*params, device=self.weight.device)
             self._fp8_state.cache_weight = self._fp8_cache_weight
             self._fp8_params = params
+        self._fp8_state.forward_fast_accumulation = recipe.forward_fast_accumulation
         self._fp8_recipe = recipe
 
     @property

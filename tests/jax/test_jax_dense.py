@@ -233,6 +233,30 @@ def test_hlo_is_fp8kit_custom_calls_without_dot(recipe):
     assert "fp8kit_dequantize" not in hlo
 
 
+@pytest.mark.parametrize("fast", [False, True])
+def test_forward_fast_accumulation_reaches_only_the_forward_gemm(fast):
+    rng = np.random.default_rng(4)
+    x, w, b, dy = _inputs(rng)
+    recipe = CurrentScaling(forward_fast_accumulation=fast)
+
+    def fwd_bwd(x, w, dy):
+        y, vjp = jax.vjp(lambda x, w: fj.dense(x, w, recipe=recipe), x, w)
+        return y, vjp(dy)
+
+    hlo = jax.jit(fwd_bwd).lower(x, w, dy).as_text()
+    gemms = [line for line in hlo.splitlines() if "@fp8kit_gemm" in line]
+    split = [("use_split_accumulator = true" in g) for g in gemms]
+    # Forward first (no transposes), then dgrad and wgrad: always split.
+    assert len(gemms) == 3 and split == [not fast, True, True]
+    assert "trans_a = false" in gemms[0] and "trans_b = false" in gemms[0]
+
+
+def test_recipe_rejects_a_non_bool_forward_fast_accumulation():
+    for cls in (CurrentScaling, DelayedScaling):
+        with pytest.raises(TypeError, match="forward_fast_accumulation must be a bool"):
+            cls(forward_fast_accumulation=1)
+
+
 # --- transformations -------------------------------------------------------------------
 
 def test_vmap_over_a_batch_axis_is_per_example():

@@ -4,6 +4,7 @@ FP8 activations saved for backward, state save/restore and resume, pickling,
 bad input."""
 
 import copy
+import dataclasses
 import gc
 import inspect
 import io
@@ -392,6 +393,25 @@ def test_autocast_nesting_threads_and_recipe_changes():
     with pytest.raises(TypeError, match="recipe must be an fp8kit.recipe.DelayedScaling"):
         with ft.autocast(recipe="fp8"):
             pass
+
+
+def test_recipe_forward_fast_accumulation_reaches_the_state():
+    lin, ref = make_pair(32, 16)
+    x = torch.randn(16, 32)
+    with ft.autocast(recipe=DELAYED):
+        lin(x)
+    assert lin.fp8_state.forward_fast_accumulation is False   # accurate by default
+    fast = dataclasses.replace(DELAYED, forward_fast_accumulation=True)
+    st = lin.fp8_state
+    with ft.autocast(recipe=fast):
+        y = lin(x)
+    # Same scaling parameters: the state (and its history) is kept, only
+    # the forward GEMM's accumulation changes.
+    assert lin.fp8_state is st and st.forward_fast_accumulation is True
+    assert ((y - ref(x)).norm() / ref(x).norm()).item() < 0.1
+    with ft.autocast(recipe=DELAYED):
+        lin(x)
+    assert st.forward_fast_accumulation is False
 
 
 # ---------------------------------------------------------------- errors ---
