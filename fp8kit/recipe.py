@@ -10,11 +10,13 @@ written once, in common/include/fp8kit/tensor.h:
 Both recipes' forward_fast_accumulation picks the forward GEMM's
 accumulation: the tensor cores' fast (native-precision) accumulation, or
 FP32-promoted ("split") accumulation, which the gradient GEMMs always use.
-Fast is ~8% quicker on that GEMM at 8192^3 on an H200 and is
-TransformerEngine's and torchao's default, but on the benchmark's Linear
-(normal inputs, nn.Linear's uniform init, K = 8192) the output's error
-against bf16 grew from 0.033 to 0.069 with it, for fp8kit and torchao alike.
-So it is off by default.
+Fast is TransformerEngine's and torchao's default for the forward GEMM. On
+an H200 it bought no end-to-end speed in our benchmark (8192^3: torch
+Linear fwd+bwd 1.13 vs 1.26 PFLOP/s, JAX dense fwd 1.13 vs 1.17 with split;
+one kernel profile had the GEMM itself 8% faster), and on the benchmark's
+Linear (normal inputs, nn.Linear's uniform init, K = 8192) the output's
+error against bf16 grew from 0.033 to 0.069 with it, for fp8kit and torchao
+alike. So it is off by default.
 """
 
 from __future__ import annotations
