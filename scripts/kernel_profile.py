@@ -23,7 +23,24 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 
+def busy_and_span(intervals) -> tuple:
+    """(time covered by the union of [start, end) intervals, last end - first
+    start): the GPU's busy time and the window it was measured in."""
+    busy, span_start, reach = 0.0, None, None
+    for start, end in sorted(intervals):
+        if span_start is None:
+            span_start, reach = start, start
+        if end > reach:
+            busy += end - max(start, reach)
+            reach = end
+    return busy, (0.0 if span_start is None else reach - span_start)
+
+
 def kernel_table(fn, iters: int, sync) -> str:
+    """The kernel table of `iters` calls, then the GPU's busy time against
+    the profiled window: idle time is what the calls cost beyond their
+    kernels (launch gaps, host-side waits)."""
+    from torch.autograd import DeviceType
     for i in range(3):
         fn(i)
     sync()
@@ -31,8 +48,13 @@ def kernel_table(fn, iters: int, sync) -> str:
         for i in range(iters):
             fn(i)
         sync()
-    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=20,
-                                     max_name_column_width=90)
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=20,
+                                      max_name_column_width=90)
+    busy, span = busy_and_span((e.time_range.start, e.time_range.end) for e in prof.events()
+                               if e.device_type == DeviceType.CUDA)
+    return (f"{table}\nGPU busy {busy / iters:.0f} us per call of a {span / iters:.0f} us "
+            f"window per call (first kernel start to last kernel end): idle "
+            f"{(span - busy) / iters:.0f} us per call")
 
 
 def torch_tables(t: int, f: int, iters: int) -> None:
@@ -80,8 +102,11 @@ def jax_tables(t: int, f: int, iters: int) -> None:
                 what = re.search(r'custom_call_target="([^"]+)"|kind=(k\w+)', line)
                 print("  ", m.group(2), what.group(what.lastindex) if what else "", m.group(1))
         print(f"== jax {name}: {iters} x jit'd fwd+bwd, {t}x{f}x{f}, CUDA time per kernel")
-        print(kernel_table(lambda i: jf(x, w, st, dy), iters,
-                           lambda: jax.block_until_ready(jf(x, w, st, dy))))
+        last = []  # the newest output: sync waits for it without another call
+
+        def call(i, jf=jf, last=last):
+            last[:] = [jf(x, w, st, dy)]
+        print(kernel_table(call, iters, lambda last=last: jax.block_until_ready(last[0])))
 
 
 def main():
