@@ -7,7 +7,7 @@ accumulation, and reports ||D - exact|| / ||exact||, where exact is the
 float64 product of the same dequantized FP8 values (so only the GEMM's
 accumulation and output rounding count).
 
-    python scripts/accum_probe.py [--m 8192 --k 8192 --n 8192]
+    python scripts/accum_probe.py [--m 8192 --k 8192 --n 8192 --device cuda]
 """
 
 import argparse

@@ -75,9 +75,10 @@ void init_matmul_desc(const GemmProblem& p, const GemmPlanKey& key,
                       cublasLtMatmulDescOpaque_t* desc);
 
 // Builds a plan: layouts, then cublasLtMatmulAlgoGetHeuristic for several
-// candidates (FP8KIT_GEMM_CANDIDATES, default 8), then (unless FP8KIT_GEMM_AUTOTUNE=0, or the stream is being
-// captured into a CUDA graph, or there is one candidate) times them once on
-// this problem and keeps the fastest. Runs the GEMM several times while
+// candidates (FP8KIT_GEMM_CANDIDATES, default 8), then (unless
+// FP8KIT_GEMM_AUTOTUNE=0, or the stream is being captured into a CUDA
+// graph, or there is one candidate) times them once on this problem and
+// keeps the fastest. Runs the GEMM several times while
 // timing; D (or, when beta != 0, a scratch copy of D) is overwritten, so the
 // caller must run the real GEMM afterwards.
 std::unique_ptr<GemmPlan> build_plan(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
