@@ -144,17 +144,6 @@ class SumsRun {
   std::vector<Buffers> bufs_;
 };
 
-float sum_value(const std::vector<uint8_t>& sums, fp8kit_dtype dtype, size_t c) {
-  if (dtype == FP8KIT_FLOAT32) {
-    float f;
-    std::memcpy(&f, &sums[4 * c], 4);
-    return f;
-  }
-  uint16_t h;
-  std::memcpy(&h, &sums[2 * c], 2);
-  return dtype == FP8KIT_BFLOAT16 ? qtest::decode_bf16(h) : float(qtest::decode_fp16(h));
-}
-
 TEST(ColumnSums, CpuMatchesFloat64WithinRounding) {
   const fp8kit_dtype dtypes[] = {FP8KIT_FLOAT32, FP8KIT_BFLOAT16, FP8KIT_FLOAT16};
   uint32_t seed = 3;
@@ -176,7 +165,7 @@ TEST(ColumnSums, CpuMatchesFloat64WithinRounding) {
           want += v;
           abs_sum += std::fabs(v);
         }
-        const double got = sum_value(r.sums, out_dtype, size_t(col));
+        const double got = qtest::input_value(r.sums, out_dtype, size_t(col));
         const double tol = double(rows) * std::ldexp(1.0, -24) * abs_sum +
                            out_eps * std::fabs(want) + 1e-30;
         ASSERT_NEAR(got, want, tol) << "column " << col << " in " << fp8kit_dtype_name(in_dtype)
@@ -194,7 +183,7 @@ TEST(ColumnSums, WorkedExampleAndNaN) {
   SumsRun run(FP8KIT_DEVICE_CPU, {c});
   ASSERT_EQ(run.call(), FP8KIT_OK) << fp8kit_last_error();
   const Result r = run.results()[0];
-  EXPECT_EQ(sum_value(r.sums, FP8KIT_BFLOAT16, 0), -4.25f);
+  EXPECT_EQ(qtest::input_value(r.sums, FP8KIT_BFLOAT16, 0), -4.25f);
   uint16_t nan_bits;
   std::memcpy(&nan_bits, &r.sums[2], 2);
   EXPECT_EQ(nan_bits, 0x7fc0) << "canonical bfloat16 NaN";
