@@ -131,6 +131,7 @@ void quantize_delayed_update_into(const DelayedQuantizeItem* items, int count, i
   const fp8kit_device_type dev = fp8kit_device(device);
   fp8kit_tensor in[kMax], out[kMax];
   fp8kit_delayed_quantize_state st[kMax];
+  fp8kit_column_sums sums[kMax];
   for (int i = 0; i < count; ++i) {
     const DelayedQuantizeItem& it = items[i];
     in[i] = describe(*it.x, *high_precision_dtype(it.x->scalar_type()), dev);
@@ -143,6 +144,7 @@ void quantize_delayed_update_into(const DelayedQuantizeItem* items, int count, i
     out[i].scale_inv = it.scale_inv;
     out[i].amax = nullptr;
     st[i] = it.state;
+    sums[i] = it.sums;
   }
   fp8kit_delayed_scaling_config cfg;
   cfg.history_len = history_len;
@@ -150,7 +152,7 @@ void quantize_delayed_update_into(const DelayedQuantizeItem* items, int count, i
   cfg.reduction = reduction;
   void* stream = current_stream(device);
   check_status(call_core(dev == FP8KIT_DEVICE_CPU, [&] {
-    return fp8kit_quantize_delayed_update(in, out, st, count, &cfg, stream);
+    return fp8kit_quantize_delayed_update_sums(in, out, st, sums, count, &cfg, stream);
   }));
 }
 

@@ -58,9 +58,10 @@ struct DelayedQuantizeItem {
   const at::Tensor* data_t;
   float* scale_inv;
   fp8kit_delayed_quantize_state state;
+  fp8kit_column_sums sums;  // sums.sums == NULL: no column sums
 };
 
-// One fp8kit_quantize_delayed_update call for `count` items on `device`.
+// One fp8kit_quantize_delayed_update_sums call for `count` items on `device`.
 void quantize_delayed_update_into(const DelayedQuantizeItem* items, int count, int history_len,
                                   int margin, fp8kit_amax_reduction reduction,
                                   const at::Device& device);

@@ -3,6 +3,7 @@
 #include <array>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,7 @@ struct SlotJob {
   const at::Tensor* x;
   at::Tensor data, data_t;
   float* scalars;
+  fp8kit_column_sums sums{};  // delayed scaling only; sums.sums == NULL: none
 };
 
 // Locks `mu` without ever blocking while this thread holds the GIL: a thread
@@ -137,6 +139,7 @@ struct LinearState : torch::CustomClassHolder {
       items[i].state.scale = scale.data_ptr<float>() + k;
       items[i].state.scale_inv = scale_inv.data_ptr<float>() + k;
       items[i].state.counter = reinterpret_cast<unsigned int*>(counters.data_ptr<int32_t>()) + k;
+      items[i].sums = j.sums;
     }
     quantize_delayed_update_into(items.data(), n, history_len, margin, reduction, device);
   }
@@ -182,6 +185,18 @@ struct LinearState : torch::CustomClassHolder {
   // scale_inv [3]; and the fused quantize's block counters (int32 [3], 0
   // between calls).
   at::Tensor history, amax, scale, scale_inv, counters;
+  // Tile counters of the bias gradient's column sums (int32, 0 between
+  // calls), made by the first backward that computes the sums in the cast.
+  at::Tensor sum_counters;
+
+  // sum_counters with room for an N-column gradient. Caller holds mu.
+  unsigned int* sum_counters_for(int64_t n) {
+    const int64_t tiles = (n + 127) / 128;
+    if (!sum_counters.defined() || sum_counters.numel() < tiles) {
+      sum_counters = at::zeros({tiles}, at::TensorOptions().device(device).dtype(at::kInt));
+    }
+    return reinterpret_cast<unsigned int*>(sum_counters.data_ptr<int32_t>());
+  }
   std::array<bool, kSlots> seeded{};   // slot i has been quantized before
   // Orders forward (caller's thread) and backward (autograd thread) use of
   // the delayed-scaling state and flags.
@@ -364,18 +379,30 @@ variable_list backward_impl(const BackwardInfo& info, const Plan& p, const varia
     const std::vector<int64_t> dy_cw =
         dy_col ? columnwise_shape(dy.sizes()) : std::vector<int64_t>();
     const int64_t scalars_shape[1] = {kScalars};
-    // All three are used only in this backward: one lifetime, one buffer.
-    const Piece pieces[3] = {{dy_row, fp8, dy.sizes(), 0}, {dy_col, fp8, dy_cw, 0},
-                             {true, at::kFloat, scalars_shape, 0}};
-    at::Tensor t[3];
-    carve(dy.device(), pieces, 3, t);
+    // The bias gradient (dy's column sums) comes out of dy's cast, with no
+    // pass of its own, when the fused delayed-scaling kernel casts dy with
+    // its transposed copy; otherwise one reduction below.
+    const std::optional<fp8kit_dtype> db_dtype = high_precision_dtype(info.b_dtype);
+    const bool sums_in_cast = p.bgrad && st.delayed && dy_col && p.m > 1 && p.n > 1 &&
+                              db_dtype.has_value();
+    const int64_t partials_shape[1] = {sums_in_cast ? fp8kit_column_sums_workspace(p.m, p.n) : 0};
+    // All are used only in this backward: one lifetime, one buffer.
+    const Piece pieces[4] = {{dy_row, fp8, dy.sizes(), 0}, {dy_col, fp8, dy_cw, 0},
+                             {true, at::kFloat, scalars_shape, 0},
+                             {sums_in_cast, at::kFloat, partials_shape, 0}};
+    at::Tensor t[4];
+    carve(dy.device(), pieces, 4, t);
     const at::Tensor& dy_data = t[0];
     const at::Tensor& dy_t = t[1];
     const at::Tensor& dy_scalars = t[2];
+    if (sums_in_cast) db = at::empty({p.n}, opts.dtype(info.b_dtype));
     {
       std::unique_lock<std::mutex> lock;
       if (st.delayed) lock = lock_state(st.mu);
-      const SlotJob job{kGrad, &dy, dy_data, dy_t, dy_scalars.data_ptr<float>()};
+      SlotJob job{kGrad, &dy, dy_data, dy_t, dy_scalars.data_ptr<float>()};
+      if (sums_in_cast) {
+        job.sums = {db.data_ptr(), *db_dtype, t[3].data_ptr<float>(), st.sum_counters_for(p.n)};
+      }
       st.quantize_slots(&job, 1);
     }
     if (p.dgrad) {
@@ -419,7 +446,7 @@ variable_list backward_impl(const BackwardInfo& info, const Plan& p, const varia
       gemm_call(a, b, d, cfg, st.device);
     }
   }
-  if (p.bgrad) {
+  if (p.bgrad && !db.defined()) {
     // One reduction kernel (accumulating in float32) straight into the
     // bias dtype.
     const at::Tensor dy2 = dy.view({p.m, p.n});
@@ -697,6 +724,7 @@ void register_linear(py::module_& m) {
         s.scale = s.scale.to(device);
         s.scale_inv = s.scale_inv.to(device);
         s.counters = s.counters.to(device);
+        s.sum_counters = at::Tensor();  // re-made (zeros) on the new device
         s.device = s.history.device();
         s.clear_weight_cache();
         DeviceScope scope(s.device);

@@ -88,11 +88,18 @@ __device__ __forceinline__ void store_col_piece(uint8_t* dst, const uint4& v, in
   }
 }
 
+// Rows of a tile summed per column in the order of fp8kit_column_sums
+// (common/src/column_sums.h): group_sums[g][c] is the float32 sum, in row
+// order, of the 8 rows of group g in tile column c.
+using GroupSums = float[kCtTile / 8][kCtTile];
+
 // Tile `tile` (row-major over the tiles) of the tensor: the whole work of
 // one block. Shared by the one-tensor kernel below and the grouped kernels
-// of quantize_fused.cu.
-template <int kIn, bool kE4M3, bool kRowwise>
-__device__ __forceinline__ void cast_transpose_block(const CastTransposeParams& p, int64_t tile) {
+// of quantize_fused.cu. With kSums it also fills `group_sums` (shared
+// memory), complete after the function's internal __syncthreads.
+template <int kIn, bool kE4M3, bool kRowwise, bool kSums = false>
+__device__ __forceinline__ void cast_transpose_block(const CastTransposeParams& p, int64_t tile,
+                                                     GroupSums* group_sums = nullptr) {
   __shared__ __align__(16) uint4 tile_t[kCtTile * 8];  // [128 cols][16 slots of 8 B]
   __shared__ uint32_t warp_max[kCtWarps];
 
@@ -135,6 +142,17 @@ __device__ __forceinline__ void cast_transpose_block(const CastTransposeParams& 
   uint2 q[8];
 #pragma unroll
   for (int k = 0; k < 8; ++k) q[k] = cast8<kIn, kE4M3>(raw[k], scale, amax_bits);
+
+  // 2b. Column sums of this thread's 8 rows (absent elements are 0).
+  if constexpr (kSums) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) sum = __fadd_rn(sum, raw_get<kIn>(raw[k], j));
+      (*group_sums)[rg][cg * 8 + j] = sum;
+    }
+  }
 
   // 3. Rowwise stores.
   if constexpr (kRowwise) {

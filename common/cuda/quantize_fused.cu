@@ -15,15 +15,19 @@
 //     that finishes last (threadfence-reduction pattern) sees every
 //     block's amax, rolls the history, writes the new scale and scale_inv
 //     and resets the accumulator and the counter to 0 for the next call.
+//   - with column sums (fp8kit_column_sums, cast+transpose jobs only), each
+//     block also writes its tile's column sums to the job's partials, and
+//     the last row tile of each column tile adds them up (finish_column_sums).
 // Every block has read the old scale before it counts itself done, so the
 // last block can overwrite it. A group holds jobs that use the same kernel
-// (kind, input dtype, FP8 dtype), up to kMaxGroup; a call makes one launch
-// per group.
+// (kind, input dtype, FP8 dtype, column sums or not), up to kMaxGroup; a
+// call makes one launch per group.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "cast_jobs.cuh"
+#include "column_sums.h"
 #include "compute_scale.h"
 #include "cuda_backend.h"
 #include "cuda_check.h"
@@ -47,6 +51,15 @@ struct FusedState {
   float fp8_max;
 };
 
+// One job's column sums (fp8kit_column_sums), for the cast+transpose kind.
+struct SumsJob {
+  void* out;
+  fp8kit_dtype dtype;
+  float* partials;         // [tiles_r, cols]
+  unsigned int* counters;  // [tiles_c]
+  int64_t tiles_r;
+};
+
 struct UpdateConfig {
   int history_len;
   int margin;
@@ -57,6 +70,7 @@ template <typename CastParams>
 struct GroupParams {
   CastParams job[kMaxGroup];
   FusedState state[kMaxGroup];
+  SumsJob sums[kMaxGroup];  // used by the kSums kernels only
   int64_t first_block[kMaxGroup + 1];  // job j owns blocks [first_block[j], first_block[j+1])
   int count;
   UpdateConfig config;
@@ -95,13 +109,50 @@ __device__ __forceinline__ int job_of_block(const GroupParams<CastParams>& g) {
   return j;
 }
 
-template <int kIn, bool kE4M3, bool kRowwise>
+// After cast_transpose_block<..., kSums = true> on tile `tile`: the tile's
+// column sums (its 16 group sums added in order) go to the partials; the
+// block that finishes a column tile last (threadfence + counter, as in
+// finish_job) adds the partials of every row tile in order and writes the
+// column sums, then resets the counter. The order is fp8kit_column_sums's.
+__device__ __forceinline__ void finish_column_sums(const SumsJob& s, const CastTransposeParams& p,
+                                                   int64_t tile, const GroupSums& group_sums) {
+  __shared__ bool last;
+  const int64_t tile_r = tile / p.tiles_c;
+  const int64_t tile_c = tile % p.tiles_c;
+  const int64_t col = tile_c * kCtTile + threadIdx.x;
+  const bool owns_col = threadIdx.x < kCtTile && col < p.cols;
+  if (owns_col) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int grp = 0; grp < kCtTile / 8; ++grp) sum = add_rn(sum, group_sums[grp][threadIdx.x]);
+    s.partials[tile_r * p.cols + col] = sum;
+    __threadfence();  // the partial is visible before the tile counts itself done
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&s.counters[tile_c], 1u) == unsigned(s.tiles_r - 1);
+  __syncthreads();
+  if (!last) return;
+  if (owns_col) {
+    float total = 0.0f;
+    for (int64_t r = 0; r < s.tiles_r; ++r) {
+      total = add_rn(total, __ldcg(&s.partials[r * p.cols + col]));  // L2, not a stale L1
+    }
+    store_column_sum(s.out, s.dtype, col, total);
+  }
+  if (threadIdx.x == 0) s.counters[tile_c] = 0u;
+}
+
+template <int kIn, bool kE4M3, bool kRowwise, bool kSums>
 __global__ void __launch_bounds__(kCtThreads, kIn == FP8KIT_FLOAT32 ? 2 : 4)
     grouped_cast_transpose_kernel(const __grid_constant__ GroupParams<CastTransposeParams> g) {
   const int j = job_of_block(g);
   const CastTransposeParams& p = g.job[j];
   const int64_t block = int64_t(blockIdx.x) - g.first_block[j];
-  if (p.rows * p.cols > 0) {
+  if constexpr (kSums) {  // the host checked rows > 1 and cols > 1
+    __shared__ GroupSums group_sums;
+    cast_transpose_block<kIn, kE4M3, kRowwise, true>(p, block, &group_sums);
+    finish_column_sums(g.sums[j], p, block, group_sums);
+  } else if (p.rows * p.cols > 0) {
     cast_transpose_block<kIn, kE4M3, kRowwise>(p, block);
   } else if (threadIdx.x == 0) {
     (void)read_scale(p.scale, true);  // an empty tensor still gets its scale_inv
@@ -127,6 +178,7 @@ __global__ void __launch_bounds__(kFlatThreads)
 struct Member {
   CastJob job;
   FusedState state;
+  const fp8kit_column_sums* sums;  // NULL: none
   CastKind kind;
   fp8kit_dtype in_dtype, fp8_dtype;
 };
@@ -162,14 +214,23 @@ void launch_group_typed(const Group& group, const UpdateConfig& config,
     grouped_cast_flat_kernel<kIn, kE4M3>
         <<<unsigned(g.first_block[g.count]), kFlatThreads, 0, stream>>>(g);
   } else {
-    const auto g =
-        group_params<CastTransposeParams>(group, config, transpose_params, transpose_blocks);
-    if (kind == CastKind::kTransposeWithRowwise) {
-      grouped_cast_transpose_kernel<kIn, kE4M3, true>
-          <<<unsigned(g.first_block[g.count]), kCtThreads, 0, stream>>>(g);
+    auto g = group_params<CastTransposeParams>(group, config, transpose_params, transpose_blocks);
+    const bool sums = group.member[0]->sums != nullptr;
+    for (int j = 0; sums && j < g.count; ++j) {
+      const fp8kit_column_sums& cs = *group.member[j]->sums;
+      g.sums[j] = SumsJob{cs.sums, cs.dtype, cs.partials, cs.counters,
+                          ceil_div(g.job[j].rows, kCtTile)};
+    }
+    const unsigned blocks = unsigned(g.first_block[g.count]);
+    const bool rowwise = kind == CastKind::kTransposeWithRowwise;
+    if (rowwise && sums) {
+      grouped_cast_transpose_kernel<kIn, kE4M3, true, true><<<blocks, kCtThreads, 0, stream>>>(g);
+    } else if (rowwise) {
+      grouped_cast_transpose_kernel<kIn, kE4M3, true, false><<<blocks, kCtThreads, 0, stream>>>(g);
+    } else if (sums) {
+      grouped_cast_transpose_kernel<kIn, kE4M3, false, true><<<blocks, kCtThreads, 0, stream>>>(g);
     } else {
-      grouped_cast_transpose_kernel<kIn, kE4M3, false>
-          <<<unsigned(g.first_block[g.count]), kCtThreads, 0, stream>>>(g);
+      grouped_cast_transpose_kernel<kIn, kE4M3, false, false><<<blocks, kCtThreads, 0, stream>>>(g);
     }
   }
   check_launch(op, "launching the fused quantize+update kernel");
@@ -195,13 +256,15 @@ void launch_group(const Group& group, const UpdateConfig& config,
 }
 
 bool same_kernel(const Member& a, const Member& b) {
-  return a.kind == b.kind && a.in_dtype == b.in_dtype && a.fp8_dtype == b.fp8_dtype;
+  return a.kind == b.kind && a.in_dtype == b.in_dtype && a.fp8_dtype == b.fp8_dtype &&
+         (a.sums != nullptr) == (b.sums != nullptr);
 }
 
 }  // namespace
 
 void quantize_delayed_update(const fp8kit_tensor* inputs, fp8kit_tensor* outputs,
-                             const fp8kit_delayed_quantize_state* states, int count,
+                             const fp8kit_delayed_quantize_state* states,
+                             const fp8kit_column_sums* sums, int count,
                              const fp8kit_delayed_scaling_config& config, void* stream_ptr) {
   const char* op = "quantize_delayed_update";
   ScopedDevice device(inputs[0].device_index, op);
@@ -216,6 +279,7 @@ void quantize_delayed_update(const fp8kit_tensor* inputs, fp8kit_tensor* outputs
                               nullptr, outputs[i].scale_inv};
     m.state = FusedState{s.amax_history, s.amax, s.scale, s.scale_inv, s.counter,
                          fp8kit_fp8_max(outputs[i].dtype)};
+    m.sums = sums != nullptr && sums[i].sums != nullptr ? &sums[i] : nullptr;
     m.kind = cast_kind(m.job);
     m.in_dtype = inputs[i].dtype;
     m.fp8_dtype = outputs[i].dtype;

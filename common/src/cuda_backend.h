@@ -32,8 +32,10 @@ void dequantize(const fp8kit_tensor& input, fp8kit_tensor& output, bool from_col
 void delayed_scaling_update(const fp8kit_delayed_scaling_state* states, int count,
                             const fp8kit_delayed_scaling_config& config, int device_index,
                             void* stream);
+// `sums`: NULL or `count` entries (entries with a NULL `sums` field skip).
 void quantize_delayed_update(const fp8kit_tensor* inputs, fp8kit_tensor* outputs,
-                             const fp8kit_delayed_quantize_state* states, int count,
+                             const fp8kit_delayed_quantize_state* states,
+                             const fp8kit_column_sums* sums, int count,
                              const fp8kit_delayed_scaling_config& config, void* stream);
 
 // cuBLASLt GEMM (common/cuda/gemm_cublaslt.cc). Takes the problem that

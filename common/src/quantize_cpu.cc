@@ -5,26 +5,13 @@
 
 #include "amax_cpu.h"
 #include "compute_scale.h"
+#include "element_load.h"
 #include "float_bits.h"
 #include "fp8_convert.h"
 #include "validate.h"
 
 namespace fp8kit {
 namespace {
-
-struct LoadF32 {
-  static float load(const void* p, int64_t i) { return static_cast<const float*>(p)[i]; }
-};
-struct LoadBF16 {
-  static float load(const void* p, int64_t i) {
-    return bf16_bits_to_float(static_cast<const uint16_t*>(p)[i]);
-  }
-};
-struct LoadF16 {
-  static float load(const void* p, int64_t i) {
-    return fp16_bits_to_float(static_cast<const uint16_t*>(p)[i]);
-  }
-};
 
 // One pass in 64x64 tiles, so the transposed writes stay in cache. Amax is
 // kept as the largest |x| bit pattern: for non-negative floats the bit

@@ -165,6 +165,32 @@ def test_close_to_nn_linear(recipe, dtype):
     assert rel(lin.bias.grad, ref.bias.grad) < 1e-2
 
 
+@pytest.mark.parametrize("recipe", [CURRENT, DELAYED])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bias_grad_is_the_column_sum_of_dy(recipe, dtype):
+    # 300 tokens: three 128-row tiles, the last one partial; 208 outputs:
+    # two column tiles. Delayed scaling sums dy inside its cast (no
+    # reduction op of its own); current scaling runs one reduction.
+    lin, _ = make_pair(64, 208, dtype=dtype, seed=5)
+    torch.manual_seed(6)
+    x = torch.randn(300, 64, dtype=dtype, requires_grad=True)
+    g = torch.randn(300, 208, dtype=dtype)
+    with ft.autocast(recipe=recipe):
+        lin(x).backward(g)  # seeds the delayed scales
+        lin.zero_grad()
+        y = lin(x)
+        with torch.profiler.profile() as prof:
+            y.backward(g)
+    want = g.double().sum(0)
+    # float32 sums of 300 terms, then rounded to the bias dtype.
+    eps = 2.0 ** -8 if dtype == torch.bfloat16 else 0.0
+    tol = 300 * 2.0 ** -24 * g.double().abs().sum(0) + eps * want.abs() + 1e-30
+    assert lin.bias.grad.dtype == dtype
+    assert ((lin.bias.grad.double() - want).abs() <= tol).all()
+    ops = {e.key for e in prof.key_averages()}
+    assert ("aten::sum" in ops) == (recipe is CURRENT), sorted(ops)
+
+
 def test_one_dimensional_input_and_frozen_weight():
     lin, ref = make_pair(32, 16)
     lin.weight.requires_grad_(False)

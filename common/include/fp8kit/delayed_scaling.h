@@ -80,6 +80,38 @@ FP8KIT_API fp8kit_status fp8kit_quantize_delayed_update(
     const fp8kit_delayed_quantize_state* states, int count,
     const fp8kit_delayed_scaling_config* config, void* stream);
 
+/* Column sums of an input, computed by its quantization pass (a Linear's
+ * bias gradient is the column sums of the output gradient, so it costs no
+ * read of its own). For an input whose 2-D view is [rows, cols]:
+ *   sums[c] = the sum over rows r of input[r, c], in float32 in this order
+ *   (which the CPU and CUDA implementations share, so they agree bit for
+ *   bit): rows are cut into tiles of 128 and tiles into groups of 8; a group
+ *   sum adds its 8 rows in order to 0.0f (rows past the end add 0.0f), a
+ *   tile sum adds its 16 group sums in order to 0.0f, and sums[c] adds the
+ *   tile sums in order to 0.0f; then it is rounded to `dtype` (RNE; a NaN
+ *   becomes the dtype's canonical quiet NaN). */
+typedef struct fp8kit_column_sums {
+  void* sums;              /* [cols] in `dtype` */
+  fp8kit_dtype dtype;      /* float32, bfloat16 or float16 */
+  float* partials;         /* workspace: fp8kit_column_sums_workspace(rows, cols) floats */
+  unsigned int* counters;  /* [ceil(cols / 128)]: 0 on entry and on exit (the CUDA
+                            * kernel counts finished row tiles here) */
+} fp8kit_column_sums;
+
+/* Floats of workspace fp8kit_column_sums needs for a [rows, cols] input:
+ * ceil(rows / 128) * cols (0 for a negative or empty shape). */
+FP8KIT_API int64_t fp8kit_column_sums_workspace(int64_t rows, int64_t cols);
+
+/* fp8kit_quantize_delayed_update that also writes column sums: `sums` is
+ * NULL or an array of `count` entries, and entry i (when its `sums` field
+ * is non-NULL) receives the column sums of inputs[i]. A tensor with column
+ * sums must be quantized by the cast+transpose pass: outputs[i] has a
+ * columnwise copy and inputs[i]'s 2-D view has rows > 1 and cols > 1. */
+FP8KIT_API fp8kit_status fp8kit_quantize_delayed_update_sums(
+    const fp8kit_tensor* inputs, fp8kit_tensor* outputs,
+    const fp8kit_delayed_quantize_state* states, const fp8kit_column_sums* sums, int count,
+    const fp8kit_delayed_scaling_config* config, void* stream);
+
 #ifdef __cplusplus
 }  /* extern "C" */
 #endif
