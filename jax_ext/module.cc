@@ -17,6 +17,7 @@ struct Target {
   const char* name;     // the custom-call target name seen in HLO
   void* cpu;            // XLA_FFI_Handler* for platform "cpu"
   void* cuda;           // XLA_FFI_Handler* for platform "CUDA", or nullptr
+  void* cuda_graph;     // the same, marked command-buffer compatible, or nullptr
 };
 
 template <typename Fn>
@@ -25,9 +26,9 @@ void* Ptr(Fn* fn) {
 }
 
 #ifdef FP8KIT_WITH_CUDA
-#define FP8KIT_CUDA_HANDLER(fn) Ptr(fn)
+#define FP8KIT_CUDA_HANDLER(fn) Ptr(fn), Ptr(fn##_graph)
 #else
-#define FP8KIT_CUDA_HANDLER(fn) nullptr
+#define FP8KIT_CUDA_HANDLER(fn) nullptr, nullptr
 #endif
 
 const Target kTargets[] = {
@@ -46,13 +47,15 @@ const Target kTargets[] = {
 };
 
 // {target name: {"cpu": capsule, "CUDA": capsule}} (no "CUDA" key in a
-// CPU-only build).
-py::dict Registrations() {
+// CPU-only build). command_buffers picks the CUDA handlers XLA may record
+// into its CUDA graphs (handlers.h).
+py::dict Registrations(bool command_buffers) {
   py::dict out;
   for (const Target& t : kTargets) {
     py::dict platforms;
     platforms["cpu"] = py::capsule(t.cpu);
-    if (t.cuda != nullptr) platforms["CUDA"] = py::capsule(t.cuda);
+    void* cuda = command_buffers ? t.cuda_graph : t.cuda;
+    if (cuda != nullptr) platforms["CUDA"] = py::capsule(cuda);
     out[t.name] = platforms;
   }
   return out;
