@@ -89,9 +89,20 @@ __device__ __forceinline__ void store_col_piece(uint8_t* dst, const uint4& v, in
 }
 
 // Rows of a tile summed per column in the order of fp8kit_column_sums
-// (common/src/column_sums.h): group_sums[g][c] is the float32 sum, in row
-// order, of the 8 rows of group g in tile column c.
+// (common/src/column_sums.h): group_sums[g][group_sum_slot(g, c)] is the
+// float32 sum, in row order, of the 8 rows of group g in tile column c.
 using GroupSums = float[kCtTile / 8][kCtTile];
+
+// Where column c of row group g sits: c with its low 3 bits XOR-swizzled,
+// so that neither access is a bank conflict. Writes (one column j of 8 per
+// thread, a warp = 8 column groups x 4 row groups): the unswizzled c = 8 cg
+// + j puts 8 lanes on each of 4 banks; the swizzle spreads a warp's 32 lanes
+// over 32 banks. Reads (finish_column_sums: a warp = 32 consecutive columns
+// of one group) stay on 32 distinct banks, the swizzle being a permutation
+// within each 8 columns.
+__device__ __forceinline__ int group_sum_slot(int g, int c) {
+  return c ^ ((((c >> 5) & 1) << 2) | (g & 3));
+}
 
 // Tile `tile` (row-major over the tiles) of the tensor: the whole work of
 // one block. Shared by the one-tensor kernel below and the grouped kernels
@@ -150,7 +161,7 @@ __device__ __forceinline__ void cast_transpose_block(const CastTransposeParams& 
       float sum = 0.0f;
 #pragma unroll
       for (int k = 0; k < 8; ++k) sum = __fadd_rn(sum, raw_get<kIn>(raw[k], j));
-      (*group_sums)[rg][cg * 8 + j] = sum;
+      (*group_sums)[rg][group_sum_slot(rg, cg * 8 + j)] = sum;
     }
   }
 

@@ -124,7 +124,9 @@ __device__ __forceinline__ void finish_column_sums(const SumsJob& s, const CastT
   if (owns_col) {
     float sum = 0.0f;
 #pragma unroll
-    for (int grp = 0; grp < kCtTile / 8; ++grp) sum = add_rn(sum, group_sums[grp][threadIdx.x]);
+    for (int grp = 0; grp < kCtTile / 8; ++grp) {
+      sum = add_rn(sum, group_sums[grp][group_sum_slot(grp, threadIdx.x)]);
+    }
     s.partials[tile_r * p.cols + col] = sum;
     __threadfence();  // the partial is visible before the tile counts itself done
   }
@@ -133,10 +135,21 @@ __device__ __forceinline__ void finish_column_sums(const SumsJob& s, const CastT
   __syncthreads();
   if (!last) return;
   if (owns_col) {
+    // The adds are in tile order; the loads (from L2, not a stale L1) are
+    // issued kChunk at a time, so the last blocks of the grid wait for
+    // tiles_r / kChunk L2 round trips, not tiles_r.
+    constexpr int kChunk = 16;
+    const float* partial = s.partials + col;
     float total = 0.0f;
-    for (int64_t r = 0; r < s.tiles_r; ++r) {
-      total = add_rn(total, __ldcg(&s.partials[r * p.cols + col]));  // L2, not a stale L1
+    int64_t r = 0;
+    for (; r + kChunk <= s.tiles_r; r += kChunk) {
+      float v[kChunk];
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) v[i] = __ldcg(partial + (r + i) * p.cols);
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) total = add_rn(total, v[i]);
     }
+    for (; r < s.tiles_r; ++r) total = add_rn(total, __ldcg(partial + r * p.cols));
     store_column_sum(s.out, s.dtype, col, total);
   }
   if (threadIdx.x == 0) s.counters[tile_c] = 0u;
