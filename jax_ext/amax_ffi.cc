@@ -34,6 +34,6 @@ using fp8kit_jax::AmaxImpl;
 XLA_FFI_DEFINE_HANDLER_SYMBOL(fp8kit_jax_amax_cpu, fp8kit_jax::OnCpu<AmaxImpl>{},
                               fp8kit_jax::BindAmax(fp8kit_jax::CpuBinding()));
 #ifdef FP8KIT_WITH_CUDA
-FP8KIT_DEFINE_CUDA_HANDLER(fp8kit_jax_amax_cuda, fp8kit_jax::OnCuda<AmaxImpl>{},
+XLA_FFI_DEFINE_HANDLER_SYMBOL(fp8kit_jax_amax_cuda, fp8kit_jax::OnCuda<AmaxImpl>{},
                               fp8kit_jax::BindAmax(fp8kit_jax::CudaBinding()));
 #endif

@@ -112,7 +112,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(fp8kit_jax_delayed_scaling_update_cpu,
                               fp8kit_jax::OnCpu<UpdateImpl>{},
                               fp8kit_jax::BindUpdate(fp8kit_jax::CpuBinding()));
 #ifdef FP8KIT_WITH_CUDA
-FP8KIT_DEFINE_CUDA_HANDLER(fp8kit_jax_delayed_scaling_update_cuda,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(fp8kit_jax_delayed_scaling_update_cuda,
                               fp8kit_jax::OnCuda<UpdateImpl>{},
                               fp8kit_jax::BindUpdate(fp8kit_jax::CudaBinding()));
 #endif

@@ -57,6 +57,6 @@ using fp8kit_jax::DequantizeImpl;
 XLA_FFI_DEFINE_HANDLER_SYMBOL(fp8kit_jax_dequantize_cpu, fp8kit_jax::OnCpu<DequantizeImpl>{},
                               fp8kit_jax::BindDequantize(fp8kit_jax::CpuBinding()));
 #ifdef FP8KIT_WITH_CUDA
-FP8KIT_DEFINE_CUDA_HANDLER(fp8kit_jax_dequantize_cuda, fp8kit_jax::OnCuda<DequantizeImpl>{},
+XLA_FFI_DEFINE_HANDLER_SYMBOL(fp8kit_jax_dequantize_cuda, fp8kit_jax::OnCuda<DequantizeImpl>{},
                               fp8kit_jax::BindDequantize(fp8kit_jax::CudaBinding()));
 #endif

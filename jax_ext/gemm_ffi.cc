@@ -157,7 +157,7 @@ struct GemmOnCuda {
 XLA_FFI_DEFINE_HANDLER_SYMBOL(fp8kit_jax_gemm_cpu, fp8kit_jax::GemmOnCpu{},
                               fp8kit_jax::BindGemm(fp8kit_jax::CpuBinding()));
 #ifdef FP8KIT_WITH_CUDA
-FP8KIT_DEFINE_CUDA_HANDLER(
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
     fp8kit_jax_gemm_cuda, fp8kit_jax::GemmOnCuda{},
     fp8kit_jax::BindGemm(fp8kit_jax::CudaBinding()));
 #endif

@@ -45,24 +45,6 @@ struct OnCuda {
 
 }  // namespace fp8kit_jax
 
-// A CUDA handler in two forms. `fn` is called by XLA on its stream between
-// the CUDA graphs XLA records for the rest of the program; `fn##_graph`
-// carries ffi::Traits::kCmdBufferCompatible, so XLA may record the call into
-// those graphs (by stream capture) and replay it without calling fp8kit.
-// Every fp8kit CUDA handler qualifies: it only launches kernels and
-// cuBLASLt calls on the given stream, takes all device memory from its
-// operands (the GEMM's workspace is a result), and never syncs or queries
-// the stream; the GEMM does not autotune under capture (gemm_plan.cc).
-// fp8kit/jax/_registry.py picks one form per process.
-#define FP8KIT_DEFINE_CUDA_HANDLER(fn, impl, binding)   \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(fn, impl, binding);     \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(fn##_graph, impl, binding, \
-                                {::xla::ffi::Traits::kCmdBufferCompatible})
-
-#define FP8KIT_DECLARE_CUDA_HANDLER(fn) \
-  XLA_FFI_DECLARE_HANDLER_SYMBOL(fn);   \
-  XLA_FFI_DECLARE_HANDLER_SYMBOL(fn##_graph)
-
 // Handler symbols (defined in *_ffi.cc; the *_cuda ones only in CUDA builds).
 XLA_FFI_DECLARE_HANDLER_SYMBOL(fp8kit_jax_amax_cpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(fp8kit_jax_quantize_cpu);
@@ -72,13 +54,13 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(fp8kit_jax_dequantize_cpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(fp8kit_jax_delayed_scaling_update_cpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(fp8kit_jax_gemm_cpu);
 #ifdef FP8KIT_WITH_CUDA
-FP8KIT_DECLARE_CUDA_HANDLER(fp8kit_jax_amax_cuda);
-FP8KIT_DECLARE_CUDA_HANDLER(fp8kit_jax_quantize_cuda);
-FP8KIT_DECLARE_CUDA_HANDLER(fp8kit_jax_quantize_current_scaling_cuda);
-FP8KIT_DECLARE_CUDA_HANDLER(fp8kit_jax_compute_scale_cuda);
-FP8KIT_DECLARE_CUDA_HANDLER(fp8kit_jax_dequantize_cuda);
-FP8KIT_DECLARE_CUDA_HANDLER(fp8kit_jax_delayed_scaling_update_cuda);
-FP8KIT_DECLARE_CUDA_HANDLER(fp8kit_jax_gemm_cuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(fp8kit_jax_amax_cuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(fp8kit_jax_quantize_cuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(fp8kit_jax_quantize_current_scaling_cuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(fp8kit_jax_compute_scale_cuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(fp8kit_jax_dequantize_cuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(fp8kit_jax_delayed_scaling_update_cuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(fp8kit_jax_gemm_cuda);
 #endif
 
 #endif  // FP8KIT_JAX_EXT_HANDLERS_H_

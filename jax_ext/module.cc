@@ -17,7 +17,6 @@ struct Target {
   const char* name;     // the custom-call target name seen in HLO
   void* cpu;            // XLA_FFI_Handler* for platform "cpu"
   void* cuda;           // XLA_FFI_Handler* for platform "CUDA", or nullptr
-  void* cuda_graph;     // the same, marked command-buffer compatible, or nullptr
 };
 
 template <typename Fn>
@@ -26,9 +25,9 @@ void* Ptr(Fn* fn) {
 }
 
 #ifdef FP8KIT_WITH_CUDA
-#define FP8KIT_CUDA_HANDLER(fn) Ptr(fn), Ptr(fn##_graph)
+#define FP8KIT_CUDA_HANDLER(fn) Ptr(fn)
 #else
-#define FP8KIT_CUDA_HANDLER(fn) nullptr, nullptr
+#define FP8KIT_CUDA_HANDLER(fn) nullptr
 #endif
 
 const Target kTargets[] = {
@@ -47,15 +46,13 @@ const Target kTargets[] = {
 };
 
 // {target name: {"cpu": capsule, "CUDA": capsule}} (no "CUDA" key in a
-// CPU-only build). command_buffers picks the CUDA handlers XLA may record
-// into its CUDA graphs (handlers.h).
-py::dict Registrations(bool command_buffers) {
+// CPU-only build).
+py::dict Registrations() {
   py::dict out;
   for (const Target& t : kTargets) {
     py::dict platforms;
     platforms["cpu"] = py::capsule(t.cpu);
-    void* cuda = command_buffers ? t.cuda_graph : t.cuda;
-    if (cuda != nullptr) platforms["CUDA"] = py::capsule(cuda);
+    if (t.cuda != nullptr) platforms["CUDA"] = py::capsule(t.cuda);
     out[t.name] = platforms;
   }
   return out;

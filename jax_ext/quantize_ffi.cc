@@ -190,11 +190,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(fp8kit_jax_quantize_current_scaling_cpu,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(fp8kit_jax_compute_scale_cpu, fp8kit_jax::OnCpu<ComputeScaleImpl>{},
                               fp8kit_jax::BindComputeScale(fp8kit_jax::CpuBinding()));
 #ifdef FP8KIT_WITH_CUDA
-FP8KIT_DEFINE_CUDA_HANDLER(fp8kit_jax_quantize_cuda, fp8kit_jax::OnCuda<QuantizeImpl>{},
+XLA_FFI_DEFINE_HANDLER_SYMBOL(fp8kit_jax_quantize_cuda, fp8kit_jax::OnCuda<QuantizeImpl>{},
                               fp8kit_jax::BindQuantize(fp8kit_jax::CudaBinding()));
-FP8KIT_DEFINE_CUDA_HANDLER(fp8kit_jax_quantize_current_scaling_cuda,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(fp8kit_jax_quantize_current_scaling_cuda,
                               fp8kit_jax::OnCuda<QuantizeCurrentImpl>{},
                               fp8kit_jax::BindQuantizeCurrent(fp8kit_jax::CudaBinding()));
-FP8KIT_DEFINE_CUDA_HANDLER(fp8kit_jax_compute_scale_cuda, fp8kit_jax::OnCuda<ComputeScaleImpl>{},
+XLA_FFI_DEFINE_HANDLER_SYMBOL(fp8kit_jax_compute_scale_cuda, fp8kit_jax::OnCuda<ComputeScaleImpl>{},
                               fp8kit_jax::BindComputeScale(fp8kit_jax::CudaBinding()));
 #endif
