@@ -1,91 +1,122 @@
-"""Does the speed of a large Linear step depend on the weights' values?
+"""Does the speed of FP8 GEMMs, and of a large Linear step, depend on the
+operands' values?
 
 The kernel profiles of one 8192^3 step (scripts/kernel_profile.py) ran the
-same cuBLASLt FP8 kernel 10% faster in the JAX step (weights drawn from a
-normal distribution) than in the torch step (nn.Linear's uniform init), and
-the torch step's gradient GEMMs, which do not read the weight, were slower
-too. An H200 running FP8 GEMMs can be power-limited, and the power drawn
-depends on the bits the tensor cores toggle; this probe measures that
-directly: the fwd+bwd step of bf16 nn.Linear and of fp8kit.torch.Linear
-(delayed scaling) with (a) nn.Linear's uniform init and (b) normal weights
-of the same standard deviation, timed alternately in one process, with the
-SM clock and board power nvidia-smi reports during each.
+same cuBLASLt FP8 kernel 10% faster in one process than in another, and the
+lent H200s run torch._scaled_mm at 8192^3 at 1.21-1.30 PFLOP/s where
+ANCHORS.md measured 1.44-1.46 (bf16 GEMMs match). The power an H200 draws,
+and so the clock it can hold, depends on the bits its tensor cores toggle;
+this probe measures the effect, timing rows alternately in one process with
+the SM clock and board power nvidia-smi samples during each:
+  gemm    torch._scaled_mm 8192^3 (no fp8kit code) on e4m3 operands made
+          from normal data scaled to the e4m3 range (as fp8kit.bench's P1),
+          from unscaled randn (|x| < ~5: few exponents used), from uniform
+          data scaled to the range, and zeros;
+  linear  the fwd+bwd step of bf16 nn.Linear and fp8kit.torch.Linear
+          (delayed scaling) with nn.Linear's uniform init and with normal
+          weights of the same standard deviation.
 
-    python scripts/weight_init_probe.py [--size 8192] [--iters 50] [--rounds 3]
+    python scripts/data_speed_probe.py [--what gemm,linear] [--size 8192]
+                                       [--seconds 1.5] [--rounds 3]
 """
 
 import argparse
-import subprocess
 import time
 
 import torch
 
-from fp8kit.bench import torch_layers
-from fp8kit.recipe import DelayedScaling
+from fp8kit.bench.gpu_monitor import GpuSampler
 
 
-def sample_gpu(seconds_fn):
-    """Runs seconds_fn() while nvidia-smi samples SM clock (MHz) and power
-    (W) every 50 ms; returns (result, mean clock, mean power)."""
-    mon = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw",
-                            "--format=csv,noheader,nounits", "-lms", "50"],
-                           stdout=subprocess.PIPE, text=True)
-    time.sleep(0.2)
-    try:
-        result = seconds_fn()
-    finally:
-        mon.terminate()
-        out, _ = mon.communicate()
-    rows = [[float(v) for v in line.split(",")] for line in out.splitlines()[4:] if "," in line]
-    if not rows:
-        return result, float("nan"), float("nan")
-    return result, sum(r[0] for r in rows) / len(rows), sum(r[1] for r in rows) / len(rows)
+def cuda_ms_per_call(fn, seconds: float) -> float:
+    """ms per call of fn over about `seconds` of back-to-back calls (long
+    enough for nvidia-smi's samples to see the load)."""
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def batch(iters):
+        start.record()
+        for i in range(iters):
+            fn(i)
+        stop.record()
+        stop.synchronize()
+        return start.elapsed_time(stop) / iters
+
+    estimate = batch(5)
+    return batch(max(10, int(seconds * 1e3 / estimate)))
+
+
+def gemm_cases(s: int) -> dict:
+    """{data name: call i -> torch._scaled_mm} on e4m3 operands [s, s]."""
+    fp8 = torch.float8_e4m3fn
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def scaled(x):  # per-tensor scale to the e4m3 range, as fp8kit.bench's P1 does
+        scale = 448.0 / x.abs().max().float()
+        return (x.float() * scale).clamp(-448, 448).to(fp8), (1 / scale).reshape(())
+
+    def normal():
+        return torch.randn(s, s, device="cuda", generator=g, dtype=torch.bfloat16)
+
+    def uniform():
+        return torch.rand(s, s, device="cuda", generator=g, dtype=torch.bfloat16) * 2 - 1
+
+    one = torch.ones((), device="cuda")
+    operands = {
+        "normal, scaled to e4m3 max": (scaled(normal()), scaled(normal())),
+        "randn cast unscaled": ((normal().to(fp8), one), (normal().to(fp8), one)),
+        "uniform, scaled to e4m3 max": (scaled(uniform()), scaled(uniform())),
+        "zeros": ((torch.zeros(s, s, device="cuda", dtype=fp8), one),) * 2,
+    }
+    cases = {}
+    for name, ((a, sa), (b, sb)) in operands.items():
+        cases[name] = (lambda i, a=a, b=b, sa=sa, sb=sb: torch._scaled_mm(
+            a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16))
+    return cases, 2 * s ** 3
+
+
+def linear_cases(s: int) -> dict:
+    """{(init, layer): call i -> fwd+bwd step}: fresh layers per init, so the
+    delayed-scaling history of one init does not set the other's scales."""
+    from fp8kit.bench import torch_layers
+    from fp8kit.recipe import DelayedScaling
+    data = torch_layers.inputs(s, s, s, "cuda", copies=2, seed=1)
+    cases, std = {}, None
+    for init in ("uniform", "normal"):
+        layers = torch_layers.make_layers(s, s, "cuda", seed=0)
+        w = layers["bf16"].weight.detach()
+        std = w.float().std() if std is None else std
+        if init == "normal":
+            w = torch.randn(w.shape, device="cuda").mul_(std).to(w.dtype)
+        with torch.no_grad():
+            for layer in layers.values():
+                layer.weight.copy_(w)
+        cases[f"{init} init, bf16"] = torch_layers.fwd_bwd_fn(layers["bf16"], data)
+        cases[f"{init} init, fp8kit"] = torch_layers.fwd_bwd_fn(layers["fp8kit"], data,
+                                                               DelayedScaling())
+    return cases, 3 * 2 * s ** 3
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--what", default="gemm,linear")
     ap.add_argument("--size", type=int, default=8192)
-    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--seconds", type=float, default=1.5, help="per row")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    s = args.size
-    data = torch_layers.inputs(s, s, s, "cuda", copies=2, seed=1)
-    recipe = DelayedScaling()
-    steps = {}  # (init, layer name) -> step; fresh layers per init, so the
-    # delayed-scaling history of one init does not set the other's scales
-    uniform = None
-    for init in ("uniform", "normal"):
-        layers = torch_layers.make_layers(s, s, "cuda", seed=0)
-        w = layers["bf16"].weight.detach()
-        if uniform is None:
-            uniform = w.float().std()
-        if init == "normal":
-            w = torch.randn(w.shape, device="cuda").mul_(uniform).to(w.dtype)
-        with torch.no_grad():
-            for layer in layers.values():
-                layer.weight.copy_(w)
-        steps[init, "bf16"] = torch_layers.fwd_bwd_fn(layers["bf16"], data)
-        steps[init, "fp8kit"] = torch_layers.fwd_bwd_fn(layers["fp8kit"], data, recipe)
-    flops = 3 * 2 * s ** 3
+    for what in args.what.split(","):
+        cases, flops = {"gemm": gemm_cases, "linear": linear_cases}[what](args.size)
+        print(f"== {what}, {args.size}^3, {args.seconds:g} s per row", flush=True)
+        for r in range(args.rounds):
+            for name, fn in cases.items():
+                with GpuSampler() as sampler:
+                    t0 = time.monotonic()
+                    ms = cuda_ms_per_call(fn, args.seconds)
+                    gpu = sampler.mean_over([(t0, time.monotonic())]) or {}
+                print(f"round {r}  {name:30s} {ms:7.3f} ms  {flops / ms / 1e9:7.1f} TFLOP/s"
+                      f"  SM {gpu.get('sm_mhz', '?')} MHz  {gpu.get('power_w', '?')} W", flush=True)
+        del cases
+        torch.cuda.empty_cache()
 
-    def timed(step):
-        for i in range(5):
-            step(i)
-        torch.cuda.synchronize()
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for i in range(args.iters):
-            step(i)
-        stop.record()
-        stop.synchronize()
-        return start.elapsed_time(stop) / args.iters
-
-    print(f"fwd+bwd {s}^3, {args.iters} steps per row; weight std {float(uniform):.3g}")
-    for r in range(args.rounds):
-        for (init, name), step in steps.items():
-            ms, clock, power = sample_gpu(lambda: timed(step))
-            print(f"round {r} {init:8s} {name:7s} {ms:7.3f} ms  {flops / ms / 1e9:7.1f} TFLOP/s"
-                  f"  SM {clock:6.0f} MHz  {power:5.0f} W", flush=True)
 
 if __name__ == "__main__":
     main()

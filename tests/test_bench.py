@@ -85,11 +85,12 @@ def test_linear_and_overhead_rows(suite):
     rows = json.loads((d / "bench.json").read_text())["rows"]
     torch_linear = [r for r in rows if r["group"].startswith("PyTorch Linear")]
     # fwd and fwd+bwd; delayed and current, weight re-quantized and cached.
-    for mode in ("fwd", "fwd+bwd"):
+    # fwd+bwd at the target size (every size in quick mode) is also timed sustained.
+    for mode, extra in (("fwd", set()), ("fwd+bwd", {"delayed, sustained"})):
         cases = {r["case"].split(" ", 1)[1] for r in torch_linear
                  if r["group"].startswith(f"PyTorch Linear {mode},")}
         assert cases == {"delayed", "current", "delayed, weight cached",
-                         "current, weight cached", "delayed, fast fwd acc"}, mode
+                         "current, weight cached", "delayed, fast fwd acc"} | extra, mode
     p3 = [r for r in torch_linear if r["target"] == "P3"]
     assert p3 and all("fwd+bwd" in r["group"] and r["case"].endswith(" delayed") for r in p3)
     overhead = [r for r in rows if r["section"] == "overhead"]
@@ -98,6 +99,58 @@ def test_linear_and_overhead_rows(suite):
     for r in overhead:   # host time per call, next to the device-side time
         assert r["timing"]["fp8kit_host_s"] > 0 and r["timing"]["anchor_host_s"] > 0
         assert "host " in r["note"]
+
+
+def test_sustained_rows(suite):
+    """torch Linear and JAX dense fwd+bwd, bf16 vs delayed, in long batches,
+    with the GPU's clock and power where nvidia-smi runs (not on CI)."""
+    _, _, _, d = suite
+    rows = [r for r in json.loads((d / "bench.json").read_text())["rows"]
+            if r["case"].endswith("delayed, sustained")]
+    assert {r["group"].split(",")[0] for r in rows} == {"PyTorch Linear fwd+bwd",
+                                                        "JAX jit: dense fwd+bwd (random cotangent)"}
+    for r in rows:
+        assert r["target"] is None and r["error"] is None
+        assert r["fp8kit_s"] > 0 and r["anchor_s"] > 0 and r["check"].startswith("rel err y")
+        assert r["note"].startswith("GPU ")
+
+
+def _fake_nvidia_smi(tmp_path, lines):
+    script = tmp_path / "nvidia-smi"
+    body = "".join(f"echo '{line}'\nsleep 0.05\n" for line in lines)
+    script.write_text(f"#!/bin/sh\n{body}exec sleep 60\n")
+    script.chmod(0o755)
+    return str(tmp_path)
+
+
+def test_gpu_sampler_averages_samples_inside_the_windows(tmp_path, monkeypatch):
+    import time
+    from fp8kit.bench.gpu_monitor import GpuSampler
+    monkeypatch.setenv("PATH", _fake_nvidia_smi(tmp_path, ["1980, 120.5", "[N/A], 100",
+                                                            "1400, 640", "1500, 620"]) +
+                       os.pathsep + os.environ["PATH"])
+    assert GpuSampler.available()
+    start = time.monotonic()
+    with GpuSampler() as sampler:
+        time.sleep(1.0)
+    end = time.monotonic()
+    assert [(m, w) for _, m, w in sampler._samples] == [(1980, 120.5), (1400, 640),
+                                                         (1500, 620)]
+    everything = sampler.mean_over([(start, end)])
+    assert everything == {"sm_mhz": round((1980 + 1400 + 1500) / 3),
+                          "power_w": round((120.5 + 640 + 620) / 3), "samples": 3}
+    t_last = sampler._samples[-1][0]
+    assert sampler.mean_over([(t_last, end)]) == {"sm_mhz": 1500, "power_w": 620, "samples": 1}
+    assert sampler.mean_over([(end + 1, end + 2)]) is None
+
+
+def test_sampled_timing_note():
+    kit = timing.Timing(1e-3, 1e-3, 3, 10, gpu={"sm_mhz": 1430, "power_w": 635, "samples": 30})
+    anchor = timing.Timing(2e-3, 2e-3, 3, 10, gpu={"sm_mhz": 1560, "power_w": 634, "samples": 30})
+    assert timing.gpu_note(kit, anchor) == ("GPU during fp8kit / anchor batches: "
+                                            "SM 1430 / 1560 MHz, 635 / 634 W")
+    assert "gpu" in kit.to_json() and "gpu" not in timing.Timing(1, 1, 1, 1).to_json()
+    assert "not sampled" in timing.gpu_note(timing.Timing(1, 1, 1, 1), anchor)
 
 
 def test_profile_of_the_per_call_path(suite):

@@ -8,7 +8,9 @@ ANCHORS.md's size, 8192 tokens x 8192 x 8192; current scaling, the forward
 pass alone, the weight-cached rows (gradient accumulation, inference), the
 forward GEMM with fast accumulation (the recipe's opt-in
 forward_fast_accumulation; its check shows the accuracy it costs) and the
-other sizes are for information.
+other sizes are for information. At the target size, fwd+bwd, a
+"sustained" row times bf16 and delayed again in 1.5 s batches, each in its
+own steady state, with the GPU's clock and power (timing.measure_sustained).
 """
 
 from __future__ import annotations
@@ -61,10 +63,24 @@ def run_size(ctx: Context, tokens: int, k: int, n: int, seed: int, mode: str) ->
         rows[-1].check = f"{out.checks.get('delayed', '')}; {out.checks.get('torchao', '')}"
     elif out.torchao_missing:
         rows[0].note += f"; {out.torchao_missing}"
+    if is_target:
+        rows.append(sustained_row(ctx, k, n, data, mode, seed, case, tokens * k * n, flops))
     del data
     if dev == "cuda":
         torch.cuda.empty_cache()
     return rows
+
+
+def sustained_row(ctx: Context, k: int, n: int, data, mode: str, seed: int, case: str,
+                  size: float, flops: float) -> Row:
+    delayed = torch_layers.standard_variants(cached=False)[0]
+    out = torch_layers.run_layers(ctx, k, n, data, mode, [delayed], seed, sustained=True)
+    row = Row(SECTION, group_bf16(mode), f"{case} delayed, sustained", size, "TFLOP/s",
+              "bf16 nn.Linear", fp8kit_work=flops, anchor_work=flops)
+    out.fill(row, delayed.name)
+    if delayed.name in out.timings and "bf16" in out.timings:
+        row.note = timing.gpu_note(out.timings[delayed.name], out.timings["bf16"])
+    return row
 
 
 def cases(ctx: Context) -> list[Case]:

@@ -58,9 +58,13 @@ class Timing:
     min_s: float
     rounds: int
     iters: int                  # calls per round
+    gpu: Optional[dict] = None  # mean SM clock and power during the timed batches (GpuSampler)
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if d["gpu"] is None:
+            del d["gpu"]
+        return d
 
 
 class Clock:
@@ -127,15 +131,18 @@ def jax_clock() -> Clock:
 
 
 def measure(fns: Dict[str, Callable[[int], object]], clock: Clock, settings: Settings,
-            around: Optional[Dict[str, Callable[[], ContextManager]]] = None
-            ) -> Dict[str, Timing]:
+            around: Optional[Dict[str, Callable[[], ContextManager]]] = None,
+            sampler=None) -> Dict[str, Timing]:
     """Median seconds per call of each function (see the module doc).
 
     Each function takes the call index (to rotate through input copies).
     around[name], when given, makes a context entered around each of that
     function's batches, outside the timed region (e.g. one autocast around
-    many layer calls, as in a model's forward)."""
+    many layer calls, as in a model's forward). sampler, a running
+    gpu_monitor.GpuSampler, gives each Timing the GPU's mean SM clock and
+    power during that function's timed batches."""
     around = around or {}
+    windows = {name: [] for name in fns}
 
     def ctx(name):
         return around[name]() if name in around else contextlib.nullcontext()
@@ -156,9 +163,40 @@ def measure(fns: Dict[str, Callable[[int], object]], clock: Clock, settings: Set
     for _ in range(settings.rounds):
         for name, fn in fns.items():
             with ctx(name):
+                t0 = time.monotonic()
                 samples[name].append(clock.batch(fn, iters[name]))
+                windows[name].append((t0, time.monotonic()))
     return {name: Timing(median_s=statistics.median(v), min_s=min(v), rounds=len(v),
-                         iters=iters[name]) for name, v in samples.items()}
+                         iters=iters[name],
+                         gpu=sampler.mean_over(windows[name]) if sampler else None)
+            for name, v in samples.items()}
+
+
+# Batches long enough for each function to reach its own steady state: a
+# large FP8 layer run back to back holds the GPU at its power cap, at a lower
+# clock than in a 25 ms batch that follows other work (gpu_monitor.py).
+SUSTAINED = Settings(warmup=3, rounds=3, batch_seconds=1.5, min_iters=5, max_iters=100_000)
+
+
+def measure_sustained(fns: Dict[str, Callable[[int], object]], clock: Clock, quick: bool,
+                      around: Optional[Dict[str, Callable[[], ContextManager]]] = None
+                      ) -> Dict[str, Timing]:
+    """measure() with SUSTAINED batches (Settings.quick() in quick mode),
+    recording the GPU's clock and power where nvidia-smi is available."""
+    from fp8kit.bench.gpu_monitor import GpuSampler
+    settings = Settings.quick() if quick else SUSTAINED
+    if not GpuSampler.available():
+        return measure(fns, clock, settings, around)
+    with GpuSampler() as sampler:
+        return measure(fns, clock, settings, around, sampler)
+
+
+def gpu_note(kit: Timing, anchor: Timing) -> str:
+    """'GPU during fp8kit / anchor batches: ...' from two sampled Timings."""
+    if kit.gpu is None or anchor.gpu is None:
+        return "GPU clock and power not sampled (no nvidia-smi)"
+    return (f"GPU during fp8kit / anchor batches: SM {kit.gpu['sm_mhz']} / "
+            f"{anchor.gpu['sm_mhz']} MHz, {kit.gpu['power_w']} / {anchor.gpu['power_w']} W")
 
 
 def host_seconds(fns: Dict[str, Callable[[int], object]], clock: Clock, iters: int,

@@ -162,7 +162,7 @@ class Outcome:
 
 
 def run_layers(ctx, k: int, n: int, data, mode: str, variants, seed: int,
-               host_iters: int = 0) -> Outcome:
+               host_iters: int = 0, sustained: bool = False) -> Outcome:
     """Times bf16 nn.Linear, one fp8kit.torch.Linear per variant and (on a
     GPU, when installed) torchao's Float8Linear, all with the same weights,
     on `data` (see inputs()); mode "fwd" or "fwd+bwd". Each output is
@@ -170,7 +170,8 @@ def run_layers(ctx, k: int, n: int, data, mode: str, variants, seed: int,
     layers run inside fp8kit.torch.autocast entered once around each timed
     batch (as in a model whose forward runs many layers in one autocast),
     or on every call for variants that ask for it. host_iters > 0 also
-    measures host time per call (timing.host_seconds)."""
+    measures host time per call (timing.host_seconds). sustained: time with
+    timing.measure_sustained, without torchao."""
     import fp8kit.torch as ft
 
     dev = ctx.torch_device
@@ -194,7 +195,7 @@ def run_layers(ctx, k: int, n: int, data, mode: str, variants, seed: int,
             fns[v.name] = fn
         except checks.Mismatch as e:
             errors[v.name] = f"not timed: {e}"
-    ao, why = torchao_layer(base, dev)
+    ao, why = (None, None) if sustained else torchao_layer(base, dev)
     if ao is not None:
         fn = make(ao, data)
         try:
@@ -203,6 +204,9 @@ def run_layers(ctx, k: int, n: int, data, mode: str, variants, seed: int,
         except checks.Mismatch as e:
             errors["torchao"] = f"torchao not timed: {e}"
     clock = timing.torch_clock(dev)
-    t = timing.measure(fns, clock, ctx.settings, around=around)
+    if sustained:
+        t = timing.measure_sustained(fns, clock, ctx.quick, around=around)
+    else:
+        t = timing.measure(fns, clock, ctx.settings, around=around)
     host = timing.host_seconds(fns, clock, host_iters, around) if host_iters else {}
     return Outcome(t, found, errors, host, why)
