@@ -132,3 +132,45 @@ def test_cuda_gemm_against_float64_and_capability():
         abs_a, abs_b = np.abs(av), np.abs(bv)
         bound = 2.0**-11 * ((abs_a.T if trans_a else abs_a) @ (abs_b.T if trans_b else abs_b))
         assert (np.abs(g.cpu().numpy() - want) <= bound + 1e-6).all()
+
+
+_TUNING_CHILD = """
+import torch, fp8kit.torch as ft
+torch.manual_seed(0)
+a, b = torch.randn(256, 512), torch.randn(384, 512)
+def q(x):
+    s = 448.0 / x.abs().max()
+    return (x * s).to(torch.float8_e4m3fn), (1 / s).reshape(1).float()
+(ad, asi), (bd, bsi) = q(a), q(b)
+want = (ad.float() * asi) @ (bd.float() * bsi).T
+try:
+    g = ft.gemm(ad.cuda(), asi.cuda(), None, bd.cuda(), bsi.cuda(), None, False, True,
+                torch.float32)
+    print("max err", float((g.cpu() - want).abs().max() / want.abs().max()))
+except Exception as e:
+    print(type(e).__name__, e)
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("env, expect", [
+    ({"FP8KIT_GEMM_TUNE_MS": "2"}, "max err"),
+    ({"FP8KIT_GEMM_CANDIDATES": "3", "FP8KIT_GEMM_TUNE_MS": "0.5"}, "max err"),
+    ({"FP8KIT_GEMM_TUNE_MS": "fast"}, "ValueError FP8KIT_GEMM_TUNE_MS=\"fast\" must be a number"),
+    ({"FP8KIT_GEMM_CANDIDATES": "0"}, "ValueError FP8KIT_GEMM_CANDIDATES=\"0\" must be an integer"),
+], ids=["tune-window", "candidates-and-window", "bad-window", "bad-candidates"])
+def test_cuda_gemm_tuning_environment(env, expect):
+    """The autotuner's knobs (read once per process, so each case runs in a
+    child): valid values tune and give the right product; bad ones are a
+    clear error at the first GEMM."""
+    import os
+    import subprocess
+    import sys
+    cuda_or_skip()
+    child_env = dict(os.environ, **env, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.run([sys.executable, "-c", _TUNING_CHILD], env=child_env,
+                          capture_output=True, text=True, timeout=300)
+    out = proc.stdout.strip()
+    assert proc.returncode == 0 and out.startswith(expect), out + proc.stderr[-3000:]
+    if expect == "max err":
+        assert float(out.split()[-1]) < 2e-2
