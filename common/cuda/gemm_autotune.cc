@@ -2,37 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <limits>
 
-#include "error.h"
 #include "fp8kit/tensor.h"
 
 namespace fp8kit {
 namespace cuda {
 namespace {
-
-// FP8KIT_GEMM_TUNE_MS: the least time, in milliseconds (0.1 to 1000), each
-// candidate's measurement runs; unset, about 200 us of work. Under
-// sustained load an H200 running FP8 GEMMs sits at its power cap, at a
-// lower clock than in a short burst, and a candidate's rank in a 200 us
-// burst need not be its rank there; a longer window (with the GPU heated
-// first) times the candidates in that steady state.
-double tune_seconds() {
-  static const double seconds = [] {
-    const char* v = std::getenv("FP8KIT_GEMM_TUNE_MS");
-    if (v == nullptr) return 0.0;
-    char* end = nullptr;
-    const double ms = std::strtod(v, &end);
-    if (end == v || *end != '\0' || !(ms >= 0.1 && ms <= 1000.0)) {
-      fail(FP8KIT_INVALID_ARGUMENT, "FP8KIT_GEMM_TUNE_MS=\"", v,
-           "\" must be a number of milliseconds from 0.1 to 1000; unset it for the default "
-           "(about 0.2 ms per measurement)");
-    }
-    return ms * 1e-3;
-  }();
-  return seconds;
-}
 
 // Owns the CUDA events and scratch buffer of one tuning session.
 struct TuningResources {
@@ -47,17 +23,14 @@ struct TuningResources {
 };
 
 // Repetitions per timing: about 200 us of work per measurement, from a
-// rough roofline estimate (1 PFLOP/s, 3 TB/s), between 3 and 20; or enough
-// for tune_seconds() when that is set.
+// rough roofline estimate (1 PFLOP/s, 3 TB/s), between 3 and 20.
 int repetitions(const GemmProblem& p) {
   const double flops = 2.0 * double(p.m) * double(p.n) * double(p.k);
   const double bytes = double(p.m) * double(p.k) + double(p.n) * double(p.k) +
                        double(p.m) * double(p.n) * double(fp8kit_dtype_size(p.d_dtype));
-  const double seconds = std::max(std::max(flops / 1e15, bytes / 3e12), 1e-9);
-  if (tune_seconds() > 0) {
-    return int(std::min(1e6, std::max(3.0, std::ceil(tune_seconds() / seconds))));
-  }
-  return int(std::min(20.0, std::max(3.0, std::ceil(200e-6 / seconds))));
+  const double seconds = std::max(flops / 1e15, bytes / 3e12);
+  const double reps = 200e-6 / std::max(seconds, 1e-9);
+  return int(std::min(20.0, std::max(3.0, std::ceil(reps))));
 }
 
 }  // namespace
@@ -83,16 +56,6 @@ int pick_fastest_algo(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const 
   }
   const int reps = repetitions(p);
   const size_t n = algos.size();
-  if (tune_seconds() > 0) {
-    // Heat the GPU to its steady state first, so the first candidates are
-    // not timed cooler than the rest.
-    for (int rep = 0; rep < reps; ++rep) {
-      if (run_matmul(handle, desc, plan, algos[0], p, d, workspace, workspace_bytes, stream) !=
-          CUBLAS_STATUS_SUCCESS) {
-        break;  // the rounds below find out which candidates run
-      }
-    }
-  }
   std::vector<float> best(n, std::numeric_limits<float>::infinity());
   std::vector<bool> failed(n, false);
   // Two rounds, keeping each candidate's best time, so one noisy
