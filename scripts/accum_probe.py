@@ -15,12 +15,7 @@ import argparse
 import torch
 
 import fp8kit.torch as ft
-
-
-def quantize(t):
-    scale = 448.0 / t.abs().max().float()
-    q = (t.float() * scale).to(torch.float8_e4m3fn)
-    return q, (1.0 / scale).reshape(1)
+from fp8kit.bench.gemm import quantize_e4m3 as quantize
 
 
 def main():

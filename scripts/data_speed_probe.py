@@ -25,24 +25,17 @@ import time
 
 import torch
 
+from fp8kit.bench import timing
+from fp8kit.bench.gemm import quantize_e4m3
 from fp8kit.bench.gpu_monitor import GpuSampler
 
 
 def cuda_ms_per_call(fn, seconds: float) -> float:
     """ms per call of fn over about `seconds` of back-to-back calls (long
     enough for nvidia-smi's samples to see the load)."""
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-    def batch(iters):
-        start.record()
-        for i in range(iters):
-            fn(i)
-        stop.record()
-        stop.synchronize()
-        return start.elapsed_time(stop) / iters
-
-    estimate = batch(5)
-    return batch(max(10, int(seconds * 1e3 / estimate)))
+    clock = timing.CudaEventClock()
+    estimate = clock.batch(fn, 5)
+    return 1e3 * clock.batch(fn, max(10, int(seconds / estimate)))
 
 
 def gemm_cases(s: int) -> dict:
@@ -51,8 +44,8 @@ def gemm_cases(s: int) -> dict:
     g = torch.Generator(device="cuda").manual_seed(0)
 
     def scaled(x):  # per-tensor scale to the e4m3 range, as fp8kit.bench's P1 does
-        scale = 448.0 / x.abs().max().float()
-        return (x.float() * scale).clamp(-448, 448).to(fp8), (1 / scale).reshape(())
+        q, scale_inv = quantize_e4m3(x)
+        return q, scale_inv.reshape(())
 
     def normal():
         return torch.randn(s, s, device="cuda", generator=g, dtype=torch.bfloat16)

@@ -42,8 +42,10 @@ def group_name(mode: str) -> str:
     return f"e4m3 GEMM, {mode} accumulation, vs torch._scaled_mm"
 
 
-def _quantize(torch, x):
-    """Per-tensor e4m3 (torch's own cast): (data, scale_inv as float32[1])."""
+def quantize_e4m3(x):
+    """Per-tensor e4m3 (torch's own cast): (data, scale_inv as float32[1]).
+    Also used by scripts/accum_probe.py and scripts/data_speed_probe.py."""
+    import torch
     scale = FP8_MAX / x.abs().max().float()
     q = (x.float() * scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return q, (1.0 / scale).reshape(1).to(torch.float32)
@@ -56,8 +58,8 @@ def _operands(torch, m, n, k, device, seed):
     for _ in range(copies):
         a = torch.randn(m, k, device=device, generator=g, dtype=torch.bfloat16)
         b = torch.randn(n, k, device=device, generator=g, dtype=torch.bfloat16)
-        a_q, a_si = _quantize(torch, a)
-        b_q, b_si = _quantize(torch, b)
+        a_q, a_si = quantize_e4m3(a)
+        b_q, b_si = quantize_e4m3(b)
         sets.append({"a": a_q, "a_si": a_si, "b": b_q, "b_si": b_si, "a16": a, "b16": b})
     return sets
 
