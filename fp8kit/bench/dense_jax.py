@@ -136,16 +136,13 @@ def _add_kn_layout_row(s, dev, sets, fns, rows, target) -> None:
         row.error = f"not run: {type(e).__name__}: {e}"
 
 
-def _delayed_state(recipe, x, w, dy):
-    import jax.numpy as jnp
+def _trained_state(fwd_bwd, recipe, x, w, dy):
+    """The delayed-scaling state after one training step on (x, w, dy):
+    seeded, with the scales the timed steps would have in training. Timing
+    a fresh state instead would time its seeding on every call."""
     import fp8kit.jax as fj
-    from fp8kit.recipe import FP8_MAX
-    fmt = recipe.fp8_format
-    maxes = (FP8_MAX[fmt.forward_dtype], FP8_MAX[fmt.forward_dtype], FP8_MAX[fmt.backward_dtype])
-    amaxes = [jnp.max(jnp.abs(t)).astype(jnp.float32) for t in (x, w, dy)]
-    return fj.DelayedScalingState(
-        amax_history=jnp.zeros((3, recipe.amax_history_len), jnp.float32),
-        scale=jnp.stack([m / a for m, a in zip(maxes, amaxes)]))
+    _, (_, _, state) = fwd_bwd(x, w, fj.DelayedScalingState.create(recipe), dy)
+    return state
 
 
 def run_dense(ctx: Context, s: int) -> list[Row]:
@@ -188,10 +185,10 @@ def run_dense(ctx: Context, s: int) -> list[Row]:
     recipes = (("delayed", DelayedScaling()), ("current", CurrentScaling()),
                ("delayed, fast fwd acc", DelayedScaling(forward_fast_accumulation=True)))
     for name, recipe in recipes:
-        st = jax.device_put(_delayed_state(recipe, x, w, dy), dev) \
-            if isinstance(recipe, DelayedScaling) else None
         f = functools.partial(lambda x, w, st, r: fj.dense(x, w, state=st, recipe=r), r=recipe)
         f_fwd, f_fb = jax.jit(f), fwd_bwd(f)
+        st = _trained_state(f_fb, recipe, x, w, dy) if isinstance(recipe, DelayedScaling) \
+            else None
         tgt = name == "delayed" and is_target
         r1 = Row(SECTION, G_FWD, f"{s}^3 {name}", s ** 3, "TFLOP/s", "bf16 x @ w",
                  fp8kit_work=flops, anchor_work=flops, target="P5-fwd" if tgt else None)

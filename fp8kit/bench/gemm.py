@@ -33,7 +33,6 @@ SHAPES = [
     (128, 4096, 4096),
 ]
 QUICK_SHAPES = [(16, 64, 64), (64, 64, 128), (128, 96, 64)]
-FP8_MAX = 448.0
 CHECK_TOL = 2e-2  # max |fp8kit - _scaled_mm| / max |_scaled_mm|: accumulation order only
 MODES = (("split", False), ("fast", True))  # (name, use_fast_accum)
 
@@ -42,13 +41,20 @@ def group_name(mode: str) -> str:
     return f"e4m3 GEMM, {mode} accumulation, vs torch._scaled_mm"
 
 
-def quantize_e4m3(x):
-    """Per-tensor e4m3 (torch's own cast): (data, scale_inv as float32[1]).
-    Also used by scripts/accum_probe.py and scripts/data_speed_probe.py."""
+def cast_e4m3(x, scale):
+    """PyTorch's own per-tensor e4m3 cast: x * scale in float32, saturated
+    to the e4m3 range, rounded to nearest even."""
     import torch
-    scale = FP8_MAX / x.abs().max().float()
-    q = (x.float() * scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return q, (1.0 / scale).reshape(1).to(torch.float32)
+    e4m3_max = torch.finfo(torch.float8_e4m3fn).max
+    return (x.float() * scale).clamp(-e4m3_max, e4m3_max).to(torch.float8_e4m3fn)
+
+
+def quantize_e4m3(x):
+    """x in e4m3 with the scale that maps its amax to the e4m3 max:
+    (data, scale_inv as float32[1]). Also used by the tools in scripts/."""
+    import torch
+    scale = torch.finfo(torch.float8_e4m3fn).max / x.abs().max().float()
+    return cast_e4m3(x, scale), (1.0 / scale).reshape(1).to(torch.float32)
 
 
 def _operands(torch, m, n, k, device, seed):

@@ -32,13 +32,13 @@ import functools
 
 from fp8kit.bench import checks, timing
 from fp8kit.bench.context import Case, Context
+from fp8kit.bench.gemm import cast_e4m3
 from fp8kit.bench.results import Row
 
 SECTION = "quantize"
 TARGET_SHAPES = [(8192, 8192), (16384, 8192), (8192, 28672)]  # ANCHORS.md's P2 shapes
 SHAPES = [(4096, 4096)] + TARGET_SHAPES
 QUICK_SHAPES = [(128, 256), (512, 384)]
-FP8_MAX = 448.0
 
 G_DELAYED = "delayed scaling cast+transpose (bf16 -> e4m3 row+col, amax), vs copy"
 G_ROWWISE = "delayed scaling rowwise only (3 B/el), vs copy"
@@ -48,16 +48,11 @@ G_COMPILE = "current scaling cast+transpose vs torch.compile"
 G_COMPILE_DELAYED = "delayed scaling cast+transpose vs torch.compile"
 
 
-def _torch_cast(torch, x, scale):
-    return (x.float() * scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-
-
 def _torch_delayed_cast_transpose(x, scale):
     """Delayed scaling in PyTorch: the amax (for the history), the cast with
     the given scale and its transpose."""
-    import torch
     amax = x.abs().amax().float()
-    q = (x.float() * scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    q = cast_e4m3(x, scale)
     return q, q.t().contiguous(), amax
 
 
@@ -72,8 +67,8 @@ def _torch_amax_cast_transpose(x):
     """What a PyTorch user writes for current scaling: amax, scale, cast, transpose."""
     import torch
     amax = x.abs().amax().float()
-    scale = FP8_MAX / amax
-    q = (x.float() * scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    scale = torch.finfo(torch.float8_e4m3fn).max / amax
+    q = cast_e4m3(x, scale)
     return q, q.t().contiguous(), (1.0 / scale), amax
 
 
@@ -90,7 +85,7 @@ def run_shape(ctx: Context, rows_: int, cols: int, seed: int) -> list[Row]:
     dsts = [torch.empty_like(x) for x in xs]
     amaxes = [torch.zeros(1, device=dev, dtype=torch.float32) for _ in xs]
     # The scale training would use (delayed scaling: from an earlier amax).
-    scale = (FP8_MAX / xs[0].abs().max().float()).reshape(1)
+    scale = (torch.finfo(torch.float8_e4m3fn).max / xs[0].abs().max().float()).reshape(1)
 
     def kit_delayed(i):
         return ext.quantize(xs[i % copies], scale, "e4m3", True, True, amaxes[i % copies])
@@ -125,10 +120,10 @@ def run_shape(ctx: Context, rows_: int, cols: int, seed: int) -> list[Row]:
     want_amax = x0.abs().max().float()
     fns = {"copy": copy}
     try:
-        data, data_t, scale_inv = kit_delayed(0)
-        ref = _torch_cast(torch, x0, scale)
+        data, columnwise, scale_inv = kit_delayed(0)
+        ref = cast_e4m3(x0, scale)
         checks.same_fp8("delayed rowwise", data, ref)
-        checks.same_fp8("delayed columnwise", data_t, ref.t().contiguous())
+        checks.same_fp8("delayed columnwise", columnwise, ref.t().contiguous())
         if amaxes[0].item() != want_amax.item():
             raise checks.Mismatch(f"amax {amaxes[0].item()} != {want_amax.item()}")
         _exact("delayed scale_inv", scale_inv, 1.0 / scale.cpu().reshape(()))
@@ -137,27 +132,27 @@ def run_shape(ctx: Context, rows_: int, cols: int, seed: int) -> list[Row]:
     except checks.Mismatch as e:
         r_del.error = f"not timed: {e}"
     try:
-        data, data_t, _ = kit_rowwise(0)
-        if data_t is not None:
+        data, columnwise, _ = kit_rowwise(0)
+        if columnwise is not None:
             raise checks.Mismatch("rowwise-only call returned columnwise data")
-        checks.same_fp8("rowwise", data, _torch_cast(torch, x0, scale))
+        checks.same_fp8("rowwise", data, cast_e4m3(x0, scale))
         r_row.check = "bit-exact data"
         fns["rowwise"] = kit_rowwise
     except checks.Mismatch as e:
         r_row.error = f"not timed: {e}"
     try:
-        data, data_t, c_scale, c_scale_inv, c_amax = kit_current(0)
+        data, columnwise, c_scale, c_scale_inv, c_amax = kit_current(0)
         if c_amax.float().reshape(()).item() != want_amax.item():
             raise checks.Mismatch(f"amax {c_amax.item()} != {want_amax.item()}")
-        want_scale = torch.tensor(FP8_MAX) / want_amax.cpu()
+        want_scale = torch.tensor(torch.finfo(torch.float8_e4m3fn).max) / want_amax.cpu()
         _exact("current scale", c_scale, want_scale)
         _exact("current scale_inv", c_scale_inv, 1.0 / want_scale)
-        ref = _torch_cast(torch, x0, c_scale.float().reshape(1))
+        ref = cast_e4m3(x0, c_scale.float().reshape(1))
         checks.same_fp8("current rowwise", data, ref)
-        checks.same_fp8("current columnwise", data_t, ref.t().contiguous())
+        checks.same_fp8("current columnwise", columnwise, ref.t().contiguous())
         r_cur.check = "bit-exact data, transpose, amax, scale, scale_inv"
         fns["current"] = kit_current
-        q, qt, _, _ = eager(0)
+        q, _, _, _ = eager(0)
         try:
             r_eag.check = "vs fp8kit: " + checks.close_fp8("torch eager vs fp8kit", q, data)
             fns["eager"] = eager
