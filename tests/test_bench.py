@@ -267,42 +267,23 @@ def test_bad_section_is_reported(tmp_path):
     assert rc == 2 and "nope" in err
 
 
-def test_sections_take_half_of_linear(tmp_path):
-    rc, out, err = _run(["--quick", "--sections", "dense_jax", "--rounds", "1",
-                         "--out", str(tmp_path), "--no-plots", "--plain-progress"])
+@pytest.mark.parametrize("half,group", [("dense_jax", "JAX jit"),
+                                        ("linear_torch", "PyTorch Linear")])
+def test_sections_take_half_of_linear(tmp_path, half, group):
+    json_path = tmp_path / "elsewhere" / f"{half}.json"
+    rc, out, err = _run(["--quick", "--sections", half, "--rounds", "1",
+                         "--out", str(tmp_path), "--json", str(json_path), "--plain-progress"])
     assert rc == 0, out + err
-    doc = json.loads((tmp_path / "bench.json").read_text())
-    assert doc["sections"] == ["dense_jax"]
-    assert doc["rows"] and all(r["group"].startswith("JAX jit") for r in doc["rows"])
+    doc = json.loads(json_path.read_text())
+    assert doc["sections"] == [half] and doc["errors"] == []
+    assert doc["rows"] and all(r["group"].startswith(group) for r in doc["rows"])
+    assert (tmp_path / "bench_linear.png").exists()     # plots go to --out
 
 
-# script, extra flags, the sections it runs, what its rows' groups start with, PNGs
-WRAPPERS = [
-    ("bench_gemm.py", ["--shapes", "16x32x32"], ["gemm"], ("e4m3 GEMM", "fp8kit split"),
-     ["bench_gemm.png"]),
-    ("bench_quantize.py", [], ["quantize"], ("delayed scaling", "current scaling"),
-     ["bench_quantize.png"]),
-    ("bench_torch.py", [], ["linear_torch", "overhead"], ("PyTorch Linear", "per call"),
-     ["bench_linear.png", "bench_overhead.png", "profile_overhead.txt"]),
-    ("bench_jax.py", [], ["dense_jax"], ("JAX jit",), ["bench_linear.png"]),
-]
-
-
-@pytest.mark.parametrize("script,extra,sections,groups,files", WRAPPERS,
-                         ids=[w[0] for w in WRAPPERS])
-def test_bench_script_wrappers(tmp_path, script, extra, sections, groups, files):
-    path = pathlib.Path(os.path.realpath(__file__)).parents[1] / "benchmarks" / script
-    if not path.exists():
-        pytest.skip("benchmarks/ is not next to the tests (e.g. under Bazel)")
+def test_module_entry_point():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    out = tmp_path / "results.json"
-    r = subprocess.run([sys.executable, str(path), "--quick", "--rounds", "1", *extra,
-                        "--out", str(out)], capture_output=True, text=True, env=env,
-                       timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    doc = json.loads(out.read_text())
-    assert doc["sections"] == sections and doc["errors"] == []
-    assert doc["rows"] and all(row["group"].startswith(groups) for row in doc["rows"])
-    assert bool(doc["profiles"]) == (script == "bench_torch.py")
-    for f in files:
-        assert (tmp_path / f).exists(), f
+    r = subprocess.run([sys.executable, "-m", "fp8kit.bench", "--help"], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "--sections" in r.stdout and "--full" in r.stdout
+
