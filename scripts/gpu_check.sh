@@ -7,6 +7,7 @@
 #   scripts/gpu_check.sh [OUTDIR]          (default: out/gpu)
 #   STAGES="build info cpp pytest sanitizer bench" scripts/gpu_check.sh
 #   (also: kprofile, the kernel times of one large Linear step)
+# scripts/README.md lists this and the other tools.
 #
 # Needs: nvcc + cuBLASLt, python3 with torch and jax (the GPU machine's
 # image). GoogleTest: libgtest-dev, or Debian's googletest source copied to

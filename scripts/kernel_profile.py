@@ -1,16 +1,17 @@
-"""Where the GPU time of one large training step of a layer goes (issue 6
-P3, issue 5 P5).
+"""Where does the GPU time of one large training step of a layer go?
 
 torch.profiler (CUPTI, which sees every kernel of the process, XLA's too)
 over ITERS fwd+bwd calls at tokens x features x features, printed as tables
-of CUDA kernels sorted by total GPU time:
+of CUDA kernels sorted by total GPU time, each followed by the GPU's busy
+and idle time per call:
   torch  fp8kit.torch.Linear (delayed scaling, weight re-quantized every
          call) and bf16 torch.nn.Linear, with bias;
   jax    the jit'd fwd+bwd of fp8kit.jax.dense (delayed) and of bf16 x @ w,
-         as the benchmark times them (no bias), plus the ops of the
-         optimized HLO that are not fusions of elementwise work.
+         as the bench times them (no bias), plus the ops of the optimized
+         HLO that are not fusions of elementwise work.
 The kernel times, not the wall time, are the point: which GEMM ran how
-long, and what the casts, reductions and copies cost.
+long, and what the casts, reductions and copies cost. scripts/gpu_check.sh
+runs it as its kprofile stage.
 
     python scripts/kernel_profile.py [--tokens 8192 --features 8192 --iters 10]
                                      [--frameworks torch,jax]
@@ -20,7 +21,12 @@ import argparse
 import re
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
+
+import fp8kit.torch as ft
+from fp8kit.bench import torch_layers
+from fp8kit.recipe import DelayedScaling
 
 
 def busy_and_span(intervals) -> tuple:
@@ -40,7 +46,6 @@ def kernel_table(fn, iters: int, sync) -> str:
     """The kernel table of `iters` calls, then the GPU's busy time against
     the profiled window: idle time is what the calls cost beyond their
     kernels (launch gaps, host-side waits)."""
-    from torch.autograd import DeviceType
     for i in range(3):
         fn(i)
     sync()
@@ -58,9 +63,6 @@ def kernel_table(fn, iters: int, sync) -> str:
 
 
 def torch_tables(t: int, f: int, iters: int) -> None:
-    import fp8kit.torch as ft
-    from fp8kit.bench import torch_layers
-    from fp8kit.recipe import DelayedScaling
     layers = torch_layers.make_layers(f, f, "cuda", seed=0)
     layers["fp8kit"].cache_fp8_weight = False
     data = torch_layers.inputs(t, f, f, "cuda", copies=1, seed=0)
@@ -72,10 +74,9 @@ def torch_tables(t: int, f: int, iters: int) -> None:
 
 
 def jax_tables(t: int, f: int, iters: int) -> None:
-    import jax
+    import jax  # here, not at the top: --frameworks torch runs without JAX
     import jax.numpy as jnp
     import fp8kit.jax as fj
-    from fp8kit.recipe import DelayedScaling
     k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
     x = jax.random.normal(k1, (t, f), jnp.bfloat16)
     w = (jax.random.normal(k2, (f, f), jnp.float32) / f ** 0.5).astype(jnp.bfloat16)
@@ -110,7 +111,8 @@ def jax_tables(t: int, f: int, iters: int) -> None:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--features", type=int, default=8192)
     ap.add_argument("--iters", type=int, default=10)

@@ -280,10 +280,51 @@ def test_sections_take_half_of_linear(tmp_path, half, group):
     assert (tmp_path / "bench_linear.png").exists()     # plots go to --out
 
 
+def _python(*args):
+    """A new interpreter with this one's import path (the fp8kit under test)."""
+    path = os.pathsep.join(p for p in sys.path if p)
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=path), timeout=300)
+
+
 def test_module_entry_point():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    r = subprocess.run([sys.executable, "-m", "fp8kit.bench", "--help"], capture_output=True,
-                       text=True, env=env, timeout=120)
+    r = _python("-m", "fp8kit.bench", "--help")
     assert r.returncode == 0, r.stderr
     assert "--sections" in r.stdout and "--full" in r.stdout
 
+
+SCRIPTS = pathlib.Path(os.path.realpath(__file__)).parents[1] / "scripts"
+NO_SCRIPTS = "scripts/ is not next to the tests (a copy of tests/ alone)"
+
+
+def _tool(name, *args):
+    if not SCRIPTS.is_dir():
+        pytest.skip(NO_SCRIPTS)
+    return _python(str(SCRIPTS / name), *args)
+
+
+def test_every_tool_is_documented():
+    if not SCRIPTS.is_dir():
+        pytest.skip(NO_SCRIPTS)
+    readme = (SCRIPTS / "README.md").read_text()
+    tools = sorted(p.name for p in SCRIPTS.iterdir() if p.suffix in (".py", ".sh"))
+    assert tools and all(f"| `{t}` |" in readme for t in tools), tools
+
+
+@pytest.mark.parametrize("tool", ["accumulation_error.py", "kernel_profile.py",
+                                  "power_cap.py"])
+def test_tool_starts(tool):
+    """--help imports everything the tool takes from fp8kit (the bench's
+    helpers, the front ends), so a renamed helper fails here."""
+    r = _tool(tool, "--help")
+    assert r.returncode == 0, r.stderr
+    assert "usage:" in r.stdout
+
+
+def test_accumulation_error_on_the_cpu():
+    r = _tool("accumulation_error.py", "--m", "32", "--k", "64", "--n", "16", "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stdout.splitlines() if "rel err" in ln]
+    # 2 weight kinds x bias or not x split or fast
+    assert len(lines) == 8 and all(float(ln.rsplit(" ", 1)[1]) < 1e-2 for ln in lines), r.stdout
+    assert "bf16 rounding of the exact product" in r.stdout

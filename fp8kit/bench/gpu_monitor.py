@@ -2,7 +2,7 @@
 
 An H200 running FP8 GEMMs back to back reaches its 700 W software power
 cap and lowers its SM clock (1.98 GHz boost down to ~1.43 GHz in
-scripts/data_speed_probe.py's runs), so a large layer's speed, and its
+scripts/power_cap.py's runs), so a large layer's speed, and its
 ratio to bf16, depend on how long it has been running. Rows that time
 sustained work record what the GPU was doing alongside the time.
 

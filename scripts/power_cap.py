@@ -1,23 +1,26 @@
-"""Does the speed of FP8 GEMMs, and of a large Linear step, depend on the
+"""Is this GPU's FP8 speed set by its power cap, and does it depend on the
 operands' values?
 
-The kernel profiles of one 8192^3 step (scripts/kernel_profile.py) ran the
-same cuBLASLt FP8 kernel 10% faster in one process than in another, and the
-lent H200s run torch._scaled_mm at 8192^3 at 1.21-1.30 PFLOP/s where
-ANCHORS.md measured 1.44-1.46 (bf16 GEMMs match). The power an H200 draws,
-and so the clock it can hold, depends on the bits its tensor cores toggle;
-this probe measures the effect, timing rows alternately in one process with
-the SM clock and board power nvidia-smi samples during each:
-  gemm    torch._scaled_mm 8192^3 (no fp8kit code) on e4m3 operands made
-          from normal data scaled to the e4m3 range (as fp8kit.bench's P1),
-          from unscaled randn (|x| < ~5: few exponents used), from uniform
-          data scaled to the range, and zeros;
+The power a GPU draws, and so the SM clock it can hold under its power cap,
+depends on the bits its tensor cores toggle. A GEMM or a layer that runs
+slower than a reference measurement on the same model of GPU, while the
+same kernel runs in both, is often this: the GPU is at its power cap
+(nvidia-smi -q -d PERFORMANCE: "SW Power Cap: Active") at a lower clock.
+This tool times rows alternately in one process, in batches of about
+--seconds each, with the SM clock and board power nvidia-smi samples
+during each batch:
+  gemm    torch._scaled_mm at size^3 (no fp8kit code) on e4m3 operands made
+          from normal data scaled to the e4m3 range (as the bench's GEMM
+          rows do), from unscaled randn (|x| < ~5: few exponents used), from
+          uniform data scaled to the range, and zeros;
   linear  the fwd+bwd step of bf16 nn.Linear and fp8kit.torch.Linear
           (delayed scaling) with nn.Linear's uniform init and with normal
           weights of the same standard deviation.
+docs/results/power_cap.txt is its output on an H200;
+docs/benchmarks.md reads it.
 
-    python scripts/data_speed_probe.py [--what gemm,linear] [--size 8192]
-                                       [--seconds 1.5] [--rounds 3]
+    python scripts/power_cap.py [--what gemm,linear] [--size 8192]
+                                [--seconds 1.5] [--rounds 3]
 """
 
 import argparse
@@ -25,9 +28,10 @@ import time
 
 import torch
 
-from fp8kit.bench import timing
+from fp8kit.bench import timing, torch_layers
 from fp8kit.bench.gemm import quantize_e4m3
 from fp8kit.bench.gpu_monitor import GpuSampler
+from fp8kit.recipe import DelayedScaling
 
 
 def cuda_ms_per_call(fn, seconds: float) -> float:
@@ -43,7 +47,7 @@ def gemm_cases(s: int) -> dict:
     fp8 = torch.float8_e4m3fn
     g = torch.Generator(device="cuda").manual_seed(0)
 
-    def scaled(x):  # per-tensor scale to the e4m3 range, as fp8kit.bench's P1 does
+    def scaled(x):  # per-tensor scale to the e4m3 range, as the bench's GEMM rows do
         q, scale_inv = quantize_e4m3(x)
         return q, scale_inv.reshape(())
 
@@ -70,8 +74,6 @@ def gemm_cases(s: int) -> dict:
 def linear_cases(s: int) -> dict:
     """{(init, layer): call i -> fwd+bwd step}: fresh layers per init, so the
     delayed-scaling history of one init does not set the other's scales."""
-    from fp8kit.bench import torch_layers
-    from fp8kit.recipe import DelayedScaling
     data = torch_layers.inputs(s, s, s, "cuda", copies=2, seed=1)
     cases, std = {}, None
     for init in ("uniform", "normal"):
@@ -90,7 +92,8 @@ def linear_cases(s: int) -> dict:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--what", default="gemm,linear")
     ap.add_argument("--size", type=int, default=8192)
     ap.add_argument("--seconds", type=float, default=1.5, help="per row")

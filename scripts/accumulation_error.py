@@ -1,13 +1,16 @@
-"""Error of the FP8 GEMM's accumulation modes against the exact product.
+"""How far is the FP8 GEMM's output from the exact product, with split
+(FP32-promoted) and with fast accumulation?
 
-For e4m3 x e4m3 at tokens x K x N (normal inputs; normal and uniform
-weights; with and without the bias epilogue), quantizes both operands with
-per-tensor scales, runs fp8kit's GEMM with split (FP32-promoted) and fast
-accumulation, and reports ||D - exact|| / ||exact||, where exact is the
-float64 product of the same dequantized FP8 values (so only the GEMM's
-accumulation and output rounding count).
+For e4m3 x e4m3 at m x k x n (normal inputs; normal and uniform weights;
+with and without the bias epilogue) it quantizes both operands with
+per-tensor scales, runs fp8kit's GEMM in both accumulation modes and prints
+||D - exact|| / ||exact||, where exact is the float64 product of the same
+dequantized FP8 values: only the GEMM's accumulation and its bf16 output
+rounding count, not the quantization. The last line is the error of the
+bf16 rounding alone, for scale. On the CPU both modes run fp8kit's
+reference GEMM, so they agree; the question is about the GPU's tensor cores.
 
-    python scripts/accum_probe.py [--m 8192 --k 8192 --n 8192 --device cuda]
+    python scripts/accumulation_error.py [--m 8192 --k 8192 --n 8192] [--device cuda]
 """
 
 import argparse
@@ -19,7 +22,8 @@ from fp8kit.bench.gemm import quantize_e4m3 as quantize
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--m", type=int, default=8192)
     ap.add_argument("--k", type=int, default=8192)
     ap.add_argument("--n", type=int, default=8192)
