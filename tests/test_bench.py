@@ -68,11 +68,11 @@ def test_rows_are_checked_and_measured_side_by_side(suite):
         assert r["met"] is None, what                # quick mode: no claims
     checks = " ".join(r["check"] for r in doc["rows"])
     assert "bit-exact" in checks                     # quantization, bit for bit
-    # Every ANCHORS.md target has rows (quick sizes stand in for the real ones).
+    # Every target has rows (quick sizes stand in for the real ones).
     assert set(doc["targets"]) == {"P1", "P2", "P3", "P4", "P5-gemm", "P5-fwd", "P5-fwd+bwd"}
     assert all(t["met"] is None and t["complete"] for t in doc["targets"].values())
     assert "torch._scaled_mm" in out and "lax.dot_general e4m3" in out
-    # P5-gemm is the [K, N]-layout lax.dot row (ANCHORS.md's own measurement).
+    # P5-gemm is the [K, N]-layout lax.dot row (the plain lax.dot(a, b) call).
     kn = [r for r in doc["rows"] if r["anchor"] == "lax.dot e4m3 [K,N] b"]
     assert kn and all(r["fp8kit_s"] > 0 and r["anchor_s"] > 0 and not r["error"] for r in kn)
     assert {r["target"] for r in doc["rows"] if r["anchor"].startswith("lax.dot")} == \

@@ -1,7 +1,9 @@
-"""fp8kit's benchmark suite: python -m fp8kit.bench (see cli.py).
+"""fp8kit's benchmark suite: python -m fp8kit.bench (see cli.py; what
+each row measures, the targets and the peers' reference numbers:
+docs/benchmarks.md).
 
 timing.py (how everything is timed), checks.py (output checks before
-timing), results.py / targets.py (rows, ratios, ANCHORS.md targets),
+timing), results.py / targets.py (rows, ratios, targets),
 progress.py, plots.py, meta.py; one module per section: gemm.py,
 quantize.py, linear_torch.py, dense_jax.py, overhead.py.
 """

@@ -1,8 +1,9 @@
 """python -m fp8kit.bench: fp8kit's benchmark suite.
 
-Every row times fp8kit next to its anchor (ANCHORS.md) in the same run on
-the same inputs, after checking that fp8kit's output matches the anchor's,
-and compares the ratio with the row's target (P1..P5). Sections: gemm (P1),
+Every row times fp8kit next to its anchor (the peer or limit it is
+compared with) in the same run on the same inputs, after checking that
+fp8kit's output matches the anchor's, and compares the ratio with the
+row's target (P1..P5, docs/benchmarks.md). Sections: gemm (P1),
 quantize (P2), linear (PyTorch Linear P3 and JAX dense P5; fwd and
 fwd+bwd), and overhead (per-call time, P4; with --profile also a
 torch.profiler table of the per-call path). Writes a JSON file and one PNG
@@ -54,10 +55,12 @@ def _parser():
     mode.add_argument("--quick", action="store_true",
                       help="tiny sizes, few iterations (the default without a GPU)")
     mode.add_argument("--full", action="store_true",
-                      help="ANCHORS.md sizes (the default with a GPU; needs one)")
+                      help="the sizes the targets are set at (the default with a GPU; "
+                           "needs one)")
     p.add_argument("--rounds", type=int, default=None, help="timed rounds per function")
     p.add_argument("--gemm-shapes", default="",
-                   help="GEMM section: comma-separated MxNxK list instead of ANCHORS.md's")
+                   help="GEMM section: comma-separated MxNxK list instead of the target "
+                        "shapes")
     p.add_argument("--no-compile", action="store_true",
                    help="skip the torch.compile peers (they compile for a while)")
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=None,

@@ -1,29 +1,30 @@
-"""Linear section, JAX (ANCHORS.md target P5), everything under jax.jit on
-JAX's default device, same inputs side by side:
+"""Linear section, JAX (target P5), everything under jax.jit on JAX's
+default device, same inputs side by side:
 
   GEMM         fp8kit.jax.gemm on already-quantized e4m3 operands, bf16 out,
                vs JAX's own GEMM on the same e4m3 arrays, in two layouts:
-               [K,N]  lax.dot(a, b) with b [K, N], the plain call that
-                      ANCHORS.md's lax.dot figure (957 TFLOP/s) measured; XLA
-                      transposes b inside the program (Hopper's FP8 GEMM
+               [K,N]  lax.dot(a, b) with b [K, N], the plain call (the peer
+                      reference number in docs/benchmarks.md is this call);
+                      XLA transposes b inside the program (Hopper's FP8 GEMM
                       takes both operands K-major), fp8kit reads the
                       transposed copy its quantizer writes in the same pass
                       as the data. Target P5-gemm (fast accumulation, which
-                      XLA's FP8 GEMMs use at default precision): >= 1.45x.
+                      XLA's FP8 GEMMs use at default precision).
                TN     lax.dot_general contracting both operands' last axis
                       (b given as [N, K]): XLA then calls the same cuBLASLt
                       FP8 kernel fp8kit does; for information (parity).
   dense fwd    fp8kit.jax.dense, bf16 in and out, quantization included,
-               vs x @ w in bf16. Target (delayed scaling, default recipe):
-               >= 1.6x. Rows with the recipe's opt-in fast accumulation in
+               vs x @ w in bf16. Target P5-fwd (delayed scaling, default
+               recipe). Rows with the recipe's opt-in fast accumulation in
                the forward GEMM are for information.
   dense fwd+bwd  the output and both gradients for a random cotangent
                (jax.vjp: every GEMM stays alive, which a sum() loss would not
-               guarantee), vs the same in bf16. Target (delayed): >= 1.85x.
+               guarantee), vs the same in bf16. Target P5-fwd+bwd (delayed).
 
-Targets apply at ANCHORS.md's 8192^3; other sizes are for information.
-The delayed-scaling state holds the scales training would have (from the
-inputs' amaxes); its update (the state cotangent) is part of fwd+bwd.
+Targets apply at 8192^3; other sizes are for information. The
+delayed-scaling state is the one after a training step on the same inputs
+(the scales training would have); its update (the state cotangent) is part
+of fwd+bwd.
 """
 
 from __future__ import annotations
@@ -105,12 +106,12 @@ def run_gemm(ctx: Context, s: int) -> list[Row]:
 
 
 def _add_kn_layout_row(s, dev, sets, fns, rows, target) -> None:
-    """The P5-gemm row: a plain lax.dot(a, b), b [K, N], the call ANCHORS.md's
-    lax.dot figure measured (its 957-960 TFLOP/s reproduces in this layout
-    only; the TN row reaches the cuBLASLt kernel's speed). XLA's FP8 GEMM
-    takes both operands K-major on Hopper, so it transposes b inside the
-    program; fp8kit reads b's transposed copy, which its quantizer writes
-    in the same pass as the data (ScaledTensor.columnwise_data)."""
+    """The P5-gemm row: a plain lax.dot(a, b), b [K, N], the call the peer
+    reference number measured (it reproduces in this layout only; the TN
+    row reaches the cuBLASLt kernel's speed). XLA's FP8 GEMM takes both
+    operands K-major on Hopper, so it transposes b inside the program;
+    fp8kit reads b's transposed copy, which its quantizer writes in the
+    same pass as the data (ScaledTensor.columnwise_data)."""
     import jax
     import jax.numpy as jnp
     import fp8kit.jax as fj

@@ -1,4 +1,4 @@
-"""GEMM section (ANCHORS.md target P1): per-tensor FP8 GEMM, fp8kit vs
+"""GEMM section (target P1): per-tensor FP8 GEMM, fp8kit vs
 torch._scaled_mm on the same operands in the same run, plus the FP8
 speedup over a bf16 torch.matmul of the same shape.
 
@@ -22,7 +22,7 @@ from fp8kit.bench.context import Case, Context
 from fp8kit.bench.results import Row
 
 SECTION = "gemm"
-# M x N x K: ANCHORS.md's shapes (the P1 set).
+# M x N x K: the P1 set (square, a Llama-style MLP's two GEMMs, few tokens).
 SHAPES = [
     (4096, 4096, 4096),
     (8192, 8192, 8192),

@@ -1,9 +1,9 @@
 """The GPU's SM clock and board power while benchmarks run, from nvidia-smi.
 
-An H200 running FP8 GEMMs back to back reaches its 700 W software power
-cap and lowers its SM clock (1.98 GHz boost down to ~1.43 GHz in
-scripts/power_cap.py's runs), so a large layer's speed, and its
-ratio to bf16, depend on how long it has been running. Rows that time
+A GPU running FP8 GEMMs back to back can reach its software power cap and
+lower its SM clock well below its boost clock (docs/benchmarks.md has an
+H200's numbers; scripts/power_cap.py measures it), so a large layer's
+speed, and its ratio to bf16, depend on how long it has been running. Rows that time
 sustained work record what the GPU was doing alongside the time.
 
 GpuSampler runs `nvidia-smi --query-gpu=clocks.sm,power.draw -lms N` in the

@@ -1,10 +1,10 @@
-"""Linear section, PyTorch (ANCHORS.md target P3): fp8kit.torch.Linear,
+"""Linear section, PyTorch (target P3): fp8kit.torch.Linear,
 bf16 in and out, eager, forward and fwd+bwd, against bf16 torch.nn.Linear
 on the same weights and inputs in the same run, and against torchao's
 Float8Linear when it is installed (a GPU only). Layers and calls:
 torch_layers.py. The target applies to fwd+bwd with the default recipe
 (delayed scaling, weight re-quantized every call as in a training step) at
-ANCHORS.md's size, 8192 tokens x 8192 x 8192; current scaling, the forward
+8192 tokens x 8192 x 8192; current scaling, the forward
 pass alone, the weight-cached rows (gradient accumulation, inference), the
 forward GEMM with fast accumulation (the recipe's opt-in
 forward_fast_accumulation; its check shows the accuracy it costs) and the

@@ -1,8 +1,8 @@
-"""Per-call overhead section (ANCHORS.md target P4): a 16-token input
-through a 1024x1024 Linear, eager, where launch and host overhead decide
-the time. fp8kit.torch.Linear against bf16 torch.nn.Linear, forward and
-forward+backward, same weights and inputs, same run; target: fp8kit's
-per-call time <= 1.25x bf16's (ratio >= 0.80) for the default recipe.
+"""Per-call overhead section: a 16-token input through a 1024x1024
+Linear, eager, where launch and host overhead decide the time.
+fp8kit.torch.Linear against bf16 torch.nn.Linear, forward and
+forward+backward, same weights and inputs, same run; target P4 (a bound
+on fp8kit's per-call time relative to bf16's) for the default recipe.
 
 The timed calls run inside one fp8kit.torch.autocast entered before each
 timed batch, as in a model whose forward runs many layers in one autocast;

@@ -1,5 +1,5 @@
-"""A torch.profiler table of the per-call path (issue 6: where the
-remaining per-call microseconds go), for the overhead section.
+"""A torch.profiler table of the per-call path (where a launch-bound
+call's microseconds go), for the overhead section.
 
 The P4 case, fwd+bwd: a 16-token input through a 1024x1024 layer (the
 quick mode's smaller layer on the CPU), bf16 torch.nn.Linear and

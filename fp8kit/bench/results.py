@@ -125,7 +125,8 @@ def summarize_targets(rows: list[Row], claims: bool) -> dict:
 
 
 def summary_text(summary: dict, claims: bool) -> str:
-    lines = ["", "Targets (ANCHORS.md; ratio = anchor time / fp8kit time, same run, same inputs):"]
+    lines = ["", "Targets (docs/benchmarks.md; ratio = anchor time / fp8kit time, same run, "
+             "same inputs):"]
     for tid, e in summary.items():
         state = ("n/a (CPU quick mode: not a performance claim)" if not claims else
                  "incomplete" if not e["complete"] else "MET" if e["met"] else "NOT MET")
