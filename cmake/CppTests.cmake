@@ -17,10 +17,18 @@ if(NOT GTest_FOUND)
   endif()
 endif()
 file(GLOB FP8KIT_CPP_TEST_SRCS CONFIGURE_DEPENDS tests/cpp/*_test.cc)
+# Test-only CUDA code (the FP8 conversion self-test kernel): compiled into
+# the test, never into the shipped fp8kit_core.
+file(GLOB FP8KIT_CPP_TEST_CUDA_SRCS CONFIGURE_DEPENDS tests/cpp/*.cu)
 add_executable(fp8kit_core_test ${FP8KIT_CPP_TEST_SRCS})
 target_include_directories(fp8kit_core_test PRIVATE common/src tests/cpp)
 target_link_libraries(fp8kit_core_test PRIVATE fp8kit_core GTest::gtest_main)
 if(FP8KIT_WITH_CUDA)
-  # GPU tests allocate device memory with the CUDA runtime directly.
+  target_sources(fp8kit_core_test PRIVATE ${FP8KIT_CPP_TEST_CUDA_SRCS})
+  set_target_properties(fp8kit_core_test PROPERTIES CUDA_ARCHITECTURES "${FP8KIT_CUDA_ARCHITECTURES}")
+  target_compile_options(fp8kit_core_test PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr>)
+  # White-box GPU tests read the core's CUDA internals (the plan cache, the
+  # conversion); all allocate device memory with the CUDA runtime directly.
+  target_include_directories(fp8kit_core_test PRIVATE common/cuda ${FP8KIT_CUBLASLT_INCLUDE_DIR})
   target_link_libraries(fp8kit_core_test PRIVATE CUDA::cudart)
 endif()

@@ -10,13 +10,10 @@ written once, in common/include/fp8kit/tensor.h:
 Both recipes' forward_fast_accumulation picks the forward GEMM's
 accumulation: the tensor cores' fast (native-precision) accumulation, or
 FP32-promoted ("split") accumulation, which the gradient GEMMs always use.
-Fast is TransformerEngine's and torchao's default for the forward GEMM. On
-an H200 it bought no end-to-end speed in our benchmark (8192^3: torch
-Linear fwd+bwd 1.13 vs 1.26 PFLOP/s, JAX dense fwd 1.13 vs 1.17 with split;
-one kernel profile had the GEMM itself 8% faster), and on the benchmark's
-Linear (normal inputs, nn.Linear's uniform init, K = 8192) the output's
-error against bf16 grew from 0.033 to 0.069 with it, for fp8kit and torchao
-alike. So it is off by default.
+Fast is TransformerEngine's and torchao's default for the forward GEMM;
+fp8kit keeps it off by default because it doubled the forward output's
+error against bf16 without a measurable end-to-end gain (docs/benchmarks.md
+has the measurement).
 """
 
 from __future__ import annotations
@@ -69,17 +66,17 @@ class DelayedScaling:
     fp8_format: Format = Format.HYBRID
     amax_history_len: int = 16
     margin: int = 0
-    amax_compute_algo: AmaxReduction = AmaxReduction.MAX
+    amax_reduction: AmaxReduction = AmaxReduction.MAX
     forward_fast_accumulation: bool = False   # see the module docstring
 
     def __post_init__(self):
         _check_bool("forward_fast_accumulation", self.forward_fast_accumulation)
         if not isinstance(self.fp8_format, Format):
             raise TypeError(f"fp8_format must be an fp8kit.recipe.Format, got {self.fp8_format!r}")
-        if not isinstance(self.amax_compute_algo, AmaxReduction):
+        if not isinstance(self.amax_reduction, AmaxReduction):
             raise TypeError(
-                "amax_compute_algo must be an fp8kit.recipe.AmaxReduction, "
-                f"got {self.amax_compute_algo!r}")
+                "amax_reduction must be an fp8kit.recipe.AmaxReduction, "
+                f"got {self.amax_reduction!r}")
         if not isinstance(self.amax_history_len, int) or self.amax_history_len < 1:
             raise ValueError(f"amax_history_len must be an int >= 1, got {self.amax_history_len!r}")
         if not isinstance(self.margin, int) or self.margin < 0:
@@ -108,5 +105,3 @@ class CurrentScaling:
 
 
 Recipe = DelayedScaling | CurrentScaling
-
-FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}

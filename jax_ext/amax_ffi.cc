@@ -29,11 +29,4 @@ auto BindAmax(Binding binding) {
 }  // namespace
 }  // namespace fp8kit_jax
 
-using fp8kit_jax::AmaxImpl;
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(fp8kit_jax_amax_cpu, fp8kit_jax::OnCpu<AmaxImpl>{},
-                              fp8kit_jax::BindAmax(fp8kit_jax::CpuBinding()));
-#ifdef FP8KIT_WITH_CUDA
-XLA_FFI_DEFINE_HANDLER_SYMBOL(fp8kit_jax_amax_cuda, fp8kit_jax::OnCuda<AmaxImpl>{},
-                              fp8kit_jax::BindAmax(fp8kit_jax::CudaBinding()));
-#endif
+FP8KIT_JAX_HANDLER(amax, fp8kit_jax::AmaxImpl, fp8kit_jax::BindAmax);

@@ -5,48 +5,24 @@
 // The core updates history and scale in place, so the Python side aliases
 // those inputs to the matching outputs (input_output_aliases); if XLA ever
 // hands over distinct buffers, the inputs are copied to the outputs first.
-#include <cstring>
-#include <vector>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "ffi_helpers.h"
 #include "handlers.h"
-#ifdef FP8KIT_WITH_CUDA
-#include <cuda_runtime_api.h>
-#endif
 
 namespace fp8kit_jax {
 namespace {
 
 constexpr char kOp[] = "fp8kit_delayed_scaling_update";
 
-// Copies `bytes` from src to dst on the handler's device unless they alias.
-ffi::Error CopyIfDistinct(const Device& device, void* dst, const void* src, size_t bytes) {
-  if (dst == src || bytes == 0) return ffi::Error::Success();
-  if (device.type == FP8KIT_DEVICE_CPU) {
-    std::memcpy(dst, src, bytes);
-    return ffi::Error::Success();
-  }
-#ifdef FP8KIT_WITH_CUDA
-  cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
-                                    static_cast<cudaStream_t>(device.stream));
-  if (err != cudaSuccess) {
-    return ffi::Error::Internal(std::string(kOp) + ": cudaMemcpyAsync failed: " +
-                                cudaGetErrorString(err));
-  }
-  return ffi::Error::Success();
-#else
-  return ffi::Error::Internal(std::string(kOp) + ": CUDA buffer in a CPU-only build");
-#endif
-}
-
 ffi::Error UpdateImpl(const Device& device, ffi::Buffer<ffi::F32> history_in,
                       ffi::Buffer<ffi::F32> amax, ffi::Buffer<ffi::F32> scale_in,
                       ffi::Result<ffi::Buffer<ffi::F32>> history,
                       ffi::Result<ffi::Buffer<ffi::F32>> scale,
                       ffi::Result<ffi::Buffer<ffi::F32>> scale_inv, int32_t margin,
-                      int32_t reduction, ffi::Span<const int32_t> fp8_dtypes) {
+                      int32_t amax_reduction, ffi::Span<const int32_t> fp8_dtypes) {
   const auto dims = history_in.dimensions();
   if (dims.size() != 2) return Invalid(kOp, "amax_history must be 2-D [n, history_len]");
   const int64_t n = dims[0], len = dims[1];
@@ -63,12 +39,12 @@ ffi::Error UpdateImpl(const Device& device, ffi::Buffer<ffi::F32> history_in,
                             "), got " + std::to_string(fp8_dtypes.size()));
   }
   if (n == 0) return ffi::Error::Success();
-  if (auto err = CopyIfDistinct(device, history->typed_data(), history_in.typed_data(),
+  if (auto err = CopyIfDistinct(kOp, device, history->typed_data(), history_in.typed_data(),
                                 history_in.size_bytes());
       err.failure()) {
     return err;
   }
-  if (auto err = CopyIfDistinct(device, scale->typed_data(), scale_in.typed_data(),
+  if (auto err = CopyIfDistinct(kOp, device, scale->typed_data(), scale_in.typed_data(),
                                 scale_in.size_bytes());
       err.failure()) {
     return err;
@@ -84,7 +60,7 @@ ffi::Error UpdateImpl(const Device& device, ffi::Buffer<ffi::F32> history_in,
   fp8kit_delayed_scaling_config config;
   config.history_len = static_cast<int>(len);
   config.margin = margin;
-  config.reduction = static_cast<fp8kit_amax_reduction>(reduction);
+  config.amax_reduction = static_cast<fp8kit_amax_reduction>(amax_reduction);
   return FromStatus(fp8kit_delayed_scaling_update(states.data(), static_cast<int>(n), &config,
                                                   device.type, device.index, device.stream));
 }
@@ -99,20 +75,11 @@ auto BindUpdate(Binding binding) {
       .template Ret<ffi::Buffer<ffi::F32>>()   // scale: [n] new scales (aliases the input)
       .template Ret<ffi::Buffer<ffi::F32>>()   // scale_inv: [n] = 1/scale
       .template Attr<int32_t>("margin")        // margin: scale = fp8_max / amax / 2**margin
-      .template Attr<int32_t>("reduction")     // reduction: fp8kit_amax_reduction (0 max, 1 recent)
+      .template Attr<int32_t>("amax_reduction")  // amax_reduction: fp8kit_amax_reduction code
       .template Attr<ffi::Span<const int32_t>>("fp8_dtypes");  // fp8_dtypes: [n] fp8kit_dtype codes
 }
 
 }  // namespace
 }  // namespace fp8kit_jax
 
-using fp8kit_jax::UpdateImpl;
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(fp8kit_jax_delayed_scaling_update_cpu,
-                              fp8kit_jax::OnCpu<UpdateImpl>{},
-                              fp8kit_jax::BindUpdate(fp8kit_jax::CpuBinding()));
-#ifdef FP8KIT_WITH_CUDA
-XLA_FFI_DEFINE_HANDLER_SYMBOL(fp8kit_jax_delayed_scaling_update_cuda,
-                              fp8kit_jax::OnCuda<UpdateImpl>{},
-                              fp8kit_jax::BindUpdate(fp8kit_jax::CudaBinding()));
-#endif
+FP8KIT_JAX_HANDLER(delayed_scaling_update, fp8kit_jax::UpdateImpl, fp8kit_jax::BindUpdate);

@@ -43,7 +43,7 @@ ffi::Error DequantizeImpl(const Device& device, ffi::AnyBuffer data,
 template <typename Binding>
 auto BindDequantize(Binding binding) {
   return std::move(binding)
-      .template Arg<ffi::AnyBuffer>()         // data: FP8 rowwise data, or columnwise [last, *leading]
+      .template Arg<ffi::AnyBuffer>()         // data: FP8 rowwise, or columnwise (2-D)
       .template Arg<ffi::Buffer<ffi::F32>>()  // scale_inv: dequantization factor, one float32
       .template Ret<ffi::AnyBuffer>()         // out: float32/bfloat16/float16, logical shape
       .template Attr<bool>("from_columnwise");  // from_columnwise: `data` is the columnwise copy
@@ -52,11 +52,4 @@ auto BindDequantize(Binding binding) {
 }  // namespace
 }  // namespace fp8kit_jax
 
-using fp8kit_jax::DequantizeImpl;
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(fp8kit_jax_dequantize_cpu, fp8kit_jax::OnCpu<DequantizeImpl>{},
-                              fp8kit_jax::BindDequantize(fp8kit_jax::CpuBinding()));
-#ifdef FP8KIT_WITH_CUDA
-XLA_FFI_DEFINE_HANDLER_SYMBOL(fp8kit_jax_dequantize_cuda, fp8kit_jax::OnCuda<DequantizeImpl>{},
-                              fp8kit_jax::BindDequantize(fp8kit_jax::CudaBinding()));
-#endif
+FP8KIT_JAX_HANDLER(dequantize, fp8kit_jax::DequantizeImpl, fp8kit_jax::BindDequantize);

@@ -1,6 +1,12 @@
 #include "ffi_helpers.h"
 
+#include <cstring>
 #include <string>
+#include <utility>
+
+#ifdef FP8KIT_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace fp8kit_jax {
 
@@ -11,7 +17,6 @@ bool ToFp8kitDtype(ffi::DataType type, fp8kit_dtype* out) {
     case ffi::DataType::F16: *out = FP8KIT_FLOAT16; return true;
     case ffi::DataType::F8E4M3FN: *out = FP8KIT_E4M3; return true;
     case ffi::DataType::F8E5M2: *out = FP8KIT_E5M2; return true;
-    case ffi::DataType::F8E8M0FNU: *out = FP8KIT_E8M0; return true;
     default: return false;
   }
 }
@@ -64,6 +69,51 @@ int64_t NumElements(ffi::AnyBuffer::Dimensions dims) {
   return n;
 }
 
+void View2d(ffi::AnyBuffer::Dimensions dims, int64_t* rows, int64_t* cols) {
+  *cols = dims.size() > 0 ? dims[dims.size() - 1] : 1;
+  *rows = 1;
+  for (size_t i = 0; i + 1 < dims.size(); ++i) *rows *= dims[i];
+}
+
+#ifdef FP8KIT_WITH_CUDA
+namespace {
+ffi::Error CudaError(const char* op, const char* what, cudaError_t err) {
+  return ffi::Error::Internal(std::string(op) + ": " + what + " failed: " +
+                              cudaGetErrorString(err));
+}
+}  // namespace
+#endif
+
+ffi::Error CopyBytes(const char* op, const Device& device, void* dst, const void* src,
+                     size_t bytes) {
+  if (bytes == 0) return ffi::Error::Success();
+  if (device.type == FP8KIT_DEVICE_CPU) {
+    std::memcpy(dst, src, bytes);
+    return ffi::Error::Success();
+  }
+#ifdef FP8KIT_WITH_CUDA
+  cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+                                    static_cast<cudaStream_t>(device.stream));
+  return err == cudaSuccess ? ffi::Error::Success() : CudaError(op, "cudaMemcpyAsync", err);
+#else
+  return ffi::Error::Internal(std::string(op) + ": CUDA buffer in a CPU-only build");
+#endif
+}
+
+ffi::Error ZeroBytes(const char* op, const Device& device, void* dst, size_t bytes) {
+  if (bytes == 0) return ffi::Error::Success();
+  if (device.type == FP8KIT_DEVICE_CPU) {
+    std::memset(dst, 0, bytes);
+    return ffi::Error::Success();
+  }
+#ifdef FP8KIT_WITH_CUDA
+  cudaError_t err = cudaMemsetAsync(dst, 0, bytes, static_cast<cudaStream_t>(device.stream));
+  return err == cudaSuccess ? ffi::Error::Success() : CudaError(op, "cudaMemsetAsync", err);
+#else
+  return ffi::Error::Internal(std::string(op) + ": CUDA buffer in a CPU-only build");
+#endif
+}
+
 namespace {
 
 ffi::ErrorOr<fp8kit_tensor> DescribeRaw(const char* op, const char* arg, ffi::DataType type,
@@ -91,6 +141,57 @@ ffi::ErrorOr<fp8kit_tensor> Describe(const char* op, const char* arg, const ffi:
                                      const Device& device) {
   return DescribeRaw(op, arg, buffer.element_type(), buffer.dimensions(), buffer.untyped_data(),
                      device);
+}
+
+ffi::ErrorOr<fp8kit_tensor> DescribeFp8Output(const char* op, const fp8kit_tensor& input,
+                                              ffi::AnyBuffer data, ffi::AnyBuffer columnwise,
+                                              bool rowwise, bool want_columnwise) {
+  if (!rowwise && !want_columnwise) {
+    return ffi::Unexpected(Invalid(op, "ask for rowwise and/or columnwise output"));
+  }
+  const int64_t numel = fp8kit_tensor_numel(&input);
+  fp8kit_dtype dtype = FP8KIT_E4M3;
+  bool have_dtype = false;
+  const std::pair<bool, ffi::AnyBuffer*> outs[] = {{rowwise, &data},
+                                                   {want_columnwise, &columnwise}};
+  for (const auto& [wanted, buf] : outs) {
+    if (!wanted) continue;
+    fp8kit_dtype d;
+    if (!ToFp8kitDtype(buf->element_type(), &d) || (d != FP8KIT_E4M3 && d != FP8KIT_E5M2)) {
+      return ffi::Unexpected(Invalid(op, "the FP8 result has element type " +
+                                             XlaTypeName(buf->element_type()) +
+                                             "; expected float8_e4m3fn or float8_e5m2"));
+    }
+    if (have_dtype && d != dtype) {
+      return ffi::Unexpected(
+          Invalid(op, "rowwise and columnwise results have different FP8 types"));
+    }
+    dtype = d;
+    have_dtype = true;
+    if (NumElements(buf->dimensions()) != numel) {
+      return ffi::Unexpected(Invalid(op, "an FP8 result has " +
+                                             std::to_string(NumElements(buf->dimensions())) +
+                                             " elements but the input has " +
+                                             std::to_string(numel)));
+    }
+  }
+  if (rowwise && data.dimensions().size() != static_cast<size_t>(input.rank)) {
+    return ffi::Unexpected(Invalid(op, "the rowwise result must have the input's shape"));
+  }
+  if (want_columnwise) {
+    const int64_t last = input.rank > 0 ? input.shape[input.rank - 1] : 1;
+    const auto d = columnwise.dimensions();
+    if (d.size() != 2 || d[0] != last || (last != 0 && d[1] != numel / last)) {
+      return ffi::Unexpected(Invalid(op, "the columnwise result must be 2-D [last, "
+                                         "prod(leading)] = [" + std::to_string(last) + ", " +
+                                         std::to_string(last != 0 ? numel / last : 0) + "]"));
+    }
+  }
+  fp8kit_tensor out = fp8kit_tensor_make(input.device_type, input.device_index, dtype, input.rank,
+                                         input.shape, rowwise ? data.untyped_data() : nullptr);
+  out.scaling_mode = FP8KIT_SCALING_PER_TENSOR;
+  out.columnwise_data = want_columnwise ? columnwise.untyped_data() : nullptr;
+  return out;
 }
 
 }  // namespace fp8kit_jax

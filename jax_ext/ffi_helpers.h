@@ -45,14 +45,40 @@ ffi::Error FromStatus(fp8kit_status status);
 // InvalidArgument error prefixed with the op name: "fp8kit_quantize: ...".
 ffi::Error Invalid(const char* op, const std::string& message);
 
-// A descriptor of `buffer` (an argument, or `*result` for a result) with its dims as the shape (rank <= 8 checked)
-// and its element type, which must map to an fp8kit dtype. `arg` names the
-// operand in the error message.
+// A descriptor of `buffer` (an argument, or `*result` for a result) with
+// its dims as the shape (rank <= 8 checked) and its element type, which must
+// map to an fp8kit dtype. `arg` names the operand in the error message.
 ffi::ErrorOr<fp8kit_tensor> Describe(const char* op, const char* arg, const ffi::AnyBuffer& buffer,
                                      const Device& device);
 
+// The FP8 output descriptor of a quantization of `input`: the rowwise
+// result `data` (input's shape) and/or the columnwise result (2-D [last,
+// prod(leading)]), each checked when asked for; the FP8 dtype is taken
+// from them (both must agree). Scale, scale_inv and amax are left NULL.
+ffi::ErrorOr<fp8kit_tensor> DescribeFp8Output(const char* op, const fp8kit_tensor& input,
+                                              ffi::AnyBuffer data, ffi::AnyBuffer columnwise,
+                                              bool rowwise, bool want_columnwise);
+
 // Element count of a dims span (1 for rank 0).
 int64_t NumElements(ffi::AnyBuffer::Dimensions dims);
+
+// The 2-D view [rows, cols] = [prod(leading), last] of a shape (rank 0
+// counts as [1, 1]): the view the columnwise copy and column sums use.
+void View2d(ffi::AnyBuffer::Dimensions dims, int64_t* rows, int64_t* cols);
+
+// Device memory operations on the handler's device and stream (memcpy /
+// memset on the CPU, their async CUDA forms on XLA's stream). `op` names
+// the handler in errors.
+ffi::Error CopyBytes(const char* op, const Device& device, void* dst, const void* src,
+                     size_t bytes);
+ffi::Error ZeroBytes(const char* op, const Device& device, void* dst, size_t bytes);
+
+// CopyBytes unless dst and src are the same buffer (an aliased result).
+inline ffi::Error CopyIfDistinct(const char* op, const Device& device, void* dst,
+                                 const void* src, size_t bytes) {
+  if (dst == src) return ffi::Error::Success();
+  return CopyBytes(op, device, dst, src, bytes);
+}
 
 // XLA's CPU runtime runs its threads with denormals flushed to zero (FTZ and
 // DAZ set in MXCSR / FPCR). The core's CPU reference is specified in IEEE

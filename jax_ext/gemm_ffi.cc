@@ -134,30 +134,7 @@ auto BindGemm(Binding binding) {
       .template Attr<bool>("use_split_accumulator");  // use_split_accumulator: FP32 promotion
 }
 
-struct GemmOnCpu {
-  template <typename... Args>
-  ffi::Error operator()(Args... args) const {
-    ScopedIeeeDenormals ieee;
-    return Guarded(kOp, [&] { return GemmImpl(CpuDevice(), std::move(args)...); });
-  }
-};
-
-#ifdef FP8KIT_WITH_CUDA
-struct GemmOnCuda {
-  template <typename... Args>
-  ffi::Error operator()(void* stream, int32_t ordinal, Args... args) const {
-    return Guarded(kOp, [&] { return GemmImpl(CudaDevice(stream, ordinal), std::move(args)...); });
-  }
-};
-#endif
-
 }  // namespace
 }  // namespace fp8kit_jax
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(fp8kit_jax_gemm_cpu, fp8kit_jax::GemmOnCpu{},
-                              fp8kit_jax::BindGemm(fp8kit_jax::CpuBinding()));
-#ifdef FP8KIT_WITH_CUDA
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    fp8kit_jax_gemm_cuda, fp8kit_jax::GemmOnCuda{},
-    fp8kit_jax::BindGemm(fp8kit_jax::CudaBinding()));
-#endif
+FP8KIT_JAX_HANDLER(gemm, fp8kit_jax::GemmImpl, fp8kit_jax::BindGemm);

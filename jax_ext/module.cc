@@ -1,59 +1,52 @@
-// fp8kit._jax_ext: exports the XLA FFI handlers as PyCapsules, plus the few
-// core queries the Python layer needs at trace time (capability, dtype
-// codes). The Python side (fp8kit/jax/_registry.py)
-// registers every capsule with jax.ffi.register_ffi_target on import.
+// fp8kit._jax_ext: exports the XLA FFI handlers as PyCapsules, plus the
+// core's answers and constants the Python layer needs at trace time
+// (capability, workspace size, dtype and reduction codes, FP8 limits).
+// fp8kit/jax/_ffi.py registers every capsule with jax.ffi.register_ffi_target
+// on import.
 #include <pybind11/pybind11.h>
 
+#include <pybind11/stl.h>
+
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "fp8kit/fp8kit.h"
+#include "fp8kit/linear.h"
 #include "handlers.h"
+#include "scratch.h"
 
 namespace py = pybind11;
 
-namespace {
+namespace fp8kit_jax {
 
-struct Target {
-  const char* name;     // the custom-call target name seen in HLO
-  void* cpu;            // XLA_FFI_Handler* for platform "cpu"
-  void* cuda;           // XLA_FFI_Handler* for platform "CUDA", or nullptr
-};
-
-template <typename Fn>
-void* Ptr(Fn* fn) {
-  return reinterpret_cast<void*>(fn);
+// A function-local static: FP8KIT_JAX_HANDLER registers during static
+// initialization of other translation units, in an unspecified order.
+static std::vector<HandlerEntry>& Registry() {
+  static std::vector<HandlerEntry> entries;
+  return entries;
 }
 
-#ifdef FP8KIT_WITH_CUDA
-#define FP8KIT_CUDA_HANDLER(fn) Ptr(fn)
-#else
-#define FP8KIT_CUDA_HANDLER(fn) nullptr
-#endif
+bool RegisterHandler(const char* target, void* cpu, void* cuda) {
+  Registry().push_back(HandlerEntry{target, cpu, cuda});
+  return true;
+}
 
-const Target kTargets[] = {
-    {"fp8kit_amax", Ptr(fp8kit_jax_amax_cpu), FP8KIT_CUDA_HANDLER(fp8kit_jax_amax_cuda)},
-    {"fp8kit_quantize", Ptr(fp8kit_jax_quantize_cpu),
-     FP8KIT_CUDA_HANDLER(fp8kit_jax_quantize_cuda)},
-    {"fp8kit_quantize_current_scaling", Ptr(fp8kit_jax_quantize_current_scaling_cpu),
-     FP8KIT_CUDA_HANDLER(fp8kit_jax_quantize_current_scaling_cuda)},
-    {"fp8kit_compute_scale", Ptr(fp8kit_jax_compute_scale_cpu),
-     FP8KIT_CUDA_HANDLER(fp8kit_jax_compute_scale_cuda)},
-    {"fp8kit_dequantize", Ptr(fp8kit_jax_dequantize_cpu),
-     FP8KIT_CUDA_HANDLER(fp8kit_jax_dequantize_cuda)},
-    {"fp8kit_delayed_scaling_update", Ptr(fp8kit_jax_delayed_scaling_update_cpu),
-     FP8KIT_CUDA_HANDLER(fp8kit_jax_delayed_scaling_update_cuda)},
-    {"fp8kit_gemm", Ptr(fp8kit_jax_gemm_cpu), FP8KIT_CUDA_HANDLER(fp8kit_jax_gemm_cuda)},
-};
+const std::vector<HandlerEntry>& Handlers() { return Registry(); }
+
+}  // namespace fp8kit_jax
+
+namespace {
 
 // {target name: {"cpu": capsule, "CUDA": capsule}} (no "CUDA" key in a
 // CPU-only build).
 py::dict Registrations() {
   py::dict out;
-  for (const Target& t : kTargets) {
+  for (const fp8kit_jax::HandlerEntry& t : fp8kit_jax::Handlers()) {
     py::dict platforms;
     platforms["cpu"] = py::capsule(t.cpu);
     if (t.cuda != nullptr) platforms["CUDA"] = py::capsule(t.cuda);
-    out[t.name] = platforms;
+    out[t.target] = platforms;
   }
   return out;
 }
@@ -73,6 +66,44 @@ fp8kit_device_type DeviceType(const std::string& platform) {
                         "'; expected 'cpu' or 'cuda' (jax.Device.platform)");
 }
 
+fp8kit_weight_layout WeightLayout(const std::string& name) {
+  if (name == "out_in") return FP8KIT_WEIGHT_OUT_IN;
+  if (name == "in_out") return FP8KIT_WEIGHT_IN_OUT;
+  throw py::value_error("fp8kit: weight_layout '" + name +
+                        "' is not 'out_in' ([N, K]) or 'in_out' ([K, N])");
+}
+
+py::tuple Copies(const fp8kit_copies& c) {
+  return py::make_tuple(c.rowwise != 0, c.columnwise != 0);
+}
+
+// fp8kit_linear_plan_make as a dict of (rowwise, columnwise) pairs; the
+// slots of "quantize" are in fp8kit_linear_slot order (x, weight, dy).
+py::dict LinearPlan(int64_t tokens, int64_t in_features, int64_t out_features,
+                    const std::string& weight_layout, bool dgrad, bool wgrad, bool non_tn) {
+  fp8kit_linear_plan plan;
+  Check(fp8kit_linear_plan_make(tokens, in_features, out_features, WeightLayout(weight_layout),
+                                dgrad ? 1 : 0, wgrad ? 1 : 0, non_tn ? 1 : 0, &plan));
+  py::dict out;
+  out["quantize"] = py::make_tuple(Copies(plan.quantize[FP8KIT_SLOT_INPUT]),
+                                   Copies(plan.quantize[FP8KIT_SLOT_WEIGHT]),
+                                   Copies(plan.quantize[FP8KIT_SLOT_GRAD_OUTPUT]));
+  out["saved_input"] = Copies(plan.saved_input);
+  out["saved_weight"] = Copies(plan.saved_weight);
+  out["wgrad_columnwise"] = plan.wgrad_columnwise != 0;
+  out["wgrad_inner"] = plan.wgrad_inner;
+  return out;
+}
+
+// Bytes of the workspace result of a quantize call (jax_ext/scratch.h):
+// one (rows, cols, sums) per input; with_state for the fused delayed call.
+size_t WorkspaceBytes(const std::vector<std::tuple<int64_t, int64_t, bool>>& tensors,
+                      bool with_state) {
+  std::vector<fp8kit_jax::ScratchTensor> scratch;
+  for (const auto& [rows, cols, sums] : tensors) scratch.push_back({rows, cols, sums});
+  return fp8kit_jax::ScratchLayout(scratch, with_state).bytes();
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_jax_ext, m) {
@@ -81,7 +112,6 @@ PYBIND11_MODULE(_jax_ext, m) {
         "Dict of FFI target name -> {platform: PyCapsule of the handler}.");
   m.def("built_with_cuda", [] { return fp8kit_built_with_cuda() != 0; },
         "True when this build contains the CUDA kernels and handlers.");
-  m.def("version", [] { return std::string(fp8kit_version()); });
   m.def(
       "supports_non_tn_fp8_gemm",
       [](const std::string& platform, int index) {
@@ -92,7 +122,6 @@ PYBIND11_MODULE(_jax_ext, m) {
       py::arg("platform"), py::arg("index"),
       "The core's cached answer: can FP8 GEMMs on this device read operands in "
       "non-TN layouts? (False on CPU, Ada and Hopper.)");
-  m.def("cuda_device_count", [] { return fp8kit_cuda_device_count(); });
   m.def(
       "gemm_workspace_size",
       [](const std::string& platform) {
@@ -100,17 +129,29 @@ PYBIND11_MODULE(_jax_ext, m) {
       },
       py::arg("platform"),
       "Bytes of cuBLASLt workspace the GEMM custom call asks XLA for (0 on CPU).");
-  // The C enum values of the dtypes that travel as FFI attributes.
-  py::dict codes;
-  codes["e4m3"] = static_cast<int>(FP8KIT_E4M3);
-  codes["e5m2"] = static_cast<int>(FP8KIT_E5M2);
-  m.attr("FP8_DTYPE_CODES") = codes;
-  m.def(
-      "fp8_max",
-      [](const std::string& name) {
-        if (name == "e4m3") return fp8kit_fp8_max(FP8KIT_E4M3);
-        if (name == "e5m2") return fp8kit_fp8_max(FP8KIT_E5M2);
-        throw py::value_error("fp8kit: unknown FP8 format '" + name + "'; use 'e4m3' or 'e5m2'");
-      },
-      py::arg("fp8_dtype"));
+  m.def("linear_plan", &LinearPlan, py::arg("tokens"), py::arg("in_features"),
+        py::arg("out_features"), py::arg("weight_layout"), py::arg("dgrad"), py::arg("wgrad"),
+        py::arg("non_tn"),
+        "fp8kit_linear_plan_make: which copies of x, weight and dy a Linear call quantizes and "
+        "keeps (fp8kit/linear.h). weight_layout: 'out_in' ([N, K]) or 'in_out' ([K, N]).");
+  m.def("workspace_bytes", &WorkspaceBytes, py::arg("tensors"), py::arg("with_state"),
+        "Bytes of the uint8 workspace result of a quantize custom call: tensors lists "
+        "(rows, cols, column_sums) of each input's 2-D view; with_state for "
+        "fp8kit_quantize_delayed_update.");
+  // The C enum values that travel as FFI attributes.
+  py::dict dtype_codes;
+  dtype_codes["e4m3"] = static_cast<int>(FP8KIT_E4M3);
+  dtype_codes["e5m2"] = static_cast<int>(FP8KIT_E5M2);
+  m.attr("FP8_DTYPE_CODES") = dtype_codes;
+  py::dict reduction_codes;  // keys: fp8kit.recipe.AmaxReduction values
+  reduction_codes["max"] = static_cast<int>(FP8KIT_AMAX_MAX);
+  reduction_codes["most_recent"] = static_cast<int>(FP8KIT_AMAX_MOST_RECENT);
+  m.attr("AMAX_REDUCTION_CODES") = reduction_codes;
+  // The largest finite value of each FP8 format (the core's fp8kit_fp8_max).
+  py::dict fp8_max;
+  fp8_max["e4m3"] = fp8kit_fp8_max(FP8KIT_E4M3);
+  fp8_max["e5m2"] = fp8kit_fp8_max(FP8KIT_E5M2);
+  m.attr("FP8_MAX") = fp8_max;
+  // K, N and every FP8 GEMM's inner dimension are multiples of this.
+  m.attr("GEMM_DIM_MULTIPLE") = FP8KIT_GEMM_DIM_MULTIPLE;
 }

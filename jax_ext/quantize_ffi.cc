@@ -8,13 +8,18 @@
 // columnwise data when columnwise=false) are still operands, so that every
 // call has one fixed signature: the Python side passes an empty (0,) array
 // there and the handler leaves it alone. The columnwise result is the
-// tensor flattened to [prod(leading), last] and stored transposed; the
-// Python side shapes it [last, *leading], which is the same bytes.
+// tensor viewed as [prod(leading), last] and transposed: [last,
+// prod(leading)] (fp8kit/tensor.h's rule, whatever the rank).
+//
+// Current scaling can also write the column sums of that 2-D view (a
+// Linear's bias gradient, from dy's cast); their scratch is the uint8
+// workspace result (scratch.h).
 #include <string>
 #include <utility>
 
 #include "ffi_helpers.h"
 #include "handlers.h"
+#include "scratch.h"
 
 namespace fp8kit_jax {
 namespace {
@@ -27,49 +32,6 @@ ffi::Error CheckScalar(const char* op, const char* arg, int64_t count) {
                            std::to_string(count) + " elements");
   }
   return ffi::Error::Success();
-}
-
-// The FP8 output descriptor shared by both quantize flavours: rowwise and
-// columnwise results checked against the input, the FP8 dtype taken from
-// whichever is requested (both must agree).
-ffi::ErrorOr<fp8kit_tensor> DescribeFp8Output(const char* op, const fp8kit_tensor& input,
-                                              ffi::AnyBuffer data, ffi::AnyBuffer columnwise,
-                                              bool rowwise, bool want_columnwise) {
-  if (!rowwise && !want_columnwise) {
-    return ffi::Unexpected(Invalid(op, "ask for rowwise and/or columnwise output"));
-  }
-  const int64_t numel = fp8kit_tensor_numel(&input);
-  fp8kit_dtype dtype = FP8KIT_E4M3;
-  bool have_dtype = false;
-  const std::pair<bool, ffi::AnyBuffer*> outs[] = {{rowwise, &data},
-                                                   {want_columnwise, &columnwise}};
-  for (const auto& [wanted, buf] : outs) {
-    if (!wanted) continue;
-    fp8kit_dtype d;
-    if (!ToFp8kitDtype(buf->element_type(), &d) || (d != FP8KIT_E4M3 && d != FP8KIT_E5M2)) {
-      return ffi::Unexpected(Invalid(op, "the FP8 result has element type " +
-                                             XlaTypeName(buf->element_type()) +
-                                             "; expected float8_e4m3fn or float8_e5m2"));
-    }
-    if (have_dtype && d != dtype) {
-      return ffi::Unexpected(Invalid(op, "rowwise and columnwise results have different FP8 types"));
-    }
-    dtype = d;
-    have_dtype = true;
-    if (NumElements(buf->dimensions()) != numel) {
-      return ffi::Unexpected(Invalid(op, "an FP8 result has " +
-                                             std::to_string(NumElements(buf->dimensions())) +
-                                             " elements but the input has " + std::to_string(numel)));
-    }
-  }
-  if (rowwise && data.dimensions().size() != static_cast<size_t>(input.rank)) {
-    return ffi::Unexpected(Invalid(op, "the rowwise result must have the input's shape"));
-  }
-  fp8kit_tensor out = fp8kit_tensor_make(input.device_type, input.device_index, dtype, input.rank,
-                                         input.shape, rowwise ? data.untyped_data() : nullptr);
-  out.scaling_mode = FP8KIT_SCALING_PER_TENSOR;
-  out.columnwise_data = want_columnwise ? columnwise.untyped_data() : nullptr;
-  return out;
 }
 
 constexpr char kQuantize[] = "fp8kit_quantize";
@@ -98,7 +60,7 @@ auto BindQuantize(Binding binding) {
       .template Arg<ffi::AnyBuffer>()          // x: float32/bfloat16/float16, any shape
       .template Arg<ffi::Buffer<ffi::F32>>()   // scale: the quantization scale, one float32
       .template Ret<ffi::AnyBuffer>()          // data: FP8, x's shape (or (0,) if not rowwise)
-      .template Ret<ffi::AnyBuffer>()          // columnwise: FP8 [last, *leading] (or (0,))
+      .template Ret<ffi::AnyBuffer>()          // columnwise: FP8 [last, prod(leading)] (or (0,))
       .template Ret<ffi::Buffer<ffi::F32>>()   // scale_inv: 1/scale, one float32
       .template Ret<ffi::Buffer<ffi::F32>>()   // amax: max |x|, one float32
       .template Attr<bool>("rowwise")          // rowwise: write `data`
@@ -110,8 +72,11 @@ constexpr char kCurrent[] = "fp8kit_quantize_current_scaling";
 ffi::Error QuantizeCurrentImpl(const Device& device, ffi::AnyBuffer x,
                                ffi::Result<ffi::AnyBuffer> data,
                                ffi::Result<ffi::AnyBuffer> columnwise, F32Result scale,
-                               F32Result scale_inv, F32Result amax, bool rowwise,
-                               bool want_columnwise, float amax_epsilon, bool force_pow2_scale) {
+                               F32Result scale_inv, F32Result amax,
+                               ffi::Result<ffi::AnyBuffer> sums,
+                               ffi::Result<ffi::AnyBuffer> workspace, bool rowwise,
+                               bool want_columnwise, bool want_sums, float amax_epsilon,
+                               bool power_2_scale) {
   auto input = Describe(kCurrent, "x", x, device);
   if (input.has_error()) return input.error();
   for (auto [arg, count] : {std::pair<const char*, int64_t>{"scale result", scale->element_count()},
@@ -126,8 +91,35 @@ ffi::Error QuantizeCurrentImpl(const Device& device, ffi::AnyBuffer x,
   output->amax = amax->typed_data();
   fp8kit_current_scaling_config config;
   config.amax_epsilon = amax_epsilon;
-  config.force_pow2_scale = force_pow2_scale ? 1 : 0;
-  return FromStatus(fp8kit_quantize_current_scaling(&*input, &*output, &config, device.stream));
+  config.power_2_scale = power_2_scale ? 1 : 0;
+  if (!want_sums) {
+    return FromStatus(
+        fp8kit_quantize_current_scaling(&*input, &*output, &config, nullptr, device.stream));
+  }
+  // The column sums' scratch (scratch.h): tile counters zeroed, partials.
+  int64_t rows = 0, cols = 0;
+  View2d(x.dimensions(), &rows, &cols);
+  const ScratchLayout layout({ScratchTensor{rows, cols, true}}, /*with_state=*/false);
+  fp8kit_column_sums column_sums{};
+  if (!ToFp8kitDtype(sums->element_type(), &column_sums.dtype) ||
+      sums->element_count() != static_cast<size_t>(cols)) {
+    return Invalid(kCurrent, "the column sums must be [" + std::to_string(cols) +
+                                 "] float32, bfloat16 or float16");
+  }
+  if (workspace->size_bytes() < layout.bytes()) {
+    return Invalid(kCurrent, "the workspace result has " +
+                                 std::to_string(workspace->size_bytes()) + " bytes; column sums "
+                                 "need " + std::to_string(layout.bytes()));
+  }
+  void* base = workspace->untyped_data();
+  if (auto err = ZeroBytes(kCurrent, device, base, layout.zeroed_bytes()); err.failure()) {
+    return err;
+  }
+  column_sums.sums = sums->untyped_data();
+  column_sums.partials = layout.sum_partials(base, 0);
+  column_sums.counters = layout.sum_counters(base, 0);
+  return FromStatus(
+      fp8kit_quantize_current_scaling(&*input, &*output, &config, &column_sums, device.stream));
 }
 
 template <typename Binding>
@@ -135,21 +127,24 @@ auto BindQuantizeCurrent(Binding binding) {
   return std::move(binding)
       .template Arg<ffi::AnyBuffer>()          // x: float32/bfloat16/float16, any shape
       .template Ret<ffi::AnyBuffer>()          // data: FP8, x's shape (or (0,) if not rowwise)
-      .template Ret<ffi::AnyBuffer>()          // columnwise: FP8 [last, *leading] (or (0,))
+      .template Ret<ffi::AnyBuffer>()          // columnwise: FP8 [last, prod(leading)] (or (0,))
       .template Ret<ffi::Buffer<ffi::F32>>()   // scale: fp8_max / max(amax, epsilon), one float32
       .template Ret<ffi::Buffer<ffi::F32>>()   // scale_inv: 1/scale, one float32
       .template Ret<ffi::Buffer<ffi::F32>>()   // amax: max |x|, one float32
+      .template Ret<ffi::AnyBuffer>()          // sums: [last] column sums of x's 2-D view (or (0,))
+      .template Ret<ffi::AnyBuffer>()          // workspace: uint8, the column sums' scratch
       .template Attr<bool>("rowwise")          // rowwise: write `data`
       .template Attr<bool>("columnwise")       // columnwise: write `columnwise`
+      .template Attr<bool>("sums")             // sums: write `sums` (needs columnwise)
       .template Attr<float>("amax_epsilon")    // amax_epsilon: lower bound on amax (0: none)
-      .template Attr<bool>("force_pow2_scale");  // force_pow2_scale: round scale down to 2^k
+      .template Attr<bool>("power_2_scale");   // power_2_scale: round scale down to 2^k
 }
 
 constexpr char kComputeScale[] = "fp8kit_compute_scale";
 
 ffi::Error ComputeScaleImpl(const Device& device, ffi::Buffer<ffi::F32> amax, F32Result scale,
                             F32Result scale_inv, int32_t fp8_dtype, float amax_epsilon,
-                            bool force_pow2_scale) {
+                            bool power_2_scale) {
   for (auto [arg, count] : {std::pair<const char*, int64_t>{"amax", amax.element_count()},
                             {"scale result", scale->element_count()},
                             {"scale_inv result", scale_inv->element_count()}}) {
@@ -157,7 +152,7 @@ ffi::Error ComputeScaleImpl(const Device& device, ffi::Buffer<ffi::F32> amax, F3
   }
   fp8kit_current_scaling_config config;
   config.amax_epsilon = amax_epsilon;
-  config.force_pow2_scale = force_pow2_scale ? 1 : 0;
+  config.power_2_scale = power_2_scale ? 1 : 0;
   return FromStatus(fp8kit_compute_scale(amax.typed_data(), scale->typed_data(),
                                          scale_inv->typed_data(),
                                          static_cast<fp8kit_dtype>(fp8_dtype), &config,
@@ -172,29 +167,13 @@ auto BindComputeScale(Binding binding) {
       .template Ret<ffi::Buffer<ffi::F32>>()   // scale_inv: 1/scale, one float32
       .template Attr<int32_t>("fp8_dtype")     // fp8_dtype: fp8kit_dtype code (E4M3 or E5M2)
       .template Attr<float>("amax_epsilon")    // amax_epsilon: lower bound on amax (0: none)
-      .template Attr<bool>("force_pow2_scale");  // force_pow2_scale: round scale down to 2^k
+      .template Attr<bool>("power_2_scale");   // power_2_scale: round scale down to 2^k
 }
 
 }  // namespace
 }  // namespace fp8kit_jax
 
-using fp8kit_jax::ComputeScaleImpl;
-using fp8kit_jax::QuantizeCurrentImpl;
-using fp8kit_jax::QuantizeImpl;
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(fp8kit_jax_quantize_cpu, fp8kit_jax::OnCpu<QuantizeImpl>{},
-                              fp8kit_jax::BindQuantize(fp8kit_jax::CpuBinding()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(fp8kit_jax_quantize_current_scaling_cpu,
-                              fp8kit_jax::OnCpu<QuantizeCurrentImpl>{},
-                              fp8kit_jax::BindQuantizeCurrent(fp8kit_jax::CpuBinding()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(fp8kit_jax_compute_scale_cpu, fp8kit_jax::OnCpu<ComputeScaleImpl>{},
-                              fp8kit_jax::BindComputeScale(fp8kit_jax::CpuBinding()));
-#ifdef FP8KIT_WITH_CUDA
-XLA_FFI_DEFINE_HANDLER_SYMBOL(fp8kit_jax_quantize_cuda, fp8kit_jax::OnCuda<QuantizeImpl>{},
-                              fp8kit_jax::BindQuantize(fp8kit_jax::CudaBinding()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(fp8kit_jax_quantize_current_scaling_cuda,
-                              fp8kit_jax::OnCuda<QuantizeCurrentImpl>{},
-                              fp8kit_jax::BindQuantizeCurrent(fp8kit_jax::CudaBinding()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(fp8kit_jax_compute_scale_cuda, fp8kit_jax::OnCuda<ComputeScaleImpl>{},
-                              fp8kit_jax::BindComputeScale(fp8kit_jax::CudaBinding()));
-#endif
+FP8KIT_JAX_HANDLER(quantize, fp8kit_jax::QuantizeImpl, fp8kit_jax::BindQuantize);
+FP8KIT_JAX_HANDLER(quantize_current_scaling, fp8kit_jax::QuantizeCurrentImpl,
+                   fp8kit_jax::BindQuantizeCurrent);
+FP8KIT_JAX_HANDLER(compute_scale, fp8kit_jax::ComputeScaleImpl, fp8kit_jax::BindComputeScale);

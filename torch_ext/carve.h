@@ -1,10 +1,10 @@
 // Several tensors carved out of one allocation per lifetime.
 //
 // Why: on a small layer every caching-allocator call is a visible share of
-// the per-call time (ANCHORS.md P4), and a Linear forward needs up to six
-// buffers besides its output. Tensors freed together (those saved for
-// backward; those used only inside the call) share one buffer, so a forward
-// makes three allocations instead of six. Pieces of different lifetimes
+// the per-call time, and a Linear forward needs up to six buffers besides
+// its output. Tensors freed together (those saved for backward; those used
+// only inside the call) share one buffer, so a forward makes three
+// allocations instead of six. Pieces of different lifetimes
 // never share a buffer: a buffer lives as long as its longest-lived piece.
 #ifndef FP8KIT_TORCH_EXT_CARVE_H_
 #define FP8KIT_TORCH_EXT_CARVE_H_

@@ -51,8 +51,9 @@ std::pair<void*, size_t> workspace_for(const at::Device& device) {
 }  // namespace
 
 void quantize_into(const at::Tensor& x, fp8kit_dtype fp8, const at::Tensor& data,
-                   const at::Tensor& data_t, ScalePtrs s,
-                   const fp8kit_current_scaling_config* current) {
+                   const at::Tensor& columnwise_data, ScalePtrs s,
+                   const fp8kit_current_scaling_config* current,
+                   const fp8kit_column_sums* sums) {
   FP8KIT_PROFILE_SCOPE(current ? "fp8kit::quantize_current_scaling" : "fp8kit::quantize");
   const fp8kit_device_type dev = fp8kit_device(x.device());
   const fp8kit_tensor in = describe(x, *high_precision_dtype(x.scalar_type()), dev);
@@ -60,14 +61,14 @@ void quantize_into(const at::Tensor& x, fp8kit_dtype fp8, const at::Tensor& data
   out.dtype = fp8;
   out.scaling_mode = FP8KIT_SCALING_PER_TENSOR;
   out.data = data.defined() ? data.data_ptr() : nullptr;
-  out.columnwise_data = data_t.defined() ? data_t.data_ptr() : nullptr;
+  out.columnwise_data = columnwise_data.defined() ? columnwise_data.data_ptr() : nullptr;
   out.scale = s.scale;
   out.scale_inv = s.scale_inv;
   out.amax = s.amax;
   void* stream = current_stream(x.device());
   const bool cpu = dev == FP8KIT_DEVICE_CPU;
   check_status(call_core(cpu, [&] {
-    return current ? fp8kit_quantize_current_scaling(&in, &out, current, stream)
+    return current ? fp8kit_quantize_current_scaling(&in, &out, current, sums, stream)
                    : fp8kit_quantize(&in, &out, stream);
   }));
 }
@@ -106,23 +107,19 @@ void amax_into(const at::Tensor& x, float* amax) {
   check_status(call_core(dev == FP8KIT_DEVICE_CPU, [&] { return fp8kit_amax(&in, amax, stream); }));
 }
 
-void delayed_update(const fp8kit_delayed_scaling_state* states, int count, int history_len,
-                    int margin, fp8kit_amax_reduction reduction, const at::Device& device) {
+void delayed_update(const fp8kit_delayed_scaling_state* states, int count,
+                    const fp8kit_delayed_scaling_config& config, const at::Device& device) {
   if (count == 0) return;
   FP8KIT_PROFILE_SCOPE("fp8kit::delayed_scaling_update");
-  fp8kit_delayed_scaling_config cfg;
-  cfg.history_len = history_len;
-  cfg.margin = margin;
-  cfg.reduction = reduction;
   void* stream = current_stream(device);
   check_status(call_core(!device.is_cuda(), [&] {
-    return fp8kit_delayed_scaling_update(states, count, &cfg, fp8kit_device(device),
+    return fp8kit_delayed_scaling_update(states, count, &config, fp8kit_device(device),
                                          fp8kit_index(device), stream);
   }));
 }
 
-void quantize_delayed_update_into(const DelayedQuantizeItem* items, int count, int history_len,
-                                  int margin, fp8kit_amax_reduction reduction,
+void quantize_delayed_update_into(const DelayedQuantizeItem* items, int count,
+                                  const fp8kit_delayed_scaling_config& config, bool record,
                                   const at::Device& device) {
   FP8KIT_PROFILE_SCOPE("fp8kit::quantize_delayed_update");
   constexpr int kMax = 4;  // a Linear quantizes at most two tensors per call
@@ -139,25 +136,23 @@ void quantize_delayed_update_into(const DelayedQuantizeItem* items, int count, i
     out[i].dtype = it.fp8;
     out[i].scaling_mode = FP8KIT_SCALING_PER_TENSOR;
     out[i].data = it.data->defined() ? it.data->data_ptr() : nullptr;
-    out[i].columnwise_data = it.data_t->defined() ? it.data_t->data_ptr() : nullptr;
+    out[i].columnwise_data =
+        it.columnwise_data->defined() ? it.columnwise_data->data_ptr() : nullptr;
     out[i].scale = nullptr;
     out[i].scale_inv = it.scale_inv;
     out[i].amax = nullptr;
     st[i] = it.state;
     sums[i] = it.sums;
   }
-  fp8kit_delayed_scaling_config cfg;
-  cfg.history_len = history_len;
-  cfg.margin = margin;
-  cfg.reduction = reduction;
   void* stream = current_stream(device);
   check_status(call_core(dev == FP8KIT_DEVICE_CPU, [&] {
-    return fp8kit_quantize_delayed_update_sums(in, out, st, sums, count, &cfg, stream);
+    return fp8kit_quantize_delayed_update(in, out, st, sums, count, &config, record ? 1 : 0,
+                                          stream);
   }));
 }
 
 fp8kit_tensor gemm_operand(const at::Device& device, fp8kit_dtype fp8, int64_t rows, int64_t cols,
-                           void* data, void* data_t, const float* scale_inv) {
+                           void* data, void* columnwise_data, const float* scale_inv) {
   fp8kit_tensor t;
   std::memset(&t, 0, sizeof(t));
   t.device_type = fp8kit_device(device);
@@ -167,7 +162,7 @@ fp8kit_tensor gemm_operand(const at::Device& device, fp8kit_dtype fp8, int64_t r
   t.shape[0] = rows;
   t.shape[1] = cols;
   t.data = data;
-  t.columnwise_data = data_t;
+  t.columnwise_data = columnwise_data;
   t.scaling_mode = FP8KIT_SCALING_PER_TENSOR;
   t.scale_inv = const_cast<float*>(scale_inv);
   return t;

@@ -24,12 +24,14 @@ struct ScalePtrs {
 };
 
 // Quantizes contiguous high-precision `x` into the given FP8 buffers
-// (`data`: x's shape, `data_t`: columnwise_shape(x); either may be
-// undefined, not both). current == nullptr: delayed scaling with the scale
-// at s.scale; else current scaling, which also writes s.scale.
+// (`data`: x's shape, `columnwise_data`: columnwise_shape(x); either may be
+// undefined, not both). current == nullptr: the scale at s.scale; else
+// current scaling, which also writes s.scale and, when `sums` is given,
+// x's column sums (fp8kit_quantize_current_scaling).
 void quantize_into(const at::Tensor& x, fp8kit_dtype fp8, const at::Tensor& data,
-                   const at::Tensor& data_t, ScalePtrs s,
-                   const fp8kit_current_scaling_config* current);
+                   const at::Tensor& columnwise_data, ScalePtrs s,
+                   const fp8kit_current_scaling_config* current,
+                   const fp8kit_column_sums* sums = nullptr);
 
 // Allocates FP8 buffers for x's rowwise / columnwise data (undefined when
 // not requested) through PyTorch's allocator on x's device.
@@ -37,7 +39,7 @@ at::Tensor alloc_rowwise(const at::Tensor& x, fp8kit_dtype fp8);
 at::Tensor alloc_columnwise(const at::Tensor& x, fp8kit_dtype fp8);
 
 // out (contiguous, high precision, the logical shape) = q * scale_inv,
-// from `data` (rowwise) or `data_t` (columnwise) of the logical shape.
+// from rowwise or columnwise data `q` of the logical shape.
 void dequantize_into(const at::Tensor& q, bool from_columnwise, at::IntArrayRef logical_shape,
                      fp8kit_dtype fp8, const float* scale_inv, const at::Tensor& out);
 
@@ -45,8 +47,8 @@ void dequantize_into(const at::Tensor& q, bool from_columnwise, at::IntArrayRef 
 void amax_into(const at::Tensor& x, float* amax);
 
 // One fp8kit_delayed_scaling_update call on `device`.
-void delayed_update(const fp8kit_delayed_scaling_state* states, int count, int history_len,
-                    int margin, fp8kit_amax_reduction reduction, const at::Device& device);
+void delayed_update(const fp8kit_delayed_scaling_state* states, int count,
+                    const fp8kit_delayed_scaling_config& config, const at::Device& device);
 
 // One tensor of a fused delayed-scaling quantize+update call: contiguous
 // high-precision `x`, its FP8 outputs (either may be undefined, not both),
@@ -55,21 +57,22 @@ struct DelayedQuantizeItem {
   const at::Tensor* x;
   fp8kit_dtype fp8;
   const at::Tensor* data;
-  const at::Tensor* data_t;
+  const at::Tensor* columnwise_data;
   float* scale_inv;
   fp8kit_delayed_quantize_state state;
   fp8kit_column_sums sums;  // sums.sums == NULL: no column sums
 };
 
-// One fp8kit_quantize_delayed_update_sums call for `count` items on `device`.
-void quantize_delayed_update_into(const DelayedQuantizeItem* items, int count, int history_len,
-                                  int margin, fp8kit_amax_reduction reduction,
+// One fp8kit_quantize_delayed_update call for `count` items on `device`
+// (record: whether the pass computes gradients, see fp8kit/linear.h).
+void quantize_delayed_update_into(const DelayedQuantizeItem* items, int count,
+                                  const fp8kit_delayed_scaling_config& config, bool record,
                                   const at::Device& device);
 
 // A GEMM operand: rows x cols is the logical 2-D shape of its rowwise
-// layout; data / data_t may be null (not both).
+// layout; data / columnwise_data may be null (not both).
 fp8kit_tensor gemm_operand(const at::Device& device, fp8kit_dtype fp8, int64_t rows, int64_t cols,
-                           void* data, void* data_t, const float* scale_inv);
+                           void* data, void* columnwise_data, const float* scale_inv);
 
 // fp8kit_gemm with PyTorch's current stream and a cached per-device
 // workspace tensor (config.workspace is filled in here).

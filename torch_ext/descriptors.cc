@@ -37,6 +37,18 @@ fp8kit_dtype parse_fp8_name(const std::string& name, const char* fn, const char*
 
 const char* fp8_name(fp8kit_dtype f) { return f == FP8KIT_E5M2 ? "e5m2" : "e4m3"; }
 
+fp8kit_amax_reduction parse_amax_reduction(const std::string& name, const char* fn,
+                                           const char* arg) {
+  if (name == "max") return FP8KIT_AMAX_MAX;
+  if (name == "most_recent") return FP8KIT_AMAX_MOST_RECENT;
+  C10_THROW_ERROR(ValueError,
+                  c10::str(fn, ": ", arg, " is '", name, "'; use 'max' or 'most_recent'"));
+}
+
+const char* amax_reduction_name(fp8kit_amax_reduction r) {
+  return r == FP8KIT_AMAX_MOST_RECENT ? "most_recent" : "max";
+}
+
 std::string shape_str(at::IntArrayRef shape) {
   std::ostringstream os;
   os << "[";

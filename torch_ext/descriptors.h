@@ -19,6 +19,11 @@ at::ScalarType torch_fp8_type(fp8kit_dtype f);
 // "e4m3" / "e5m2" -> fp8kit dtype; ValueError naming `arg` otherwise.
 fp8kit_dtype parse_fp8_name(const std::string& name, const char* fn, const char* arg);
 const char* fp8_name(fp8kit_dtype f);  // "e4m3" / "e5m2"
+// "max" / "most_recent" -> fp8kit amax reduction; ValueError naming `arg`
+// otherwise.
+fp8kit_amax_reduction parse_amax_reduction(const std::string& name, const char* fn,
+                                           const char* arg);
+const char* amax_reduction_name(fp8kit_amax_reduction r);  // "max" / "most_recent"
 
 // The fp8kit device of a tensor (ValueError for devices other than CPU and
 // CUDA, NotImplementedError for CUDA tensors in a build without CUDA).

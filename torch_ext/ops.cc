@@ -12,6 +12,7 @@
 #include "core_calls.h"
 #include "descriptors.h"
 #include "errors.h"
+#include "fp8kit/linear.h"
 
 namespace py = pybind11;
 
@@ -60,15 +61,15 @@ std::tuple<OptTensor, OptTensor, at::Tensor> quantize(const at::Tensor& x_in,
   }
   DeviceScope scope(x.device());
   const at::Tensor data = rowwise ? alloc_rowwise(x, f) : at::Tensor();
-  const at::Tensor data_t = columnwise ? alloc_columnwise(x, f) : at::Tensor();
+  const at::Tensor columnwise_data = columnwise ? alloc_columnwise(x, f) : at::Tensor();
   at::Tensor scale_inv = f32_scalar_out(x);
   ScalePtrs s;
   s.scale = scale.data_ptr<float>();
   s.scale_inv = scale_inv.data_ptr<float>();
   s.amax = amax_out ? amax_out->data_ptr<float>() : nullptr;
-  quantize_into(x, f, data, data_t, s, nullptr);
-  return {rowwise ? OptTensor(data) : std::nullopt, columnwise ? OptTensor(data_t) : std::nullopt,
-          scale_inv};
+  quantize_into(x, f, data, columnwise_data, s, nullptr);
+  return {rowwise ? OptTensor(data) : std::nullopt,
+          columnwise ? OptTensor(columnwise_data) : std::nullopt, scale_inv};
 }
 
 std::tuple<OptTensor, OptTensor, at::Tensor, at::Tensor, at::Tensor> quantize_current_scaling(
@@ -84,18 +85,18 @@ std::tuple<OptTensor, OptTensor, at::Tensor, at::Tensor, at::Tensor> quantize_cu
   const at::Tensor x = hp_input(fn, "x", x_in);
   DeviceScope scope(x.device());
   const at::Tensor data = rowwise ? alloc_rowwise(x, f) : at::Tensor();
-  const at::Tensor data_t = columnwise ? alloc_columnwise(x, f) : at::Tensor();
+  const at::Tensor columnwise_data = columnwise ? alloc_columnwise(x, f) : at::Tensor();
   at::Tensor scale = f32_scalar_out(x), scale_inv = f32_scalar_out(x), amax_t = f32_scalar_out(x);
   fp8kit_current_scaling_config cfg;
   cfg.amax_epsilon = static_cast<float>(amax_epsilon);
-  cfg.force_pow2_scale = power_2_scale ? 1 : 0;
+  cfg.power_2_scale = power_2_scale ? 1 : 0;
   ScalePtrs s;
   s.scale = scale.data_ptr<float>();
   s.scale_inv = scale_inv.data_ptr<float>();
   s.amax = amax_t.data_ptr<float>();
-  quantize_into(x, f, data, data_t, s, &cfg);
-  return {rowwise ? OptTensor(data) : std::nullopt, columnwise ? OptTensor(data_t) : std::nullopt,
-          scale, scale_inv, amax_t};
+  quantize_into(x, f, data, columnwise_data, s, &cfg);
+  return {rowwise ? OptTensor(data) : std::nullopt,
+          columnwise ? OptTensor(columnwise_data) : std::nullopt, scale, scale_inv, amax_t};
 }
 
 at::Tensor dequantize(const at::Tensor& data_in, const at::Tensor& scale_inv,
@@ -143,18 +144,12 @@ at::Tensor dequantize(const at::Tensor& data_in, const at::Tensor& scale_inv,
   return out;
 }
 
-fp8kit_amax_reduction parse_reduction(const std::string& r, const char* fn) {
-  if (r == "max") return FP8KIT_AMAX_MAX;
-  if (r == "most_recent") return FP8KIT_AMAX_MOST_RECENT;
-  C10_THROW_ERROR(ValueError, c10::str(fn, ": reduction is '", r, "'; use 'max' or 'most_recent'"));
-}
-
 void delayed_scaling_update(const std::vector<at::Tensor>& histories,
                             const std::vector<at::Tensor>& amaxes,
                             const std::vector<at::Tensor>& scales,
                             const std::vector<at::Tensor>& scale_invs,
                             const std::vector<std::string>& fp8_dtypes, int64_t margin,
-                            const std::string& reduction) {
+                            const std::string& amax_reduction) {
   constexpr const char* fn = "fp8kit.torch.delayed_scaling_update";
   const size_t n = histories.size();
   FP8KIT_VALUE_CHECK(amaxes.size() == n && scales.size() == n && scale_invs.size() == n &&
@@ -162,9 +157,9 @@ void delayed_scaling_update(const std::vector<at::Tensor>& histories,
                      fn, ": amax_histories, amaxes, scales, scale_invs and fp8_dtypes must have the "
                      "same length (one entry per tensor), got ", n, ", ", amaxes.size(), ", ",
                      scales.size(), ", ", scale_invs.size(), " and ", fp8_dtypes.size());
-  FP8KIT_VALUE_CHECK(margin >= 0 && margin < 128, fn, ": margin is ", margin,
-                     "; use an int in [0, 127]");
-  const fp8kit_amax_reduction red = parse_reduction(reduction, fn);
+  FP8KIT_VALUE_CHECK(margin >= 0 && margin <= 126, fn, ": margin is ", margin,
+                     "; use an int in [0, 126]");
+  const fp8kit_amax_reduction red = parse_amax_reduction(amax_reduction, fn, "amax_reduction");
   if (n == 0) return;
   const at::Tensor& ref = histories[0];
   std::vector<fp8kit_delayed_scaling_state> states(n);
@@ -196,19 +191,22 @@ void delayed_scaling_update(const std::vector<at::Tensor>& histories,
   }
   device_type_of(ref, fn, "amax_histories[0]");
   DeviceScope scope(ref.device());
-  delayed_update(states.data(), static_cast<int>(n), static_cast<int>(len),
-                 static_cast<int>(margin), red, ref.device());
+  fp8kit_delayed_scaling_config cfg;
+  cfg.history_len = static_cast<int>(len);
+  cfg.margin = static_cast<int>(margin);
+  cfg.amax_reduction = red;
+  delayed_update(states.data(), static_cast<int>(n), cfg, ref.device());
 }
 
 // One GEMM operand from its optional rowwise data and optional columnwise
 // data: returns the descriptor with the logical 2-D rowwise shape.
-fp8kit_tensor operand(const char* fn, const char* name, const char* name_t, const char* sinv_name,
-                      const OptTensor& x, const OptTensor& x_t, const at::Tensor& scale_inv,
-                      at::Device* device) {
-  FP8KIT_VALUE_CHECK(x || x_t, fn, ": ", name, " and ", name_t, " are both None; pass ", name,
+fp8kit_tensor operand(const char* fn, const char* name, const char* name_cw,
+                      const char* sinv_name, const OptTensor& x, const OptTensor& x_cw,
+                      const at::Tensor& scale_inv, at::Device* device) {
+  FP8KIT_VALUE_CHECK(x || x_cw, fn, ": ", name, " and ", name_cw, " are both None; pass ", name,
                      "'s rowwise data, its columnwise data, or both");
-  const at::Tensor& ref = x ? *x : *x_t;
-  const char* ref_name = x ? name : name_t;
+  const at::Tensor& ref = x ? *x : *x_cw;
+  const char* ref_name = x ? name : name_cw;
   fp8kit_dtype f = check_fp8(fn, ref_name, ref);
   int64_t rows = 0, cols = 0;
   if (x) {
@@ -218,22 +216,23 @@ fp8kit_tensor operand(const char* fn, const char* name, const char* name_t, cons
     rows = cw[1];
     cols = cw[0];
   }
-  if (x_t) {
-    const fp8kit_dtype ft = check_fp8(fn, name_t, *x_t);
-    FP8KIT_TYPE_CHECK(ft == f, fn, ": ", name, " is ", fp8_name(f), " but ", name_t, " is ",
+  if (x_cw) {
+    const fp8kit_dtype ft = check_fp8(fn, name_cw, *x_cw);
+    FP8KIT_TYPE_CHECK(ft == f, fn, ": ", name, " is ", fp8_name(f), " but ", name_cw, " is ",
                       fp8_name(ft), "; both layouts of one operand hold the same FP8 data");
-    FP8KIT_VALUE_CHECK(x_t->dim() == 2, fn, ": ", name_t, " has shape ", shape_str(x_t->sizes()),
+    FP8KIT_VALUE_CHECK(x_cw->dim() == 2, fn, ": ", name_cw, " has shape ",
+                       shape_str(x_cw->sizes()),
                        "; columnwise data is 2-D [last dim, prod(leading dims)]");
-    check_contiguous(fn, name_t, *x_t);
-    check_same_device(fn, name_t, *x_t, ref_name, ref);
+    check_contiguous(fn, name_cw, *x_cw);
+    check_same_device(fn, name_cw, *x_cw, ref_name, ref);
     if (x) {
-      FP8KIT_VALUE_CHECK(x_t->size(0) == cols && x_t->size(1) == rows, fn, ": ", name_t,
-                         " has shape ", shape_str(x_t->sizes()), " but ", name, " has shape ",
+      FP8KIT_VALUE_CHECK(x_cw->size(0) == cols && x_cw->size(1) == rows, fn, ": ", name_cw,
+                         " has shape ", shape_str(x_cw->sizes()), " but ", name, " has shape ",
                          shape_str(x->sizes()), " whose columnwise layout is [", cols, ", ", rows,
                          "]");
     } else {
-      rows = x_t->size(1);
-      cols = x_t->size(0);
+      rows = x_cw->size(1);
+      cols = x_cw->size(0);
     }
   }
   check_f32_scalar(fn, sinv_name, scale_inv, ref_name, ref);
@@ -241,19 +240,22 @@ fp8kit_tensor operand(const char* fn, const char* name, const char* name_t, cons
   device_type_of(ref, fn, ref_name);
   *device = ref.device();
   return gemm_operand(ref.device(), f, rows, cols, x ? x->data_ptr() : nullptr,
-                      x_t ? x_t->data_ptr() : nullptr, scale_inv.data_ptr<float>());
+                      x_cw ? x_cw->data_ptr() : nullptr, scale_inv.data_ptr<float>());
 }
 
-at::Tensor gemm(const OptTensor& a, const at::Tensor& a_scale_inv, const OptTensor& a_t,
-                const OptTensor& b, const at::Tensor& b_scale_inv, const OptTensor& b_t,
-                bool trans_a, bool trans_b, at::ScalarType out_dtype, const OptTensor& bias,
-                bool gelu, const OptTensor& gelu_aux, bool accumulate, bool use_split_accumulator,
+at::Tensor gemm(const OptTensor& a, const at::Tensor& a_scale_inv,
+                const OptTensor& a_columnwise, const OptTensor& b, const at::Tensor& b_scale_inv,
+                const OptTensor& b_columnwise, bool trans_a, bool trans_b,
+                at::ScalarType out_dtype, const OptTensor& bias, bool gelu,
+                const OptTensor& gelu_aux, bool accumulate, bool use_split_accumulator,
                 const OptTensor& d_scale, const OptTensor& d_amax, const OptTensor& out) {
   constexpr const char* fn = "fp8kit.torch.gemm";
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   at::Device dev_a(at::kCPU), dev_b(at::kCPU);
-  const fp8kit_tensor da = operand(fn, "a", "a_t", "a_scale_inv", a, a_t, a_scale_inv, &dev_a);
-  const fp8kit_tensor db = operand(fn, "b", "b_t", "b_scale_inv", b, b_t, b_scale_inv, &dev_b);
+  const fp8kit_tensor da =
+      operand(fn, "a", "a_columnwise", "a_scale_inv", a, a_columnwise, a_scale_inv, &dev_a);
+  const fp8kit_tensor db =
+      operand(fn, "b", "b_columnwise", "b_scale_inv", b, b_columnwise, b_scale_inv, &dev_b);
   FP8KIT_VALUE_CHECK(dev_a == dev_b, fn, ": a is on ", device_str(dev_a), " but b is on ",
                      device_str(dev_b), "; move both operands to one device");
   const at::Device device = dev_a;
@@ -279,7 +281,7 @@ at::Tensor gemm(const OptTensor& a, const at::Tensor& a_scale_inv, const OptTens
                        ": out has shape ", shape_str(out->sizes()), " but the product is [", m,
                        ", ", n, "]");
     check_contiguous(fn, "out", *out);
-    check_same_device(fn, "out", *out, "a", a ? *a : *a_t);
+    check_same_device(fn, "out", *out, "a", a ? *a : *a_columnwise);
     d = *out;
   } else {
     FP8KIT_VALUE_CHECK(!accumulate, fn,
@@ -304,14 +306,14 @@ at::Tensor gemm(const OptTensor& a, const at::Tensor& a_scale_inv, const OptTens
     FP8KIT_VALUE_CHECK(d_fp8.has_value(), fn,
                        ": d_scale is only used for an FP8 out_dtype; drop it or pick an FP8 "
                        "out_dtype");
-    check_f32_scalar(fn, "d_scale", *d_scale, "a", a ? *a : *a_t);
+    check_f32_scalar(fn, "d_scale", *d_scale, "a", a ? *a : *a_columnwise);
     dt.scale = d_scale->data_ptr<float>();
   }
   if (d_amax) {
     FP8KIT_VALUE_CHECK(d_fp8.has_value(), fn,
                        ": d_amax is only written for an FP8 out_dtype; drop it or pick an FP8 "
                        "out_dtype");
-    check_f32_scalar(fn, "d_amax", *d_amax, "a", a ? *a : *a_t);
+    check_f32_scalar(fn, "d_amax", *d_amax, "a", a ? *a : *a_columnwise);
     dt.amax = d_amax->data_ptr<float>();
   }
   fp8kit_gemm_config cfg = fp8kit_gemm_config_default();
@@ -328,7 +330,7 @@ at::Tensor gemm(const OptTensor& a, const at::Tensor& a_scale_inv, const OptTens
     FP8KIT_VALUE_CHECK(bias->dim() == 1 && bias->numel() == n, fn, ": bias has shape ",
                        shape_str(bias->sizes()), " but the output has N = ", n,
                        " columns; bias must be [N]");
-    check_same_device(fn, "bias", *bias, "a", a ? *a : *a_t);
+    check_same_device(fn, "bias", *bias, "a", a ? *a : *a_columnwise);
     bias_c = bias->contiguous();
     cfg.bias = bias_c.data_ptr();
     cfg.bias_dtype = *bd;
@@ -348,7 +350,7 @@ at::Tensor gemm(const OptTensor& a, const at::Tensor& a_scale_inv, const OptTens
     FP8KIT_VALUE_CHECK(gelu_aux->numel() == m * n, fn, ": gelu_aux has shape ",
                        shape_str(gelu_aux->sizes()), " but must hold [", m, ", ", n, "]");
     check_contiguous(fn, "gelu_aux", *gelu_aux);
-    check_same_device(fn, "gelu_aux", *gelu_aux, "a", a ? *a : *a_t);
+    check_same_device(fn, "gelu_aux", *gelu_aux, "a", a ? *a : *a_columnwise);
     cfg.gelu_aux = gelu_aux->data_ptr();
     cfg.gelu_aux_numel = m * n;
   }
@@ -377,27 +379,48 @@ bool supports_non_tn_fp8_gemm(const at::Device& device_in) {
 }  // namespace
 
 void register_ops(py::module_& m) {
+  // The core's constants, so that Python repeats none of them.
+  py::dict fp8_max;
+  for (fp8kit_dtype f : {FP8KIT_E4M3, FP8KIT_E5M2}) fp8_max[fp8_name(f)] = fp8kit_fp8_max(f);
+  m.attr("FP8_MAX") = fp8_max;
+  m.attr("GEMM_DIM_MULTIPLE") = FP8KIT_GEMM_DIM_MULTIPLE;
+  py::dict reduction_codes;
+  for (fp8kit_amax_reduction r : {FP8KIT_AMAX_MAX, FP8KIT_AMAX_MOST_RECENT}) {
+    reduction_codes[amax_reduction_name(r)] = static_cast<int>(r);
+  }
+  m.attr("AMAX_REDUCTION_CODES") = reduction_codes;
+  m.def(
+      "columnwise_shape",
+      [](const std::vector<int64_t>& shape) {
+        const std::vector<int64_t> cw = columnwise_shape(shape);
+        return py::make_tuple(cw[0], cw[1]);
+      },
+      py::arg("shape"),
+      "The shape of a tensor's columnwise copy: (shape[-1], prod(shape[:-1])); (1, 1) for a "
+      "0-d tensor.");
+
   m.def("amax", &amax, py::arg("x"),
         "max |x| over the whole tensor as a float32 0-d tensor on x.device (NaN if any NaN).");
   m.def("quantize", &quantize, py::arg("x"), py::arg("scale"), py::arg("fp8_dtype"),
         py::arg("rowwise") = true, py::arg("columnwise") = false, py::arg("amax_out") = py::none(),
-        "Per-tensor quantization with a given scale: returns (data or None, data_t or None, "
-        "scale_inv); data_t is the [last dim, prod(leading dims)] transpose.");
+        "Per-tensor quantization with a given scale: returns (data or None, columnwise_data or "
+        "None, scale_inv); columnwise_data is the [last dim, prod(leading dims)] transpose.");
   m.def("quantize_current_scaling", &quantize_current_scaling, py::arg("x"), py::arg("fp8_dtype"),
         py::arg("rowwise") = true, py::arg("columnwise") = false, py::arg("amax_epsilon") = 0.0,
         py::arg("power_2_scale") = false,
-        "Current scaling: returns (data or None, data_t or None, scale, scale_inv, amax).");
+        "Current scaling: returns (data or None, columnwise_data or None, scale, scale_inv, "
+        "amax).");
   m.def("dequantize", &dequantize, py::arg("data"), py::arg("scale_inv"), py::arg("out_dtype"),
         py::arg("from_columnwise") = false, py::arg("shape") = py::none(),
         "data * scale_inv in out_dtype; from_columnwise reads [last, prod(leading)] data and "
         "returns the tensor of `shape` (default: the 2-D transpose).");
   m.def("delayed_scaling_update", &delayed_scaling_update, py::arg("amax_histories"),
         py::arg("amaxes"), py::arg("scales"), py::arg("scale_invs"), py::arg("fp8_dtypes"),
-        py::arg("margin") = 0, py::arg("reduction") = "max",
+        py::arg("margin") = 0, py::arg("amax_reduction") = "max",
         "Rolls each amax history, reduces it and recomputes scale and scale_inv, for all tensors "
         "in one call (see common/include/fp8kit/delayed_scaling.h).");
-  m.def("gemm", &gemm, py::arg("a"), py::arg("a_scale_inv"), py::arg("a_t"), py::arg("b"),
-        py::arg("b_scale_inv"), py::arg("b_t"), py::arg("trans_a") = false,
+  m.def("gemm", &gemm, py::arg("a"), py::arg("a_scale_inv"), py::arg("a_columnwise"),
+        py::arg("b"), py::arg("b_scale_inv"), py::arg("b_columnwise"), py::arg("trans_a") = false,
         py::arg("trans_b") = false, py::arg("out_dtype") = at::kBFloat16,
         py::arg("bias") = py::none(), py::arg("gelu") = false, py::arg("gelu_aux") = py::none(),
         py::arg("accumulate") = false, py::arg("use_split_accumulator") = true,
@@ -414,7 +437,6 @@ void register_ops(py::module_& m) {
     return false;
 #endif
   }, "True when this extension and the core were built with CUDA.");
-  m.def("version", [] { return std::string(fp8kit_version()); });
 }
 
 }  // namespace fp8kit_torch

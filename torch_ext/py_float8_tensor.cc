@@ -13,7 +13,7 @@ struct PyRefs {
   py::object size_type;     // torch.Size
   py::object kwnames;       // ("dtype", "device", "requires_grad")
   // Interned attribute names.
-  py::object data, transpose, scale_inv, fp8_dtype, quantizer;       // Float8Tensor._FIELDS
+  py::object data, columnwise_data, scale_inv, fp8_dtype, quantizer;  // Float8Tensor._FIELDS
   py::object c_dtype, c_shape, c_device, c_is_cuda, c_requires_grad;  // QuantizedTensor._CACHED
   py::object e4m3, e5m2;
 };
@@ -36,7 +36,7 @@ const PyRefs& refs() {
         r.kwnames = py::make_tuple(interned("dtype"), interned("device"),
                                    interned("requires_grad"));
         r.data = interned("_data");
-        r.transpose = interned("_transpose");
+        r.columnwise_data = interned("_columnwise_data");
         r.scale_inv = interned("_scale_inv");
         r.fp8_dtype = interned("_fp8_dtype");
         r.quantizer = interned("_quantizer");
@@ -50,7 +50,7 @@ const PyRefs& refs() {
         // The C++ and Python creation paths must set the same fields.
         const py::tuple fields = r.cls.attr("_FIELDS");
         const py::tuple cached = r.cls.attr("_CACHED");
-        const py::tuple mine = py::make_tuple(r.data, r.transpose, r.scale_inv, r.fp8_dtype,
+        const py::tuple mine = py::make_tuple(r.data, r.columnwise_data, r.scale_inv, r.fp8_dtype,
                                               r.quantizer);
         const py::tuple mine_cached = py::make_tuple(r.c_dtype, r.c_shape, r.c_device,
                                                      r.c_is_cuda, r.c_requires_grad);
@@ -89,7 +89,7 @@ at::Tensor tensor_attr(py::handle obj, const py::object& name, const char* fn, c
 
 py::object make_float8_tensor(at::IntArrayRef shape, at::ScalarType dtype,
                               const at::Device& device, const at::Tensor& data,
-                              const at::Tensor& data_t, const at::Tensor& scale_inv,
+                              const at::Tensor& columnwise_data, const at::Tensor& scale_inv,
                               fp8kit_dtype fp8, py::handle quantizer, bool requires_grad) {
   const PyRefs& r = refs();
   py::tuple dims(shape.size());
@@ -113,7 +113,7 @@ py::object make_float8_tensor(at::IntArrayRef shape, at::ScalarType dtype,
   py::object obj = py::reinterpret_steal<py::object>(res);
 
   set_attr(obj, r.data, wrap(data));
-  set_attr(obj, r.transpose, wrap(data_t));
+  set_attr(obj, r.columnwise_data, wrap(columnwise_data));
   set_attr(obj, r.scale_inv, wrap(scale_inv));
   set_attr(obj, r.fp8_dtype, fp8 == FP8KIT_E5M2 ? r.e5m2 : r.e4m3);
   set_attr(obj, r.quantizer, quantizer ? quantizer : py::none());
@@ -133,7 +133,7 @@ Float8Parts float8_parts(py::handle t, const char* fn, const char* arg) {
                     "; expected an fp8kit Float8Tensor");
   Float8Parts p;
   p.data = tensor_attr(t, r.data, fn, arg);
-  p.data_t = tensor_attr(t, r.transpose, fn, arg);
+  p.columnwise_data = tensor_attr(t, r.columnwise_data, fn, arg);
   p.scale_inv = tensor_attr(t, r.scale_inv, fn, arg);
   return p;
 }

@@ -14,17 +14,18 @@
 namespace fp8kit_torch {
 
 // A Float8Tensor of logical `shape` and nominal (high-precision) `dtype` on
-// `device`, holding rowwise `data` and/or columnwise `data_t` (undefined
-// when absent), its `scale_inv` and its quantizer (None allowed).
+// `device`, holding rowwise `data` and/or `columnwise_data` (undefined when
+// absent), its `scale_inv` and its quantizer (None allowed).
 pybind11::object make_float8_tensor(at::IntArrayRef shape, at::ScalarType dtype,
                                     const at::Device& device, const at::Tensor& data,
-                                    const at::Tensor& data_t, const at::Tensor& scale_inv,
+                                    const at::Tensor& columnwise_data,
+                                    const at::Tensor& scale_inv,
                                     fp8kit_dtype fp8, pybind11::handle quantizer,
                                     bool requires_grad);
 
 // The FP8 buffers of a Float8Tensor object (undefined when None).
 struct Float8Parts {
-  at::Tensor data, data_t, scale_inv;
+  at::Tensor data, columnwise_data, scale_inv;
 };
 Float8Parts float8_parts(pybind11::handle float8_tensor, const char* fn, const char* arg);
 

@@ -37,11 +37,11 @@ py::object quantize_new(py::handle self, Quantizer& q, const at::Tensor& x_in, c
   const at::Tensor x = x_in.contiguous();
   DeviceScope scope(x.device());
   const at::Tensor data = q.rowwise ? alloc_rowwise(x, q.fp8) : at::Tensor();
-  const at::Tensor data_t = q.columnwise ? alloc_columnwise(x, q.fp8) : at::Tensor();
+  const at::Tensor columnwise_data = q.columnwise ? alloc_columnwise(x, q.fp8) : at::Tensor();
   at::Tensor scale_inv = at::empty({1}, x.options().dtype(at::kFloat));
-  q.quantize_to(x, data, data_t, scale_inv);
-  return make_float8_tensor(x.sizes(), x.scalar_type(), x.device(), data, data_t, scale_inv, q.fp8,
-                            self, /*requires_grad=*/false);
+  q.quantize_to(x, data, columnwise_data, scale_inv);
+  return make_float8_tensor(x.sizes(), x.scalar_type(), x.device(), data, columnwise_data,
+                            scale_inv, q.fp8, self, /*requires_grad=*/false);
 }
 
 // Re-quantizes `src` into the existing buffers of Float8Tensor `dst` (the
@@ -53,7 +53,7 @@ void update_quantized(Quantizer& q, const at::Tensor& src_in, py::handle dst) {
   device_type_of(src_in, fn, "src");
   q.check_device(fn, src_in);
   Float8Parts p = float8_parts(dst, fn, "dst");
-  const at::Tensor& ref = p.data.defined() ? p.data : p.data_t;
+  const at::Tensor& ref = p.data.defined() ? p.data : p.columnwise_data;
   FP8KIT_VALUE_CHECK(ref.defined(), fn, ": dst holds no FP8 data");
   const fp8kit_dtype f = check_fp8(fn, "dst", ref);
   FP8KIT_TYPE_CHECK(f == q.fp8, fn, ": dst holds ", fp8_name(f), " data but the quantizer makes ",
@@ -64,17 +64,18 @@ void update_quantized(Quantizer& q, const at::Tensor& src_in, py::handle dst) {
                        shape_str(src_in.sizes()), " but dst has shape ", shape_str(p.data.sizes()));
     check_contiguous(fn, "dst._data", p.data);
   }
-  if (p.data_t.defined()) {
+  if (p.columnwise_data.defined()) {
     const auto cw = columnwise_shape(src_in.sizes());
-    FP8KIT_VALUE_CHECK(p.data_t.sizes() == at::IntArrayRef(cw), fn, ": src has shape ",
+    FP8KIT_VALUE_CHECK(p.columnwise_data.sizes() == at::IntArrayRef(cw), fn, ": src has shape ",
                        shape_str(src_in.sizes()), " whose columnwise layout is ", shape_str(cw),
-                       " but dst's transposed data has shape ", shape_str(p.data_t.sizes()));
-    check_contiguous(fn, "dst._transpose", p.data_t);
+                       " but dst's columnwise data has shape ",
+                       shape_str(p.columnwise_data.sizes()));
+    check_contiguous(fn, "dst._columnwise_data", p.columnwise_data);
   }
   check_state_scalar(fn, "dst._scale_inv", p.scale_inv);
   const at::Tensor src = src_in.contiguous();
   DeviceScope scope(src.device());
-  q.quantize_to(src, p.data, p.data_t, p.scale_inv);
+  q.quantize_to(src, p.data, p.columnwise_data, p.scale_inv);
 }
 
 std::string usage_str(const Quantizer& q) {
@@ -105,12 +106,12 @@ void Float8Quantizer::check_device(const char* fn, const at::Tensor& x) const {
 }
 
 void Float8Quantizer::quantize_to(const at::Tensor& x, const at::Tensor& data,
-                                  const at::Tensor& data_t, const at::Tensor& scale_inv) {
+                                  const at::Tensor& columnwise_data, const at::Tensor& scale_inv) {
   ScalePtrs s;
   s.scale = scale.data_ptr<float>();
   s.scale_inv = scale_inv.data_ptr<float>();
   s.amax = amax ? amax->data_ptr<float>() : nullptr;
-  quantize_into(x, fp8, data, data_t, s, nullptr);
+  quantize_into(x, fp8, data, columnwise_data, s, nullptr);
 }
 
 Float8CurrentScalingQuantizer::Float8CurrentScalingQuantizer(fp8kit_dtype fp8_, bool rowwise_,
@@ -127,18 +128,18 @@ Float8CurrentScalingQuantizer::Float8CurrentScalingQuantizer(fp8kit_dtype fp8_, 
 }
 
 void Float8CurrentScalingQuantizer::quantize_to(const at::Tensor& x, const at::Tensor& data,
-                                                const at::Tensor& data_t,
+                                                const at::Tensor& columnwise_data,
                                                 const at::Tensor& scale_inv) {
   // Scale and amax are per-call scratch; scale_inv is the result's own.
   at::Tensor scratch = at::empty({2}, x.options().dtype(at::kFloat));
   fp8kit_current_scaling_config cfg;
   cfg.amax_epsilon = static_cast<float>(amax_epsilon);
-  cfg.force_pow2_scale = power_2_scale ? 1 : 0;
+  cfg.power_2_scale = power_2_scale ? 1 : 0;
   ScalePtrs s;
   s.scale = scratch.data_ptr<float>();
   s.amax = s.scale + 1;
   s.scale_inv = scale_inv.data_ptr<float>();
-  quantize_into(x, fp8, data, data_t, s, &cfg);
+  quantize_into(x, fp8, data, columnwise_data, s, &cfg);
 }
 
 void register_quantizers(py::module_& m) {

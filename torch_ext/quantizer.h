@@ -20,10 +20,10 @@ class Quantizer {
   Quantizer(fp8kit_dtype fp8, bool rowwise, bool columnwise);
   virtual ~Quantizer() = default;
 
-  // Quantizes x (checked, contiguous) into `data` / `data_t` (undefined
-  // when not wanted) and writes 1/scale to `scale_inv`.
-  virtual void quantize_to(const at::Tensor& x, const at::Tensor& data, const at::Tensor& data_t,
-                           const at::Tensor& scale_inv) = 0;
+  // Quantizes x (checked, contiguous) into `data` / `columnwise_data`
+  // (undefined when not wanted) and writes 1/scale to `scale_inv`.
+  virtual void quantize_to(const at::Tensor& x, const at::Tensor& data,
+                           const at::Tensor& columnwise_data, const at::Tensor& scale_inv) = 0;
   // Checks that x's device agrees with the quantizer's state tensors.
   virtual void check_device(const char* fn, const at::Tensor& x) const {}
 
@@ -36,8 +36,8 @@ class Float8Quantizer final : public Quantizer {
  public:
   Float8Quantizer(at::Tensor scale, std::optional<at::Tensor> amax, fp8kit_dtype fp8,
                   bool rowwise, bool columnwise);
-  void quantize_to(const at::Tensor& x, const at::Tensor& data, const at::Tensor& data_t,
-                   const at::Tensor& scale_inv) override;
+  void quantize_to(const at::Tensor& x, const at::Tensor& data,
+                   const at::Tensor& columnwise_data, const at::Tensor& scale_inv) override;
   void check_device(const char* fn, const at::Tensor& x) const override;
 
   at::Tensor scale;                // float32 [1]
@@ -48,8 +48,8 @@ class Float8CurrentScalingQuantizer final : public Quantizer {
  public:
   Float8CurrentScalingQuantizer(fp8kit_dtype fp8, bool rowwise, bool columnwise,
                                 double amax_epsilon, bool power_2_scale);
-  void quantize_to(const at::Tensor& x, const at::Tensor& data, const at::Tensor& data_t,
-                   const at::Tensor& scale_inv) override;
+  void quantize_to(const at::Tensor& x, const at::Tensor& data,
+                   const at::Tensor& columnwise_data, const at::Tensor& scale_inv) override;
 
   double amax_epsilon;
   bool power_2_scale;

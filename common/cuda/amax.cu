@@ -29,21 +29,6 @@ constexpr int kAmaxWarps = kAmaxThreads / 32;
 constexpr int kAmaxUnroll = 4;
 constexpr int kAmaxBlocksPerSm = 8;
 
-// |x| bit pattern of a scalar element as float32 bits (monotone, NaN above
-// +inf).
-template <int kIn>
-__device__ __forceinline__ uint32_t abs_float_bits(uint32_t bits) {
-  if constexpr (kIn == FP8KIT_FLOAT32) {
-    return bits & 0x7fffffffu;
-  } else if constexpr (kIn == FP8KIT_BFLOAT16) {
-    return (bits & 0x7fffu) << 16;
-  } else {
-    const uint32_t h = bits & 0x7fffu;
-    if (h > 0x7c00u) return 0x7fffffffu;  // NaN
-    return __float_as_uint(__half2float(__ushort_as_half(static_cast<unsigned short>(h))));
-  }
-}
-
 __global__ void zero_amax_kernel(float* amax) {
   pdl_trigger();  // the dependent may start; it waits for our write itself
   *amax = 0.0f;

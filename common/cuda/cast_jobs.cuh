@@ -18,11 +18,11 @@ namespace cuda {
 struct CastJob {
   const void* in;
   int64_t rows, cols;
-  uint8_t* out;     // rowwise or NULL
-  uint8_t* out_t;   // columnwise or NULL
-  float* amax;      // atomicMax target or NULL
+  uint8_t* out;         // rowwise or NULL
+  uint8_t* columnwise;  // or NULL
+  float* amax;          // atomicMax target or NULL
   ScaleSource scale;
-  bool pdl;         // the previous launch on the stream is ours (zero / amax)
+  bool pdl;             // the previous launch on the stream is ours (zero / amax)
 };
 
 // Input data and shape, output data pointers; amax, scale and pdl are the
@@ -32,7 +32,7 @@ inline CastJob make_job(const fp8kit_tensor& input, const fp8kit_tensor& output)
   flatten_2d(input, &job.rows, &job.cols);
   job.in = input.data;
   job.out = static_cast<uint8_t*>(output.data);
-  job.out_t = static_cast<uint8_t*>(output.columnwise_data);
+  job.columnwise = static_cast<uint8_t*>(output.columnwise_data);
   return job;
 }
 
@@ -42,15 +42,15 @@ inline CastJob make_job(const fp8kit_tensor& input, const fp8kit_tensor& output)
 enum class CastKind { kFlat, kTransposeWithRowwise, kTransposeOnly };
 
 inline CastKind cast_kind(const CastJob& job) {
-  if (job.out_t == nullptr || job.rows == 1 || job.cols == 1) return CastKind::kFlat;
+  if (job.columnwise == nullptr || job.rows == 1 || job.cols == 1) return CastKind::kFlat;
   return job.out != nullptr ? CastKind::kTransposeWithRowwise : CastKind::kTransposeOnly;
 }
 
 inline CastFlatParams flat_params(const CastJob& job) {
   CastFlatParams p;
   p.in = job.in;
-  p.out = job.out != nullptr ? job.out : job.out_t;
-  p.out2 = job.out != nullptr ? job.out_t : nullptr;
+  p.out = job.out != nullptr ? job.out : job.columnwise;
+  p.out2 = job.out != nullptr ? job.columnwise : nullptr;
   p.amax = job.amax;
   p.scale = job.scale;
   p.n = job.rows * job.cols;
@@ -65,7 +65,7 @@ inline CastTransposeParams transpose_params(const CastJob& job) {
   CastTransposeParams p;
   p.in = job.in;
   p.out = job.out;
-  p.out_t = job.out_t;
+  p.columnwise = job.columnwise;
   p.amax = job.amax;
   p.scale = job.scale;
   p.rows = job.rows;
@@ -73,9 +73,9 @@ inline CastTransposeParams transpose_params(const CastJob& job) {
   p.tiles_c = ceil_div(job.cols, kCtTile);
   p.in_vec = job.cols % 8 == 0 && is_aligned(job.in, 16);
   p.out_vec = job.out != nullptr && job.cols % 8 == 0 && is_aligned(job.out, 8);
-  p.t_align = (job.rows % 16 == 0 && is_aligned(job.out_t, 16))  ? 16
-              : (job.rows % 8 == 0 && is_aligned(job.out_t, 8)) ? 8
-                                                                 : 1;
+  p.columnwise_align = (job.rows % 16 == 0 && is_aligned(job.columnwise, 16)) ? 16
+                       : (job.rows % 8 == 0 && is_aligned(job.columnwise, 8))  ? 8
+                                                                               : 1;
   return p;
 }
 

@@ -38,16 +38,16 @@ constexpr int kCtThreads = 256;  // 16 x 16 micro-tiles of 8x8
 constexpr int kCtWarps = kCtThreads / 32;
 
 struct CastTransposeParams {
-  const void* in;       // [rows, cols] float32/bfloat16/float16
-  uint8_t* out;         // rowwise [rows, cols] or NULL
-  uint8_t* out_t;       // columnwise [cols, rows]
-  float* amax;          // atomicMax target (zeroed) or NULL
+  const void* in;        // [rows, cols] float32/bfloat16/float16
+  uint8_t* out;          // rowwise [rows, cols] or NULL
+  uint8_t* columnwise;   // [cols, rows]
+  float* amax;           // atomicMax target (zeroed) or NULL
   ScaleSource scale;
   int64_t rows, cols;
-  int64_t tiles_c;      // tiles along cols
-  bool in_vec;          // cols % 8 == 0 and `in` 16-byte aligned: vector loads
-  bool out_vec;         // cols % 8 == 0 and `out` 8-byte aligned: vector stores
-  int t_align;          // 16, 8 or 1: usable alignment of out_t row pieces
+  int64_t tiles_c;       // tiles along cols
+  bool in_vec;           // cols % 8 == 0 and `in` 16-byte aligned: vector loads
+  bool out_vec;          // cols % 8 == 0 and `out` 8-byte aligned: vector stores
+  int columnwise_align;  // 16, 8 or 1: usable alignment of columnwise row pieces
 };
 
 // Shared-memory slot of (column c of the tile, row group g = row / 8): the
@@ -61,8 +61,8 @@ __device__ __forceinline__ int slot_of(int c, int g) { return g ^ (2 * ((c >> 3)
 
 // Up to 16 bytes of one columnwise row piece; `count` valid, alignment
 // `align` (16, 8 or 1) of dst.
-__device__ __forceinline__ void store_col_piece(uint8_t* dst, const uint4& v, int count,
-                                                int align) {
+__device__ __forceinline__ void store_columnwise_piece(uint8_t* dst, const uint4& v,
+                                                       int count, int align) {
   if (count >= 16 && align == 16) {
     *reinterpret_cast<uint4*>(dst) = v;
     return;
@@ -111,7 +111,7 @@ __device__ __forceinline__ int group_sum_slot(int g, int c) {
 template <int kIn, bool kE4M3, bool kRowwise, bool kSums = false>
 __device__ __forceinline__ void cast_transpose_block(const CastTransposeParams& p, int64_t tile,
                                                      GroupSums* group_sums = nullptr) {
-  __shared__ __align__(16) uint4 tile_t[kCtTile * 8];  // [128 cols][16 slots of 8 B]
+  __shared__ __align__(16) uint4 tile_columnwise[kCtTile * 8];  // [128 cols][16 slots of 8 B]
   __shared__ uint32_t warp_max[kCtWarps];
 
   const int tid = threadIdx.x;
@@ -190,13 +190,13 @@ __device__ __forceinline__ void cast_transpose_block(const CastTransposeParams& 
   }
 
   // 4. Columnwise: registers -> shared (swizzled) -> 16-byte row pieces.
-  uint2 qt[8];
-  transpose8x8(q, qt);
-  uint2* tile_t2 = reinterpret_cast<uint2*>(tile_t);
+  uint2 q_columnwise[8];
+  transpose8x8(q, q_columnwise);
+  uint2* tile_columnwise8 = reinterpret_cast<uint2*>(tile_columnwise);
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const int c = cg * 8 + j;
-    tile_t2[c * 16 + slot_of(c, rg)] = qt[j];
+    tile_columnwise8[c * 16 + slot_of(c, rg)] = q_columnwise[j];
   }
   amax_block_publish(amax_bits, warp_max);
   __syncthreads();
@@ -207,15 +207,15 @@ __device__ __forceinline__ void cast_transpose_block(const CastTransposeParams& 
     const int c = id >> 3;  // tile column = output row
     const int m = id & 7;   // 16-row piece: row groups 2m, 2m+1
     // slot_of(c, 2m) = 2 * (m ^ ((c >> 3) & 7)): a 16-byte aligned pair.
-    const uint4 v = tile_t[c * 8 + (m ^ ((c >> 3) & 7))];
+    const uint4 v = tile_columnwise[c * 8 + (m ^ ((c >> 3) & 7))];
     const int64_t oc = tile_c0 + c;
     const int64_t orow0 = tile_r0 + 16 * m;
-    uint8_t* dst = p.out_t + oc * p.rows + orow0;
-    if (full && p.t_align == 16) {
+    uint8_t* dst = p.columnwise + oc * p.rows + orow0;
+    if (full && p.columnwise_align == 16) {
       *reinterpret_cast<uint4*>(dst) = v;
     } else if (oc < p.cols && orow0 < p.rows) {
       const int64_t left = p.rows - orow0;
-      store_col_piece(dst, v, left >= 16 ? 16 : int(left), p.t_align);
+      store_columnwise_piece(dst, v, left >= 16 ? 16 : int(left), p.columnwise_align);
     }
   }
 

@@ -25,8 +25,7 @@ void compute_scale(const float* amax, float* scale, float* scale_inv, float fp8_
                    void* stream) {
   const char* op = "compute_scale";
   ScopedDevice device(device_index, op);
-  launch_scale_kernel(ScaleSource{nullptr, amax, fp8_max, config.amax_epsilon,
-                                  config.force_pow2_scale, scale, scale_inv},
+  launch_scale_kernel(current_scale_source(amax, fp8_max, config, scale, scale_inv),
                       static_cast<cudaStream_t>(stream), op);
 }
 

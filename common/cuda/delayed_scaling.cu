@@ -60,7 +60,7 @@ void delayed_scaling_update(const fp8kit_delayed_scaling_state* states, int coun
     }
     chunk.history_len = config.history_len;
     chunk.margin = config.margin;
-    chunk.most_recent = config.reduction == FP8KIT_AMAX_MOST_RECENT;
+    chunk.most_recent = config.amax_reduction == FP8KIT_AMAX_MOST_RECENT;
     delayed_scaling_kernel<<<n, kDsThreads, 0, stream>>>(chunk);
     check_launch(op, "launching the delayed-scaling update kernel");
   }

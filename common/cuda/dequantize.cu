@@ -41,11 +41,11 @@ __global__ void __launch_bounds__(kDqThreads)
   }
 }
 
-// q_t is row-major [cols, rows]; out is row-major [rows, cols]. One block
-// per 32x32 tile, tiles numbered along cols first.
+// columnwise is row-major [cols, rows]; out is row-major [rows, cols]. One
+// block per 32x32 tile, tiles numbered along cols first.
 template <int kOut>
 __global__ void __launch_bounds__(kDqTile * 8)
-    dequantize_columnwise_kernel(const uint8_t* __restrict__ q_t, void* out, int64_t rows,
+    dequantize_columnwise_kernel(const uint8_t* __restrict__ columnwise, void* out, int64_t rows,
                                  int64_t cols, int64_t tiles_c, const float* scale_inv,
                                  fp8kit_dtype fp8_dtype) {
   __shared__ uint8_t tile[kDqTile][kDqTile + 1];
@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(kDqTile * 8)
   const int ty = threadIdx.x / kDqTile;
   for (int i = ty; i < kDqTile; i += 8) {
     const int64_t c = c0 + i, r = r0 + tx;
-    if (c < cols && r < rows) tile[i][tx] = q_t[c * rows + r];  // coalesced along rows
+    if (c < cols && r < rows) tile[i][tx] = columnwise[c * rows + r];  // coalesced along rows
   }
   __syncthreads();
   for (int i = ty; i < kDqTile; i += 8) {

@@ -72,7 +72,5 @@ void gemm(const GemmProblem& p, void* stream_ptr) {
 
 size_t gemm_workspace_size() { return kGemmWorkspaceBytes; }
 
-size_t gemm_plan_cache_size() { return gemm_plan_cache().size(); }
-
 }  // namespace cuda
 }  // namespace fp8kit

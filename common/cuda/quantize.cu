@@ -5,7 +5,8 @@
 // Launch sequence, all on the caller's stream, no allocation:
 //   delayed:  [zero amax] -> cast kernel (atomicMax into amax)
 //   current:  zero amax -> amax kernel -> cast kernel (reads amax, block 0
-//             writes scale and scale_inv)
+//             writes scale and scale_inv; with column sums, the
+//             cast+transpose kernel also sums, as column_sums.cuh says)
 // Each kernel after the zeroing one is a programmatic dependent launch of
 // its predecessor (pdl.cuh): it starts at once and waits only where it
 // needs the predecessor's result (the amax atomic, the scale). A cast
@@ -16,6 +17,7 @@
 
 #include "cast_jobs.cuh"
 #include "cuda_backend.h"
+#include "column_sums.cuh"
 #include "cuda_check.h"
 #include "launch_config.h"
 #include "pdl.cuh"
@@ -37,8 +39,35 @@ void launch(void (*kernel)(Params), int64_t blocks, int threads, const Params& p
   }
 }
 
+// The cast+transpose kernel that also writes column sums.
+struct CastTransposeSumsParams {
+  CastTransposeParams cast;
+  SumsJob sums;
+};
+
+template <int kIn, bool kE4M3, bool kRowwise>
+__global__ void __launch_bounds__(kCtThreads, kIn == FP8KIT_FLOAT32 ? 2 : 4)
+    cast_transpose_sums_kernel(const CastTransposeSumsParams p) {
+  __shared__ GroupSums group_sums;
+  cast_transpose_block<kIn, kE4M3, kRowwise, true>(p.cast, blockIdx.x, &group_sums);
+  finish_column_sums(p.sums, p.cast, blockIdx.x, group_sums);
+}
+
+// `sums`: NULL, or (validated) a cast+transpose job's column sums.
 template <int kIn, bool kE4M3>
-void launch_cast_typed(const CastJob& job, cudaStream_t stream, const char* op) {
+void launch_cast_typed(const CastJob& job, const fp8kit_column_sums* sums, cudaStream_t stream,
+                       const char* op) {
+  if (sums != nullptr) {
+    const CastTransposeSumsParams p{transpose_params(job), sums_job(*sums, job.rows)};
+    if (cast_kind(job) == CastKind::kTransposeWithRowwise) {
+      launch(cast_transpose_sums_kernel<kIn, kE4M3, true>, transpose_blocks(p.cast), kCtThreads,
+             p, job.pdl, stream, op, "launching the cast+transpose kernel with column sums");
+    } else {
+      launch(cast_transpose_sums_kernel<kIn, kE4M3, false>, transpose_blocks(p.cast), kCtThreads,
+             p, job.pdl, stream, op, "launching the cast+transpose kernel with column sums");
+    }
+    return;
+  }
   switch (cast_kind(job)) {
     case CastKind::kFlat: {
       const CastFlatParams p = flat_params(job);
@@ -62,21 +91,21 @@ void launch_cast_typed(const CastJob& job, cudaStream_t stream, const char* op) 
 }
 
 template <int kIn>
-void launch_cast_in(const CastJob& job, fp8kit_dtype fp8_dtype, cudaStream_t stream,
-                    const char* op) {
+void launch_cast_in(const CastJob& job, fp8kit_dtype fp8_dtype, const fp8kit_column_sums* sums,
+                    cudaStream_t stream, const char* op) {
   if (fp8_dtype == FP8KIT_E4M3) {
-    launch_cast_typed<kIn, true>(job, stream, op);
+    launch_cast_typed<kIn, true>(job, sums, stream, op);
   } else {
-    launch_cast_typed<kIn, false>(job, stream, op);
+    launch_cast_typed<kIn, false>(job, sums, stream, op);
   }
 }
 
 void launch_cast(const CastJob& job, fp8kit_dtype in_dtype, fp8kit_dtype fp8_dtype,
-                 cudaStream_t stream, const char* op) {
+                 const fp8kit_column_sums* sums, cudaStream_t stream, const char* op) {
   switch (in_dtype) {
-    case FP8KIT_FLOAT32: launch_cast_in<FP8KIT_FLOAT32>(job, fp8_dtype, stream, op); break;
-    case FP8KIT_BFLOAT16: launch_cast_in<FP8KIT_BFLOAT16>(job, fp8_dtype, stream, op); break;
-    default: launch_cast_in<FP8KIT_FLOAT16>(job, fp8_dtype, stream, op); break;
+    case FP8KIT_FLOAT32: launch_cast_in<FP8KIT_FLOAT32>(job, fp8_dtype, sums, stream, op); break;
+    case FP8KIT_BFLOAT16: launch_cast_in<FP8KIT_BFLOAT16>(job, fp8_dtype, sums, stream, op); break;
+    default: launch_cast_in<FP8KIT_FLOAT16>(job, fp8_dtype, sums, stream, op); break;
   }
 }
 
@@ -90,17 +119,17 @@ void quantize(const fp8kit_tensor& input, fp8kit_tensor& output, void* stream_pt
   CastJob job = make_job(input, output);
   job.amax = output.amax;
   job.pdl = output.amax != nullptr;
-  job.scale = ScaleSource{output.scale, nullptr, fp8kit_fp8_max(output.dtype), 0.0f, 0,
-                          nullptr, output.scale_inv};
+  job.scale = delayed_scale_source(output.scale, fp8kit_fp8_max(output.dtype), output.scale_inv);
   if (job.rows * job.cols == 0) {
     if (output.scale_inv != nullptr) launch_scale_kernel(job.scale, stream, op);
     return;
   }
-  launch_cast(job, input.dtype, output.dtype, stream, op);
+  launch_cast(job, input.dtype, output.dtype, nullptr, stream, op);
 }
 
 void quantize_current_scaling(const fp8kit_tensor& input, fp8kit_tensor& output,
-                              const fp8kit_current_scaling_config& config, void* stream_ptr) {
+                              const fp8kit_current_scaling_config& config,
+                              const fp8kit_column_sums* sums, void* stream_ptr) {
   const char* op = "quantize_current_scaling";
   ScopedDevice device(input.device_index, op);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
@@ -108,16 +137,15 @@ void quantize_current_scaling(const fp8kit_tensor& input, fp8kit_tensor& output,
   CastJob job = make_job(input, output);
   job.amax = nullptr;  // the cast pass reads the finished amax instead
   job.pdl = true;      // right after the amax kernel
-  job.scale = ScaleSource{nullptr, output.amax, fp8kit_fp8_max(output.dtype),
-                          config.amax_epsilon, config.force_pow2_scale, output.scale,
-                          output.scale_inv};
+  job.scale = current_scale_source(output.amax, fp8kit_fp8_max(output.dtype), config,
+                                   output.scale, output.scale_inv);
   const int64_t n = job.rows * job.cols;
   if (n == 0) {
     launch_scale_kernel(job.scale, stream, op);  // amax 0 -> scale 1
     return;
   }
   launch_amax(input.data, input.dtype, n, output.amax, stream, op);
-  launch_cast(job, input.dtype, output.dtype, stream, op);
+  launch_cast(job, input.dtype, output.dtype, sums, stream, op);
 }
 
 }  // namespace cuda

@@ -13,6 +13,7 @@
 
 #include "compute_scale.h"
 #include "fp8_convert.h"
+#include "fp8kit/quantize.h"
 #include "fp8kit/tensor.h"
 #include "pdl.cuh"
 
@@ -64,6 +65,21 @@ __device__ __forceinline__ uint32_t load_bits(const void* base, int64_t i) {
     return static_cast<const uint32_t*>(base)[i];
   } else {
     return static_cast<const uint16_t*>(base)[i];
+  }
+}
+
+// |x| bit pattern of a scalar element as float32 bits (monotone, NaN above
+// +inf).
+template <int kIn>
+__device__ __forceinline__ uint32_t abs_float_bits(uint32_t bits) {
+  if constexpr (kIn == FP8KIT_FLOAT32) {
+    return bits & 0x7fffffffu;
+  } else if constexpr (kIn == FP8KIT_BFLOAT16) {
+    return (bits & 0x7fffu) << 16;
+  } else {
+    const uint32_t h = bits & 0x7fffu;
+    if (h > 0x7c00u) return 0x7fffffffu;  // NaN
+    return __float_as_uint(__half2float(__ushort_as_half(static_cast<unsigned short>(h))));
   }
 }
 
@@ -210,28 +226,61 @@ __device__ __forceinline__ void amax_block_commit(const uint32_t* warp_max, floa
   }
 }
 
-// The per-tensor scale a cast kernel uses: the given one (delayed scaling),
-// or the one current scaling derives from the amax the previous pass wrote.
+// The per-tensor scale a cast kernel uses: the given one (delayed scaling;
+// a fresh slot's seed, see fp8kit_quantize_delayed_update), or the one
+// current scaling derives from the amax the previous pass wrote. Made by
+// delayed_scale_source / current_scale_source below.
 struct ScaleSource {
   const float* scale;      // delayed scaling: read; NULL for current scaling
   const float* amax_in;    // current scaling: the finished amax
   float fp8_max;
-  float amax_epsilon;
-  int force_pow2;
+  float amax_epsilon;      // current scaling
+  int power_2_scale;       // current scaling
   float* scale_out;        // current scaling: block 0 writes the scale here
   float* scale_inv_out;    // block 0 writes 1/scale here when non-NULL
+  const int* seeded;       // delayed scaling: the slot's flag (0: fresh) or NULL
+  const float* seed_amax;  // delayed scaling, fresh slot: the amax of the seed
+  int margin;              // delayed scaling: the seed's margin
 };
+
+inline ScaleSource delayed_scale_source(const float* scale, float fp8_max, float* scale_inv_out) {
+  ScaleSource s{};
+  s.scale = scale;
+  s.fp8_max = fp8_max;
+  s.scale_inv_out = scale_inv_out;
+  return s;
+}
+
+inline ScaleSource current_scale_source(const float* amax, float fp8_max,
+                                        const fp8kit_current_scaling_config& config,
+                                        float* scale_out, float* scale_inv_out) {
+  ScaleSource s{};
+  s.amax_in = amax;
+  s.fp8_max = fp8_max;
+  s.amax_epsilon = config.amax_epsilon;
+  s.power_2_scale = config.power_2_scale;
+  s.scale_out = scale_out;
+  s.scale_inv_out = scale_inv_out;
+  return s;
+}
 
 // Current scaling reads the amax the previous kernel (the amax pass)
 // wrote, so it waits for that kernel first (see pdl.cuh); the loads of the
-// input may already be in flight. `first_block`: this block is the first
-// of its tensor, whose thread 0 writes scale_out / scale_inv_out.
+// input may already be in flight. A fresh delayed-scaling slot reads the
+// amax the seeding pre-pass (an earlier, ordinary launch) accumulated.
+// `first_block`: this block is the first of its tensor, whose thread 0
+// writes scale_out / scale_inv_out.
 __device__ __forceinline__ float read_scale(const ScaleSource& s, bool first_block) {
-  if (s.scale == nullptr) pdl_wait();
-  const float scale =
-      s.scale != nullptr
-          ? *s.scale
-          : current_scale_from_amax(*s.amax_in, s.fp8_max, s.amax_epsilon, s.force_pow2 != 0);
+  float scale;
+  if (s.scale == nullptr) {
+    pdl_wait();
+    scale = current_scale_from_amax(*s.amax_in, s.fp8_max, s.amax_epsilon, s.power_2_scale != 0);
+  } else {
+    scale = *s.scale;
+    if (s.seeded != nullptr && *s.seeded == 0) {
+      scale = delayed_scale_from_amax(*s.seed_amax, scale, s.fp8_max, s.margin);
+    }
+  }
   if (first_block && threadIdx.x == 0) {
     if (s.scale_out != nullptr) *s.scale_out = scale;
     if (s.scale_inv_out != nullptr) *s.scale_inv_out = reciprocal(scale);

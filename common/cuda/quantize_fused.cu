@@ -2,37 +2,45 @@
 // several tensors in one launch, each followed by its delayed-scaling
 // update, with no zeroing or update launches of its own.
 //
-// Why: a small layer's step is bound by launches, not bandwidth (ANCHORS.md
-// P4). The one-tensor path costs three launches per tensor (zero amax,
-// cast, update); here a Linear forward quantizes its input and weight in
-// one.
+// Why: a small layer's step is bound by launches, not bandwidth. The
+// one-tensor path costs three launches per tensor (zero amax, cast,
+// update); here a Linear forward quantizes its input and weight in one.
 //
 // How, per tensor ("job") of a group:
 //   - its blocks cast as the one-tensor kernels do (cast_transpose_block /
-//     cast_flat_block) and atomicMax their amax into the state's amax
-//     accumulator, which holds 0 (or an amax to fold in) on entry;
+//     cast_flat_block) and, when recording, atomicMax their amax into the
+//     state's amax accumulator, which holds 0 (or an amax to fold in) on
+//     entry;
 //   - each block then counts itself done in the job's counter; the block
 //     that finishes last (threadfence-reduction pattern) sees every
-//     block's amax, rolls the history, writes the new scale and scale_inv
-//     and resets the accumulator and the counter to 0 for the next call.
+//     block's amax, rolls the history, writes the new scale and scale_inv,
+//     marks the slot seeded (all only when recording) and resets the
+//     accumulator and the counter to 0 for the next call;
 //   - with column sums (fp8kit_column_sums, cast+transpose jobs only), each
 //     block also writes its tile's column sums to the job's partials, and
-//     the last row tile of each column tile adds them up (finish_column_sums).
-// Every block has read the old scale before it counts itself done, so the
-// last block can overwrite it. A group holds jobs that use the same kernel
-// (kind, input dtype, FP8 dtype, column sums or not), up to kMaxGroup; a
-// call makes one launch per group.
+//     the last row tile of each column tile adds them up (column_sums.cuh).
+// Seeding: when any state has a `seeded` flag, a pre-pass launch first
+// accumulates, for each fresh slot only (a block of a seeded one exits at
+// once), the tensor's amax into the accumulator; every cast block of a
+// fresh slot derives the same seed scale from it (read_scale). The cast's
+// own amax atomics cannot raise it (same data), so the last block sees the
+// value the seed came from.
+// Every block has read the old scale, the flag and the accumulator before
+// it counts itself done, so the last block can overwrite them. A group
+// holds jobs that use the same kernel (kind, input dtype, FP8 dtype,
+// column sums or not), up to kMaxGroup; a call makes one launch per group.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "cast_jobs.cuh"
-#include "column_sums.h"
+#include "column_sums.cuh"
 #include "compute_scale.h"
 #include "cuda_backend.h"
 #include "cuda_check.h"
 #include "delayed_update_device.cuh"
 #include "launch_config.h"
+#include "quantize_device.cuh"
 
 namespace fp8kit {
 namespace cuda {
@@ -48,22 +56,15 @@ struct FusedState {
   float* scale;
   float* scale_inv;
   unsigned int* counter;
+  int* seeded;  // NULL: seeded
   float fp8_max;
-};
-
-// One job's column sums (fp8kit_column_sums), for the cast+transpose kind.
-struct SumsJob {
-  void* out;
-  fp8kit_dtype dtype;
-  float* partials;         // [tiles_r, cols]
-  unsigned int* counters;  // [tiles_c]
-  int64_t tiles_r;
 };
 
 struct UpdateConfig {
   int history_len;
   int margin;
   int most_recent;
+  int record;  // 0: leave history, scale, scale_inv and seeded as they are
 };
 
 template <typename CastParams>
@@ -77,7 +78,8 @@ struct GroupParams {
 };
 
 // Called by every thread of a block after the block's cast (whose thread 0
-// made the amax atomic). The job's last block runs the update.
+// made the amax atomic). The job's last block runs the update when
+// recording, and in both modes resets the accumulator and the counter.
 __device__ __forceinline__ void finish_job(const FusedState& s, const UpdateConfig& c,
                                            unsigned int job_blocks) {
   __shared__ bool last;
@@ -85,18 +87,28 @@ __device__ __forceinline__ void finish_job(const FusedState& s, const UpdateConf
   if (threadIdx.x == 0) {
     __threadfence();  // this block's amax atomic is visible before it counts
     last = atomicAdd(s.counter, 1u) == job_blocks - 1;
-    if (last) {
+    if (last && c.record) {
       __threadfence();
       newest = __uint_as_float(atomicOr(reinterpret_cast<unsigned int*>(s.amax), 0u));
     }
   }
   __syncthreads();
   if (!last) return;
-  const float r = roll_history_and_reduce(s.history, c.history_len, newest, c.most_recent != 0);
+  if (c.record) {
+    const float r = roll_history_and_reduce(s.history, c.history_len, newest, c.most_recent != 0);
+    if (threadIdx.x == 0) {
+      // The scale the cast used (read_scale's rule) is the update's previous scale.
+      float used = *s.scale;
+      if (s.seeded != nullptr && *s.seeded == 0) {
+        used = delayed_scale_from_amax(newest, used, s.fp8_max, c.margin);
+      }
+      const float scale = delayed_scale_from_amax(r, used, s.fp8_max, c.margin);
+      *s.scale = scale;
+      *s.scale_inv = reciprocal(scale);
+      if (s.seeded != nullptr) *s.seeded = 1;
+    }
+  }
   if (threadIdx.x == 0) {
-    const float scale = delayed_scale_from_amax(r, *s.scale, s.fp8_max, c.margin);
-    *s.scale = scale;
-    *s.scale_inv = reciprocal(scale);
     *s.amax = 0.0f;
     *s.counter = 0u;
   }
@@ -107,52 +119,6 @@ __device__ __forceinline__ int job_of_block(const GroupParams<CastParams>& g) {
   int j = 0;
   while (j + 1 < g.count && int64_t(blockIdx.x) >= g.first_block[j + 1]) ++j;
   return j;
-}
-
-// After cast_transpose_block<..., kSums = true> on tile `tile`: the tile's
-// column sums (its 16 group sums added in order) go to the partials; the
-// block that finishes a column tile last (threadfence + counter, as in
-// finish_job) adds the partials of every row tile in order and writes the
-// column sums, then resets the counter. The order is fp8kit_column_sums's.
-__device__ __forceinline__ void finish_column_sums(const SumsJob& s, const CastTransposeParams& p,
-                                                   int64_t tile, const GroupSums& group_sums) {
-  __shared__ bool last;
-  const int64_t tile_r = tile / p.tiles_c;
-  const int64_t tile_c = tile % p.tiles_c;
-  const int64_t col = tile_c * kCtTile + threadIdx.x;
-  const bool owns_col = threadIdx.x < kCtTile && col < p.cols;
-  if (owns_col) {
-    float sum = 0.0f;
-#pragma unroll
-    for (int grp = 0; grp < kCtTile / 8; ++grp) {
-      sum = add_rn(sum, group_sums[grp][group_sum_slot(grp, threadIdx.x)]);
-    }
-    s.partials[tile_r * p.cols + col] = sum;
-    __threadfence();  // the partial is visible before the tile counts itself done
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&s.counters[tile_c], 1u) == unsigned(s.tiles_r - 1);
-  __syncthreads();
-  if (!last) return;
-  if (owns_col) {
-    // The adds are in tile order; the loads (from L2, not a stale L1) are
-    // issued kChunk at a time, so the last blocks of the grid wait for
-    // tiles_r / kChunk L2 round trips, not tiles_r.
-    constexpr int kChunk = 16;
-    const float* partial = s.partials + col;
-    float total = 0.0f;
-    int64_t r = 0;
-    for (; r + kChunk <= s.tiles_r; r += kChunk) {
-      float v[kChunk];
-#pragma unroll
-      for (int i = 0; i < kChunk; ++i) v[i] = __ldcg(partial + (r + i) * p.cols);
-#pragma unroll
-      for (int i = 0; i < kChunk; ++i) total = add_rn(total, v[i]);
-    }
-    for (; r < s.tiles_r; ++r) total = add_rn(total, __ldcg(partial + r * p.cols));
-    store_column_sum(s.out, s.dtype, col, total);
-  }
-  if (threadIdx.x == 0) s.counters[tile_c] = 0u;
 }
 
 template <int kIn, bool kE4M3, bool kRowwise, bool kSums>
@@ -230,9 +196,7 @@ void launch_group_typed(const Group& group, const UpdateConfig& config,
     auto g = group_params<CastTransposeParams>(group, config, transpose_params, transpose_blocks);
     const bool sums = group.member[0]->sums != nullptr;
     for (int j = 0; sums && j < g.count; ++j) {
-      const fp8kit_column_sums& cs = *group.member[j]->sums;
-      g.sums[j] = SumsJob{cs.sums, cs.dtype, cs.partials, cs.counters,
-                          ceil_div(g.job[j].rows, kCtTile)};
+      g.sums[j] = sums_job(*group.member[j]->sums, g.job[j].rows);
     }
     const unsigned blocks = unsigned(g.first_block[g.count]);
     const bool rowwise = kind == CastKind::kTransposeWithRowwise;
@@ -273,32 +237,109 @@ bool same_kernel(const Member& a, const Member& b) {
          (a.sums != nullptr) == (b.sums != nullptr);
 }
 
+// ------------------------------------------------------ seeding pre-pass ----
+// One tensor whose state has a `seeded` flag.
+struct SeedJob {
+  const void* in;
+  int64_t n;
+  fp8kit_dtype dtype;
+  const int* seeded;
+  float* amax;  // the state's accumulator
+};
+
+struct SeedParams {
+  SeedJob job[kMaxMembers];
+};
+
+constexpr int kSeedThreads = 256;
+constexpr int kSeedWarps = kSeedThreads / 32;
+
+template <int kIn>
+__device__ __forceinline__ uint32_t seed_amax_bits(const void* in, int64_t n) {
+  uint32_t bits = 0;
+  const int64_t stride = int64_t(gridDim.x) * kSeedThreads;
+  for (int64_t i = int64_t(blockIdx.x) * kSeedThreads + threadIdx.x; i < n; i += stride) {
+    bits = max(bits, abs_float_bits<kIn>(load_bits<kIn>(in, i)));
+  }
+  return bits;
+}
+
+// blockIdx.y picks the tensor. A seeded slot's blocks return at once (the
+// whole block takes the same branch); a fresh slot's blocks fold the
+// tensor's amax into its accumulator as the cast kernels do
+// (amax_block_commit), so the accumulator ends as the CPU's
+// accumulate_amax(entry, max |x|).
+__global__ void __launch_bounds__(kSeedThreads) seed_amax_kernel(const __grid_constant__ SeedParams p) {
+  const SeedJob& j = p.job[blockIdx.y];
+  if (*j.seeded != 0) return;
+  __shared__ uint32_t warp_max[kSeedWarps];
+  uint32_t bits;
+  switch (j.dtype) {
+    case FP8KIT_FLOAT32: bits = seed_amax_bits<FP8KIT_FLOAT32>(j.in, j.n); break;
+    case FP8KIT_BFLOAT16: bits = seed_amax_bits<FP8KIT_BFLOAT16>(j.in, j.n); break;
+    default: bits = seed_amax_bits<FP8KIT_FLOAT16>(j.in, j.n); break;
+  }
+  amax_block_publish(bits, warp_max);
+  __syncthreads();
+  amax_block_commit<kSeedWarps>(warp_max, j.amax);
+}
+
+// Launches the pre-pass over the states that have a `seeded` flag, if any.
+void launch_seed_amax(const fp8kit_tensor* inputs, const fp8kit_delayed_quantize_state* states,
+                      int count, cudaStream_t stream, const char* op) {
+  SeedParams p{};
+  int jobs = 0;
+  int64_t largest = 0;
+  for (int i = 0; i < count; ++i) {
+    if (states[i].seeded == nullptr) continue;
+    const int64_t n = fp8kit_tensor_numel(&inputs[i]);
+    p.job[jobs++] = SeedJob{inputs[i].data, n, inputs[i].dtype, states[i].seeded, states[i].amax};
+    if (n > largest) largest = n;
+  }
+  if (jobs == 0) return;
+  // Enough blocks for the largest tensor, at most a few waves: it runs
+  // once per slot (later calls exit at once), so it need not be the
+  // fastest amax pass.
+  int64_t blocks = ceil_div(largest, int64_t(kSeedThreads) * 8);
+  const int64_t max_blocks = int64_t(sm_count(op)) * 4;
+  if (blocks > max_blocks) blocks = max_blocks;
+  if (blocks < 1) blocks = 1;
+  seed_amax_kernel<<<dim3(unsigned(blocks), unsigned(jobs)), kSeedThreads, 0, stream>>>(p);
+  check_launch(op, "launching the seeding amax kernel");
+}
+
 }  // namespace
 
 void quantize_delayed_update(const fp8kit_tensor* inputs, fp8kit_tensor* outputs,
                              const fp8kit_delayed_quantize_state* states,
                              const fp8kit_column_sums* sums, int count,
-                             const fp8kit_delayed_scaling_config& config, void* stream_ptr) {
+                             const fp8kit_delayed_scaling_config& config, bool record,
+                             void* stream_ptr) {
   const char* op = "quantize_delayed_update";
   ScopedDevice device(inputs[0].device_index, op);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  launch_seed_amax(inputs, states, count, stream, op);
   Member members[kMaxMembers];
   for (int i = 0; i < count; ++i) {
     const fp8kit_delayed_quantize_state& s = states[i];
+    const float fp8_max = fp8kit_fp8_max(outputs[i].dtype);
     Member& m = members[i];
     m.job = make_job(inputs[i], outputs[i]);
-    m.job.amax = s.amax;
-    m.job.scale = ScaleSource{s.scale, nullptr, fp8kit_fp8_max(outputs[i].dtype), 0.0f, 0,
-                              nullptr, outputs[i].scale_inv};
-    m.state = FusedState{s.amax_history, s.amax, s.scale, s.scale_inv, s.counter,
-                         fp8kit_fp8_max(outputs[i].dtype)};
+    m.job.amax = record ? s.amax : nullptr;  // not recording: no amax is needed
+    m.job.scale = delayed_scale_source(s.scale, fp8_max, outputs[i].scale_inv);
+    m.job.scale.seeded = s.seeded;
+    m.job.scale.seed_amax = s.amax;
+    m.job.scale.margin = config.margin;
+    m.state = FusedState{s.amax_history, s.amax, s.scale, s.scale_inv, s.counter, s.seeded,
+                         fp8_max};
     m.sums = sums != nullptr && sums[i].sums != nullptr ? &sums[i] : nullptr;
     m.kind = cast_kind(m.job);
     m.in_dtype = inputs[i].dtype;
     m.fp8_dtype = outputs[i].dtype;
   }
   const UpdateConfig update{config.history_len, config.margin,
-                            config.reduction == FP8KIT_AMAX_MOST_RECENT ? 1 : 0};
+                            config.amax_reduction == FP8KIT_AMAX_MOST_RECENT ? 1 : 0,
+                            record ? 1 : 0};
   // Greedy grouping in call order: each launch takes the first unplaced
   // member and every later one with the same kernel, up to kMaxGroup.
   bool placed[kMaxMembers] = {};

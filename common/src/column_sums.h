@@ -1,6 +1,5 @@
-// The summation order of fp8kit_column_sums (common/include/fp8kit/
-// delayed_scaling.h), written once for the CPU reference and the CUDA
-// kernel: float32 adds that are never contracted, and the final rounding to
+// The summation order of fp8kit_column_sums (fp8kit/column_sums.h),
+// written once for the CPU reference and the CUDA kernel: float32 adds that are never contracted, and the final rounding to
 // the output dtype.
 #ifndef FP8KIT_SRC_COLUMN_SUMS_H_
 #define FP8KIT_SRC_COLUMN_SUMS_H_

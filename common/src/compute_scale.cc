@@ -26,7 +26,7 @@ extern "C" fp8kit_status fp8kit_compute_scale(const float* amax, float* scale, f
     const float fp8_max = fp8kit_fp8_max(fp8_dtype);
     if (device_type == FP8KIT_DEVICE_CPU) {
       const float s = fp8kit::current_scale_from_amax(*amax, fp8_max, config->amax_epsilon,
-                                                      config->force_pow2_scale != 0);
+                                                      config->power_2_scale != 0);
       *scale = s;
       *scale_inv = fp8kit::reciprocal(s);
     } else {

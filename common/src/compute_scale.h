@@ -58,14 +58,14 @@ FP8KIT_HD float clamp_scale(float scale) {
 //   - amax zero, NaN or inf (the tensor is all zeros or holds a non-finite
 //     value), or negative (not a valid amax): 1;
 //   - otherwise fp8_max / max(amax, epsilon), clamped as above;
-//   - force_pow2: then rounded down to a power of two (the float32
+//   - power_2_scale: then rounded down to a power of two (the float32
 //     mantissa cleared), so that scale_inv is exact.
 FP8KIT_HD float current_scale_from_amax(float amax, float fp8_max, float epsilon,
-                                        bool force_pow2) {
+                                        bool power_2_scale) {
   if (!is_finite_float(amax) || !(amax > 0.0f)) return 1.0f;
   const float denom = amax < epsilon ? epsilon : amax;
   float scale = clamp_scale(div_rn(fp8_max, denom));
-  if (force_pow2) scale = bits_to_float(float_to_bits(scale) & 0xff800000u);
+  if (power_2_scale) scale = bits_to_float(float_to_bits(scale) & 0xff800000u);
   return scale;
 }
 

@@ -23,8 +23,10 @@ bool supports_non_tn_fp8_gemm(int device_index);
 // Kernels (common/cuda/*.cu). `stream` is a cudaStream_t.
 void amax(const fp8kit_tensor& input, float* amax_out, void* stream);
 void quantize(const fp8kit_tensor& input, fp8kit_tensor& output, void* stream);
+// `sums`: NULL or column sums to write (validated).
 void quantize_current_scaling(const fp8kit_tensor& input, fp8kit_tensor& output,
-                              const fp8kit_current_scaling_config& config, void* stream);
+                              const fp8kit_current_scaling_config& config,
+                              const fp8kit_column_sums* sums, void* stream);
 void compute_scale(const float* amax, float* scale, float* scale_inv, float fp8_max,
                    const fp8kit_current_scaling_config& config, int device_index, void* stream);
 void dequantize(const fp8kit_tensor& input, fp8kit_tensor& output, bool from_columnwise,
@@ -36,13 +38,13 @@ void delayed_scaling_update(const fp8kit_delayed_scaling_state* states, int coun
 void quantize_delayed_update(const fp8kit_tensor* inputs, fp8kit_tensor* outputs,
                              const fp8kit_delayed_quantize_state* states,
                              const fp8kit_column_sums* sums, int count,
-                             const fp8kit_delayed_scaling_config& config, void* stream);
+                             const fp8kit_delayed_scaling_config& config, bool record,
+                             void* stream);
 
 // cuBLASLt GEMM (common/cuda/gemm_cublaslt.cc). Takes the problem that
 // make_gemm_problem (common/src/gemm_problem.h) validated and canonicalized.
 void gemm(const GemmProblem& problem, void* stream);
 size_t gemm_workspace_size();
-size_t gemm_plan_cache_size();
 
 }  // namespace cuda
 }  // namespace fp8kit

@@ -14,7 +14,7 @@ void delayed_scaling_update_cpu(const fp8kit_delayed_scaling_state* states, int 
     for (int i = len - 1; i > 0; --i) h[i] = h[i - 1];
     h[0] = newest;
     float reduced = h[0];
-    if (config.reduction == FP8KIT_AMAX_MAX) {
+    if (config.amax_reduction == FP8KIT_AMAX_MAX) {
       for (int i = 1; i < len; ++i) reduced = max_nan(reduced, h[i]);
     }
     const float scale = delayed_scale_from_amax(reduced, *st.scale,

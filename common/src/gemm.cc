@@ -55,12 +55,4 @@ fp8kit_status fp8kit_gemm(const fp8kit_tensor* a, const fp8kit_tensor* b, fp8kit
   });
 }
 
-size_t fp8kit_gemm_plan_cache_size(void) {
-#ifdef FP8KIT_WITH_CUDA
-  return fp8kit::cuda::gemm_plan_cache_size();
-#else
-  return 0;
-#endif
-}
-
 }  // extern "C"

@@ -6,6 +6,7 @@
 
 #include "error.h"
 #include "fp8kit/device.h"
+#include "fp8kit/linear.h"
 #include "fp8kit/status.h"
 #include "validate.h"
 
@@ -86,9 +87,10 @@ GemmOperand pick_operand(const char* name, const char* trans_name, int trans,
   }
   if (!op.k_major) {
     // Read [K, rows]: the leading dimension is `rows`.
-    FP8KIT_CHECK(rows % 16 == 0, "gemm: ", name, " is read with ", rows_name,
-                 " contiguous, so FP8 GEMM needs ", rows_name, " (", rows,
-                 ") to be a multiple of 16; pad it or provide the other data layout of ", name);
+    FP8KIT_CHECK(rows % FP8KIT_GEMM_DIM_MULTIPLE == 0, "gemm: ", name, " is read with ",
+                 rows_name, " contiguous, so FP8 GEMM needs ", rows_name, " (", rows,
+                 ") to be a multiple of ", FP8KIT_GEMM_DIM_MULTIPLE,
+                 "; pad it or provide the other data layout of ", name);
   }
   const std::string what = std::string(name) + (op.from_columnwise ? "'s columnwise data" : "'s data");
   check_aligned16(what.c_str(), op.data);
@@ -98,12 +100,6 @@ GemmOperand pick_operand(const char* name, const char* trans_name, int trans,
 void check_operand_descriptor(const char* name, const fp8kit_tensor& t) {
   FP8KIT_CHECK(is_fp8(t.dtype), "gemm: ", name, " has dtype ", fp8kit_dtype_name(t.dtype),
                "; FP8 GEMM operands must be e4m3 or e5m2 (quantize ", name, " first)");
-  if (t.scaling_mode == FP8KIT_SCALING_BLOCK_1X128 || t.scaling_mode == FP8KIT_SCALING_BLOCK_128X128 ||
-      t.scaling_mode == FP8KIT_SCALING_MXFP8_1X32) {
-    fail(FP8KIT_UNSUPPORTED, "gemm: ", name,
-         " uses block scaling, which the GEMM does not implement yet; quantize ", name,
-         " with per-tensor scaling");
-  }
   FP8KIT_CHECK(t.scaling_mode == FP8KIT_SCALING_PER_TENSOR, "gemm: ", name,
                " has scaling mode ", int(t.scaling_mode),
                "; FP8 GEMM operands need per-tensor scaling (FP8KIT_SCALING_PER_TENSOR) with scale_inv");
@@ -170,8 +166,9 @@ GemmProblem make_gemm_problem(const fp8kit_tensor* a, const fp8kit_tensor* b,
                "); the inner dimensions must match: check the shapes and trans flags");
   FP8KIT_CHECK(k > 0, "gemm: K is 0 (A has shape ", shape_string(*a),
                "); FP8 GEMM needs K > 0");
-  FP8KIT_CHECK(k % 16 == 0, "gemm: A has shape ", shape_string(*a), " (trans_a=", config->trans_a,
-               ", so op(A) is ", m, "x", k, ") but FP8 GEMM needs K to be a multiple of 16 (got K = ",
+  FP8KIT_CHECK(k % FP8KIT_GEMM_DIM_MULTIPLE == 0, "gemm: A has shape ", shape_string(*a),
+               " (trans_a=", config->trans_a, ", so op(A) is ", m, "x", k,
+               ") but FP8 GEMM needs K to be a multiple of ", FP8KIT_GEMM_DIM_MULTIPLE, " (got K = ",
                k, "); pad the inner dimension with zeros");
 
   // D.

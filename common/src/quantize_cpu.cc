@@ -18,7 +18,7 @@ namespace {
 // order is the value order, and every NaN pattern is above +inf.
 template <typename Load, bool kE4M3>
 float quantize_2d(const void* in, int64_t rows, int64_t cols, float scale, uint8_t* data,
-                  uint8_t* data_t) {
+                  uint8_t* columnwise) {
   constexpr int64_t kTile = 64;
   uint32_t amax_bits = 0;
   for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
@@ -32,7 +32,7 @@ float quantize_2d(const void* in, int64_t rows, int64_t cols, float scale, uint8
           const float y = mul_rn(x, scale);
           const uint8_t q = kE4M3 ? float_to_e4m3_bits(y) : float_to_e5m2_bits(y);
           if (data) data[r * cols + c] = q;
-          if (data_t) data_t[c * rows + r] = q;
+          if (columnwise) columnwise[c * rows + r] = q;
         }
       }
     }
@@ -42,26 +42,26 @@ float quantize_2d(const void* in, int64_t rows, int64_t cols, float scale, uint8
 
 template <typename Load>
 float quantize_2d_fmt(const void* in, int64_t rows, int64_t cols, float scale,
-                      fp8kit_dtype fp8_dtype, uint8_t* data, uint8_t* data_t) {
+                      fp8kit_dtype fp8_dtype, uint8_t* data, uint8_t* columnwise) {
   return fp8_dtype == FP8KIT_E4M3
-             ? quantize_2d<Load, true>(in, rows, cols, scale, data, data_t)
-             : quantize_2d<Load, false>(in, rows, cols, scale, data, data_t);
+             ? quantize_2d<Load, true>(in, rows, cols, scale, data, columnwise)
+             : quantize_2d<Load, false>(in, rows, cols, scale, data, columnwise);
 }
 
 }  // namespace
 
 float quantize_cpu(const fp8kit_tensor& input, float scale, fp8kit_dtype fp8_dtype, uint8_t* data,
-                   uint8_t* data_t) {
+                   uint8_t* columnwise) {
   int64_t rows = 0, cols = 0;
   flatten_2d(input, &rows, &cols);
   if (rows == 0 || cols == 0) return 0.0f;
   switch (input.dtype) {
     case FP8KIT_FLOAT32:
-      return quantize_2d_fmt<LoadF32>(input.data, rows, cols, scale, fp8_dtype, data, data_t);
+      return quantize_2d_fmt<LoadF32>(input.data, rows, cols, scale, fp8_dtype, data, columnwise);
     case FP8KIT_BFLOAT16:
-      return quantize_2d_fmt<LoadBF16>(input.data, rows, cols, scale, fp8_dtype, data, data_t);
+      return quantize_2d_fmt<LoadBF16>(input.data, rows, cols, scale, fp8_dtype, data, columnwise);
     default:
-      return quantize_2d_fmt<LoadF16>(input.data, rows, cols, scale, fp8_dtype, data, data_t);
+      return quantize_2d_fmt<LoadF16>(input.data, rows, cols, scale, fp8_dtype, data, columnwise);
   }
 }
 
@@ -77,7 +77,7 @@ void quantize_current_scaling_cpu(const fp8kit_tensor& input, fp8kit_tensor& out
                                   const fp8kit_current_scaling_config& config) {
   const float amax = amax_cpu(input);
   const float scale = current_scale_from_amax(amax, fp8kit_fp8_max(output.dtype),
-                                              config.amax_epsilon, config.force_pow2_scale != 0);
+                                              config.amax_epsilon, config.power_2_scale != 0);
   quantize_cpu(input, scale, output.dtype, static_cast<uint8_t*>(output.data),
                static_cast<uint8_t*>(output.columnwise_data));
   *output.amax = amax;

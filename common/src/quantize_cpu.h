@@ -11,11 +11,11 @@
 namespace fp8kit {
 
 // q = fp8(x * scale) for every element of `input` (float32/bfloat16/float16,
-// validated). `data` (row-major, input's shape) and `data_t` (the
+// validated). `data` (row-major, input's shape) and `columnwise` (the
 // [rows, cols] flattening transposed, i.e. row-major [cols, rows]) are
 // written when non-NULL. Returns max |x| (NaN if any x is NaN, 0 if empty).
 float quantize_cpu(const fp8kit_tensor& input, float scale, fp8kit_dtype fp8_dtype, uint8_t* data,
-                   uint8_t* data_t);
+                   uint8_t* columnwise);
 
 // fp8kit_quantize on a CPU tensor (arguments validated).
 void quantize_delayed_cpu(const fp8kit_tensor& input, fp8kit_tensor& output);

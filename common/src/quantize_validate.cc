@@ -15,11 +15,6 @@ void check_per_tensor_mode(const char* op, const char* arg, const fp8kit_tensor&
       fail(FP8KIT_INVALID_ARGUMENT, op, ": ", arg,
            " has scaling_mode FP8KIT_SCALING_NONE; an FP8 tensor needs "
            "FP8KIT_SCALING_PER_TENSOR with its scale pointers");
-    case FP8KIT_SCALING_BLOCK_1X128:
-    case FP8KIT_SCALING_BLOCK_128X128:
-    case FP8KIT_SCALING_MXFP8_1X32:
-      fail(FP8KIT_UNSUPPORTED, op, ": ", arg, " has block scaling mode ", int(t.scaling_mode),
-           ", which is not implemented yet; use FP8KIT_SCALING_PER_TENSOR");
   }
   fail(FP8KIT_INVALID_ARGUMENT, op, ": ", arg, " has unknown scaling_mode ",
        int(t.scaling_mode), "; use FP8KIT_SCALING_PER_TENSOR");
@@ -69,8 +64,9 @@ void check_delayed_scaling_config(const char* op, const fp8kit_delayed_scaling_c
   FP8KIT_CHECK(config != nullptr, op, ": config is NULL; pass a fp8kit_delayed_scaling_config");
   FP8KIT_CHECK(config->history_len >= 1, op, ": config->history_len is ", config->history_len,
                "; it must be >= 1 (1 keeps only the newest amax)");
-  FP8KIT_CHECK(config->reduction == FP8KIT_AMAX_MAX || config->reduction == FP8KIT_AMAX_MOST_RECENT,
-               op, ": config->reduction is ", int(config->reduction),
+  FP8KIT_CHECK(config->amax_reduction == FP8KIT_AMAX_MAX ||
+                   config->amax_reduction == FP8KIT_AMAX_MOST_RECENT,
+               op, ": config->amax_reduction is ", int(config->amax_reduction),
                "; use FP8KIT_AMAX_MAX or FP8KIT_AMAX_MOST_RECENT");
   FP8KIT_CHECK(config->margin >= -kMaxMargin && config->margin <= kMaxMargin, op,
                ": config->margin is ", config->margin, "; it must be within [-", kMaxMargin,
@@ -80,7 +76,7 @@ void check_delayed_scaling_config(const char* op, const fp8kit_delayed_scaling_c
 void check_current_scaling_config(const char* op, const fp8kit_current_scaling_config* config) {
   FP8KIT_CHECK(config != nullptr, op,
                ": config is NULL; pass a fp8kit_current_scaling_config (amax_epsilon = 0 "
-               "and force_pow2_scale = 0 for plain current scaling)");
+               "and power_2_scale = 0 for plain current scaling)");
   FP8KIT_CHECK(std::isfinite(config->amax_epsilon) && config->amax_epsilon >= 0.0f, op,
                ": config->amax_epsilon is ", config->amax_epsilon,
                "; it must be a finite number >= 0 (0 disables it)");

@@ -12,10 +12,9 @@
 namespace fp8kit {
 
 // The output descriptor of a per-tensor quantize: FP8 dtype, PER_TENSOR
-// scaling mode (block modes: FP8KIT_UNSUPPORTED), same shape and device as
-// `input`, at least one of data / columnwise_data when there are elements,
-// and the scale pointers `op` needs (scale always; scale_inv and amax too
-// when `current_scaling`).
+// scaling mode, same shape and device as `input`, at least one of data /
+// columnwise_data when there are elements, and the scale pointers `op`
+// needs (scale always; scale_inv and amax too when `current_scaling`).
 void check_quantize_args(const char* op, const fp8kit_tensor* input, const fp8kit_tensor* output,
                          bool current_scaling);
 
@@ -35,7 +34,7 @@ void check_dequantize_args(const fp8kit_tensor* input, const fp8kit_tensor* outp
 // odd address would fault in the CUDA kernels).
 void check_element_aligned(const char* op, const char* arg, const fp8kit_tensor& t);
 
-// scaling_mode must be PER_TENSOR; the block modes are not implemented yet.
+// scaling_mode must be PER_TENSOR.
 void check_per_tensor_mode(const char* op, const char* arg, const fp8kit_tensor& t);
 
 }  // namespace fp8kit

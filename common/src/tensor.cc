@@ -32,8 +32,7 @@ size_t fp8kit_dtype_size(fp8kit_dtype dtype) {
     case FP8KIT_BFLOAT16:
     case FP8KIT_FLOAT16: return 2;
     case FP8KIT_E4M3:
-    case FP8KIT_E5M2:
-    case FP8KIT_E8M0: return 1;
+    case FP8KIT_E5M2: return 1;
   }
   return 0;
 }
@@ -45,7 +44,6 @@ const char* fp8kit_dtype_name(fp8kit_dtype dtype) {
     case FP8KIT_FLOAT16: return "float16";
     case FP8KIT_E4M3: return "e4m3";
     case FP8KIT_E5M2: return "e5m2";
-    case FP8KIT_E8M0: return "e8m0";
   }
   return "unknown";
 }

@@ -8,24 +8,37 @@ Importing this package registers fp8kit's FFI handlers with JAX (for the
     quantize_current_scaling(x, fp8_dtype, ...) -> (ScaledTensor, scale)
     compute_scale(amax, fp8_dtype, ...)       -> (scale, scale_inv)
     dequantize(st, dtype, from_columnwise)
-    delayed_scaling_update(history, amax, scale, fp8_dtypes, margin, reduction)
+    delayed_scaling_update(history, amax, scale, fp8_dtypes, margin, amax_reduction)
     gemm(a, b, trans_a, trans_b, out_dtype, bias)
     supports_non_tn_fp8_gemm(device)
     dense(x, kernel, bias, *, state, recipe)  FP8 dense layer with custom_vjp
     DelayedScalingState.create(recipe)        its delayed-scaling state
 
 Sharding: under a mesh context (`with jax.set_mesh(mesh):`) the custom
-calls are partitioned instead of gathered; see fp8kit/jax/partitioning.py.
+calls are partitioned instead of gathered; see fp8kit/jax/_sharding.py.
+
+Modules, in import order (each imports only modules above it, so there
+are no cycles; tests/jax/test_jax_imports.py checks it):
+
+    _checks, scaled_tensor   argument checks; the ScaledTensor pytree
+    _ffi                     layer 1: the extension, its constants, and one
+                             `*_call` wrapper per FFI target (jax.ffi.ffi_call)
+    _sharding                the helpers every sharding rule shares
+    _sharding_<family>       layer 2: custom_partitioning rules over _ffi,
+                             one module per op family (quantize, gemm)
+    quantization, matmul,    layer 3: the public functions (checks, then the
+    delayed_scaling,         layer 2 call), one module per op family, each
+    dense_layer              named for its family and never for a function
+                             it exports (fp8kit.jax.gemm is the function)
 """
 
-from fp8kit.jax._registry import BUILT_WITH_CUDA  # noqa: F401
-from fp8kit.jax.amax_op import amax
-from fp8kit.jax.delayed_scaling import delayed_scaling_update
+from fp8kit.jax._ffi import BUILT_WITH_CUDA
+from fp8kit.jax.delayed_scaling import DelayedScalingState, delayed_scaling_update
 from fp8kit.jax.dense_layer import dense
-from fp8kit.jax.gemm_op import gemm, supports_non_tn_fp8_gemm
-from fp8kit.jax.quantization import compute_scale, dequantize, quantize, quantize_current_scaling
+from fp8kit.jax.matmul import gemm, supports_non_tn_fp8_gemm
+from fp8kit.jax.quantization import (amax, compute_scale, dequantize, quantize,
+                                     quantize_current_scaling)
 from fp8kit.jax.scaled_tensor import ScaledTensor
-from fp8kit.jax.state import DelayedScalingState
 
 __all__ = [
     "BUILT_WITH_CUDA", "DelayedScalingState", "ScaledTensor", "amax", "compute_scale",

@@ -1,14 +1,53 @@
-"""Delayed scaling's amax-history update for many tensors in one custom call.
+"""Delayed scaling: the per-layer state (DelayedScalingState), the fused
+quantize-seed-record step the dense layer runs on it, and the standalone
+amax-history update for many tensors in one custom call
+(delayed_scaling_update).
 
-History layout: amax_history[i] is tensor i's history, column 0 the newest.
-The rule is the core's (fp8kit/delayed_scaling.h): roll the history in the
-newest amax, reduce it (max or most recent), and set
-scale = fp8_max / amax_reduced / 2**margin unless that amax is zero or not
-finite (then the previous scale is kept); scale_inv = 1 / scale.
+The update rule is the core's (fp8kit/delayed_scaling.h): roll the newest
+amax into the history (column 0 the newest), reduce it (max or most
+recent), and set scale = fp8_max / amax_reduced / 2**margin unless that
+amax is zero or not finite (then the previous scale is kept);
+scale_inv = 1 / scale.
+
+DelayedScalingState rows, one per slot of fp8kit/linear.h:
+    X = 0       the input x              (forward format, E4M3)
+    KERNEL = 1  the kernel               (forward format, E4M3)
+    GRAD = 2    the output gradient dy   (backward format: E5M2 under HYBRID)
+
+amax_history[i, 0] is slot i's newest amax; scale[i] the scale its next
+quantization uses; seeded[i] is 0.0 for a fresh slot and 1.0 once a
+recorded quantization has seeded it (float32, not int: JAX gives integer
+inputs no cotangent, and the state travels as one; see below).
+
+The protocol (common/include/fp8kit/linear.h, the same in fp8kit.torch):
+  - seeding: a fresh slot's first quantization takes its scale from the
+    tensor's own amax, so step 0 is not cast with scale 1;
+  - recording: in a differentiated call, x and the kernel are quantized
+    and recorded (amax rolled into the history, scale recomputed) in one
+    fused call in the forward, dy in one in the backward;
+  - a call that is not differentiated casts with the state's scales (or
+    the seed scale of a fresh slot) and leaves the state unchanged.
+
+How the updated state leaves `dense` (the "state cotangent" convention):
+the amax of dy exists only in the backward pass, so the updated state
+leaves the only way a backward pass can return anything - as the
+cotangent of the `state` argument. Differentiate the loss with respect to
+the state as well as the parameters and use that "gradient" as the next
+state:
+
+    loss_and_grads = jax.value_and_grad(loss_fn, argnums=(0, 1))
+    loss, (param_grads, new_state) = loss_and_grads(params, state, batch)
+    state = new_state                      # not an optimizer step
+
+Use each state in exactly one dense call per step (cotangents of a shared
+input are summed). Under jax.vmap pass the state batched (in_axes=0, one
+state per example); an unbatched state would receive the sum of the
+per-example updates.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import jax
@@ -16,31 +55,77 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp8kit import recipe as recipe_lib
-from fp8kit.jax import _checks, _registry
+from fp8kit.jax import _checks, _ffi
+from fp8kit.jax import _sharding_quantize as shq
+from fp8kit.jax.scaled_tensor import ScaledTensor
 
-UPDATE_TARGET = "fp8kit_delayed_scaling_update"
+X, KERNEL, GRAD = 0, 1, 2
+NUM_TENSORS = 3
 
-_REDUCTION_CODES = {recipe_lib.AmaxReduction.MAX: 0, recipe_lib.AmaxReduction.MOST_RECENT: 1}
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DelayedScalingState:
+    """amax_history: float32 [3, history_len]; scale: float32 [3];
+    seeded: float32 [3] (0.0 fresh, 1.0 seeded)."""
+
+    amax_history: jax.Array
+    scale: jax.Array
+    seeded: jax.Array
+
+    @classmethod
+    def create(cls, recipe: recipe_lib.DelayedScaling) -> "DelayedScalingState":
+        """Fresh state: empty history, scale 1, every slot unseeded (the
+        first quantization of each slot seeds its scale from its amax)."""
+        if not isinstance(recipe, recipe_lib.DelayedScaling):
+            raise TypeError("DelayedScalingState.create: recipe must be an "
+                            f"fp8kit.recipe.DelayedScaling, got {type(recipe).__name__}")
+        return cls(amax_history=jnp.zeros((NUM_TENSORS, recipe.amax_history_len), jnp.float32),
+                   scale=jnp.ones((NUM_TENSORS,), jnp.float32),
+                   seeded=jnp.zeros((NUM_TENSORS,), jnp.float32))
+
+    @staticmethod
+    def formats(recipe: recipe_lib.DelayedScaling) -> tuple[str, str, str]:
+        """FP8 format of each row under `recipe`."""
+        fmt = recipe.fp8_format
+        return (fmt.forward_dtype, fmt.forward_dtype, fmt.backward_dtype)
 
 
-def delayed_scaling_update_call(amax_history, amax, scale, fmts: Sequence[str], margin: int,
-                                reduction: recipe_lib.AmaxReduction):
-    n, length = amax_history.shape
-    f32 = jnp.float32
-    codes = np.asarray([_registry.ext.FP8_DTYPE_CODES[f] for f in fmts], dtype=np.int32)
-    return jax.ffi.ffi_call(
-        UPDATE_TARGET,
-        (jax.ShapeDtypeStruct((n, length), f32), jax.ShapeDtypeStruct((n,), f32),
-         jax.ShapeDtypeStruct((n,), f32)),
-        vmap_method="sequential",
-        # The core updates history and scale in place.
-        input_output_aliases={0: 0, 2: 1},
-    )(amax_history, amax, scale, margin=np.int32(margin),
-      reduction=np.int32(_REDUCTION_CODES[reduction]), fp8_dtypes=codes)
+def quantize_and_record(state: DelayedScalingState, recipe: recipe_lib.DelayedScaling,
+                        first_slot: int, tensors, copies, sums_dtypes, record: bool):
+    """Quantize `tensors` (slots first_slot, first_slot + 1, ...) with their
+    state in one fused call: seeded, and recorded when `record`.
+
+    copies: (rowwise, columnwise) per tensor; sums_dtypes: the dtype of each
+    tensor's column sums, or None. Returns (state, ScaledTensors, sums): the
+    state with those slots updated (unchanged when not recording).
+    """
+    rows = slice(first_slot, first_slot + len(tensors))
+    fmts = DelayedScalingState.formats(recipe)[rows]
+    call = _ffi.DelayedQuantize(
+        fmts=fmts, copies=tuple((bool(r), bool(c)) for r, c in copies),
+        sums_dtypes=tuple(None if d is None else jnp.dtype(d) for d in sums_dtypes),
+        record=bool(record), margin=recipe.margin, amax_reduction=recipe.amax_reduction.value)
+    history, scale, seeded, scale_inv, outputs = shq.quantize_delayed_update(
+        call, state.amax_history[rows], state.scale[rows],
+        state.seeded[rows].astype(jnp.int32), list(tensors))
+    quantized, sums = [], []
+    for i, ((data, columnwise_data, s), (rowwise, columnwise)) in enumerate(
+            zip(outputs, call.copies)):
+        quantized.append(ScaledTensor(
+            data=data if rowwise else None, scale_inv=scale_inv[i],
+            columnwise_data=columnwise_data if columnwise else None, fp8_dtype=fmts[i]))
+        sums.append(s if call.sums_dtypes[i] is not None else None)
+    if record:
+        state = DelayedScalingState(
+            amax_history=state.amax_history.at[rows].set(history),
+            scale=state.scale.at[rows].set(scale),
+            seeded=state.seeded.at[rows].set(seeded.astype(jnp.float32)))
+    return state, quantized, sums
 
 
 def delayed_scaling_update(amax_history, amax, scale, fp8_dtypes: Sequence, margin: int = 0,
-                           reduction=recipe_lib.AmaxReduction.MAX):
+                           amax_reduction=recipe_lib.AmaxReduction.MAX):
     """Update n tensors' scaling state at once.
 
     amax_history: float32 [n, history_len]; amax: float32 [n] (the newest
@@ -64,7 +149,8 @@ def delayed_scaling_update(amax_history, amax, scale, fp8_dtypes: Sequence, marg
         raise ValueError(f"{fn}: fp8_dtypes lists {len(fmts)} formats for {n} tensors")
     if not isinstance(margin, (int, np.integer)) or margin < 0:
         raise ValueError(f"{fn}: margin must be an int >= 0, got {margin!r}")
-    if not isinstance(reduction, recipe_lib.AmaxReduction):
-        raise TypeError(f"{fn}: reduction must be an fp8kit.recipe.AmaxReduction, got "
-                        f"{reduction!r}")
-    return delayed_scaling_update_call(amax_history, amax, scale, fmts, int(margin), reduction)
+    if not isinstance(amax_reduction, recipe_lib.AmaxReduction):
+        raise TypeError(f"{fn}: amax_reduction must be an fp8kit.recipe.AmaxReduction, got "
+                        f"{amax_reduction!r}")
+    return _ffi.delayed_scaling_update_call(amax_history, amax, scale, fmts, int(margin),
+                                            amax_reduction.value)

@@ -1,25 +1,26 @@
 """fp8kit.jax.dense: an FP8 dense layer (y = x @ kernel + bias) as a pure
-function with a custom VJP.
+function with a custom VJP, obeying the Linear layer protocol of
+common/include/fp8kit/linear.h (the same bits as fp8kit.torch.Linear).
 
 Forward:  y  = Q(x) @ Q(kernel)                    E4M3 x E4M3 -> x.dtype
 Backward: dx = Q(dy) @ Q(kernel)^T                 (E5M2 under HYBRID) -> x.dtype
           dk = Q(x)^T @ Q(dy)                      -> kernel.dtype
-          db = sum(dy over tokens)                 (float32 sum, bias.dtype)
+          db = column sums of dy                   (from dy's cast, bias.dtype)
 Every GEMM is an fp8kit custom call on FP8 data (no dequantize-then-dot).
 Q is the recipe's quantizer: CurrentScaling quantizes each tensor with a
-scale from its own amax (stateless); DelayedScaling uses the scales in
-`state` and returns the updated state as the state's cotangent (see
-fp8kit/jax/state.py for the convention).
+scale from its own amax (stateless); DelayedScaling seeds, casts and
+records through the state (fp8kit/jax/delayed_scaling.py says how, and
+how the updated state leaves as the state's cotangent).
 
-Layouts: on devices whose FP8 GEMM is TN-only (CPU reference, Ada,
-Hopper - the core's `supports_non_tn_fp8_gemm`), the backward GEMMs read
-x, kernel and dy transposed; the quantizers write those transposed copies
-in the same pass as the rowwise data, and the residuals keep only the
-layouts the backward pass reads.
+Which copies (rowwise, columnwise) each cast writes and what the forward
+keeps for backward is the core's plan (fp8kit_linear_plan_make), asked
+once per traced shape: no copy of that rule lives here.
 
-Shapes: x [..., K], kernel [K, N], bias [N]; K and N multiples of 16 and,
-when differentiating, the token count prod(x.shape[:-1]) too (cuBLASLt's
-FP8 alignment; wgrad reduces over tokens).
+Shapes: x [..., K], kernel [K, N], bias [N]; K and N positive multiples of
+the core's GEMM_DIM_MULTIPLE. The token count M = prod(x.shape[:-1]) may
+be anything >= 0: the weight-gradient GEMM reads the columnwise copies of
+x and dy zero-padded along M to the plan's wgrad_inner, and M = 0 gives an
+empty y and zero gradients.
 """
 
 from __future__ import annotations
@@ -32,12 +33,13 @@ import jax
 import jax.numpy as jnp
 
 from fp8kit import recipe as recipe_lib
-from fp8kit.jax import _checks
-from fp8kit.jax import delayed_scaling as ds
-from fp8kit.jax import gemm_op as gemm_lib
-from fp8kit.jax import partitioning as part
+from fp8kit.jax import _checks, _ffi
+from fp8kit.jax import _sharding_quantize as shq
+from fp8kit.jax import matmul
+from fp8kit.jax.delayed_scaling import GRAD, KERNEL, X, DelayedScalingState, quantize_and_record
 from fp8kit.jax.scaled_tensor import ScaledTensor
-from fp8kit.jax.state import GRAD, KERNEL, X, DelayedScalingState
+
+_FN = "fp8kit.jax.dense"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,85 +63,148 @@ class _Config:
     def delayed(self) -> bool:
         return isinstance(self.recipe, recipe_lib.DelayedScaling)
 
-    def fmt(self, which: int) -> str:
+    def fmt(self, slot: int) -> str:
         f = self.recipe.fp8_format
-        return f.backward_dtype if which == GRAD else f.forward_dtype
+        return f.backward_dtype if slot == GRAD else f.forward_dtype
+
+    def plan(self, m: int, k: int, n: int, grads: bool) -> dict:
+        """The core's copy plan for this call (grads: dgrad and wgrad)."""
+        return _ffi.linear_plan(m, k, n, grads, grads, self.non_tn)
 
 
-def _quantize(cfg: _Config, t, which: int, state, rowwise: bool, columnwise: bool) -> ScaledTensor:
-    fmt = cfg.fmt(which)
+def _keep(st: ScaledTensor, copies) -> ScaledTensor:
+    """st with only the copies (rowwise, columnwise) the plan keeps."""
+    rowwise, columnwise = copies
+    return dataclasses.replace(st, data=st.data if rowwise else None,
+                               columnwise_data=st.columnwise_data if columnwise else None)
+
+
+def _quantize_current(cfg: _Config, t, slot: int, copies, sums_dtype=None):
+    """One current-scaling cast: (ScaledTensor, column sums or None)."""
+    r = cfg.recipe
+    rowwise, columnwise = copies
+    data, columnwise_data, _, scale_inv, amax, sums = shq.quantize_current_scaling(
+        t, cfg.fmt(slot), rowwise, columnwise, r.amax_epsilon, r.power_2_scale, sums_dtype)
+    st = ScaledTensor(data=data if rowwise else None, scale_inv=scale_inv,
+                      columnwise_data=columnwise_data if columnwise else None, amax=amax,
+                      fp8_dtype=cfg.fmt(slot))
+    return st, (sums if sums_dtype is not None else None)
+
+
+def _quantize_forward(cfg: _Config, x, kernel, state, plan: dict, record: bool):
+    """Q(x), Q(kernel) with the plan's copies: for delayed scaling one
+    fused call (recorded when differentiating). Returns (state, xq, kq)."""
+    copies = plan["quantize"]
     if cfg.delayed:
-        data, col, scale_inv, amax = part.quantize(t, state.scale[which], fmt, rowwise,
-                                                   columnwise)
-    else:
-        r = cfg.recipe
-        data, col, _, scale_inv, amax = part.quantize_current_scaling(
-            t, fmt, rowwise, columnwise, r.amax_epsilon, r.power_2_scale)
-    return ScaledTensor(data=data if rowwise else None, scale_inv=scale_inv,
-                        columnwise_data=col if columnwise else None, amax=amax, fp8_dtype=fmt)
+        state, (xq, kq), _ = quantize_and_record(state, cfg.recipe, X, (x, kernel),
+                                                 (copies[X], copies[KERNEL]), (None, None), record)
+        return state, xq, kq
+    return (state, _quantize_current(cfg, x, X, copies[X])[0],
+            _quantize_current(cfg, kernel, KERNEL, copies[KERNEL])[0])
 
 
-def _forward_gemm(cfg: _Config, xq: ScaledTensor, kq: ScaledTensor, bias):
+def _forward_gemm(cfg: _Config, xq: ScaledTensor, kq: ScaledTensor, bias, n: int):
     out = cfg.x_dtype
+    if xq.shape[0] == 0:  # M = 0: nothing to multiply
+        return jnp.zeros((0, n), out)
     # The GEMM epilogue adds a bias of the output's 16-bit type; a float32
     # output gets its bias added outside, in float32, to lose nothing.
     in_epilogue = bias is not None and out != jnp.float32
-    y = gemm_lib.gemm_call(xq, kq, False, False, out,
-                           bias.astype(out) if in_epilogue else None,
-                           cfg.fwd_split_accumulator, cfg.non_tn, "fp8kit.jax.dense")
+    y = matmul.gemm_scaled(xq, kq, False, False, out, bias.astype(out) if in_epilogue else None,
+                           cfg.fwd_split_accumulator, cfg.non_tn, _FN)
     if bias is not None and not in_epilogue:
         y = y + bias.astype(out)
     return y
 
 
 def _dense_primal(cfg: _Config, x, kernel, bias, state):
-    # No gradient wanted: quantize only the layouts the forward GEMM reads.
-    xq = _quantize(cfg, x, X, state, rowwise=True, columnwise=False)
-    kq = _quantize(cfg, kernel, KERNEL, state, rowwise=cfg.non_tn, columnwise=not cfg.non_tn)
-    return _forward_gemm(cfg, xq, kq, bias)
+    # No gradient: the plan's forward-only copies, and a delayed state is
+    # read (a fresh slot seeded from its tensor) but not recorded.
+    (m, k), n = x.shape, kernel.shape[1]
+    plan = cfg.plan(m, k, n, grads=False)
+    _, xq, kq = _quantize_forward(cfg, x, kernel, state, plan, record=False)
+    return _forward_gemm(cfg, xq, kq, bias, n)
 
 
 def _dense_fwd(cfg: _Config, x, kernel, bias, state):
-    m = x.shape[0]
-    if m % 16 != 0:
-        raise ValueError(
-            f"fp8kit.jax.dense: differentiating needs the token count (prod(x.shape[:-1]) = {m}) "
-            "to be a multiple of 16: the FP8 weight-gradient GEMM reduces over tokens and "
-            "cuBLASLt's FP8 GEMMs need K % 16 == 0. Pad the batch.")
-    tn = not cfg.non_tn
-    xq = _quantize(cfg, x, X, state, rowwise=True, columnwise=tn)
-    kq = _quantize(cfg, kernel, KERNEL, state, rowwise=True, columnwise=tn)
-    y = _forward_gemm(cfg, xq, kq, bias)
-    # Keep only what the backward GEMMs read: x for wgrad (transposed on TN
-    # devices), the kernel for dgrad (rowwise is already K-contiguous).
-    x_res = xq.columnwise_only() if tn else xq
-    k_res = kq.rowwise_only()
-    return y, (x_res, k_res, state)
+    (m, k), n = x.shape, kernel.shape[1]
+    plan = cfg.plan(m, k, n, grads=True)
+    state, xq, kq = _quantize_forward(cfg, x, kernel, state, plan, record=True)
+    y = _forward_gemm(cfg, xq, kq, bias, n)
+    # The forward's updated state travels to the backward, which records dy.
+    return y, (_keep(xq, plan["saved_input"]), _keep(kq, plan["saved_weight"]), state)
+
+
+def _pad_tokens(st: ScaledTensor, inner: int) -> ScaledTensor:
+    """The columnwise copy [cols, M] zero-padded to [cols, inner] (FP8 zero
+    bits are 0.0: the padding adds nothing to the wgrad sums)."""
+    m = st.columnwise_data.shape[1]
+    if inner == m:
+        return st
+    padded = jnp.pad(st.columnwise_data, ((0, 0), (0, inner - m)))
+    return dataclasses.replace(st, data=None, columnwise_data=padded)
+
+
+def _quantize_grad(cfg: _Config, dy, state, copies):
+    """Q(dy) and the bias gradient from the same cast (column sums; the
+    cast+transpose pass computes them, so a bias asks for the columnwise
+    copy, and a single token row is summed here). Returns (state, dq, db)."""
+    m, n = dy.shape
+    sums_dtype = cfg.bias_dtype if cfg.bias_dtype is not None and m > 1 else None
+    if sums_dtype is not None:
+        copies = (copies[0], True)
+    if cfg.delayed:
+        state, (dq,), (db,) = quantize_and_record(state, cfg.recipe, GRAD, (dy,), (copies,),
+                                                  (sums_dtype,), record=True)
+    else:
+        dq, db = _quantize_current(cfg, dy, GRAD, copies, sums_dtype)
+    if cfg.bias_dtype is not None and sums_dtype is None:
+        db = jnp.sum(dy.astype(jnp.float32), axis=0).astype(cfg.bias_dtype)
+    return state, dq, db
 
 
 def _dense_bwd(cfg: _Config, res, dy):
-    x_res, k_res, state = res
-    dq = _quantize(cfg, dy, GRAD, state, rowwise=True, columnwise=not cfg.non_tn)
+    x_saved, k_saved, state = res
+    (m, n), k = dy.shape, k_saved.shape[0]
+    plan = cfg.plan(m, k, n, grads=True)
+    state, dq, db = _quantize_grad(cfg, dy, state, plan["quantize"][GRAD])
     split = cfg.bwd_split_accumulator
-    fn = "fp8kit.jax.dense"
-    dx = gemm_lib.gemm_call(dq, k_res, False, True, cfg.x_dtype, None, split, cfg.non_tn, fn)
-    dk = gemm_lib.gemm_call(x_res, dq, True, False, cfg.kernel_dtype, None, split, cfg.non_tn, fn)
-    db = None
-    if cfg.bias_dtype is not None:
-        db = jnp.sum(dy.astype(jnp.float32), axis=0).astype(cfg.bias_dtype)
-    dstate = None
-    if cfg.delayed:
-        r = cfg.recipe
-        amaxes = jnp.stack([x_res.amax, k_res.amax, dq.amax])
-        history, scale, _ = ds.delayed_scaling_update_call(
-            state.amax_history, amaxes, state.scale, DelayedScalingState.formats(r), r.margin,
-            r.amax_compute_algo)
-        dstate = DelayedScalingState(amax_history=history, scale=scale)
-    return dx, dk, db, dstate
+    if m == 0:
+        dx = jnp.zeros((0, k), cfg.x_dtype)
+        dk = jnp.zeros((k, n), cfg.kernel_dtype)
+    else:
+        dx = matmul.gemm_scaled(dq, k_saved, False, True, cfg.x_dtype, None, split, cfg.non_tn,
+                                _FN)
+        x_w, dq_w = x_saved, dq
+        if plan["wgrad_columnwise"]:
+            inner = plan["wgrad_inner"]
+            x_w, dq_w = _pad_tokens(x_saved, inner), _pad_tokens(dq, inner)
+        dk = matmul.gemm_scaled(x_w, dq_w, True, False, cfg.kernel_dtype, None, split,
+                                cfg.non_tn, _FN)
+    return dx, dk, db, (state if cfg.delayed else None)
 
 
 _dense = jax.custom_vjp(_dense_primal, nondiff_argnums=(0,))
 _dense.defvjp(_dense_fwd, _dense_bwd)
+
+
+def _check_state(recipe, state) -> None:
+    if isinstance(recipe, recipe_lib.DelayedScaling):
+        if not isinstance(state, DelayedScalingState):
+            raise TypeError(f"{_FN}: a DelayedScaling recipe needs state=DelayedScalingState."
+                            f"create(recipe), got {type(state).__name__}")
+        shapes = tuple(tuple(a.shape) for a in (state.amax_history, state.scale, state.seeded))
+        if shapes != ((3, recipe.amax_history_len), (3,), (3,)):
+            raise ValueError(
+                f"{_FN}: state has amax_history, scale and seeded of shapes {shapes}; the recipe "
+                f"needs (3, {recipe.amax_history_len}), (3,) and (3,). Create it with "
+                "DelayedScalingState.create(recipe).")
+    elif isinstance(recipe, recipe_lib.CurrentScaling):
+        if state is not None:
+            raise TypeError(f"{_FN}: CurrentScaling is stateless; pass state=None")
+    else:
+        raise TypeError(f"{_FN}: recipe must be fp8kit.recipe.DelayedScaling or CurrentScaling, "
+                        f"got {type(recipe).__name__}")
 
 
 def dense(x, kernel, bias=None, *, state: Optional[DelayedScalingState] = None, recipe):
@@ -150,51 +215,37 @@ def dense(x, kernel, bias=None, *, state: Optional[DelayedScalingState] = None, 
     bias:   [N] or None.
     recipe: fp8kit.recipe.DelayedScaling (then `state` is required: a
             DelayedScalingState.create(recipe), updated through its
-            cotangent - see fp8kit/jax/state.py) or CurrentScaling (no state).
+            cotangent - see fp8kit/jax/delayed_scaling.py) or CurrentScaling
+            (no state).
     """
-    fn = "fp8kit.jax.dense"
-    if isinstance(recipe, recipe_lib.DelayedScaling):
-        if not isinstance(state, DelayedScalingState):
-            raise TypeError(f"{fn}: a DelayedScaling recipe needs state=DelayedScalingState."
-                            f"create(recipe), got {type(state).__name__}")
-        if tuple(state.amax_history.shape) != (3, recipe.amax_history_len) or \
-                tuple(state.scale.shape) != (3,):
-            raise ValueError(
-                f"{fn}: state has amax_history {tuple(state.amax_history.shape)} and scale "
-                f"{tuple(state.scale.shape)}; the recipe needs (3, {recipe.amax_history_len}) "
-                "and (3,). Create it with DelayedScalingState.create(recipe).")
-    elif isinstance(recipe, recipe_lib.CurrentScaling):
-        if state is not None:
-            raise TypeError(f"{fn}: CurrentScaling is stateless; pass state=None")
-    else:
-        raise TypeError(f"{fn}: recipe must be fp8kit.recipe.DelayedScaling or CurrentScaling, "
-                        f"got {type(recipe).__name__}")
-    _checks.high_precision(fn, "x", x)
-    _checks.high_precision(fn, "kernel", kernel)
+    _check_state(recipe, state)
+    _checks.high_precision(_FN, "x", x)
+    _checks.high_precision(_FN, "kernel", kernel)
     x, kernel = jnp.asarray(x), jnp.asarray(kernel)
     if x.ndim < 2 or x.ndim > 8:
-        raise ValueError(f"{fn}: x has shape {x.shape}; expected [..., K] with 2 to 8 dims")
+        raise ValueError(f"{_FN}: x has shape {x.shape}; expected [..., K] with 2 to 8 dims")
     if kernel.ndim != 2:
-        raise ValueError(f"{fn}: kernel has shape {kernel.shape}; expected [K, N]")
+        raise ValueError(f"{_FN}: kernel has shape {kernel.shape}; expected [K, N]")
     k, n = kernel.shape
     if x.shape[-1] != k:
-        raise ValueError(f"{fn}: x has {x.shape[-1]} features (shape {x.shape}) but kernel "
+        raise ValueError(f"{_FN}: x has {x.shape[-1]} features (shape {x.shape}) but kernel "
                          f"expects K={k} (shape {kernel.shape})")
+    multiple = _ffi.GEMM_DIM_MULTIPLE
     for name, dim in (("K", k), ("N", n)):
-        if dim % 16 != 0 or dim == 0:
-            raise ValueError(f"{fn}: {name}={dim} must be a positive multiple of 16 "
+        if dim % multiple != 0 or dim == 0:
+            raise ValueError(f"{_FN}: {name}={dim} must be a positive multiple of {multiple} "
                              "(cuBLASLt's FP8 GEMM alignment, enforced on CPU too); pad the "
                              "kernel.")
     bias_dtype = None
     if bias is not None:
-        _checks.high_precision(fn, "bias", bias)
+        _checks.high_precision(_FN, "bias", bias)
         bias = jnp.asarray(bias)
         if bias.shape != (n,):
-            raise ValueError(f"{fn}: bias has shape {bias.shape}; expected ({n},)")
-        bias_dtype = bias.dtype
-    cfg = _Config(recipe=recipe, non_tn=gemm_lib.supports_non_tn_fp8_gemm(),
+            raise ValueError(f"{_FN}: bias has shape {bias.shape}; expected ({n},)")
+        bias_dtype = jnp.dtype(bias.dtype)
+    cfg = _Config(recipe=recipe, non_tn=matmul.supports_non_tn_fp8_gemm(),
                   x_dtype=jnp.dtype(x.dtype), kernel_dtype=jnp.dtype(kernel.dtype),
-                  bias_dtype=None if bias_dtype is None else jnp.dtype(bias_dtype))
+                  bias_dtype=bias_dtype)
     lead = x.shape[:-1]
     y = _dense(cfg, x.reshape(math.prod(lead), k), kernel, bias, state)
     return y.reshape(*lead, n)

@@ -1,36 +1,35 @@
-"""Per-tensor FP8 quantization through the core: quantize (given scale),
-quantize_current_scaling (scale from this tensor's amax), compute_scale,
-dequantize.
+"""Per-tensor FP8 quantization through the core: amax, quantize (given
+scale), quantize_current_scaling (scale from this tensor's amax),
+compute_scale, dequantize.
 
 Scale convention (fp8kit/tensor.h): q = saturate(rne(x * scale)),
 x ~= q * scale_inv, scale_inv = 1 / scale. Rounding, saturation (inf
 included) and NaN handling (NaN -> 0x7F in both formats) are the core's,
-bit-identical on CPU and CUDA.
+bit-identical on CPU and CUDA. Sharded inputs get the global amax (and so
+one global scale); see _sharding.py.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from fp8kit.jax import _checks, _registry
-from fp8kit.jax.scaled_tensor import ScaledTensor, columnwise_shape
-
-QUANTIZE_TARGET = "fp8kit_quantize"
-QUANTIZE_CURRENT_TARGET = "fp8kit_quantize_current_scaling"
-COMPUTE_SCALE_TARGET = "fp8kit_compute_scale"
-DEQUANTIZE_TARGET = "fp8kit_dequantize"
-
-_F32_SCALAR = jax.ShapeDtypeStruct((), jnp.float32)
-# Stands in for an output that was not asked for (the handler leaves it alone).
-_PLACEHOLDER = (0,)
+from fp8kit.jax import _checks, _ffi
+from fp8kit.jax import _sharding_quantize as shq
+from fp8kit.jax.scaled_tensor import ScaledTensor
 
 
-def _fp8_results(shape, fp8_dtype: str, rowwise: bool, columnwise: bool):
-    dt = _checks.FP8_DTYPES[fp8_dtype]
-    return (jax.ShapeDtypeStruct(tuple(shape) if rowwise else _PLACEHOLDER, dt),
-            jax.ShapeDtypeStruct(columnwise_shape(shape) if columnwise else _PLACEHOLDER, dt))
+def amax(x) -> jax.Array:
+    """max |x| over every element of `x` as a float32 scalar.
+
+    x: float32, bfloat16 or float16, any rank up to 8. A NaN anywhere gives
+    NaN, an inf gives inf, an empty array gives 0. Works under jit, vmap
+    (one amax per example), on CPU and CUDA devices, and sharded (the
+    global amax, reduced across devices).
+    """
+    _checks.high_precision("fp8kit.jax.amax", "x", x)
+    _checks.rank("fp8kit.jax.amax", "x", x)
+    return shq.amax(jnp.asarray(x))
 
 
 def _check_quantize_args(fn, x, fp8_dtype, rowwise, columnwise) -> str:
@@ -42,15 +41,6 @@ def _check_quantize_args(fn, x, fp8_dtype, rowwise, columnwise) -> str:
                          "layout (rowwise for x @ w, columnwise for the transposed use in a "
                          "backward GEMM).")
     return fmt
-
-
-def quantize_call(x, scale, fmt: str, rowwise: bool, columnwise: bool):
-    """Raw custom call: (data, columnwise, scale_inv, amax), placeholders kept."""
-    return jax.ffi.ffi_call(
-        QUANTIZE_TARGET,
-        (*_fp8_results(x.shape, fmt, rowwise, columnwise), _F32_SCALAR, _F32_SCALAR),
-        vmap_method="sequential",
-    )(x, scale, rowwise=bool(rowwise), columnwise=bool(columnwise))
 
 
 def quantize(x, scale, fp8_dtype="e4m3", rowwise: bool = True,
@@ -68,24 +58,12 @@ def quantize(x, scale, fp8_dtype="e4m3", rowwise: bool = True,
     fn = "fp8kit.jax.quantize"
     fmt = _check_quantize_args(fn, x, fp8_dtype, rowwise, columnwise)
     _checks.scalar_f32(fn, "scale", scale)
-    from fp8kit.jax import partitioning  # noqa: PLC0415  (it imports this module)
-
     x = jnp.asarray(x)
     scale = jnp.reshape(jnp.asarray(scale), ())
-    data, col, scale_inv, amax = partitioning.quantize(x, scale, fmt, rowwise, columnwise)
+    data, columnwise_data, scale_inv, amax_ = shq.quantize(x, scale, fmt, rowwise, columnwise)
     return ScaledTensor(data=data if rowwise else None, scale_inv=scale_inv,
-                        columnwise_data=col if columnwise else None, amax=amax, fp8_dtype=fmt)
-
-
-def quantize_current_scaling_call(x, fmt: str, rowwise: bool, columnwise: bool,
-                                  amax_epsilon: float, power_2_scale: bool):
-    """Raw custom call: (data, columnwise, scale, scale_inv, amax)."""
-    return jax.ffi.ffi_call(
-        QUANTIZE_CURRENT_TARGET,
-        (*_fp8_results(x.shape, fmt, rowwise, columnwise), _F32_SCALAR, _F32_SCALAR, _F32_SCALAR),
-        vmap_method="sequential",
-    )(x, rowwise=bool(rowwise), columnwise=bool(columnwise),
-      amax_epsilon=np.float32(amax_epsilon), force_pow2_scale=bool(power_2_scale))
+                        columnwise_data=columnwise_data if columnwise else None, amax=amax_,
+                        fp8_dtype=fmt)
 
 
 def quantize_current_scaling(x, fp8_dtype="e4m3", rowwise: bool = True, columnwise: bool = False,
@@ -100,21 +78,13 @@ def quantize_current_scaling(x, fp8_dtype="e4m3", rowwise: bool = True, columnwi
     fmt = _check_quantize_args(fn, x, fp8_dtype, rowwise, columnwise)
     if not (float(amax_epsilon) >= 0.0):
         raise ValueError(f"{fn}: amax_epsilon must be >= 0, got {amax_epsilon!r}")
-    from fp8kit.jax import partitioning  # noqa: PLC0415  (it imports this module)
-
     x = jnp.asarray(x)
-    data, col, scale, scale_inv, amax = partitioning.quantize_current_scaling(
+    data, columnwise_data, scale, scale_inv, amax_, _ = shq.quantize_current_scaling(
         x, fmt, rowwise, columnwise, amax_epsilon, power_2_scale)
     st = ScaledTensor(data=data if rowwise else None, scale_inv=scale_inv,
-                      columnwise_data=col if columnwise else None, amax=amax, fp8_dtype=fmt)
+                      columnwise_data=columnwise_data if columnwise else None, amax=amax_,
+                      fp8_dtype=fmt)
     return st, scale
-
-
-def compute_scale_call(amax, fmt: str, amax_epsilon: float, power_2_scale: bool):
-    return jax.ffi.ffi_call(COMPUTE_SCALE_TARGET, (_F32_SCALAR, _F32_SCALAR),
-                            vmap_method="sequential")(
-        amax, fp8_dtype=np.int32(_registry.ext.FP8_DTYPE_CODES[fmt]),
-        amax_epsilon=np.float32(amax_epsilon), force_pow2_scale=bool(power_2_scale))
 
 
 def compute_scale(amax, fp8_dtype="e4m3", amax_epsilon: float = 0.0,
@@ -127,14 +97,8 @@ def compute_scale(amax, fp8_dtype="e4m3", amax_epsilon: float = 0.0,
     fn = "fp8kit.jax.compute_scale"
     _checks.scalar_f32(fn, "amax", amax)
     fmt = _checks.fp8_dtype(fn, "fp8_dtype", fp8_dtype)
-    return compute_scale_call(jnp.reshape(jnp.asarray(amax), ()), fmt, amax_epsilon,
-                              power_2_scale)
-
-
-def dequantize_call(data, scale_inv, shape, dtype, from_columnwise: bool):
-    return jax.ffi.ffi_call(DEQUANTIZE_TARGET, jax.ShapeDtypeStruct(tuple(shape), dtype),
-                            vmap_method="sequential")(
-        data, scale_inv, from_columnwise=bool(from_columnwise))
+    return _ffi.compute_scale_call(jnp.reshape(jnp.asarray(amax), ()), fmt, amax_epsilon,
+                                   power_2_scale)
 
 
 def dequantize(st: ScaledTensor, dtype=jnp.float32, from_columnwise: bool = False) -> jax.Array:
@@ -150,4 +114,5 @@ def dequantize(st: ScaledTensor, dtype=jnp.float32, from_columnwise: bool = Fals
         which = "columnwise" if from_columnwise else "rowwise"
         raise ValueError(f"{fn}: st holds no {which} data; quantize with {which}=True or pass "
                          f"from_columnwise={not from_columnwise}")
-    return dequantize_call(src, jnp.reshape(st.scale_inv, ()), st.shape, dtype, from_columnwise)
+    return _ffi.dequantize_call(src, jnp.reshape(st.scale_inv, ()), st.shape, dtype,
+                                from_columnwise)

@@ -8,10 +8,12 @@ x's shape), the columnwise (transposed) data, scale_inv and the amax of the
 source tensor; either data layout may be None when not held, amax may be
 None. The FP8 format ("e4m3"/"e5m2") is static (pytree aux data).
 
-Columnwise layout: the core stores the tensor flattened to 2-D as
-[prod(shape[:-1]), shape[-1]] and transposed. Here that array is shaped
-(shape[-1], *shape[:-1]) - the same bytes - so that the logical shape stays
-recoverable from it alone: shape = col.shape[1:] + col.shape[:1].
+Columnwise layout, one rule in both front ends and the core: the tensor
+viewed as 2-D, [prod(shape[:-1]), shape[-1]], and transposed, so
+columnwise_data has shape (shape[-1], prod(shape[:-1])) whatever the rank
+(a scalar's is (1, 1), a vector's (n, 1)). A ScaledTensor holding only the
+columnwise copy therefore knows its 2-D view, not the leading dims: its
+`shape` is (prod(leading), last).
 """
 
 from __future__ import annotations
@@ -27,14 +29,11 @@ from fp8kit.jax import _checks
 
 
 def columnwise_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Shape of the columnwise array of a tensor of logical `shape`."""
+    """Shape of the columnwise copy of a tensor of logical `shape`:
+    (last, prod(leading)), 2-D for every rank."""
     shape = tuple(shape)
-    return shape[-1:] + shape[:-1]
-
-
-def logical_shape_from_columnwise(col_shape: tuple[int, ...]) -> tuple[int, ...]:
-    col_shape = tuple(col_shape)
-    return col_shape[1:] + col_shape[:1]
+    last = shape[-1] if shape else 1
+    return (last, math.prod(shape[:-1]))
 
 
 @jax.tree_util.register_dataclass
@@ -84,11 +83,12 @@ class ScaledTensor:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        """The logical shape (the source tensor's)."""
+        """The logical shape (the source tensor's), or its 2-D view
+        (prod(leading), last) when only the columnwise copy is held."""
         if self.data is not None:
             return tuple(self.data.shape)
         if self.columnwise_data is not None:
-            return logical_shape_from_columnwise(self.columnwise_data.shape)
+            return tuple(self.columnwise_data.shape[::-1])
         raise ValueError("ScaledTensor holds neither rowwise nor columnwise data")
 
     @property
@@ -97,19 +97,12 @@ class ScaledTensor:
 
     def as_2d(self) -> "ScaledTensor":
         """The same tensor viewed as [prod(shape[:-1]), shape[-1]] (a free
-        reshape of both layouts); what the GEMM takes."""
-        shape = self.shape
-        if len(shape) == 2:
+        reshape of the rowwise data; the columnwise copy is 2-D already);
+        what the GEMM takes."""
+        if self.data is None or self.data.ndim == 2:
             return self
-        if len(shape) == 0:
-            rows, cols = 1, 1
-        else:
-            rows, cols = math.prod(shape[:-1]), shape[-1]
-        return dataclasses.replace(
-            self,
-            data=None if self.data is None else self.data.reshape(rows, cols),
-            columnwise_data=(None if self.columnwise_data is None
-                             else self.columnwise_data.reshape(cols, rows)))
+        cols, rows = columnwise_shape(self.data.shape)
+        return dataclasses.replace(self, data=self.data.reshape(rows, cols))
 
     def rowwise_only(self) -> "ScaledTensor":
         return dataclasses.replace(self, columnwise_data=None)

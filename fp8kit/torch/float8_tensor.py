@@ -1,7 +1,7 @@
 """Float8Tensor: a tensor quantized to FP8 with one per-tensor scale.
 
-Holds rowwise data (the tensor's shape), optionally the transposed
-(columnwise) copy [shape[-1], prod(shape[:-1])] that TN-only FP8 GEMMs read,
+Holds rowwise data (the tensor's shape), optionally the columnwise
+(transposed) copy [shape[-1], prod(shape[:-1])] that TN-only FP8 GEMMs read,
 scale_inv (x ~= q * scale_inv), the FP8 format and the quantizer that made
 it (used to re-quantize in place). Its nominal dtype, shape and device are
 those of the high-precision tensor it stands for.
@@ -36,13 +36,7 @@ class _Dequantize(torch.autograd.Function):
         return grad, None
 
 
-def _columnwise_shape(shape):
-    if len(shape) == 0:
-        return (1, 1)
-    lead = 1
-    for s in shape[:-1]:
-        lead *= s
-    return (shape[-1], lead)
+_columnwise_shape = ext.columnwise_shape  # (shape[-1], prod(shape[:-1]))
 
 
 def _transpose_2d(q: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
@@ -53,28 +47,31 @@ def _transpose_2d(q: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
 class Float8Tensor(QuantizedTensor):
     """FP8 data with a per-tensor scale, standing for a high-precision tensor.
 
-    Float8Tensor(data, scale_inv, *, dtype, transpose=None, quantizer=None,
+    Float8Tensor(data, scale_inv, *, dtype, columnwise_data=None, quantizer=None,
                  requires_grad=False, shape=None)
 
     data: torch.float8_e4m3fn / torch.float8_e5m2 tensor of the logical shape,
-    or None when only `transpose` is held (then `shape` gives the logical
-    shape; default: the 2-D transpose of `transpose`). scale_inv: float32
-    tensor with one element. dtype: the nominal high-precision dtype.
+    or None when only `columnwise_data` is held (then `shape` gives the
+    logical shape; default: the 2-D transpose of `columnwise_data`).
+    columnwise_data: the [shape[-1], prod(shape[:-1])] copy or None.
+    scale_inv: float32 tensor with one element. dtype: the nominal
+    high-precision dtype.
     """
 
     # Attributes holding the quantized state, in the order the C++ builder
     # (torch_ext/py_float8_tensor.cc) sets them.
-    _FIELDS = ("_data", "_transpose", "_scale_inv", "_fp8_dtype", "_quantizer")
+    _FIELDS = ("_data", "_columnwise_data", "_scale_inv", "_fp8_dtype", "_quantizer")
     _OP_TABLE = {}
 
     def __new__(cls, data: Optional[torch.Tensor], scale_inv: torch.Tensor, *,
-                dtype: torch.dtype = torch.float32, transpose: Optional[torch.Tensor] = None,
+                dtype: torch.dtype = torch.float32,
+                columnwise_data: Optional[torch.Tensor] = None,
                 quantizer=None, requires_grad: bool = False, shape=None):
         fn = "fp8kit.torch.Float8Tensor"
-        if data is None and transpose is None:
-            raise ValueError(f"{fn}: data and transpose are both None; pass at least one")
-        ref = data if data is not None else transpose
-        for name, t in (("data", data), ("transpose", transpose)):
+        if data is None and columnwise_data is None:
+            raise ValueError(f"{fn}: data and columnwise_data are both None; pass at least one")
+        ref = data if data is not None else columnwise_data
+        for name, t in (("data", data), ("columnwise_data", columnwise_data)):
             if t is None:
                 continue
             _checks.tensor(fn, name, t)
@@ -82,10 +79,11 @@ class Float8Tensor(QuantizedTensor):
                 raise TypeError(f"{fn}: {name} has dtype {t.dtype}; expected torch.float8_e4m3fn "
                                 "or torch.float8_e5m2")
             if t.dtype != ref.dtype:
-                raise TypeError(f"{fn}: data is {data.dtype} but transpose is {transpose.dtype}")
+                raise TypeError(f"{fn}: data is {data.dtype} but columnwise_data is "
+                                f"{columnwise_data.dtype}")
             if t.device != ref.device:
-                raise ValueError(f"{fn}: data is on {data.device} but transpose is on "
-                                 f"{transpose.device}; keep both on one device")
+                raise ValueError(f"{fn}: data is on {data.device} but columnwise_data is on "
+                                 f"{columnwise_data.device}; keep both on one device")
         _checks.tensor(fn, "scale_inv", scale_inv)
         if scale_inv.dtype != torch.float32 or scale_inv.numel() != 1:
             raise TypeError(f"{fn}: scale_inv must be a float32 tensor with one element, got "
@@ -97,24 +95,26 @@ class Float8Tensor(QuantizedTensor):
             raise TypeError(f"{fn}: dtype is {dtype}; the nominal dtype must be torch.float32, "
                             "torch.bfloat16 or torch.float16")
         if shape is None:
-            shape = tuple(data.shape) if data is not None else (transpose.shape[1],
-                                                                transpose.shape[0])
+            shape = tuple(data.shape) if data is not None else (columnwise_data.shape[1],
+                                                                columnwise_data.shape[0])
         shape = tuple(int(s) for s in shape)
         if data is not None and tuple(data.shape) != shape:
             raise ValueError(f"{fn}: shape {shape} differs from data's shape {tuple(data.shape)}")
-        if transpose is not None and tuple(transpose.shape) != _columnwise_shape(shape):
-            raise ValueError(f"{fn}: transpose has shape {tuple(transpose.shape)} but a tensor of "
-                             f"shape {shape} has the columnwise layout {_columnwise_shape(shape)}")
-        return cls._make(shape, dtype, ref.device, data, transpose, scale_inv,
+        if (columnwise_data is not None
+                and tuple(columnwise_data.shape) != _columnwise_shape(shape)):
+            raise ValueError(f"{fn}: columnwise_data has shape {tuple(columnwise_data.shape)} but "
+                             f"a tensor of shape {shape} has the columnwise layout "
+                             f"{_columnwise_shape(shape)}")
+        return cls._make(shape, dtype, ref.device, data, columnwise_data, scale_inv,
                          _checks.FP8_NAME[ref.dtype], quantizer, requires_grad)
 
     @classmethod
-    def _make(cls, shape, dtype, device, data, transpose, scale_inv, fp8_dtype, quantizer,
+    def _make(cls, shape, dtype, device, data, columnwise_data, scale_inv, fp8_dtype, quantizer,
               requires_grad=False):
         """Unchecked constructor: every Python creation path ends here."""
         obj = QuantizedTensor._new_wrapper(cls, shape, dtype, device, requires_grad)
         obj._data = data
-        obj._transpose = transpose
+        obj._columnwise_data = columnwise_data
         obj._scale_inv = scale_inv
         obj._fp8_dtype = fp8_dtype
         obj._quantizer = quantizer
@@ -123,7 +123,7 @@ class Float8Tensor(QuantizedTensor):
     def _make_like(self, **changes) -> "Float8Tensor":
         """A new Float8Tensor with this one's fields except `changes`."""
         f = dict(shape=self._shape, dtype=self._dtype, device=self._device, data=self._data,
-                 transpose=self._transpose, scale_inv=self._scale_inv,
+                 columnwise_data=self._columnwise_data, scale_inv=self._scale_inv,
                  fp8_dtype=self._fp8_dtype, quantizer=self._quantizer, requires_grad=False)
         f.update(changes)
         return Float8Tensor._make(**f)
@@ -144,7 +144,7 @@ class Float8Tensor(QuantizedTensor):
 
     @property
     def columnwise_data(self) -> Optional[torch.Tensor]:
-        return self._transpose
+        return self._columnwise_data
 
     @property
     def scale_inv(self) -> torch.Tensor:
@@ -153,7 +153,8 @@ class Float8Tensor(QuantizedTensor):
     def _dequantize_raw(self, dtype) -> torch.Tensor:
         if self._data is not None:
             return ext.dequantize(self._data, self._scale_inv, dtype, False, None)
-        return ext.dequantize(self._transpose, self._scale_inv, dtype, True, list(self._shape))
+        return ext.dequantize(self._columnwise_data, self._scale_inv, dtype, True,
+                              list(self._shape))
 
     def dequantize(self, *, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """The high-precision tensor q * scale_inv (nominal dtype by default).
@@ -168,16 +169,16 @@ class Float8Tensor(QuantizedTensor):
                      columnwise: Optional[bool] = None) -> None:
         """Makes the rowwise and/or columnwise copy present (transposing the
         other one) or drops it."""
-        rows, cols = _columnwise_shape(self._shape)[1], _columnwise_shape(self._shape)[0]
+        cols, rows = _columnwise_shape(self._shape)
         if rowwise and self._data is None:
-            self._data = _transpose_2d(self._transpose, cols, rows).view(self._shape)
-        if columnwise and self._transpose is None:
-            self._transpose = _transpose_2d(self._data, rows, cols)
-        if rowwise is False and columnwise is not False and self._transpose is not None:
+            self._data = _transpose_2d(self._columnwise_data, cols, rows).view(self._shape)
+        if columnwise and self._columnwise_data is None:
+            self._columnwise_data = _transpose_2d(self._data, rows, cols)
+        if rowwise is False and columnwise is not False and self._columnwise_data is not None:
             self._data = None
         if columnwise is False and rowwise is not False and self._data is not None:
-            self._transpose = None
-        if self._data is None and self._transpose is None:
+            self._columnwise_data = None
+        if self._data is None and self._columnwise_data is None:
             raise ValueError("Float8Tensor.update_usage: cannot drop both layouts")
 
     def _requantize_from(self, src: torch.Tensor) -> None:
@@ -196,7 +197,7 @@ class Float8Tensor(QuantizedTensor):
         # storages (torch.save can, but both paths should work).
         as_bytes = (lambda t: None if t is None else t.view(torch.uint8))
         return (_rebuild_float8_tensor,
-                (as_bytes(self._data), as_bytes(self._transpose), self._scale_inv,
+                (as_bytes(self._data), as_bytes(self._columnwise_data), self._scale_inv,
                  self._fp8_dtype, self._dtype, tuple(self._shape), self._requires_grad,
                  self._quantizer))
 
@@ -204,7 +205,7 @@ class Float8Tensor(QuantizedTensor):
         if id(self) in memo:
             return memo[id(self)]
         c = (lambda t: None if t is None else t.clone())
-        new = self._make_like(data=c(self._data), transpose=c(self._transpose),
+        new = self._make_like(data=c(self._data), columnwise_data=c(self._columnwise_data),
                               scale_inv=self._scale_inv.clone(),
                               quantizer=copy.deepcopy(self._quantizer, memo),
                               requires_grad=self._requires_grad)
@@ -213,7 +214,8 @@ class Float8Tensor(QuantizedTensor):
 
     def __repr__(self, *, tensor_contents=None):
         layouts = "+".join(n for n, t in (("rowwise", self._data),
-                                          ("columnwise", self._transpose)) if t is not None)
+                                          ("columnwise", self._columnwise_data))
+                          if t is not None)
         return (f"Float8Tensor(fp8_dtype={self._fp8_dtype}, shape={tuple(self._shape)}, "
                 f"dtype={self._dtype}, device={self._device}, layouts={layouts}, "
                 f"scale_inv={float(self._scale_inv.reshape(()))}, "
@@ -221,27 +223,28 @@ class Float8Tensor(QuantizedTensor):
 
     # torch.compile traces through tensor subclasses that can flatten.
     def __tensor_flatten__(self):
-        inner = [n for n in ("_data", "_transpose", "_scale_inv") if getattr(self, n) is not None]
+        inner = [n for n in ("_data", "_columnwise_data", "_scale_inv")
+                 if getattr(self, n) is not None]
         return inner, (self._fp8_dtype, self._dtype, tuple(self._shape), self._quantizer)
 
     @staticmethod
     def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
         fp8_dtype, dtype, shape, quantizer = meta
-        ref = inner.get("_data", inner.get("_transpose"))
+        ref = inner.get("_data", inner.get("_columnwise_data"))
         return Float8Tensor._make(shape, dtype, ref.device, inner.get("_data"),
-                                  inner.get("_transpose"), inner["_scale_inv"], fp8_dtype,
+                                  inner.get("_columnwise_data"), inner["_scale_inv"], fp8_dtype,
                                   quantizer)
 
 
-def _rebuild_float8_tensor(data, transpose, scale_inv, fp8_dtype, dtype, shape, requires_grad,
-                           quantizer):
+def _rebuild_float8_tensor(data, columnwise_data, scale_inv, fp8_dtype, dtype, shape,
+                           requires_grad, quantizer):
     """Unpickles a Float8Tensor (see Float8Tensor.__reduce_ex__)."""
     if fp8_dtype not in _checks.TORCH_FP8:
         raise ValueError(f"Float8Tensor pickle: unknown fp8 dtype {fp8_dtype!r}")
     as_fp8 = (lambda t: None if t is None else t.view(_checks.TORCH_FP8[fp8_dtype]))
-    data, transpose = as_fp8(data), as_fp8(transpose)
-    ref = data if data is not None else transpose
-    return Float8Tensor._make(shape, dtype, ref.device, data, transpose, scale_inv, fp8_dtype,
+    data, columnwise_data = as_fp8(data), as_fp8(columnwise_data)
+    ref = data if data is not None else columnwise_data
+    return Float8Tensor._make(shape, dtype, ref.device, data, columnwise_data, scale_inv, fp8_dtype,
                               quantizer, requires_grad)
 
 
@@ -266,7 +269,8 @@ def _detach(func, args, kwargs):
 @implements(aten.clone.default)
 def _clone(func, args, kwargs):
     t = args[0]
-    return t._make_like(data=_clone_or_none(t._data), transpose=_clone_or_none(t._transpose),
+    return t._make_like(data=_clone_or_none(t._data),
+                        columnwise_data=_clone_or_none(t._columnwise_data),
                         scale_inv=t._scale_inv.clone())
 
 
@@ -285,21 +289,21 @@ def _resolve_shape(size, numel):
 def _view(func, args, kwargs):
     t, size = args[0], args[1]
     shape = _resolve_shape(size, math.prod(t._shape))
-    same_columnwise = _columnwise_shape(shape) == _columnwise_shape(tuple(t._shape))
+    cw = _columnwise_shape(shape)
+    same_columnwise = cw == _columnwise_shape(t._shape)
     if t._data is None:
         if not same_columnwise:
             return NotImplemented
         return t._make_like(shape=torch.Size(shape))
     data = t._data.view(shape)
-    transpose = t._transpose
-    if transpose is not None and not same_columnwise:
-        cw = _columnwise_shape(shape)
-        transpose = _transpose_2d(data, cw[1], cw[0])
-    return t._make_like(shape=torch.Size(shape), data=data, transpose=transpose)
+    columnwise_data = t._columnwise_data
+    if columnwise_data is not None and not same_columnwise:
+        columnwise_data = _transpose_2d(data, cw[1], cw[0])
+    return t._make_like(shape=torch.Size(shape), data=data, columnwise_data=columnwise_data)
 
 
 @implements(aten.t.default, aten.transpose.int)
-def _transpose(func, args, kwargs):
+def _transpose_op(func, args, kwargs):
     # For a 2-D tensor the columnwise copy is the transpose's rowwise data
     # and the other way round: swap them.
     t = args[0]
@@ -308,12 +312,12 @@ def _transpose(func, args, kwargs):
     if func is aten.transpose.int and {args[1] % 2, args[2] % 2} != {0, 1}:
         return NotImplemented
     m, n = t._shape
-    data, tr = t._data, t._transpose
-    if tr is None:
-        tr = _transpose_2d(data, m, n)
+    data, columnwise_data = t._data, t._columnwise_data
+    if columnwise_data is None:
+        columnwise_data = _transpose_2d(data, m, n)
     if data is None:
-        data = _transpose_2d(tr, n, m)
-    return t._make_like(shape=torch.Size((n, m)), data=tr, transpose=data)
+        data = _transpose_2d(columnwise_data, n, m)
+    return t._make_like(shape=torch.Size((n, m)), data=columnwise_data, columnwise_data=data)
 
 
 @implements(aten._to_copy.default)
@@ -330,7 +334,7 @@ def _to_copy(func, args, kwargs):
     q = t._quantizer
     if q is not None and device != t._device:
         q = q.to(device)
-    return t._make_like(device=device, data=mv(t._data), transpose=mv(t._transpose),
+    return t._make_like(device=device, data=mv(t._data), columnwise_data=mv(t._columnwise_data),
                         scale_inv=mv(t._scale_inv), quantizer=q)
 
 
@@ -343,14 +347,17 @@ def _copy_(func, args, kwargs):
     if (isinstance(src, Float8Tensor) and src._fp8_dtype == dst._fp8_dtype
             and src._shape == dst._shape):
         # Same format and shape: copy the bits.
-        rows, cols = _columnwise_shape(tuple(dst._shape))[1], _columnwise_shape(tuple(dst._shape))[0]
+        cols, rows = _columnwise_shape(dst._shape)
         if dst._data is not None:
-            s = src._data if src._data is not None else _transpose_2d(src._transpose, cols, rows)
+            s = src._data
+            if s is None:
+                s = _transpose_2d(src._columnwise_data, cols, rows)
             dst._data.copy_(s.view(dst._data.shape))
-        if dst._transpose is not None:
-            s = src._transpose if src._transpose is not None else _transpose_2d(src._data, rows,
-                                                                                  cols)
-            dst._transpose.copy_(s)
+        if dst._columnwise_data is not None:
+            s = src._columnwise_data
+            if s is None:
+                s = _transpose_2d(src._data, rows, cols)
+            dst._columnwise_data.copy_(s)
         dst._scale_inv.copy_(src._scale_inv.reshape(dst._scale_inv.shape))
         return dst
     hp = src.dequantize() if isinstance(src, QuantizedTensor) else src

@@ -7,7 +7,7 @@ keys as torch.nn.Linear, plus `_extra_state` holding the FP8 scaling state
 checkpoint continues with exactly the scales it stopped with. Plain
 nn.Linear checkpoints load too (the FP8 state then starts fresh).
 
-Inside autocast, forward is one call into C++ (torch_ext/linear.cc): it
+Inside autocast, forward is one call into C++ (torch_ext/linear.h): it
 quantizes the input and the weight, runs the FP8 GEMM with the bias
 epilogue and records a C++ autograd node whose backward quantizes the
 output gradient and runs the dgrad and wgrad GEMMs in FP8 (all three with
@@ -21,7 +21,19 @@ accumulation and inference. It is opt-in because a write through
 `weight.data` does not bump the version counter, and a cached FP8 weight
 would then silently be stale.
 
-FP8 GEMMs need in_features and out_features to be multiples of 16.
+Scaling state follows the layer protocol (common/include/fp8kit/linear.h):
+a forward that computes gradients records the input's and the weight's
+amaxes (and its backward the output gradient's); a forward that computes
+none (torch.no_grad, inference_mode, nothing requiring grad) casts with
+the current scales and leaves the state unchanged. A fresh delayed-scaling
+slot takes its first scale from the tensor's own amax.
+
+FP8 GEMMs need in_features and out_features to be multiples of the
+extension's GEMM_DIM_MULTIPLE (cuBLASLt's FP8 alignment).
+
+The extra state (format 2) holds plain values and tensors only: the
+recipe's scaling parameters as a dict of str/int/float/bool, the
+delayed-scaling history, scale and scale_inv, and which slots are seeded.
 """
 
 from __future__ import annotations
@@ -29,25 +41,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fp8kit.recipe import CurrentScaling, DelayedScaling
 from fp8kit.torch._ext import ext
 from fp8kit.torch.autocast import STATE as _AUTOCAST
 
 _linear_forward = ext.linear_forward
-_EXTRA_STATE_FORMAT = 1
-
-
-def _state_params(recipe) -> tuple:
-    """The LinearState constructor arguments a recipe means (a plain tuple:
-    it is compared and saved in checkpoints)."""
-    fmt = recipe.fp8_format
-    if isinstance(recipe, DelayedScaling):
-        return ("delayed", fmt.forward_dtype, fmt.backward_dtype, recipe.amax_history_len,
-                recipe.margin, recipe.amax_compute_algo.value, 0.0, False)
-    if isinstance(recipe, CurrentScaling):
-        return ("current", fmt.forward_dtype, fmt.backward_dtype, 1, 0, "max",
-                float(recipe.amax_epsilon), bool(recipe.power_2_scale))
-    raise TypeError(f"fp8kit.torch.Linear: unknown recipe type {type(recipe).__name__}")
+# 2: the recipe as a dict of named plain values (1 had a positional tuple
+# and a flag for amaxes left waiting by an older update order).
+_EXTRA_STATE_FORMAT = 2
 
 
 class Linear(torch.nn.Linear):
@@ -57,7 +57,6 @@ class Linear(torch.nn.Linear):
                  dtype=None) -> None:
         super().__init__(in_features, out_features, bias, device, dtype)
         self._fp8_state = None    # ext.LinearState for the recipe in use
-        self._fp8_params = None   # _state_params of that recipe
         self._fp8_recipe = None   # the recipe object last seen (fast identity check)
         self._fp8_cache_weight = False  # opt-in: see the module docstring
 
@@ -74,12 +73,13 @@ class Linear(torch.nn.Linear):
 
     # ------------------------------------------------------------ FP8 state
     def _fp8_use_recipe(self, recipe) -> None:
-        params = _state_params(recipe)
-        if self._fp8_state is None or params != self._fp8_params:
-            self._fp8_state = ext.LinearState(*params, device=self.weight.device)
-            self._fp8_state.cache_weight = self._fp8_cache_weight
-            self._fp8_params = params
-        self._fp8_state.forward_fast_accumulation = recipe.forward_fast_accumulation
+        # The C++ state reads the recipe's fields itself (type-checked); a
+        # recipe with other scaling parameters gets a fresh state.
+        st = self._fp8_state
+        if st is None or not st.use_recipe(recipe):
+            st = ext.LinearState(recipe, self.weight.device)
+            st.cache_weight = self._fp8_cache_weight
+            self._fp8_state = st
         self._fp8_recipe = recipe
 
     @property
@@ -102,22 +102,24 @@ class Linear(torch.nn.Linear):
             return {"format": _EXTRA_STATE_FORMAT}
         state = self._fp8_state.get_state()
         state["format"] = _EXTRA_STATE_FORMAT
-        state["params"] = list(self._fp8_params)
         return state
 
     def set_extra_state(self, state) -> None:
-        if not isinstance(state, dict) or state.get("format") != _EXTRA_STATE_FORMAT:
-            raise ValueError("fp8kit.torch.Linear: _extra_state is not an fp8kit Linear FP8 state "
-                             f"(format {_EXTRA_STATE_FORMAT}); was the checkpoint written by "
-                             "another version or another layer type?")
-        if "params" not in state:  # saved before any FP8 forward
-            self._fp8_state = self._fp8_params = self._fp8_recipe = None
+        fmt = state.get("format") if isinstance(state, dict) else None
+        if fmt != _EXTRA_STATE_FORMAT:
+            raise ValueError(
+                "fp8kit.torch.Linear: _extra_state is not an fp8kit Linear FP8 state of format "
+                f"{_EXTRA_STATE_FORMAT} (got format {fmt!r}); it was written by another fp8kit "
+                "version or another layer type. Drop its '_extra_state' entries to load the "
+                "weights with a fresh FP8 state.")
+        if "recipe" not in state:  # saved before any FP8 forward
+            self._fp8_state = self._fp8_recipe = None
             return
-        params = tuple(state["params"])
-        st = ext.LinearState(*params, device=self.weight.device)
-        st.set_state(state)
+        st = ext.LinearState.from_state(state, self.weight.device)
         st.cache_weight = self._fp8_cache_weight
-        self._fp8_state, self._fp8_params, self._fp8_recipe = st, params, None
+        # The next forward keeps this state if its recipe has the same
+        # scaling parameters (LinearState.use_recipe).
+        self._fp8_state, self._fp8_recipe = st, None
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
@@ -143,7 +145,7 @@ class Linear(torch.nn.Linear):
     def __getstate__(self):
         d = self.__dict__.copy()
         d["_fp8_saved"] = self.get_extra_state()
-        d["_fp8_state"] = d["_fp8_params"] = d["_fp8_recipe"] = None
+        d["_fp8_state"] = d["_fp8_recipe"] = None
         return d
 
     def __setstate__(self, d):

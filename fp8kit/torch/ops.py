@@ -39,8 +39,9 @@ def quantize(x: torch.Tensor, scale, fp8_dtype: str = "e4m3", rowwise: bool = Tr
              columnwise: bool = False, amax_out: Optional[torch.Tensor] = None):
     """Quantizes x with a given per-tensor scale (delayed scaling).
 
-    Returns (data or None, data_t or None, scale_inv): data has x's shape,
-    data_t is the transposed [x.shape[-1], prod(x.shape[:-1])] copy, both in
+    Returns (data or None, columnwise_data or None, scale_inv): data has x's
+    shape, columnwise_data is the [x.shape[-1], prod(x.shape[:-1])] copy
+    (ext.columnwise_shape), both in
     torch.float8_e4m3fn / torch.float8_e5m2; scale_inv = 1/scale. `scale`
     is a float32 tensor of one element on x.device (or a Python number).
     amax_out, when given, receives max|x|.
@@ -59,7 +60,7 @@ def quantize_current_scaling(x: torch.Tensor, fp8_dtype: str = "e4m3", rowwise: 
     """Current scaling: scale = fp8_max / max(amax(x), amax_epsilon), rounded
     down to a power of two if asked, 1 for a zero or non-finite amax.
 
-    Returns (data or None, data_t or None, scale, scale_inv, amax).
+    Returns (data or None, columnwise_data or None, scale, scale_inv, amax).
     """
     fn = "fp8kit.torch.quantize_current_scaling"
     _checks.tensor(fn, "x", x)
@@ -85,11 +86,11 @@ def dequantize(data: torch.Tensor, scale_inv: torch.Tensor,
 
 
 def delayed_scaling_update(amax_histories, amaxes, scales, scale_invs, fp8_dtypes,
-                           margin: int = 0, reduction: str = "max") -> None:
+                           margin: int = 0, amax_reduction: str = "max") -> None:
     """Updates many tensors' delayed-scaling state in one call, in place:
-    roll each history (h[0] = amax), reduce it ('max' or 'most_recent'),
-    scale = fp8_max / amax_reduced / 2**margin when that amax is finite and
-    > 0 (else the previous scale), scale_inv = 1/scale.
+    roll each history (h[0] = amax), reduce it (amax_reduction: 'max' or
+    'most_recent'), scale = fp8_max / amax_reduced / 2**margin when that
+    amax is finite and > 0 (else the previous scale), scale_inv = 1/scale.
     """
     fn = "fp8kit.torch.delayed_scaling_update"
     lists = (amax_histories, amaxes, scales, scale_invs, fp8_dtypes)
@@ -99,29 +100,30 @@ def delayed_scaling_update(amax_histories, amaxes, scales, scale_invs, fp8_dtype
     for i, name in enumerate(fp8_dtypes):
         _checks.fp8_name(fn, f"fp8_dtypes[{i}]", name)
     ext.delayed_scaling_update(list(amax_histories), list(amaxes), list(scales),
-                               list(scale_invs), list(fp8_dtypes), int(margin), reduction)
+                               list(scale_invs), list(fp8_dtypes), int(margin), amax_reduction)
 
 
-def gemm(a, a_scale_inv, a_t, b, b_scale_inv, b_t, trans_a: bool = False,
+def gemm(a, a_scale_inv, a_columnwise, b, b_scale_inv, b_columnwise, trans_a: bool = False,
          trans_b: bool = False, out_dtype: torch.dtype = torch.bfloat16, bias=None,
          gelu: bool = False, gelu_aux=None, accumulate: bool = False,
          use_split_accumulator: bool = True, d_scale=None, d_amax=None, out=None):
     """D = (op(a) * a_scale_inv) @ (op(b) * b_scale_inv) (+ bias) (then GELU).
 
-    a / b: rowwise FP8 data or None; a_t / b_t: their columnwise copies or
-    None. The core reads whichever copy the device's FP8 GEMM can take
+    a / b: rowwise FP8 data or None; a_columnwise / b_columnwise: their
+    columnwise copies or None. The core reads whichever copy the device's FP8 GEMM can take
     (see common/include/fp8kit/gemm.h).
     """
     fn = "fp8kit.torch.gemm"
-    for name, v in (("a", a), ("a_t", a_t), ("b", b), ("b_t", b_t), ("bias", bias),
+    for name, v in (("a", a), ("a_columnwise", a_columnwise), ("b", b),
+                    ("b_columnwise", b_columnwise), ("bias", bias),
                     ("gelu_aux", gelu_aux), ("d_scale", d_scale), ("d_amax", d_amax),
                     ("out", out)):
         _checks.tensor(fn, name, v, allow_none=True)
     _checks.tensor(fn, "a_scale_inv", a_scale_inv)
     _checks.tensor(fn, "b_scale_inv", b_scale_inv)
     _checks.dtype(fn, "out_dtype", out_dtype)
-    return ext.gemm(a, a_scale_inv, a_t, b, b_scale_inv, b_t, bool(trans_a), bool(trans_b),
-                    out_dtype, bias, bool(gelu), gelu_aux, bool(accumulate),
+    return ext.gemm(a, a_scale_inv, a_columnwise, b, b_scale_inv, b_columnwise, bool(trans_a),
+                    bool(trans_b), out_dtype, bias, bool(gelu), gelu_aux, bool(accumulate),
                     bool(use_split_accumulator), d_scale, d_amax, out)
 
 

@@ -1,11 +1,13 @@
-// fp8kit_quantize_delayed_update_sums: column sums computed by the
+// fp8kit_quantize_delayed_update's column sums, computed by the
 // quantization pass (a Linear's bias gradient). CPU: the sums agree with an
 // independent float64 sum within float32 rounding, NaN comes out as the
 // dtype's canonical NaN, asking for sums leaves the quantization and the
-// state exactly as fp8kit_quantize_delayed_update leaves them, counters end
-// at 0, errors. CUDA == CPU bit for bit (sums, data, state, counters) over
+// state exactly as a call without them leaves them, in both recording
+// modes, and the sums do not depend on the mode; counters end at 0,
+// errors. CUDA == CPU bit for bit (sums, data, state, counters) over
 // tile-border shapes, every input and output dtype, a call that mixes
-// tensors with and without sums, and three calls in a row.
+// tensors with and without sums, and three calls in a row (the middle one
+// not recorded).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -45,7 +47,7 @@ size_t sums_bytes(const Case& c) {
 
 // What a call left behind, per case.
 struct Result {
-  std::vector<uint8_t> data, data_t, sums, counters;
+  std::vector<uint8_t> data, columnwise, sums, counters;
   float scale = 0.0f, amax = -1.0f;
 };
 
@@ -60,7 +62,7 @@ class SumsRun {
       b.in = buf(c.input.size());
       b.in->upload(c.input.data(), c.input.size());
       b.out = buf(n);
-      b.out_t = buf(n);
+      b.columnwise = buf(n);
       b.scale_inv = buf(4);
       b.hist = buf(16 * 4);
       const std::vector<float> hist(16, 2.0f + float(c.seed % 3));
@@ -82,7 +84,7 @@ class SumsRun {
     }
   }
 
-  fp8kit_status call(bool use_sums_api = true) {
+  fp8kit_status call(bool with_sums = true, int record = 1) {
     std::vector<fp8kit_tensor> in, out;
     std::vector<fp8kit_delayed_quantize_state> st;
     std::vector<fp8kit_column_sums> sums;
@@ -92,11 +94,11 @@ class SumsRun {
       in.push_back(qtest::make_tensor(dev_, c.in_dtype, c.shape, b.in->ptr()));
       fp8kit_tensor o = qtest::make_tensor(dev_, c.fp8, c.shape, c.rowwise ? b.out->ptr() : nullptr);
       o.scaling_mode = FP8KIT_SCALING_PER_TENSOR;
-      o.columnwise_data = b.out_t->ptr();
+      o.columnwise_data = b.columnwise->ptr();
       o.scale_inv = b.scale_inv->fptr();
       out.push_back(o);
       st.push_back({b.hist->fptr(), b.amax->fptr(), b.scale->fptr(), b.state_scale_inv->fptr(),
-                    static_cast<unsigned*>(b.counter->ptr())});
+                    static_cast<unsigned*>(b.counter->ptr()), nullptr});
       fp8kit_column_sums s{};
       if (c.with_sums) {
         s = {b.sums->ptr(), c.sums_dtype, b.partials->fptr(),
@@ -105,12 +107,9 @@ class SumsRun {
       sums.push_back(s);
     }
     const fp8kit_delayed_scaling_config config{16, 0, FP8KIT_AMAX_MAX};
-    if (!use_sums_api) {
-      return fp8kit_quantize_delayed_update(in.data(), out.data(), st.data(), int(st.size()),
-                                            &config, nullptr);
-    }
-    return fp8kit_quantize_delayed_update_sums(in.data(), out.data(), st.data(), sums.data(),
-                                               int(st.size()), &config, nullptr);
+    return fp8kit_quantize_delayed_update(in.data(), out.data(), st.data(),
+                                          with_sums ? sums.data() : nullptr, int(st.size()),
+                                          &config, record, nullptr);
   }
 
   std::vector<Result> results() {
@@ -120,7 +119,7 @@ class SumsRun {
       Buffers& b = bufs_[i];
       const auto [rows, cols] = qtest::flat2d(c.shape);
       if (c.rowwise) r[i].data = b.out->download(size_t(rows * cols));
-      r[i].data_t = b.out_t->download(size_t(rows * cols));
+      r[i].columnwise = b.columnwise->download(size_t(rows * cols));
       if (c.with_sums) {
         r[i].sums = b.sums->download(sums_bytes(c));
         r[i].counters = b.tile_counters->download(size_t((cols + 127) / 128) * 4);
@@ -133,8 +132,8 @@ class SumsRun {
 
  private:
   struct Buffers {
-    std::unique_ptr<qtest::Buffer> in, out, out_t, scale_inv, hist, amax, scale, state_scale_inv,
-        counter, sums, partials, tile_counters;
+    std::unique_ptr<qtest::Buffer> in, out, columnwise, scale_inv, hist, amax, scale,
+        state_scale_inv, counter, sums, partials, tile_counters;
   };
   std::unique_ptr<qtest::Buffer> buf(size_t bytes) {
     return std::make_unique<qtest::Buffer>(dev_, bytes);
@@ -189,21 +188,30 @@ TEST(ColumnSums, WorkedExampleAndNaN) {
   EXPECT_EQ(nan_bits, 0x7fc0) << "canonical bfloat16 NaN";
 }
 
-TEST(ColumnSums, QuantizationAndStateUnchangedBySums) {
+TEST(ColumnSums, QuantizationAndStateUnchangedBySumsInBothModes) {
   const std::vector<Case> with = {
       make_case(FP8KIT_BFLOAT16, {300, 200}, true, FP8KIT_E5M2, true, FP8KIT_BFLOAT16, 11),
       make_case(FP8KIT_FLOAT32, {129, 130}, false, FP8KIT_E4M3, true, FP8KIT_FLOAT32, 12)};
   std::vector<Case> without = with;
   for (Case& c : without) c.with_sums = false;
-  SumsRun a(FP8KIT_DEVICE_CPU, with), b(FP8KIT_DEVICE_CPU, without);
-  ASSERT_EQ(a.call(), FP8KIT_OK) << fp8kit_last_error();
-  ASSERT_EQ(b.call(/*use_sums_api=*/false), FP8KIT_OK) << fp8kit_last_error();
-  const std::vector<Result> ra = a.results(), rb = b.results();
+  std::vector<Result> sums_by_mode[2];
+  for (int record : {1, 0}) {
+    SumsRun a(FP8KIT_DEVICE_CPU, with), b(FP8KIT_DEVICE_CPU, without);
+    ASSERT_EQ(a.call(true, record), FP8KIT_OK) << fp8kit_last_error();
+    ASSERT_EQ(b.call(/*with_sums=*/false, record), FP8KIT_OK) << fp8kit_last_error();
+    const std::vector<Result> ra = a.results(), rb = b.results();
+    for (size_t i = 0; i < with.size(); ++i) {
+      const std::string what = "record " + std::to_string(record) + " case " + std::to_string(i);
+      EXPECT_EQ(ra[i].data, rb[i].data) << what;
+      EXPECT_EQ(ra[i].columnwise, rb[i].columnwise) << what;
+      EXPECT_EQ(qtest::float_bits(ra[i].scale), qtest::float_bits(rb[i].scale)) << what;
+      EXPECT_EQ(ra[i].amax, 0.0f) << what;
+      EXPECT_EQ(ra[i].counters, std::vector<uint8_t>(ra[i].counters.size(), 0)) << what;
+    }
+    sums_by_mode[record] = ra;
+  }
   for (size_t i = 0; i < with.size(); ++i) {
-    EXPECT_EQ(ra[i].data, rb[i].data) << i;
-    EXPECT_EQ(ra[i].data_t, rb[i].data_t) << i;
-    EXPECT_EQ(qtest::float_bits(ra[i].scale), qtest::float_bits(rb[i].scale)) << i;
-    EXPECT_EQ(ra[i].amax, 0.0f) << i;
+    EXPECT_EQ(sums_by_mode[0][i].sums, sums_by_mode[1][i].sums) << "case " << i;
   }
 }
 
@@ -221,11 +229,11 @@ TEST(ColumnSums, Errors) {
     out.scaling_mode = FP8KIT_SCALING_PER_TENSOR;
     out.columnwise_data = columnwise ? qt.data() : nullptr;
     out.scale_inv = &out_scale_inv;
-    fp8kit_delayed_quantize_state st{hist, &amax, &scale, &scale_inv, &counter};
+    fp8kit_delayed_quantize_state st{hist, &amax, &scale, &scale_inv, &counter, nullptr};
     fp8kit_column_sums s{sums.data(), c.sums_dtype, partials.data(), counters.data()};
     if (edit != nullptr) edit(&s);
     const fp8kit_delayed_scaling_config config{16, 0, FP8KIT_AMAX_MAX};
-    EXPECT_EQ(fp8kit_quantize_delayed_update_sums(&in, &out, &st, &s, 1, &config, nullptr),
+    EXPECT_EQ(fp8kit_quantize_delayed_update(&in, &out, &st, &s, 1, &config, 1, nullptr),
               FP8KIT_INVALID_ARGUMENT) << needle;
     EXPECT_NE(std::string(fp8kit_last_error()).find(needle), std::string::npos)
         << "message: " << fp8kit_last_error() << "\nexpected to contain: " << needle;
@@ -259,15 +267,16 @@ TEST(CudaColumnSums, MatchCpuBitForBit) {
       make_case(FP8KIT_BFLOAT16, {2200, 200}, true, FP8KIT_E5M2, true, FP8KIT_FLOAT32, 27)};
   SumsRun cpu(FP8KIT_DEVICE_CPU, cases), gpu(FP8KIT_DEVICE_CUDA, cases);
   for (int call = 0; call < 3; ++call) {  // the tile counters must reset themselves
-    ASSERT_EQ(cpu.call(), FP8KIT_OK) << fp8kit_last_error();
-    ASSERT_EQ(gpu.call(), FP8KIT_OK) << fp8kit_last_error();
+    const int record = call == 1 ? 0 : 1;   // sums in both modes
+    ASSERT_EQ(cpu.call(true, record), FP8KIT_OK) << fp8kit_last_error();
+    ASSERT_EQ(gpu.call(true, record), FP8KIT_OK) << fp8kit_last_error();
     const std::vector<Result> a = cpu.results(), b = gpu.results();
     for (size_t i = 0; i < cases.size(); ++i) {
       const std::string what = "call " + std::to_string(call) + " case " + std::to_string(i);
       EXPECT_EQ(a[i].sums, b[i].sums) << what << ": column sums";
       EXPECT_EQ(b[i].counters, std::vector<uint8_t>(b[i].counters.size(), 0)) << what;
       EXPECT_EQ(a[i].data, b[i].data) << what;
-      EXPECT_EQ(a[i].data_t, b[i].data_t) << what;
+      EXPECT_EQ(a[i].columnwise, b[i].columnwise) << what;
       EXPECT_EQ(qtest::float_bits(a[i].scale), qtest::float_bits(b[i].scale)) << what;
     }
   }

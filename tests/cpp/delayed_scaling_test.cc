@@ -32,7 +32,7 @@ void expected_update(HostState& s, const fp8kit_delayed_scaling_config& c) {
   s.history[0] = s.amax;
   double reduced = s.history[0];
   bool nan = std::isnan(s.history[0]);
-  if (c.reduction == FP8KIT_AMAX_MAX) {
+  if (c.amax_reduction == FP8KIT_AMAX_MAX) {
     for (float h : s.history) {
       nan = nan || std::isnan(h);
       reduced = std::max(reduced, double(h));
@@ -146,7 +146,7 @@ TEST(DelayedScaling, WorkedExample) {
   EXPECT_EQ(s[0].scale, 28.0f);  // 448 / 8 / 2
   EXPECT_EQ(s[0].scale_inv, 1.0f / 28.0f);
 
-  c.reduction = FP8KIT_AMAX_MOST_RECENT;
+  c.amax_reduction = FP8KIT_AMAX_MOST_RECENT;
   s[0].amax = 14.0f;
   ASSERT_EQ(run_update(FP8KIT_DEVICE_CPU, s, c), FP8KIT_OK) << fp8kit_last_error();
   EXPECT_EQ(s[0].history, (std::vector<float>{14.0f, 7.0f, 4.0f}));
@@ -160,7 +160,7 @@ TEST(DelayedScaling, WorkedExample) {
     EXPECT_TRUE(qtest::same_float(s[0].history[0], bad));
   }
   // A NaN anywhere in the history poisons the max reduction.
-  c.reduction = FP8KIT_AMAX_MAX;
+  c.amax_reduction = FP8KIT_AMAX_MAX;
   s[0].amax = 1.0f;
   ASSERT_EQ(run_update(FP8KIT_DEVICE_CPU, s, c), FP8KIT_OK);
   EXPECT_EQ(s[0].scale, 16.0f);
@@ -188,9 +188,9 @@ TEST(DelayedScaling, Errors) {
   c.history_len = 0;
   expect(&st, 1, &c, "history_len is 0");
   c.history_len = 4;
-  c.reduction = fp8kit_amax_reduction(7);
-  expect(&st, 1, &c, "reduction");
-  c.reduction = FP8KIT_AMAX_MAX;
+  c.amax_reduction = fp8kit_amax_reduction(7);
+  expect(&st, 1, &c, "amax_reduction");
+  c.amax_reduction = FP8KIT_AMAX_MAX;
   c.margin = 200;
   expect(&st, 1, &c, "margin");
   c.margin = 0;

@@ -1,5 +1,7 @@
-// The cuBLASLt GEMM's plan cache: one plan per kind of GEMM, reused by
-// identical calls, safe under many threads and streams.
+// The cuBLASLt GEMM's plan cache (white-box: its size is read from the
+// core's internal cache, gemm_plan_cache.h): one plan per kind of GEMM,
+// none for CPU GEMMs, reused by identical calls, safe under many threads
+// and streams.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -11,22 +13,24 @@
 
 #include "fp8kit/fp8kit.h"
 #include "gemm_test_util.h"
+#ifdef FP8KIT_WITH_CUDA
+#include "gemm_plan_cache.h"
+#endif
 
 namespace fp8kit_test {
 namespace {
 
-TEST(GemmPlanCache, CpuGemmsMakeNoPlans) {
-  const size_t before = fp8kit_gemm_plan_cache_size();
+#ifdef FP8KIT_WITH_CUDA
+
+size_t plan_count() { return fp8kit::cuda::gemm_plan_cache().size(); }
+
+TEST(GemmPlanCacheCuda, CpuGemmsMakeNoPlans) {
+  const size_t before = plan_count();
   GemmCase c;
   const GemmOutputs out = run_cpu(c);
   ASSERT_EQ(out.status, FP8KIT_OK) << out.error;
-  EXPECT_EQ(fp8kit_gemm_plan_cache_size(), before);
-  if (!fp8kit_built_with_cuda()) {
-    EXPECT_EQ(before, 0u);
-  }
+  EXPECT_EQ(plan_count(), before);
 }
-
-#ifdef FP8KIT_WITH_CUDA
 
 #define SKIP_WITHOUT_GPU()                                          \
   do {                                                              \
@@ -51,12 +55,12 @@ TEST(GemmPlanCacheCuda, IdenticalCallsReuseOnePlan) {
   c.m = 72;
   c.n = 136;
   c.k = 208;
-  const size_t before = fp8kit_gemm_plan_cache_size();
+  const size_t before = plan_count();
   run_repeatedly(c, 1);
-  const size_t after_first = fp8kit_gemm_plan_cache_size();
+  const size_t after_first = plan_count();
   EXPECT_EQ(after_first, before + 1);
   run_repeatedly(c, 10);
-  EXPECT_EQ(fp8kit_gemm_plan_cache_size(), after_first) << "identical calls must not add plans";
+  EXPECT_EQ(plan_count(), after_first) << "identical calls must not add plans";
 }
 
 TEST(GemmPlanCacheCuda, EachKindOfGemmGetsItsOwnPlan) {
@@ -65,29 +69,29 @@ TEST(GemmPlanCacheCuda, EachKindOfGemmGetsItsOwnPlan) {
   c.m = 88;
   c.n = 160;  // a multiple of 16, so the FP8-output variant below is valid
   c.k = 224;
-  size_t expected = fp8kit_gemm_plan_cache_size();
+  size_t expected = plan_count();
   run_repeatedly(c, 2);
-  EXPECT_EQ(fp8kit_gemm_plan_cache_size(), ++expected);
+  EXPECT_EQ(plan_count(), ++expected);
   GemmCase other_m = c;
   other_m.m = 89;
   run_repeatedly(other_m, 2);
-  EXPECT_EQ(fp8kit_gemm_plan_cache_size(), ++expected) << "shape";
+  EXPECT_EQ(plan_count(), ++expected) << "shape";
   GemmCase fast = c;
   fast.use_split_accumulator = 0;
   run_repeatedly(fast, 2);
-  EXPECT_EQ(fp8kit_gemm_plan_cache_size(), ++expected) << "accumulation mode";
+  EXPECT_EQ(plan_count(), ++expected) << "accumulation mode";
   GemmCase bias = c;
   bias.epilogue = FP8KIT_EPILOGUE_BIAS;
   run_repeatedly(bias, 2);
-  EXPECT_EQ(fp8kit_gemm_plan_cache_size(), ++expected) << "epilogue";
+  EXPECT_EQ(plan_count(), ++expected) << "epilogue";
   GemmCase fp8_out = c;
   fp8_out.d_dtype = FP8KIT_E4M3;
   run_repeatedly(fp8_out, 2);
-  EXPECT_EQ(fp8kit_gemm_plan_cache_size(), ++expected) << "output dtype";
+  EXPECT_EQ(plan_count(), ++expected) << "output dtype";
   GemmCase layout = c;
   layout.trans_b = 0;  // B now comes from its columnwise copy: the canonical (TN) GEMM is the
   run_repeatedly(layout, 2);  // same, so is the plan
-  EXPECT_EQ(fp8kit_gemm_plan_cache_size(), expected) << "TN canonicalization";
+  EXPECT_EQ(plan_count(), expected) << "TN canonicalization";
 }
 
 // Many threads, each with its own stream (two share the legacy default
@@ -112,7 +116,7 @@ TEST(GemmPlanCacheCuda, HammerFromManyThreads) {
     inputs.emplace_back(new GemmInputs(make_inputs(c)));
     refs.push_back(reference_gemm(c, *inputs.back()));
   }
-  const size_t before = fp8kit_gemm_plan_cache_size();
+  const size_t before = plan_count();
 
   constexpr int kThreads = 8, kIterations = 40;
   std::atomic<int> failures{0};
@@ -176,8 +180,12 @@ TEST(GemmPlanCacheCuda, HammerFromManyThreads) {
     if (!e.empty()) errors += e + "\n";
   }
   EXPECT_EQ(failures.load(), 0) << errors;
-  EXPECT_EQ(fp8kit_gemm_plan_cache_size(), before + kinds.size());
+  EXPECT_EQ(plan_count(), before + kinds.size());
 }
+
+#else
+
+TEST(GemmPlanCacheCuda, SkippedWithoutCudaBuild) { GTEST_SKIP() << "fp8kit built without CUDA"; }
 
 #endif  // FP8KIT_WITH_CUDA
 

@@ -269,10 +269,10 @@ struct GemmOutputs {
 
 // Builds the descriptors for a case around already-placed buffers.
 struct CaseBuffers {
-  void* a_row = nullptr;
-  void* a_col = nullptr;
-  void* b_row = nullptr;
-  void* b_col = nullptr;
+  void* a_rowwise = nullptr;
+  void* a_columnwise = nullptr;
+  void* b_rowwise = nullptr;
+  void* b_columnwise = nullptr;
   float* a_scale_inv = nullptr;
   float* b_scale_inv = nullptr;
   void* d = nullptr;
@@ -284,10 +284,10 @@ struct CaseBuffers {
 };
 
 inline fp8kit_tensor operand_descriptor(fp8kit_device_type dev, int index, const Fp8Matrix& x,
-                                        void* row, void* col, float* scale_inv) {
+                                        void* rowwise, void* columnwise, float* scale_inv) {
   const int64_t shape[2] = {x.rows, x.cols};
-  fp8kit_tensor t = fp8kit_tensor_make(dev, index, x.dtype, 2, shape, row);
-  t.columnwise_data = col;
+  fp8kit_tensor t = fp8kit_tensor_make(dev, index, x.dtype, 2, shape, rowwise);
+  t.columnwise_data = columnwise;
   t.scaling_mode = FP8KIT_SCALING_PER_TENSOR;
   t.scale_inv = scale_inv;
   return t;
@@ -305,10 +305,10 @@ inline GemmArgs make_args(const GemmCase& c, fp8kit_device_type dev, int index,
                           const GemmInputs& in, const CaseBuffers& buf, void* workspace = nullptr,
                           size_t workspace_bytes = 0) {
   GemmArgs g;
-  g.a = operand_descriptor(dev, index, in.a, c.a_rowwise ? buf.a_row : nullptr,
-                           c.a_columnwise ? buf.a_col : nullptr, buf.a_scale_inv);
-  g.b = operand_descriptor(dev, index, in.b, c.b_rowwise ? buf.b_row : nullptr,
-                           c.b_columnwise ? buf.b_col : nullptr, buf.b_scale_inv);
+  g.a = operand_descriptor(dev, index, in.a, c.a_rowwise ? buf.a_rowwise : nullptr,
+                           c.a_columnwise ? buf.a_columnwise : nullptr, buf.a_scale_inv);
+  g.b = operand_descriptor(dev, index, in.b, c.b_rowwise ? buf.b_rowwise : nullptr,
+                           c.b_columnwise ? buf.b_columnwise : nullptr, buf.b_scale_inv);
   const int64_t dshape[2] = {c.m, c.n};
   g.d = fp8kit_tensor_make(dev, index, c.d_dtype, 2, dshape, buf.d);
   if (is_fp8_dtype(c.d_dtype)) {
@@ -405,10 +405,10 @@ struct CpuCase {
   GemmArgs args;
 
   explicit CpuCase(const GemmCase& c_) : c(c_), in(make_inputs(c_)), h(host_side(c_, in)) {
-    buf.a_row = in.a.rowwise.get();
-    buf.a_col = in.a.columnwise.get();
-    buf.b_row = in.b.rowwise.get();
-    buf.b_col = in.b.columnwise.get();
+    buf.a_rowwise = in.a.rowwise.get();
+    buf.a_columnwise = in.a.columnwise.get();
+    buf.b_rowwise = in.b.rowwise.get();
+    buf.b_columnwise = in.b.columnwise.get();
     buf.a_scale_inv = &h.a_scale_inv;
     buf.b_scale_inv = &h.b_scale_inv;
     buf.d = h.d.get();
@@ -508,15 +508,15 @@ class DeviceBuffer {
 constexpr int kScalarStride = 4;  // floats: 16 bytes
 
 struct DeviceCase {
-  DeviceBuffer a_row, a_col, b_row, b_col, scalars, d, bias, aux;
+  DeviceBuffer a_rowwise, a_columnwise, b_rowwise, b_columnwise, scalars, d, bias, aux;
   CaseBuffers buf;
 
   DeviceCase(const GemmCase& c, const GemmInputs& in, const HostSide& h) {
     const size_t a_bytes = size_t(in.a.rows * in.a.cols), b_bytes = size_t(in.b.rows * in.b.cols);
-    a_row = DeviceBuffer(in.a.rowwise.get(), a_bytes);
-    a_col = DeviceBuffer(in.a.columnwise.get(), a_bytes);
-    b_row = DeviceBuffer(in.b.rowwise.get(), b_bytes);
-    b_col = DeviceBuffer(in.b.columnwise.get(), b_bytes);
+    a_rowwise = DeviceBuffer(in.a.rowwise.get(), a_bytes);
+    a_columnwise = DeviceBuffer(in.a.columnwise.get(), a_bytes);
+    b_rowwise = DeviceBuffer(in.b.rowwise.get(), b_bytes);
+    b_columnwise = DeviceBuffer(in.b.columnwise.get(), b_bytes);
     // One scalar per 16 bytes: cuBLASLt needs 16-byte aligned scale pointers.
     float host_scalars[kScalarStride * 5] = {};
     const float values[5] = {h.a_scale_inv, h.b_scale_inv, h.d_scale, h.d_amax, h.d_scale_inv};
@@ -525,10 +525,10 @@ struct DeviceCase {
     d = DeviceBuffer(h.d.get(), h.d.bytes());
     bias = DeviceBuffer(h.bias.get(), h.bias.bytes());
     aux = DeviceBuffer(h.aux.get(), h.aux.bytes());
-    buf.a_row = a_row.get();
-    buf.a_col = a_col.get();
-    buf.b_row = b_row.get();
-    buf.b_col = b_col.get();
+    buf.a_rowwise = a_rowwise.get();
+    buf.a_columnwise = a_columnwise.get();
+    buf.b_rowwise = b_rowwise.get();
+    buf.b_columnwise = b_columnwise.get();
     buf.a_scale_inv = scalars.as<float>();
     buf.b_scale_inv = scalars.as<float>() + 1 * kScalarStride;
     buf.d_scale = scalars.as<float>() + 2 * kScalarStride;

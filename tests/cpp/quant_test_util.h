@@ -301,6 +301,8 @@ struct QuantSpec {
   bool current = false;        // current scaling (else delayed with `scale`)
   float scale = 1.0f;          // delayed scaling
   fp8kit_current_scaling_config config{0.0f, 0};
+  bool with_sums = false;      // current scaling: column sums too
+  fp8kit_dtype sums_dtype = FP8KIT_FLOAT32;
   size_t in_offset = 0;        // bytes; a multiple of the element size
   size_t out_offset = 0;       // bytes, for data and columnwise_data
 };
@@ -308,14 +310,16 @@ struct QuantSpec {
 struct QuantResult {
   fp8kit_status status = FP8KIT_INTERNAL;
   std::string error;
-  std::vector<uint8_t> data, data_t;
+  std::vector<uint8_t> data, columnwise;
+  std::vector<uint8_t> sums, sums_counters;  // with_sums only
   float amax = -1.0f, scale = -1.0f, scale_inv = -1.0f;
 };
 
 inline QuantResult run_quantize(fp8kit_device_type dev, const QuantSpec& s,
                                 const std::vector<uint8_t>& input) {
   const size_t n = size_t(numel(s.shape));
-  Buffer in(dev, input.size(), s.in_offset), out(dev, n, s.out_offset), out_t(dev, n, s.out_offset);
+  Buffer in(dev, input.size(), s.in_offset), out(dev, n, s.out_offset),
+      columnwise(dev, n, s.out_offset);
   Buffer amax(dev, 4), scale(dev, 4), scale_inv(dev, 4);
   in.upload(input.data(), input.size());
   scale.set_float(s.current ? -7.0f : s.scale);
@@ -324,17 +328,30 @@ inline QuantResult run_quantize(fp8kit_device_type dev, const QuantSpec& s,
   fp8kit_tensor ti = make_tensor(dev, s.in_dtype, s.shape, in.ptr());
   fp8kit_tensor to = make_tensor(dev, s.fp8, s.shape, s.rowwise ? out.ptr() : nullptr);
   to.scaling_mode = FP8KIT_SCALING_PER_TENSOR;
-  to.columnwise_data = s.columnwise ? out_t.ptr() : nullptr;
+  to.columnwise_data = s.columnwise ? columnwise.ptr() : nullptr;
   to.scale = scale.fptr();
   to.scale_inv = scale_inv.fptr();
   to.amax = s.with_amax ? amax.fptr() : nullptr;
+  const auto [rows, cols] = flat2d(s.shape);
+  const size_t sums_bytes = size_t(cols) * fp8kit_dtype_size(s.sums_dtype);
+  const size_t tiles_c = size_t((cols + 127) / 128);
+  Buffer sums(dev, sums_bytes), counters(dev, tiles_c * 4),
+      partials(dev, size_t(fp8kit_column_sums_workspace(rows, cols)) * 4);
+  counters.upload(std::vector<uint8_t>(tiles_c * 4, 0).data(), tiles_c * 4);
+  const fp8kit_column_sums cs{sums.ptr(), s.sums_dtype, partials.fptr(),
+                              static_cast<unsigned int*>(counters.ptr())};
   QuantResult r;
-  r.status = s.current ? fp8kit_quantize_current_scaling(&ti, &to, &s.config, nullptr)
+  r.status = s.current ? fp8kit_quantize_current_scaling(&ti, &to, &s.config,
+                                                         s.with_sums ? &cs : nullptr, nullptr)
                        : fp8kit_quantize(&ti, &to, nullptr);
   r.error = fp8kit_last_error();
   if (r.status != FP8KIT_OK) return r;
+  if (s.with_sums) {
+    r.sums = sums.download(sums_bytes);
+    r.sums_counters = counters.download(tiles_c * 4);
+  }
   if (s.rowwise) r.data = out.download(n);
-  if (s.columnwise) r.data_t = out_t.download(n);
+  if (s.columnwise) r.columnwise = columnwise.download(n);
   r.amax = amax.get_float();
   r.scale = scale.get_float();
   r.scale_inv = scale_inv.get_float();
@@ -362,9 +379,9 @@ inline void expect_matches_reference(const QuantSpec& s, const std::vector<uint8
                       << " want 0x" << int(want) << std::dec;
         ++bad;
       }
-      if (s.columnwise && r.data_t[size_t(j * rows + i)] != want) {
+      if (s.columnwise && r.columnwise[size_t(j * rows + i)] != want) {
         ADD_FAILURE() << "columnwise [" << j << "," << i << "] x=" << x << " scale=" << scale
-                      << ": got 0x" << std::hex << int(r.data_t[size_t(j * rows + i)])
+                      << ": got 0x" << std::hex << int(r.columnwise[size_t(j * rows + i)])
                       << " want 0x" << int(want) << std::dec;
         ++bad;
       }
@@ -383,12 +400,48 @@ inline float ref_amax(const std::vector<uint8_t>& input, fp8kit_dtype dtype, siz
   return float(m);
 }
 
+// fp8kit_column_sums of a [rows, cols] input in its documented order
+// (fp8kit/column_sums.h), as `out` bytes: float32 adds of 8-row groups,
+// 16-group tiles and the tiles, each from 0.0f; rows past the end add 0;
+// then the reference rounding (NaN: the canonical quiet NaN).
+inline std::vector<uint8_t> ref_column_sums(const std::vector<uint8_t>& input,
+                                            fp8kit_dtype in_dtype, int64_t rows, int64_t cols,
+                                            fp8kit_dtype out) {
+  const int64_t tiles = (rows + 127) / 128;
+  std::vector<uint8_t> bytes(size_t(cols) * fp8kit_dtype_size(out));
+  for (int64_t c = 0; c < cols; ++c) {
+    float total = 0.0f;
+    for (int64_t t = 0; t < tiles; ++t) {
+      float tile = 0.0f;
+      for (int g = 0; g < 16; ++g) {
+        float group = 0.0f;
+        for (int k = 0; k < 8; ++k) {
+          const int64_t r = t * 128 + g * 8 + k;
+          group += r < rows ? input_value(input, in_dtype, size_t(r * cols + c)) : 0.0f;
+        }
+        tile += group;
+      }
+      total += tile;
+    }
+    if (out == FP8KIT_FLOAT32) {
+      const float v = std::isnan(total) ? bits_float(0x7fc00000u) : total;
+      std::memcpy(&bytes[size_t(c) * 4], &v, 4);
+    } else {
+      const uint16_t h = std::isnan(total) ? (out == FP8KIT_BFLOAT16 ? 0x7fc0 : 0x7e00)
+                         : out == FP8KIT_BFLOAT16 ? ref_to_bf16(total)
+                                                  : ref_to_fp16(total);
+      std::memcpy(&bytes[size_t(c) * 2], &h, 2);
+    }
+  }
+  return bytes;
+}
+
 // Compares two runs byte for byte (and their scalars).
 inline void expect_same_result(const QuantResult& a, const QuantResult& b, const std::string& what) {
   ASSERT_EQ(a.status, FP8KIT_OK) << what << ": " << a.error;
   ASSERT_EQ(b.status, FP8KIT_OK) << what << ": " << b.error;
   ASSERT_EQ(a.data.size(), b.data.size()) << what;
-  ASSERT_EQ(a.data_t.size(), b.data_t.size()) << what;
+  ASSERT_EQ(a.columnwise.size(), b.columnwise.size()) << what;
   for (size_t i = 0; i < a.data.size(); ++i) {
     if (a.data[i] != b.data[i]) {
       ADD_FAILURE() << what << ": rowwise byte " << i << " differs: 0x" << std::hex
@@ -396,13 +449,15 @@ inline void expect_same_result(const QuantResult& a, const QuantResult& b, const
       break;
     }
   }
-  for (size_t i = 0; i < a.data_t.size(); ++i) {
-    if (a.data_t[i] != b.data_t[i]) {
+  for (size_t i = 0; i < a.columnwise.size(); ++i) {
+    if (a.columnwise[i] != b.columnwise[i]) {
       ADD_FAILURE() << what << ": columnwise byte " << i << " differs: 0x" << std::hex
-                    << int(a.data_t[i]) << " vs 0x" << int(b.data_t[i]) << std::dec;
+                    << int(a.columnwise[i]) << " vs 0x" << int(b.columnwise[i]) << std::dec;
       break;
     }
   }
+  EXPECT_EQ(a.sums, b.sums) << what << ": column sums";
+  EXPECT_EQ(a.sums_counters, b.sums_counters) << what << ": column-sum counters";
   EXPECT_TRUE(same_float(a.amax, b.amax)) << what << ": amax " << a.amax << " vs " << b.amax;
   EXPECT_TRUE(same_float(a.scale, b.scale)) << what << ": scale " << a.scale << " vs " << b.scale;
   EXPECT_TRUE(same_float(a.scale_inv, b.scale_inv))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import fp8kit.jax as fj
-from fp8kit.jax.amax_op import amax_call
+from fp8kit.jax._ffi import amax_call
 
 
 def _gpus():

@@ -1,21 +1,26 @@
-"""fp8kit.jax.delayed_scaling_update against a NumPy model of the rule in
-fp8kit/delayed_scaling.h: roll the history, reduce it (max or most recent),
-scale = fp8_max / amax / 2**margin unless that amax is zero or not finite
-(then keep the previous scale); scale_inv = 1 / scale."""
+"""Delayed scaling against NumPy models of fp8kit/delayed_scaling.h:
+fp8kit.jax.delayed_scaling_update (roll the history, reduce it (max or
+most recent), scale = fp8_max / amax / 2**margin unless that amax is zero
+or not finite (then keep the previous scale); scale_inv = 1 / scale), and
+the fused fp8kit_quantize_delayed_update custom call the dense layer runs
+(seeding, recording or not, a given starting amax, column sums)."""
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 
 import fp8kit.jax as fj
+from fp8kit.jax import _ffi
 from fp8kit.recipe import AmaxReduction
 
 F32 = np.float32
-FP8_MAX = {"e4m3": F32(448.0), "e5m2": F32(57344.0)}
+FP8 = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
+FP8_MAX = {k: F32(ml_dtypes.finfo(v).max) for k, v in FP8.items()}
 
 
-def _ref_update(history, amax, scale, fmts, margin, reduction):
+def _ref_update(history, amax, scale, fmts, margin, amax_reduction):
     history = np.array(history, np.float32)
     scale = np.array(scale, np.float32)
     history[:, 1:] = history[:, :-1].copy()
@@ -23,7 +28,7 @@ def _ref_update(history, amax, scale, fmts, margin, reduction):
     for i, fmt in enumerate(fmts):
         row = history[i]
         red = (F32(np.nan) if np.isnan(row).any() else row.max()) \
-            if reduction is AmaxReduction.MAX else row[0]
+            if amax_reduction is AmaxReduction.MAX else row[0]
         if np.isfinite(red) and red > 0:
             s = FP8_MAX[fmt] / red * F32(2.0 ** -margin)
             s = F32(min(max(s, np.finfo(np.float32).tiny), np.finfo(np.float32).max))
@@ -31,9 +36,9 @@ def _ref_update(history, amax, scale, fmts, margin, reduction):
     return history, scale, F32(1) / scale
 
 
-@pytest.mark.parametrize("reduction", [AmaxReduction.MAX, AmaxReduction.MOST_RECENT])
+@pytest.mark.parametrize("amax_reduction", [AmaxReduction.MAX, AmaxReduction.MOST_RECENT])
 @pytest.mark.parametrize("margin", [0, 2])
-def test_matches_the_rule_over_several_steps(reduction, margin):
+def test_matches_the_rule_over_several_steps(amax_reduction, margin):
     rng = np.random.default_rng(margin)
     fmts = ["e4m3", "e4m3", "e5m2", "e4m3", "e5m2"]
     n, length = len(fmts), 4
@@ -44,8 +49,8 @@ def test_matches_the_rule_over_several_steps(reduction, margin):
         amax = (rng.uniform(0.1, 100, n) * 10.0 ** rng.integers(-3, 3, n)).astype(np.float32)
         if step == 3:
             amax[1], amax[2], amax[4] = 0.0, np.inf, np.nan    # kept scales
-        want = _ref_update(history, amax, scale, fmts, margin, reduction)
-        got = update(history, amax, scale, tuple(fmts), margin, reduction)
+        want = _ref_update(history, amax, scale, fmts, margin, amax_reduction)
+        got = update(history, amax, scale, tuple(fmts), margin, amax_reduction)
         for g, w in zip(got, want):
             np.testing.assert_array_equal(np.asarray(g), w)
         history, scale = np.asarray(got[0]), np.asarray(got[1])
@@ -56,7 +61,7 @@ def test_zero_and_nonfinite_keep_the_previous_scale():
     scale = np.array([2.0, 3.0, 5.0], np.float32)
     amax = np.array([0.0, np.inf, np.nan], np.float32)
     h, s, si = fj.delayed_scaling_update(history, amax, scale, ["e4m3"] * 3,
-                                         reduction=AmaxReduction.MOST_RECENT)
+                                         amax_reduction=AmaxReduction.MOST_RECENT)
     np.testing.assert_array_equal(np.asarray(s), scale)
     np.testing.assert_array_equal(np.asarray(si), F32(1) / scale)
 
@@ -88,3 +93,95 @@ def test_argument_errors():
         fj.delayed_scaling_update(h, a, s, ["e4m3"] * 2, margin=-1)
     with pytest.raises(ValueError, match="amax_history must be"):
         fj.delayed_scaling_update(np.zeros(4, np.float32), a, s, ["e4m3"] * 2)
+
+
+# --- the fused quantize-seed-record call (fp8kit_quantize_delayed_update) ---------------
+
+def _ref_column_sums(x2d):
+    """Column sums in the core's documented float32 order: rows in tiles of
+    128, tiles in groups of 8; each level adds its parts in order to 0."""
+    x2d = np.asarray(x2d, np.float32)
+    rows, cols = x2d.shape
+    total = np.zeros(cols, np.float32)
+    for t0 in range(0, max(rows, 1), 128):
+        tile = np.zeros(cols, np.float32)
+        for g0 in range(t0, t0 + 128, 8):
+            group = np.zeros(cols, np.float32)
+            for r in range(g0, g0 + 8):
+                group = group + (x2d[r] if r < rows else np.float32(0))
+            tile = tile + group
+        total = total + tile
+    return total
+
+
+def _fused(xs, history, scale, seeded, record, margin=0, sums=None, amax=None,
+           amax_reduction="max", fmts=None):
+    n = len(xs)
+    call = _ffi.DelayedQuantize(
+        fmts=tuple(fmts or ["e4m3"] * n), copies=((True, True),) * n,
+        sums_dtypes=tuple(sums or [None] * n), record=record, margin=margin,
+        amax_reduction=amax_reduction)
+    return _ffi.quantize_delayed_update_call(
+        call, jnp.asarray(history, jnp.float32), jnp.asarray(scale, jnp.float32),
+        jnp.asarray(seeded, jnp.int32), [jnp.asarray(x) for x in xs],
+        None if amax is None else jnp.asarray(amax, jnp.float32))
+
+
+def _fp8_bits(x, scale, fmt="e4m3"):
+    y = np.clip(np.asarray(x, np.float32) * F32(scale), -FP8_MAX[fmt], FP8_MAX[fmt])
+    return y.astype(FP8[fmt]).view(np.uint8)
+
+
+@pytest.mark.parametrize("record", [True, False])
+def test_fused_call_seeds_a_fresh_slot_and_records_only_when_asked(record):
+    rng = np.random.default_rng(20)
+    x = rng.standard_normal((40, 32)).astype(np.float32) * 3
+    w = rng.standard_normal((32, 16)).astype(np.float32)
+    history = np.array([[0.0, 0.0], [7.0, 5.0]], np.float32)
+    scale = np.array([1.0, 2.0], np.float32)
+    seeded = np.array([0, 1], np.int32)       # x fresh, w seeded
+    h, s, sd, scale_inv, outs = _fused([x, w], history, scale, seeded, record, margin=1)
+    seed = FP8_MAX["e4m3"] / F32(np.abs(x).max()) * F32(0.5)
+    used = [seed, F32(2.0)]
+    for (data, columnwise_data, _), t, u in zip(outs, (x, w), used):
+        np.testing.assert_array_equal(np.asarray(data).view(np.uint8), _fp8_bits(t, u))
+        np.testing.assert_array_equal(np.asarray(columnwise_data).view(np.uint8),
+                                      _fp8_bits(t, u).T)
+    np.testing.assert_array_equal(np.asarray(scale_inv), F32(1) / np.float32(used))
+    if not record:
+        for got, want in ((h, history), (s, scale), (sd, seeded)):
+            np.testing.assert_array_equal(np.asarray(got), want)
+        return
+    amaxes = np.float32([np.abs(x).max(), np.abs(w).max()])
+    want_h, want_s, _ = _ref_update(history, amaxes, used, ["e4m3"] * 2, 1, AmaxReduction.MAX)
+    np.testing.assert_array_equal(np.asarray(h), want_h)
+    np.testing.assert_array_equal(np.asarray(s), want_s)
+    np.testing.assert_array_equal(np.asarray(sd), [1, 1])
+
+
+def test_fused_call_starts_from_a_given_amax():
+    # A shard of a tensor: the global amax (here 100) seeds and is recorded.
+    x = np.random.default_rng(21).standard_normal((16, 16)).astype(np.float32)
+    h, s, _, scale_inv, [(data, _, _)] = _fused([x], [[0.0]], [1.0], [0], True, amax=[100.0])
+    np.testing.assert_array_equal(np.asarray(h), [[100.0]])
+    np.testing.assert_array_equal(np.asarray(s), [FP8_MAX["e4m3"] / F32(100)])
+    np.testing.assert_array_equal(np.asarray(data).view(np.uint8),
+                                  _fp8_bits(x, FP8_MAX["e4m3"] / F32(100)))
+
+
+@pytest.mark.parametrize("rows", [2, 35, 300])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_fused_call_column_sums_follow_the_documented_order(rows, dtype):
+    x = jnp.asarray(np.random.default_rng(rows).standard_normal((rows, 48)) * 100, dtype)
+    *_, [(_, _, sums)] = _fused([x], [[0.0]], [1.0], [1], True, sums=[jnp.dtype(dtype)],
+                                fmts=["e5m2"])
+    want = _ref_column_sums(np.asarray(x, np.float32)).astype(jnp.dtype(dtype))
+    assert sums.dtype == jnp.dtype(dtype)
+    np.testing.assert_array_equal(np.asarray(sums), want)
+
+
+def test_current_scaling_call_column_sums():
+    x = jnp.asarray(np.random.default_rng(22).standard_normal((130, 32)), jnp.bfloat16)
+    *_, sums = _ffi.quantize_current_scaling_call(x, "e4m3", True, True, 0.0, False,
+                                                  jnp.dtype(jnp.float32))
+    np.testing.assert_array_equal(np.asarray(sums), _ref_column_sums(np.asarray(x, np.float32)))

@@ -1,7 +1,8 @@
 """fp8kit.jax.dense: forward and gradients against a float64 NumPy model of
-the same quantized math, against a bf16 dense within FP8 tolerances, the
-delayed-scaling state update, the lowered HLO, vmap and argument errors.
-(The MLP training run is in test_jax_dense_training.py.)"""
+the same quantized math (any token count, zero included), against a bf16
+dense within FP8 tolerances, the delayed-scaling protocol (seeding,
+recording, a primal call that records nothing), the lowered HLO, vmap and
+argument errors. (The MLP training run is in test_jax_dense_training.py.)"""
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +15,7 @@ from fp8kit.recipe import AmaxReduction, CurrentScaling, DelayedScaling, Format
 
 F32 = np.float32
 FP8 = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
-FP8_MAX = {"e4m3": F32(448.0), "e5m2": F32(57344.0)}
+FP8_MAX = {k: F32(ml_dtypes.finfo(v).max) for k, v in FP8.items()}
 
 
 # --- a NumPy model of the layer ----------------------------------------------------
@@ -26,17 +27,25 @@ def _q(x, scale, fmt):
 
 
 def _current_scale(t, fmt):
-    amax = np.abs(np.asarray(t, np.float32)).max()
+    amax = np.abs(np.asarray(t, np.float32)).max(initial=F32(0))
     return F32(1) if not amax > 0 else FP8_MAX[fmt] / F32(amax)
+
+
+def _seed_scale(t, fmt, margin):
+    """The scale an unseeded delayed slot takes from its tensor (the
+    delayed update's rule with this amax alone)."""
+    amax = np.abs(np.asarray(t, np.float32)).max(initial=F32(0))
+    return FP8_MAX[fmt] / F32(amax) * F32(2.0 ** -margin) if amax > 0 else F32(1)
 
 
 def _scales(recipe, state, x, w, dy):
     fwd, bwd = recipe.fp8_format.forward_dtype, recipe.fp8_format.backward_dtype
+    fmts = (fwd, fwd, bwd)
     if isinstance(recipe, DelayedScaling):
-        s = np.asarray(state.scale)
-        return (s[0], fwd), (s[1], fwd), (s[2], bwd)
-    return (_current_scale(x, fwd), fwd), (_current_scale(w, fwd), fwd), \
-        (_current_scale(dy, bwd), bwd)
+        s, seeded = np.asarray(state.scale), np.asarray(state.seeded)
+        return tuple((s[i] if seeded[i] else _seed_scale(t, fmts[i], recipe.margin), fmts[i])
+                     for i, t in enumerate((x, w, dy)))
+    return tuple((_current_scale(t, f), f) for t, f in zip((x, w, dy), fmts))
 
 
 def _reference(recipe, state, x, w, b, dy):
@@ -80,11 +89,13 @@ RECIPES = [CurrentScaling(), CurrentScaling(fp8_format=Format.E4M3),
 
 
 def _state(recipe, scale=None):
+    """A fresh state, or with `scale` a seeded one holding those scales."""
     if not isinstance(recipe, DelayedScaling):
         return None
     st = fj.DelayedScalingState.create(recipe)
     if scale is not None:
-        st = fj.DelayedScalingState(st.amax_history, jnp.asarray(scale, jnp.float32))
+        st = fj.DelayedScalingState(st.amax_history, jnp.asarray(scale, jnp.float32),
+                                    jnp.ones((3,), jnp.float32))
     return st
 
 
@@ -172,16 +183,58 @@ def test_close_to_bf16_dense(recipe):
     assert rel(g8[2], g16[2]) < 0.02    # bias gradient: a float32 sum, no FP8
 
 
-# --- delayed-scaling state -------------------------------------------------------------
+# --- token counts that are not multiples of 16 ---------------------------------------------
+
+def _fwd_bwd(recipe, x, w, b, state, dy):
+    def f(x, w, b, s):
+        return fj.dense(x, w, b, state=s, recipe=recipe)
+
+    @jax.jit
+    def run(x, w, b, s, dy):
+        y, vjp = jax.vjp(f, x, w, b, s)
+        return y, vjp(dy)
+
+    return run(x, w, b, state, dy)
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda r: f"{type(r).__name__}-{r.fp8_format.value}")
+@pytest.mark.parametrize("lead", [(1,), (10,), (5, 7)], ids=["M1", "M10", "M35"])
+def test_any_token_count_matches_the_quantized_math(recipe, lead):
+    # wgrad's inner dimension is M: the columnwise copies of x and dy are
+    # zero-padded to a multiple of 16, which must add nothing.
+    rng = np.random.default_rng(sum(lead))
+    x, w, b, dy = _inputs(rng, lead)
+    state = _state(recipe)  # fresh: step 0 seeds every slot from its tensor
+    y, (dx, dw, db, _) = _fwd_bwd(recipe, x, w, b, state, dy)
+    (y_r, dx_r, dw_r, db_r), (my, mdx, mdw) = _reference(recipe, state, x, w, b, dy)
+    assert y.shape == (*lead, 48) and dx.shape == x.shape and dw.shape == w.shape
+    _assert_close(y, y_r, my, jnp.bfloat16, "y")
+    _assert_close(dx, dx_r, mdx, jnp.bfloat16, "dx")
+    _assert_close(dw, dw_r, mdw, jnp.float32, "dw")
+    np.testing.assert_allclose(np.asarray(db), db_r, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("recipe", [CurrentScaling(), DelayedScaling(amax_history_len=2)],
+                         ids=["current", "delayed"])
+def test_zero_tokens_give_an_empty_output_and_zero_gradients(recipe):
+    x, w, b, dy = _inputs(np.random.default_rng(9), (0,))
+    y, (dx, dw, db, _) = _fwd_bwd(recipe, x, w, b, _state(recipe), dy)
+    assert y.shape == (0, 48) and dx.shape == (0, 64)
+    np.testing.assert_array_equal(np.asarray(dw), np.zeros(w.shape, np.float32))
+    np.testing.assert_array_equal(np.asarray(db), np.zeros(b.shape, np.float32))
+
+
+# --- delayed-scaling protocol ---------------------------------------------------------
 
 def _ref_state(recipe, history, scale, amaxes):
+    """The recorded update: roll each amax in, reduce, rescale."""
     fmts = [recipe.fp8_format.forward_dtype] * 2 + [recipe.fp8_format.backward_dtype]
     h = np.array(history, np.float32)
     h[:, 1:] = h[:, :-1].copy()
     h[:, 0] = amaxes
     s = np.array(scale, np.float32)
     for i in range(3):
-        red = h[i].max() if recipe.amax_compute_algo is AmaxReduction.MAX else h[i, 0]
+        red = h[i].max() if recipe.amax_reduction is AmaxReduction.MAX else h[i, 0]
         if np.isfinite(red) and red > 0:
             s[i] = FP8_MAX[fmts[i]] / F32(red) * F32(2.0 ** -recipe.margin)
     return h, s
@@ -189,27 +242,66 @@ def _ref_state(recipe, history, scale, amaxes):
 
 @pytest.mark.parametrize("recipe", [DelayedScaling(amax_history_len=3),
                                     DelayedScaling(amax_history_len=2, margin=2,
-                                                   amax_compute_algo=AmaxReduction.MOST_RECENT)])
+                                                   amax_reduction=AmaxReduction.MOST_RECENT)])
 def test_state_cotangent_is_the_next_state(recipe):
     rng = np.random.default_rng(3)
     state = fj.DelayedScalingState.create(recipe)
-    step = jax.jit(jax.grad(
-        lambda w, s, x, dy: jnp.vdot(fj.dense(x, w, state=s, recipe=recipe).astype(jnp.float32),
-                                     dy.astype(jnp.float32)), argnums=(0, 1)))
+
+    @jax.jit
+    def step(w, s, x, dy):
+        y, vjp = jax.vjp(lambda w, s: fj.dense(x, w, state=s, recipe=recipe), w, s)
+        return y, vjp(dy)[1]
+
     for i in range(4):
         x, w, _, dy = _inputs(rng, (16,), 32, 32)
         x = x * (i + 1)
-        _, new_state = step(w, state, x, dy)
+        y, new_state = step(w, state, x, dy)
         assert isinstance(new_state, fj.DelayedScalingState)
+        # Step 0 is cast with the seed scales (from x, w, dy themselves), not 1.
+        (y_r, _, _, _), (my, _, _) = _reference(recipe, state, x, w, None, dy)
+        _assert_close(y, y_r, my, jnp.bfloat16, f"y at step {i}")
         amaxes = [np.abs(np.asarray(t, np.float32)).max() for t in (x, w, dy)]
         want_h, want_s = _ref_state(recipe, state.amax_history, state.scale, amaxes)
         np.testing.assert_array_equal(np.asarray(new_state.amax_history), want_h)
         np.testing.assert_array_equal(np.asarray(new_state.scale), want_s)
+        np.testing.assert_array_equal(np.asarray(new_state.seeded), np.ones(3, np.float32))
         state = new_state
-    # A forward pass without differentiation reads the state and changes nothing.
-    y1 = fj.dense(x, w, state=state, recipe=recipe)
-    y2 = fj.dense(x, w, state=state, recipe=recipe)
-    np.testing.assert_array_equal(np.asarray(y1), np.asarray(y2))
+
+
+def test_a_fresh_state_seeds_step_zero_from_the_tensors():
+    # Changed on purpose with the layer protocol: step 0 used to be cast with
+    # scale 1; now each slot's first cast uses fp8_max / its own amax.
+    recipe = DelayedScaling(amax_history_len=4, margin=1)
+    x, w, b, dy = _inputs(np.random.default_rng(11), (32,))
+    fresh = fj.DelayedScalingState.create(recipe)
+    y, (_, _, _, new_state) = _fwd_bwd(recipe, x, w, b, fresh, dy)
+    seeds = [_seed_scale(t, f, 1) for t, f in zip((x, w, dy), ("e4m3", "e4m3", "e5m2"))]
+    (y_r, _, _, _), (my, _, _) = _reference(recipe, fresh, x, w, b, dy)
+    _assert_close(y, y_r, my, jnp.bfloat16, "y")
+    # One step of history: the recorded scale is the seed scale itself.
+    np.testing.assert_array_equal(np.asarray(new_state.scale), np.float32(seeds))
+    unit = fj.DelayedScalingState(fresh.amax_history, fresh.scale, jnp.ones(3, jnp.float32))
+    y_unit, _ = _fwd_bwd(recipe, x, w, b, unit, dy)
+    assert not np.array_equal(np.asarray(y_unit), np.asarray(y))  # seeding did something
+
+
+@pytest.mark.parametrize("seeded", [0.0, 1.0], ids=["fresh", "seeded"])
+def test_a_primal_call_records_nothing(seeded):
+    recipe = DelayedScaling(amax_history_len=2)
+    x, w, b, _ = _inputs(np.random.default_rng(12), (16,))
+    state = fj.DelayedScalingState(jnp.asarray([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], jnp.float32),
+                                   jnp.asarray([2.0, 8.0, 0.5], jnp.float32),
+                                   jnp.full((3,), seeded, jnp.float32))
+    before = jax.tree_util.tree_map(np.array, state)
+    f = jax.jit(lambda x, w, b, s: fj.dense(x, w, b, state=s, recipe=recipe))
+    y = f(x, w, b, state)
+    # Cast with the state's scales (or, fresh, the seed scales); state intact.
+    (y_r, _, _, _), (my, _, _) = _reference(recipe, state, x, w, b, np.zeros((16, 48)))
+    _assert_close(y, y_r, my, jnp.bfloat16, "y")
+    for got, want in zip(jax.tree_util.tree_leaves(state), jax.tree_util.tree_leaves(before)):
+        np.testing.assert_array_equal(np.asarray(got), want)
+    hlo = f.lower(x, w, b, state).as_text()
+    assert hlo.count("@fp8kit_quantize_delayed_update") == 1 and "record = false" in hlo
 
 
 # --- the lowered program ------------------------------------------------------------
@@ -226,9 +318,13 @@ def test_hlo_is_fp8kit_custom_calls_without_dot(recipe):
 
     hlo = jax.jit(fwd_bwd).lower(x, w, b, state, dy).as_text()
     assert hlo.count("@fp8kit_gemm") == 3   # forward, dgrad, wgrad
-    quant = "@fp8kit_quantize_current_scaling" if state is None else "@fp8kit_quantize("
-    assert hlo.count(quant) == 3            # x, kernel, dy
-    assert ("@fp8kit_delayed_scaling_update" in hlo) == (state is not None)
+    if state is None:
+        assert hlo.count("@fp8kit_quantize_current_scaling") == 3   # x, kernel, dy
+    else:  # x and kernel in one recorded call, dy (with the bias gradient) in another
+        calls = [line for line in hlo.splitlines() if "@fp8kit_quantize_delayed_update" in line]
+        assert len(calls) == 2 and all("record = true" in c for c in calls)
+        assert "@fp8kit_quantize(" not in hlo and "@fp8kit_delayed_scaling_update" not in hlo
+    assert "reduce" not in hlo.replace("amax_reduction", "")  # db comes from dy's cast
     assert "dot_general" not in hlo and "stablehlo.dot" not in hlo
     assert "fp8kit_dequantize" not in hlo
 
@@ -324,8 +420,6 @@ def test_argument_errors():
         fj.dense(x, w, jnp.ones(8), recipe=cur)
     with pytest.raises(ValueError, match="kernel has shape"):
         fj.dense(x, jnp.ones((32, 16, 1)), recipe=cur)
-    # The forward pass takes any token count; differentiating needs a multiple of 16.
-    x10 = jnp.ones((10, 32), jnp.bfloat16)
-    assert fj.dense(x10, w, recipe=cur).shape == (10, 16)
-    with pytest.raises(ValueError, match="token count .* = 10.* multiple of 16"):
-        jax.grad(lambda w: jnp.sum(fj.dense(x10, w, recipe=cur).astype(jnp.float32)))(w)
+    with pytest.raises(ValueError, match=r"seeded of shapes .* needs \(3, 4\)"):
+        fj.dense(x, w, recipe=dly, state=fj.DelayedScalingState(
+            jnp.zeros((3, 4)), jnp.ones(3), jnp.zeros(2)))

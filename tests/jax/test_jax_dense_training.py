@@ -98,7 +98,8 @@ def test_fp8_mlp_tracks_bf16(recipe):
     assert np.all(gap <= 0.25 * lbf[checkpoints] + 0.003 * lbf[0]), \
         list(zip(lbf[checkpoints].round(5), lf8[checkpoints].round(5)))
     if delayed:
-        # The states were updated every step: full histories, scales off 1.
+        # The states were updated every step: seeded, full histories, scales off 1.
         for s in final_states:
+            np.testing.assert_array_equal(np.asarray(s.seeded), np.ones(3, np.float32))
             assert np.all(np.asarray(s.amax_history) > 0)
             assert np.all(np.asarray(s.scale) != 1.0)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import fp8kit.jax as fj
-from fp8kit.jax.gemm_op import gemm_call
+from fp8kit.jax._ffi import GemmLayout, gemm_call
 
 FP8 = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
 
@@ -114,8 +114,12 @@ def test_core_refuses_a_non_tn_layout_with_an_error_not_a_crash():
     rng = np.random.default_rng(5)
     a, _ = _operand(rng, (16, 32), "e4m3", 1.0, columnwise=False)
     b, _ = _operand(rng, (32, 16), "e4m3", 1.0, columnwise=False)
+    # B [K,N] passed rowwise with trans_b=False: a non-TN read, which the CPU refuses.
+    layout = GemmLayout(trans_a=False, trans_b=False, a_rowwise=True, b_rowwise=True,
+                        out_dtype=jnp.dtype(jnp.bfloat16), has_bias=False,
+                        use_split_accumulator=True)
     with pytest.raises(Exception, match=r"(?i)columnwise"):
-        jax.block_until_ready(gemm_call(a, b, False, False, jnp.bfloat16, None, True, True))
+        jax.block_until_ready(gemm_call(layout, a.data, a.scale_inv, b.data, b.scale_inv))
 
 
 def test_argument_errors():

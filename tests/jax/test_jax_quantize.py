@@ -17,7 +17,7 @@ import pytest
 import fp8kit.jax as fj
 
 FP8 = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
-FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
+FP8_MAX = {k: float(ml_dtypes.finfo(v).max) for k, v in FP8.items()}
 F32 = np.float32
 
 
@@ -121,10 +121,13 @@ def test_shapes_and_columnwise_layout(shape):
     st = fj.quantize(x, F32(2.0), "e4m3", rowwise=True, columnwise=True)
     assert st.shape == shape and st.data.shape == shape and st.data.dtype == jnp.float8_e4m3fn
     _assert_quantized_equal(_bits(st.data), x, 2.0, "e4m3")
+    # The columnwise copy: the 2-D view [prod(leading), last], transposed.
     rows = _bits(st.data).reshape(-1, shape[-1] if shape else 1)
-    np.testing.assert_array_equal(_bits(st.columnwise_data).reshape(rows.shape[::-1]), rows.T)
+    assert st.columnwise_data.shape == rows.shape[::-1]
+    np.testing.assert_array_equal(_bits(st.columnwise_data), rows.T)
     col_only = fj.quantize(x, F32(2.0), "e4m3", rowwise=False, columnwise=True)
-    assert col_only.data is None and col_only.shape == shape
+    # Without the rowwise data only the 2-D view is known.
+    assert col_only.data is None and col_only.shape == rows.shape
     np.testing.assert_array_equal(_bits(col_only.columnwise_data), _bits(st.columnwise_data))
 
 
@@ -251,7 +254,7 @@ def test_vmap_is_per_example_and_eval_shape_needs_no_device():
     shapes = jax.eval_shape(lambda t: fj.quantize(t, F32(1), "e5m2", columnwise=True),
                             jax.ShapeDtypeStruct((4, 6, 32), jnp.bfloat16))
     assert shapes.data.shape == (4, 6, 32) and shapes.data.dtype == jnp.float8_e5m2
-    assert shapes.columnwise_data.shape == (32, 4, 6) and shapes.scale_inv.shape == ()
+    assert shapes.columnwise_data.shape == (32, 24) and shapes.scale_inv.shape == ()
 
 
 def test_hlo_shows_the_fp8kit_custom_calls():
@@ -334,3 +337,13 @@ def test_gpu_bit_identical_to_cpu(fmt):
                               cur.columnwise_data, cscale, deq)])
             for c, g in zip(*outs):
                 np.testing.assert_array_equal(c, g)
+
+
+def test_the_extension_exports_the_core_constants():
+    from fp8kit.jax import _ffi
+    from fp8kit.recipe import AmaxReduction
+
+    assert _ffi.FP8_MAX == {k: float(ml_dtypes.finfo(v).max) for k, v in FP8.items()}
+    assert _ffi.GEMM_DIM_MULTIPLE == 16
+    assert set(_ffi.AMAX_REDUCTION_CODES) == {r.value for r in AmaxReduction}
+    assert set(_ffi.FP8_DTYPE_CODES) == set(FP8)

@@ -1,6 +1,6 @@
 """Float8Tensor: cached properties on every creation path, setters that keep
 them in sync, the __torch_dispatch__ op table (views and copies keep data and
-transpose together, unknown ops run in high precision, in-place ops
+columnwise data together, unknown ops run in high precision, in-place ops
 re-quantize), autograd, pickling and deepcopy."""
 
 import copy
@@ -44,7 +44,7 @@ def test_every_creation_path_sets_the_cache():
     paths = {
         "quantizer": a,
         "constructor": Float8Tensor(a._data, a._scale_inv, dtype=torch.bfloat16,
-                                    transpose=a._transpose, requires_grad=True),
+                                    columnwise_data=a._columnwise_data, requires_grad=True),
         "detach": a.detach(),
         "clone": a.clone(),
         "deepcopy": copy.deepcopy(a),
@@ -101,14 +101,14 @@ def test_requires_grad_paths_keep_the_cache_in_sync():
 
 
 # ------------------------------------------------------------- op table ----
-def test_view_keeps_data_and_transpose_together():
+def test_view_keeps_data_and_columnwise_data_together():
     a, x = f8((4, 8, 16))
     v = a.view(32, 16)                     # same last dim: both layouts are views
     assert v._data.data_ptr() == a._data.data_ptr()
-    assert v._transpose is a._transpose
-    w = a.view(4, 128)                     # new last dim: transpose recomputed
+    assert v._columnwise_data is a._columnwise_data
+    w = a.view(4, 128)                     # new last dim: columnwise copy recomputed
     assert w._data.data_ptr() == a._data.data_ptr()
-    assert torch.equal(bits(w._transpose), bits(a._data).reshape(4, 128).t())
+    assert torch.equal(bits(w._columnwise_data), bits(a._data).reshape(4, 128).t())
     assert torch.equal(w.dequantize(), a.dequantize().view(4, 128))
     assert_cache_in_sync(w)
 
@@ -117,12 +117,12 @@ def test_transpose_swaps_the_layouts():
     a, _ = f8((24, 48))
     t = a.t()
     assert t.shape == (48, 24)
-    assert t._data is a._transpose and t._transpose is a._data
+    assert t._data is a._columnwise_data and t._columnwise_data is a._data
     assert torch.equal(t.dequantize(), a.dequantize().t())
-    r, _ = f8((24, 48), columnwise=False)  # only rowwise: the transpose is computed
+    r, _ = f8((24, 48), columnwise=False)  # only rowwise: the columnwise copy is computed
     tr = r.transpose(0, 1)
     assert torch.equal(tr.dequantize(), r.dequantize().t())
-    assert tr._transpose is r._data
+    assert tr._columnwise_data is r._data
 
 
 def test_clone_is_independent_and_copy_is_bitwise():
@@ -134,7 +134,7 @@ def test_clone_is_independent_and_copy_is_bitwise():
     b.mul_(0)                              # different contents, same format
     b.copy_(a)
     assert torch.equal(bits(b._data), bits(a._data))
-    assert torch.equal(bits(b._transpose), bits(a._transpose))
+    assert torch.equal(bits(b._columnwise_data), bits(a._columnwise_data))
     assert torch.equal(b._scale_inv, a._scale_inv)
 
 
@@ -146,7 +146,7 @@ def test_copy_from_high_precision_requantizes():
     assert a._data.data_ptr() == ptr       # written in place
     want = ft.Float8CurrentScalingQuantizer("e4m3")(y)  # quantized from fp32 directly
     assert torch.equal(bits(a._data), bits(want._data))
-    assert torch.equal(bits(a._transpose), bits(want._transpose))
+    assert torch.equal(bits(a._columnwise_data), bits(want._columnwise_data))
     plain = torch.empty(32, 16, dtype=torch.bfloat16)
     plain.copy_(a)
     assert torch.equal(plain, a.dequantize())
@@ -165,12 +165,12 @@ def test_unknown_ops_run_in_high_precision():
 def test_in_place_ops_requantize():
     a, x = f8()
     hp = a.dequantize()
-    ptrs = (a._data.data_ptr(), a._transpose.data_ptr())
+    ptrs = (a._data.data_ptr(), a._columnwise_data.data_ptr())
     r = a.mul_(3.0)
-    assert r is a and (a._data.data_ptr(), a._transpose.data_ptr()) == ptrs
+    assert r is a and (a._data.data_ptr(), a._columnwise_data.data_ptr()) == ptrs
     want = ft.Float8CurrentScalingQuantizer("e4m3")(hp * 3.0)
     assert torch.equal(bits(a._data), bits(want._data))
-    assert torch.equal(bits(a._transpose), bits(want._transpose))
+    assert torch.equal(bits(a._columnwise_data), bits(want._columnwise_data))
     a.zero_()
     assert torch.count_nonzero(a.dequantize()) == 0
     out = torch.add(hp, 1.0, out=a)        # out= writes re-quantize too
@@ -210,14 +210,14 @@ def test_autograd_flows_through_dequantize_and_fallback_ops():
 
 def test_constructor_checks():
     a, _ = f8()
-    with pytest.raises(ValueError, match="data and transpose are both None"):
+    with pytest.raises(ValueError, match="data and columnwise_data are both None"):
         Float8Tensor(None, a._scale_inv)
     with pytest.raises(TypeError, match="data has dtype torch.bfloat16"):
         Float8Tensor(torch.zeros(2, dtype=torch.bfloat16), a._scale_inv)
     with pytest.raises(TypeError, match="scale_inv must be a float32 tensor with one element"):
         Float8Tensor(a._data, torch.ones(2))
-    with pytest.raises(ValueError, match="transpose has shape"):
-        Float8Tensor(a._data, a._scale_inv, transpose=a._data)
+    with pytest.raises(ValueError, match="columnwise_data has shape"):
+        Float8Tensor(a._data, a._scale_inv, columnwise_data=a._data)
     with pytest.raises(TypeError, match="nominal dtype must be"):
         Float8Tensor(a._data, a._scale_inv, dtype=torch.int32)
 
@@ -225,7 +225,7 @@ def test_constructor_checks():
 def test_update_usage_and_repr():
     a, _ = f8(columnwise=False)
     a.update_usage(columnwise=True)
-    assert torch.equal(bits(a._transpose), bits(a._data).t())
+    assert torch.equal(bits(a._columnwise_data), bits(a._data).t())
     a.update_usage(rowwise=False)
     assert a._data is None
     assert torch.equal(a.dequantize(), f8()[0].dequantize())

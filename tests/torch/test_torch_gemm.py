@@ -10,7 +10,7 @@ from torch_reference import cuda_or_skip, decode, to_numpy_f32
 
 
 def q(x, fmt="e4m3", scale=None):
-    """(data, data_t, scale_inv, float64 dequantized value)."""
+    """(data, columnwise_data, scale_inv, float64 dequantized value)."""
     if scale is None:
         d, dt, _, sinv, _ = ft.quantize_current_scaling(x, fmt, True, True)
     else:
@@ -26,18 +26,18 @@ def test_all_layouts_against_float64(trans_a, trans_b, out_dtype):
     torch.manual_seed(0)
     a = torch.randn((k, m) if trans_a else (m, k))
     b = torch.randn((n, k) if trans_b else (k, n))
-    ad, adt, asi, av = q(a)
-    bd, bdt, bsi, bv = q(b, "e5m2")
+    ad, acw, asi, av = q(a)
+    bd, bcw, bsi, bv = q(b, "e5m2")
     want = (av.T if trans_a else av) @ (bv.T if trans_b else bv)
     # The core reads whichever copy the (TN-only) CPU reference needs.
-    d = ft.gemm(ad, asi, adt, bd, bsi, bdt, trans_a, trans_b, out_dtype)
+    d = ft.gemm(ad, asi, acw, bd, bsi, bcw, trans_a, trans_b, out_dtype)
     assert d.shape == (m, n) and d.dtype == out_dtype
     tol = 1e-5 if out_dtype == torch.float32 else 8e-3
     np.testing.assert_allclose(to_numpy_f32(d), want, rtol=tol, atol=tol * np.abs(want).max())
     # Only the copy that is needed: the other may be None.
-    need_a_t, need_b_t = trans_a, not trans_b
-    d2 = ft.gemm(None if need_a_t else ad, asi, adt if need_a_t else None,
-                 None if need_b_t else bd, bsi, bdt if need_b_t else None, trans_a, trans_b,
+    need_a_cw, need_b_cw = trans_a, not trans_b
+    d2 = ft.gemm(None if need_a_cw else ad, asi, acw if need_a_cw else None,
+                 None if need_b_cw else bd, bsi, bcw if need_b_cw else None, trans_a, trans_b,
                  out_dtype)
     assert torch.equal(d, d2)
 
@@ -83,8 +83,8 @@ def test_gelu_epilogue_and_aux():
 
 def test_errors():
     a = torch.randn(16, 32)
-    ad, adt, asi, _ = q(a)
-    with pytest.raises(ValueError, match="a and a_t are both None"):
+    ad, acw, asi, _ = q(a)
+    with pytest.raises(ValueError, match="a and a_columnwise are both None"):
         ft.gemm(None, asi, None, ad, asi, None)
     with pytest.raises(ValueError, match="inner dimensions must match"):
         ft.gemm(ad, asi, None, ad, asi, None, False, False)
@@ -96,9 +96,9 @@ def test_errors():
         ft.gemm(ad, asi, None, ad, asi, None, False, True, torch.float8_e4m3fn)
     with pytest.raises(ValueError, match=r"bias has shape \[3\]"):
         ft.gemm(ad, asi, None, ad, asi, None, False, True, bias=torch.zeros(3))
-    sd, sdt, ssi, _ = q(torch.randn(16, 16))
+    sd, scw, ssi, _ = q(torch.randn(16, 16))
     with pytest.raises(ValueError, match="has no columnwise data; quantize A with columnwise=True"):
-        ft.gemm(ad, asi, None, sd, ssi, sdt, True, False)  # TN-only: A^T is read from a_t
+        ft.gemm(ad, asi, None, sd, ssi, scw, True, False)  # TN-only: A^T is read from a_columnwise
     odd = torch.randn(16, 24)
     od, _, osi, _ = q(odd)
     with pytest.raises(ValueError, match="multiple of 16"):
@@ -121,10 +121,10 @@ def test_cuda_gemm_against_float64_and_capability():
         m, k, n = 256, 512, 384
         a = torch.randn((k, m) if trans_a else (m, k))
         b = torch.randn((n, k) if trans_b else (k, n))
-        ad, adt, asi, av = q(a)
-        bd, bdt, bsi, bv = q(b)
+        ad, acw, asi, av = q(a)
+        bd, bcw, bsi, bv = q(b)
         want = (av.T if trans_a else av) @ (bv.T if trans_b else bv)
-        g = ft.gemm(ad.to(dev), asi.to(dev), adt.to(dev), bd.to(dev), bsi.to(dev), bdt.to(dev),
+        g = ft.gemm(ad.to(dev), asi.to(dev), acw.to(dev), bd.to(dev), bsi.to(dev), bcw.to(dev),
                     trans_a, trans_b, torch.float32)
         assert g.device == dev
         # Hopper's FP8 tensor cores sum in a ~13-bit accumulator between
@@ -139,7 +139,7 @@ import torch, fp8kit.torch as ft
 torch.manual_seed(0)
 a, b = torch.randn(256, 512), torch.randn(384, 512)
 def q(x):
-    s = 448.0 / x.abs().max()
+    s = torch.finfo(torch.float8_e4m3fn).max / x.abs().max()
     return (x * s).to(torch.float8_e4m3fn), (1 / s).reshape(1).float()
 (ad, asi), (bd, bsi) = q(a), q(b)
 want = (ad.float() * asi) @ (bd.float() * bsi).T

@@ -41,10 +41,10 @@ def scale_t(s, device="cpu"):
 @pytest.mark.parametrize("scale", SCALES)
 def test_all_bf16_patterns_bit_exact(fmt, scale):
     x = all_bf16().reshape(256, 256)
-    data, data_t, sinv = ft.quantize(x, scale_t(scale), fmt, rowwise=True, columnwise=True)
+    data, columnwise, sinv = ft.quantize(x, scale_t(scale), fmt, rowwise=True, columnwise=True)
     assert data.dtype == TORCH_FP8[fmt] and data.shape == x.shape
     assert_fp8_equal_reference(data, x, scale, fmt)
-    assert torch.equal(data_t.view(torch.uint8), data.view(torch.uint8).t())
+    assert torch.equal(columnwise.view(torch.uint8), data.view(torch.uint8).t())
     assert sinv.item() == np.float32(1.0) / np.float32(scale)
 
 
@@ -71,7 +71,7 @@ def test_nan_inf_zero_denormal_saturation(fmt):
             1e-40, m, -m, m * 1.01, -m * 1.01, 3.0e38, 2.0 ** -9, 2.0 ** -17, 2.0 ** -16,
             1.5 * 2.0 ** -17]
     x = torch.tensor(vals, dtype=torch.float32)
-    data, data_t, _ = ft.quantize(x, scale_t(1.0), fmt, True, True)
+    data, columnwise, _ = ft.quantize(x, scale_t(1.0), fmt, True, True)
     bits = fp8_bits(data)
     assert bits[0] == CANONICAL_NAN and bits[1] == CANONICAL_NAN
     maxbits = 0x7E if fmt == "e4m3" else 0x7B
@@ -80,7 +80,7 @@ def test_nan_inf_zero_denormal_saturation(fmt):
     assert bits[6] == 0x00 and bits[7] == 0x80              # tiny rounds to signed zero
     assert bits[11] == maxbits and bits[12] == 0x80 | maxbits and bits[13] == maxbits
     assert_fp8_equal_reference(data, x, 1.0, fmt)
-    assert np.array_equal(fp8_bits(data_t).reshape(-1), bits)
+    assert np.array_equal(fp8_bits(columnwise).reshape(-1), bits)
 
 
 # ------------------------------------------------------------ layouts, amax
@@ -91,12 +91,12 @@ def test_shapes_columnwise_is_transpose_and_amax(shape, dtype):
     g = torch.Generator().manual_seed(sum(shape) + 3)
     x = (torch.randn(shape, generator=g) * 10).to(dtype)
     amax = torch.full((1,), -1.0)
-    data, data_t, sinv = ft.quantize(x, scale_t(8.0), "e4m3", True, True, amax_out=amax)
+    data, columnwise, sinv = ft.quantize(x, scale_t(8.0), "e4m3", True, True, amax_out=amax)
     assert data.shape == x.shape
     lead = math.prod(shape[:-1]) if shape else 1
     last = shape[-1] if shape else 1
-    assert data_t.shape == (last, lead)
-    assert torch.equal(data_t.view(torch.uint8),
+    assert columnwise.shape == (last, lead)
+    assert torch.equal(columnwise.view(torch.uint8),
                        data.view(torch.uint8).reshape(lead, last).t())
     assert_fp8_equal_reference(data, x, 8.0, "e4m3")
     want = float(np.max(np.abs(to_numpy_f32(x)))) if x.numel() else 0.0
@@ -123,23 +123,23 @@ def test_non_contiguous_input_and_python_scale():
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_dequantize_is_q_times_scale_inv(fmt, out_dtype):
     x = all_bf16().reshape(64, 1024)
-    data, data_t, sinv = ft.quantize(x, scale_t(37.5), fmt, True, True)
+    data, columnwise, sinv = ft.quantize(x, scale_t(37.5), fmt, True, True)
     want = (decode(data).astype(np.float32) * np.float32(sinv.item()))  # float32 multiply
     want = torch.from_numpy(want).to(out_dtype)
     got = ft.dequantize(data, sinv, out_dtype)
     assert got.dtype == out_dtype and got.shape == x.shape
     assert_same_values(got, want)
-    got_t = ft.dequantize(data_t, sinv, out_dtype, from_columnwise=True, shape=x.shape)
+    got_t = ft.dequantize(columnwise, sinv, out_dtype, from_columnwise=True, shape=x.shape)
     assert_same_values(got_t, want)
 
 
 def test_dequantize_columnwise_rank3_and_default_shape():
     x = torch.randn(2, 3, 16)
-    data, data_t, sinv = ft.quantize(x, scale_t(16.0), "e4m3", True, True)
+    data, columnwise, sinv = ft.quantize(x, scale_t(16.0), "e4m3", True, True)
     a = ft.dequantize(data, sinv, torch.float32)
-    b = ft.dequantize(data_t, sinv, torch.float32, from_columnwise=True, shape=(2, 3, 16))
+    b = ft.dequantize(columnwise, sinv, torch.float32, from_columnwise=True, shape=(2, 3, 16))
     assert torch.equal(a, b)
-    c = ft.dequantize(data_t, sinv, torch.float32, from_columnwise=True)
+    c = ft.dequantize(columnwise, sinv, torch.float32, from_columnwise=True)
     assert c.shape == (6, 16) and torch.equal(c, a.reshape(6, 16))
     assert (a - x).abs().max().item() <= 0.0625 * x.abs().max().item()
 
@@ -150,14 +150,14 @@ def test_dequantize_columnwise_rank3_and_default_shape():
 def test_current_scaling_rule(fmt, mag):
     g = torch.Generator().manual_seed(int(mag) + 11)
     x = (torch.randn(37, 53, generator=g) * mag).to(torch.bfloat16)
-    data, data_t, scale, sinv, amax = ft.quantize_current_scaling(x, fmt, True, True)
+    data, columnwise, scale, sinv, amax = ft.quantize_current_scaling(x, fmt, True, True)
     a = float(np.max(np.abs(to_numpy_f32(x))))
     assert amax.item() == a
     s = current_scale(a, fmt)
     assert scale.item() == s
     assert sinv.item() == np.float32(1.0) / s
     assert_fp8_equal_reference(data, x, float(s), fmt)
-    assert torch.equal(data_t.view(torch.uint8), data.view(torch.uint8).t())
+    assert torch.equal(columnwise.view(torch.uint8), data.view(torch.uint8).t())
     # The largest |x| lands on (or, after rounding, next to) the format's max.
     assert ft.dequantize(data, sinv, torch.float32).abs().max().item() == pytest.approx(a, rel=0.07)
 
@@ -241,7 +241,7 @@ def test_delayed_scaling_then_quantize_uses_new_scale():
     amax = torch.zeros(1)
     d, _, _ = ft.quantize(x, scale, "e4m3", amax_out=amax)  # step 0: scale 1, records amax
     ft.delayed_scaling_update([hist], [amax], [scale], [sinv], ["e4m3"], 0, "max")
-    assert scale.item() == np.float32(448.0) / np.float32(x.abs().max().item())
+    assert scale.item() == np.float32(FP8_MAX["e4m3"]) / np.float32(x.abs().max().item())
     d, _, s_inv = ft.quantize(x, scale, "e4m3")
     assert_fp8_equal_reference(d, x, scale.item(), "e4m3")
     assert s_inv.item() == sinv.item()
@@ -275,7 +275,7 @@ def test_errors_name_the_argument_and_the_fix():
         ft.dequantize(dt, sinv, torch.float32, from_columnwise=True, shape=(4, 4))
     with pytest.raises(ValueError, match="same length"):
         ft.delayed_scaling_update([torch.zeros(3)], [], [], [], [])
-    with pytest.raises(ValueError, match="reduction is 'mean'"):
+    with pytest.raises(ValueError, match="amax_reduction is 'mean'"):
         ft.delayed_scaling_update([torch.zeros(3)], [torch.zeros(1)], [torch.ones(1)],
                                   [torch.ones(1)], ["e4m3"], 0, "mean")
     with pytest.raises(TypeError, match=r"amax_histories\[0\] has dtype torch.float64"):
@@ -370,3 +370,23 @@ def test_cuda_device_mismatch_is_a_clear_error():
     dev = cuda_or_skip()
     with pytest.raises(ValueError, match="scale is on cpu but x is on cuda"):
         ft.quantize(torch.randn(4, device=dev), torch.ones(1), "e4m3")
+
+
+def test_extension_exports_the_core_constants():
+    # Python repeats none of these: they come from the core through the
+    # extension module.
+    from fp8kit.torch._ext import ext
+    assert ext.FP8_MAX == FP8_MAX  # ml_dtypes' finfo max of each format
+    assert ext.GEMM_DIM_MULTIPLE == 16
+    assert ext.AMAX_REDUCTION_CODES == {"max": 0, "most_recent": 1}
+    assert set(ext.AMAX_REDUCTION_CODES) == {r.value for r in ft.AmaxReduction}
+
+
+@pytest.mark.parametrize("shape, want", [((), (1, 1)), ((7,), (7, 1)), ((3, 5), (5, 3)),
+                                         ((2, 3, 16), (16, 6)), ((0, 4), (4, 0))])
+def test_columnwise_shape_is_last_by_product_of_leading(shape, want):
+    from fp8kit.torch._ext import ext
+    assert ext.columnwise_shape(shape) == want
+    if len(shape) >= 1:
+        _, columnwise, _ = ft.quantize(torch.zeros(shape), 1.0, "e4m3", True, True)
+        assert tuple(columnwise.shape) == want

@@ -37,9 +37,9 @@ def test_current_scaling_quantizer_matches_functional_op(fmt, dtype):
     q = ft.Float8CurrentScalingQuantizer(fmt, rowwise=True, columnwise=True)
     f8 = q(x)
     assert type(f8) is Float8Tensor and isinstance(f8, QuantizedTensor)
-    d, dt, scale, sinv, amax = ft.quantize_current_scaling(x, fmt, True, True)
+    d, cw, scale, sinv, amax = ft.quantize_current_scaling(x, fmt, True, True)
     assert torch.equal(f8._data.view(torch.uint8), d.view(torch.uint8))
-    assert torch.equal(f8._transpose.view(torch.uint8), dt.view(torch.uint8))
+    assert torch.equal(f8._columnwise_data.view(torch.uint8), cw.view(torch.uint8))
     assert torch.equal(f8._scale_inv, sinv)
     assert f8.fp8_dtype == fmt and f8.quantizer is q
     assert cached_props(f8) == native_props(f8) == (dtype, x.shape, x.device, False, False)
@@ -51,7 +51,7 @@ def test_delayed_quantizer_reads_scale_and_writes_amax():
     q = ft.Float8Quantizer(scale, "e4m3", amax=amax, rowwise=True, columnwise=False)
     x = torch.randn(9, 33)
     f8 = q(x)
-    assert f8._transpose is None
+    assert f8._columnwise_data is None
     assert_fp8_equal_reference(f8._data, x, 4.0, "e4m3")
     assert f8._scale_inv.item() == 0.25 and amax.item() == x.abs().max().item()
     scale.fill_(0.5)  # the quantizer reads its scale tensor at every call
@@ -64,7 +64,7 @@ def test_columnwise_only_and_set_usage():
     x = torch.randn(4, 6, 8)
     q = ft.Float8CurrentScalingQuantizer("e4m3", rowwise=False, columnwise=True)
     f8 = q(x)
-    assert f8._data is None and f8._transpose.shape == (8, 24)
+    assert f8._data is None and f8._columnwise_data.shape == (8, 24)
     assert f8.shape == (4, 6, 8)
     ref = ft.Float8CurrentScalingQuantizer("e4m3")(x)
     assert torch.equal(f8.dequantize(), ref.dequantize())
@@ -79,8 +79,8 @@ def test_python_and_cpp_creation_paths_set_the_same_fields():
     x = torch.randn(8, 16, dtype=torch.bfloat16)
     q = ft.Float8CurrentScalingQuantizer("e5m2")
     a = q(x)
-    b = Float8Tensor(a._data, a._scale_inv, dtype=torch.bfloat16, transpose=a._transpose,
-                     quantizer=q)
+    b = Float8Tensor(a._data, a._scale_inv, dtype=torch.bfloat16,
+                     columnwise_data=a._columnwise_data, quantizer=q)
     assert sorted(vars(a)) == sorted(vars(b)) == sorted(Float8Tensor._FIELDS +
                                                         QuantizedTensor._CACHED)
     assert cached_props(a) == cached_props(b)
@@ -90,13 +90,14 @@ def test_python_and_cpp_creation_paths_set_the_same_fields():
 def test_update_quantized_writes_in_place():
     q = ft.Float8CurrentScalingQuantizer("e4m3")
     f8 = q(torch.randn(16, 16))
-    ptrs = (f8._data.data_ptr(), f8._transpose.data_ptr(), f8._scale_inv.data_ptr())
+    ptrs = (f8._data.data_ptr(), f8._columnwise_data.data_ptr(), f8._scale_inv.data_ptr())
     y = torch.randn(16, 16) * 100
     assert q.update_quantized(y, f8) is f8
-    assert ptrs == (f8._data.data_ptr(), f8._transpose.data_ptr(), f8._scale_inv.data_ptr())
+    assert ptrs == (f8._data.data_ptr(), f8._columnwise_data.data_ptr(), f8._scale_inv.data_ptr())
     want = q(y)
     assert torch.equal(f8._data.view(torch.uint8), want._data.view(torch.uint8))
-    assert torch.equal(f8._transpose.view(torch.uint8), want._transpose.view(torch.uint8))
+    assert torch.equal(f8._columnwise_data.view(torch.uint8),
+                       want._columnwise_data.view(torch.uint8))
     with pytest.raises(ValueError, match=r"src has shape \[4, 4\] but dst has shape \[16, 16\]"):
         q.update_quantized(torch.randn(4, 4), f8)
     with pytest.raises(TypeError, match="dst holds e4m3 data but the quantizer makes e5m2"):
@@ -215,7 +216,8 @@ def test_cuda_quantizers_match_cpu_and_use_current_stream():
         c, g = q(x), q(x.to(dev))
         assert g.device == dev and g.is_cuda and g._data.device == dev
         assert torch.equal(g._data.cpu().view(torch.uint8), c._data.view(torch.uint8))
-        assert torch.equal(g._transpose.cpu().view(torch.uint8), c._transpose.view(torch.uint8))
+        assert torch.equal(g._columnwise_data.cpu().view(torch.uint8),
+                           c._columnwise_data.view(torch.uint8))
         assert g._scale_inv.item() == c._scale_inv.item()
     qd = ft.Float8Quantizer(torch.tensor([2.0], device=dev), "e4m3",
                             amax=torch.zeros(1, device=dev))

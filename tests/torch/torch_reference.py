@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 ML_DTYPE = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
+FP8_MAX = {k: float(ml_dtypes.finfo(v).max) for k, v in ML_DTYPE.items()}
 TORCH_FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 CANONICAL_NAN = 0x7F  # the core's documented NaN encoding (both formats)
 
@@ -69,6 +69,27 @@ def current_scale(amax: float, fmt: str, epsilon: float = 0.0, pow2: bool = Fals
     if pow2:
         s = np.float32(2.0 ** np.floor(np.log2(np.float64(s))))
     return np.float32(s)
+
+
+def column_sums_f32(a: np.ndarray) -> np.ndarray:
+    """Column sums of a 2-D array in the core's documented float32 order
+    (fp8kit_column_sums): rows cut into tiles of 128 and tiles into groups
+    of 8; a group sum adds its rows in order to 0, a tile sum its 16 group
+    sums in order to 0, and each column sum the tile sums in order to 0."""
+    a = np.asarray(a, dtype=np.float32)
+    rows, cols = a.shape
+    padded = np.zeros((-(-rows // 128) * 128, cols), np.float32)
+    padded[:rows] = a
+    total = np.zeros(cols, np.float32)
+    for tile in padded.reshape(-1, 16, 8, cols):
+        tile_sum = np.zeros(cols, np.float32)
+        for group in tile:
+            group_sum = np.zeros(cols, np.float32)
+            for row in group:
+                group_sum = group_sum + row
+            tile_sum = tile_sum + group_sum
+        total = total + tile_sum
+    return total
 
 
 def all_bf16() -> torch.Tensor:

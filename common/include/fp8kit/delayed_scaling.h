@@ -3,6 +3,7 @@
 #ifndef FP8KIT_DELAYED_SCALING_H_
 #define FP8KIT_DELAYED_SCALING_H_
 
+#include "fp8kit/column_sums.h"
 #include "fp8kit/export.h"
 #include "fp8kit/status.h"
 #include "fp8kit/tensor.h"
@@ -28,12 +29,12 @@ typedef struct fp8kit_delayed_scaling_state {
 typedef struct fp8kit_delayed_scaling_config {
   int history_len;                 /* >= 1 */
   int margin;                      /* scale = fp8_max / amax_reduced / 2**margin */
-  fp8kit_amax_reduction reduction;
+  fp8kit_amax_reduction amax_reduction;
 } fp8kit_delayed_scaling_config;
 
 /* For each state, in order:
  *   1. roll the history: h[i] = h[i-1] for i = len-1..1, h[0] = *amax;
- *   2. amax_reduced = max(h) or h[0] per config->reduction (NaN-propagating);
+ *   2. amax_reduced = max(h) or h[0] per config->amax_reduction (NaN-propagating);
  *   3. if amax_reduced is finite and > 0:
  *        scale = fp8_max / amax_reduced / 2**margin, else keep the previous scale;
  *   4. scale_inv = 1 / scale.
@@ -53,64 +54,50 @@ FP8KIT_API fp8kit_status fp8kit_delayed_scaling_update(
 typedef struct fp8kit_delayed_quantize_state {
   float* amax_history;  /* [history_len], element 0 is the newest */
   float* amax;          /* amax accumulator: >= 0 (or NaN) on entry, 0 on exit */
-  float* scale;         /* read (this quantization's scale) and written (the next one) */
-  float* scale_inv;     /* written (= 1/the new scale) */
+  float* scale;         /* read (this quantization's scale unless the slot is fresh)
+                         * and, when recording, written (the next one) */
+  float* scale_inv;     /* written when recording (= 1/the new scale) */
   unsigned int* counter; /* 0 on entry and on exit: the CUDA kernel counts its
                           * finished blocks here to find the last one */
+  int* seeded;          /* 0: unseeded, 1: seeded (see below); NULL: the caller
+                         * knows the slot is seeded, and no check is made */
 } fp8kit_delayed_quantize_state;
 
 /* Delayed-scaling quantization with the scaling-state update fused in, for
  * `count` tensors at once (on CUDA one kernel launch per kind of cast, no
- * separate amax-zeroing or update launches). For each i:
- *   1. outputs[i] = quantize(inputs[i]) with the scale *states[i].scale,
- *      exactly as fp8kit_quantize; outputs[i].scale_inv (optional) receives
- *      1/that scale. outputs[i].scale and outputs[i].amax must be NULL
- *      (the state holds them).
- *   2. amax = max(*states[i].amax, max |inputs[i]|) (NaN-propagating);
- *   3. the update of fp8kit_delayed_scaling_update with that amax: roll it
- *      into the history, reduce, write the new scale and scale_inv;
- *   4. *states[i].amax = 0 and *states[i].counter = 0.
+ * separate amax-zeroing or update launches; one more, short, launch when
+ * any state has a `seeded` flag). For each i, with
+ *   amax  = max(*states[i].amax, max |inputs[i]|)  (NaN-propagating: the
+ *           accumulator's entry value folded in),
+ *   fresh = states[i].seeded != NULL && *states[i].seeded == 0:
+ *   1. the scale used: *states[i].scale, or for a fresh slot the seed
+ *      scale, the one the update of fp8kit_delayed_scaling_update would
+ *      compute from `amax` alone: fp8_max / amax / 2**margin with the same
+ *      clamps, or *states[i].scale when amax is zero, NaN or inf;
+ *   2. outputs[i] = quantize(inputs[i]) with the scale used, exactly as
+ *      fp8kit_quantize; outputs[i].scale_inv (optional) receives 1/the
+ *      scale used. outputs[i].scale and outputs[i].amax must be NULL (the
+ *      state holds them);
+ *   3. sums (optional: NULL or `count` entries; entry i, when its `sums`
+ *      field is non-NULL) receives the column sums of inputs[i]
+ *      (fp8kit/column_sums.h);
+ *   4. record != 0 (a pass that computes gradients): the update of
+ *      fp8kit_delayed_scaling_update with `amax` as the newest amax and the
+ *      scale used as the previous scale: roll it into the history, reduce,
+ *      write the new scale and scale_inv; then *seeded = 1 (when non-NULL).
+ *      record == 0 (a pass that computes no gradient): history, scale,
+ *      scale_inv and seeded are left as they are;
+ *   5. *states[i].amax = 0 and *states[i].counter = 0 (in both modes).
  * So a quantization at step t uses the scale from the history up to step
- * t-1, as with fp8kit_quantize + fp8kit_delayed_scaling_update, and the
- * saved outputs[i].scale_inv stays valid after the state moves on. All
- * tensors are on one device; states must not be shared within a call, and
- * calls sharing a state must not run concurrently. count <= 64. */
+ * t-1, as with fp8kit_quantize + fp8kit_delayed_scaling_update, except that
+ * a fresh slot's first step uses its own amax; the saved
+ * outputs[i].scale_inv stays valid after the state moves on. All tensors
+ * are on one device; states must not be shared within a call, and calls
+ * sharing a state must not run concurrently. count <= 64. */
 FP8KIT_API fp8kit_status fp8kit_quantize_delayed_update(
     const fp8kit_tensor* inputs, fp8kit_tensor* outputs,
-    const fp8kit_delayed_quantize_state* states, int count,
-    const fp8kit_delayed_scaling_config* config, void* stream);
-
-/* Column sums of an input, computed by its quantization pass (a Linear's
- * bias gradient is the column sums of the output gradient, so it costs no
- * read of its own). For an input whose 2-D view is [rows, cols]:
- *   sums[c] = the sum over rows r of input[r, c], in float32 in this order
- *   (which the CPU and CUDA implementations share, so they agree bit for
- *   bit): rows are cut into tiles of 128 and tiles into groups of 8; a group
- *   sum adds its 8 rows in order to 0.0f (rows past the end add 0.0f), a
- *   tile sum adds its 16 group sums in order to 0.0f, and sums[c] adds the
- *   tile sums in order to 0.0f; then it is rounded to `dtype` (RNE; a NaN
- *   becomes the dtype's canonical quiet NaN). */
-typedef struct fp8kit_column_sums {
-  void* sums;              /* [cols] in `dtype` */
-  fp8kit_dtype dtype;      /* float32, bfloat16 or float16 */
-  float* partials;         /* workspace: fp8kit_column_sums_workspace(rows, cols) floats */
-  unsigned int* counters;  /* [ceil(cols / 128)]: 0 on entry and on exit (the CUDA
-                            * kernel counts finished row tiles here) */
-} fp8kit_column_sums;
-
-/* Floats of workspace fp8kit_column_sums needs for a [rows, cols] input:
- * ceil(rows / 128) * cols (0 for a negative or empty shape). */
-FP8KIT_API int64_t fp8kit_column_sums_workspace(int64_t rows, int64_t cols);
-
-/* fp8kit_quantize_delayed_update that also writes column sums: `sums` is
- * NULL or an array of `count` entries, and entry i (when its `sums` field
- * is non-NULL) receives the column sums of inputs[i]. A tensor with column
- * sums must be quantized by the cast+transpose pass: outputs[i] has a
- * columnwise copy and inputs[i]'s 2-D view has rows > 1 and cols > 1. */
-FP8KIT_API fp8kit_status fp8kit_quantize_delayed_update_sums(
-    const fp8kit_tensor* inputs, fp8kit_tensor* outputs,
     const fp8kit_delayed_quantize_state* states, const fp8kit_column_sums* sums, int count,
-    const fp8kit_delayed_scaling_config* config, void* stream);
+    const fp8kit_delayed_scaling_config* config, int record, void* stream);
 
 #ifdef __cplusplus
 }  /* extern "C" */

@@ -3,9 +3,11 @@
 #define FP8KIT_FP8KIT_H_
 
 #include "fp8kit/amax.h"
+#include "fp8kit/column_sums.h"
 #include "fp8kit/delayed_scaling.h"
 #include "fp8kit/device.h"
 #include "fp8kit/gemm.h"
+#include "fp8kit/linear.h"
 #include "fp8kit/quantize.h"
 #include "fp8kit/status.h"
 #include "fp8kit/tensor.h"

@@ -92,9 +92,6 @@ FP8KIT_API fp8kit_status fp8kit_gemm(const fp8kit_tensor* a, const fp8kit_tensor
                                      fp8kit_tensor* d, const fp8kit_gemm_config* config,
                                      void* stream);
 
-/* Number of cached GEMM plans (for tests of the plan cache). */
-FP8KIT_API size_t fp8kit_gemm_plan_cache_size(void);
-
 #ifdef __cplusplus
 }  /* extern "C" */
 #endif

@@ -8,6 +8,7 @@
 #ifndef FP8KIT_QUANTIZE_H_
 #define FP8KIT_QUANTIZE_H_
 
+#include "fp8kit/column_sums.h"
 #include "fp8kit/export.h"
 #include "fp8kit/status.h"
 #include "fp8kit/tensor.h"
@@ -32,21 +33,25 @@ typedef struct fp8kit_current_scaling_config {
   /* The scale is computed from max(amax, amax_epsilon); 0 disables. */
   float amax_epsilon;
   /* Round the scale down to a power of two (exact scale_inv). */
-  int force_pow2_scale;
+  int power_2_scale;
 } fp8kit_current_scaling_config;
 
 /* Current scaling: amax of this tensor, then scale, then cast, in two passes
  * over the input (one reduction, one cast). output->scale, scale_inv and amax
  * are all required and written. A zero or non-finite amax gives scale 1.
  * Other fields as for fp8kit_quantize.
+ * sums: NULL (or a NULL `sums` field) for none; otherwise the cast pass
+ * also writes the column sums of the input, in the order and under the
+ * conditions of fp8kit/column_sums.h (a columnwise output, rows > 1 and
+ * cols > 1), as fp8kit_quantize_delayed_update does.
  * The scale rule exactly (common/src/compute_scale.h, same on CPU and CUDA):
  *   amax zero (whatever the epsilon), negative, NaN or inf  -> scale 1;
  *   else scale = fp8_max / max(amax, amax_epsilon) in float32, clamped to
- *   FLT_MAX if it overflows, then (force_pow2_scale) rounded down to a
+ *   FLT_MAX if it overflows, then (power_2_scale) rounded down to a
  *   power of two; scale_inv = 1 / scale. */
 FP8KIT_API fp8kit_status fp8kit_quantize_current_scaling(
     const fp8kit_tensor* input, fp8kit_tensor* output,
-    const fp8kit_current_scaling_config* config, void* stream);
+    const fp8kit_current_scaling_config* config, const fp8kit_column_sums* sums, void* stream);
 
 /* Scale from an amax already on the device: the step current scaling uses
  * between its two passes, exposed for callers that reduce amax themselves

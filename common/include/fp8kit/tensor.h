@@ -33,17 +33,13 @@ typedef enum fp8kit_dtype {
   FP8KIT_BFLOAT16 = 1,
   FP8KIT_FLOAT16 = 2,
   FP8KIT_E4M3 = 3, /* float8_e4m3fn: no inf, max 448 */
-  FP8KIT_E5M2 = 4, /* float8_e5m2: IEEE-like, max 57344 */
-  FP8KIT_E8M0 = 5  /* float8_e8m0fnu: power-of-two block scales (MXFP8) */
+  FP8KIT_E5M2 = 4  /* float8_e5m2: IEEE-like, max 57344 */
 } fp8kit_dtype;
 
-/* How `scale`, `scale_inv` and `block_scales` are to be read. */
+/* How `scale` and `scale_inv` are to be read. */
 typedef enum fp8kit_scaling_mode {
-  FP8KIT_SCALING_NONE = 0,        /* high-precision tensor, no scales */
-  FP8KIT_SCALING_PER_TENSOR = 1,  /* one float scale / scale_inv (delayed and current) */
-  FP8KIT_SCALING_BLOCK_1X128 = 2, /* float scale per 1x128 block (not yet implemented) */
-  FP8KIT_SCALING_BLOCK_128X128 = 3, /* float scale per 128x128 block (not yet implemented) */
-  FP8KIT_SCALING_MXFP8_1X32 = 4   /* E8M0 scale per 1x32 block (not yet implemented) */
+  FP8KIT_SCALING_NONE = 0,       /* high-precision tensor, no scales */
+  FP8KIT_SCALING_PER_TENSOR = 1  /* one float scale / scale_inv (delayed and current) */
 } fp8kit_scaling_mode;
 
 typedef struct fp8kit_tensor {
@@ -61,8 +57,6 @@ typedef struct fp8kit_tensor {
   float* scale;       /* per-tensor quantization scale (1 float) or NULL */
   float* scale_inv;   /* per-tensor dequantization factor (1 float) or NULL */
   float* amax;        /* max |x| of the high-precision source (1 float) or NULL */
-  void* block_scales;            /* rowwise block scales (block modes) or NULL */
-  void* columnwise_block_scales; /* columnwise block scales (block modes) or NULL */
 } fp8kit_tensor;
 
 /* A descriptor with every field zero/NULL except the ones given. */

@@ -1,4 +1,4 @@
-"""Sharding rule of the fp8kit GEMM (see partitioning.py for the overview).
+"""Sharding rule of the fp8kit GEMM (overview in _sharding.py).
 
 Factors: m (rows of D), n (columns of D), k (the reduction). Each operand's
 one buffer is [m,k]/[k,m] or [k,n]/[n,k] depending on its layout
@@ -16,8 +16,9 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.custom_partitioning import custom_partitioning
 
-from fp8kit.jax import partitioning as part
-from fp8kit.jax.gemm_op import GemmLayout, gemm_local
+from fp8kit.jax import _ffi
+from fp8kit.jax import _sharding as sh
+from fp8kit.jax._ffi import GemmLayout
 
 
 def _dims(layout: GemmLayout):
@@ -30,17 +31,18 @@ def _dims(layout: GemmLayout):
 def _plan(layout: GemmLayout, mesh, arg_shapes):
     """Mesh axes for m, k, n: disjoint, even, alignment-preserving."""
     a, b = arg_shapes[0], arg_shapes[2]
-    sa, sb = part._spec(a), part._spec(b)
+    sa, sb = sh.spec(a), sh.spec(b)
     a_m, a_k, b_k, b_n = _dims(layout)
     m_size, k_size, n_size = a.shape[a_m], a.shape[a_k], b.shape[b_n]
-    m_axes = part._even(mesh, m_size, sa[a_m])
-    # K shards must stay multiples of 16 (cuBLASLt's FP8 rule).
-    k_axes = part._even(mesh, k_size, sa[a_k], 16) or part._even(mesh, k_size, sb[b_k], 16)
+    m_axes = sh.even(mesh, m_size, sa[a_m])
+    # K shards must stay multiples of the FP8 GEMM alignment.
+    align = _ffi.GEMM_DIM_MULTIPLE
+    k_axes = sh.even(mesh, k_size, sa[a_k], align) or sh.even(mesh, k_size, sb[b_k], align)
     if set(k_axes) & set(m_axes):
         k_axes = ()
     # Output rows of a shard must stay multiples of 16 bytes.
     n_align = 16 // jnp.dtype(layout.out_dtype).itemsize
-    n_axes = part._even(mesh, n_size, sb[b_n], n_align)
+    n_axes = sh.even(mesh, n_size, sb[b_n], n_align)
     if set(n_axes) & (set(m_axes) | set(k_axes)):
         n_axes = ()
     return m_axes, k_axes, n_axes
@@ -51,10 +53,10 @@ def _arg_shardings(layout, mesh, m_axes, k_axes, n_axes, has_bias):
     a_dims, b_dims = [()] * 2, [()] * 2
     a_dims[a_m], a_dims[a_k] = m_axes, k_axes
     b_dims[b_k], b_dims[b_n] = k_axes, n_axes
-    rep = part._replicated(mesh)
-    shardings = [part._named(mesh, a_dims), rep, part._named(mesh, b_dims), rep]
+    rep = sh.replicated(mesh)
+    shardings = [sh.named(mesh, a_dims), rep, sh.named(mesh, b_dims), rep]
     if has_bias:
-        shardings.append(part._named(mesh, [n_axes]))
+        shardings.append(sh.named(mesh, [n_axes]))
     return tuple(shardings)
 
 
@@ -63,20 +65,20 @@ def _partition(layout: GemmLayout, mesh, arg_shapes, result_shape):
 
     def lower(a, a_scale_inv, b, b_scale_inv, *bias):
         if not k_axes:
-            return gemm_local(layout, a, a_scale_inv, b, b_scale_inv, *bias)
+            return _ffi.gemm_call(layout, a, a_scale_inv, b, b_scale_inv, *bias)
         partial = dataclasses.replace(layout, out_dtype=jnp.dtype(jnp.float32), has_bias=False)
-        d = jax.lax.psum(gemm_local(partial, a, a_scale_inv, b, b_scale_inv), k_axes)
+        d = jax.lax.psum(_ffi.gemm_call(partial, a, a_scale_inv, b, b_scale_inv), k_axes)
         if bias:
             d = d + bias[0].astype(jnp.float32)
         return d.astype(layout.out_dtype)
 
-    return (mesh, lower, part._named(mesh, [m_axes, n_axes]),
+    return (mesh, lower, sh.named(mesh, [m_axes, n_axes]),
             _arg_shardings(layout, mesh, m_axes, k_axes, n_axes, layout.has_bias))
 
 
 def _infer(layout: GemmLayout, mesh, arg_shapes, result_shape):
     m_axes, _, n_axes = _plan(layout, mesh, arg_shapes)
-    return part._named(mesh, [m_axes, n_axes])
+    return sh.named(mesh, [m_axes, n_axes])
 
 
 def _rule(layout: GemmLayout, mesh, operand_types, result_types):
@@ -88,12 +90,12 @@ def _rule(layout: GemmLayout, mesh, operand_types, result_types):
 
 @functools.partial(custom_partitioning, static_argnums=(0,))
 def _gemm_p(layout, a, a_scale_inv, b, b_scale_inv):
-    return gemm_local(layout, a, a_scale_inv, b, b_scale_inv)
+    return _ffi.gemm_call(layout, a, a_scale_inv, b, b_scale_inv)
 
 
 @functools.partial(custom_partitioning, static_argnums=(0,))
 def _gemm_bias_p(layout, a, a_scale_inv, b, b_scale_inv, bias):
-    return gemm_local(layout, a, a_scale_inv, b, b_scale_inv, bias)
+    return _ffi.gemm_call(layout, a, a_scale_inv, b, b_scale_inv, bias)
 
 
 for _f in (_gemm_p, _gemm_bias_p):
@@ -106,8 +108,8 @@ def gemm(layout: GemmLayout, a_buf, a_scale_inv, b_buf, b_scale_inv, bias=None):
     a_scale_inv = jnp.reshape(a_scale_inv, ())
     b_scale_inv = jnp.reshape(b_scale_inv, ())
     args = (a_buf, a_scale_inv, b_buf, b_scale_inv) + (() if bias is None else (bias,))
-    if not part.use_partitioned(*args):
-        return gemm_local(layout, *args)
+    if not sh.use_partitioned(*args):
+        return _ffi.gemm_call(layout, *args)
     if bias is None:
         return _gemm_p(layout, *args)
     return _gemm_bias_p(layout, *args)

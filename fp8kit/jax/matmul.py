@@ -18,32 +18,15 @@ here, before lowering.
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 
-from fp8kit.jax import _registry
+from fp8kit.jax import _ffi
+from fp8kit.jax import _sharding_gemm as shg
+from fp8kit.jax._ffi import BIAS_DTYPE, GemmLayout
 from fp8kit.jax.scaled_tensor import ScaledTensor
 
-GEMM_TARGET = "fp8kit_gemm"
-
 _OUT_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
-# Bias dtype the core takes for each output dtype (fp8kit/gemm.h's table).
-_BIAS_DTYPE = {jnp.dtype(jnp.bfloat16): jnp.dtype(jnp.bfloat16),
-               jnp.dtype(jnp.float16): jnp.dtype(jnp.float16),
-               jnp.dtype(jnp.float32): jnp.dtype(jnp.bfloat16)}
-
-
-def default_device():
-    """The device jit places computations on: jax.default_device(...) when
-    set (a device or a platform name), else the default backend's first."""
-    d = jax.config.jax_default_device
-    if d is None:
-        return jax.devices()[0]
-    if isinstance(d, str):
-        return jax.devices(d)[0]
-    return d
 
 
 def supports_non_tn_fp8_gemm(device=None) -> bool:
@@ -55,35 +38,11 @@ def supports_non_tn_fp8_gemm(device=None) -> bool:
     `with jax.default_device(that_device):` (a wrong answer is not silent:
     the core then refuses the layout with an error naming the operand)."""
     if device is None:
-        device = default_device()
-    platform = "cpu" if device.platform == "cpu" else "cuda"
+        device = _ffi.default_device()
+    platform = _ffi.core_platform(device)
     index = 0 if platform == "cpu" else int(getattr(device, "local_hardware_id", device.id))
     # The core caches its answer per device (std::call_once); no copy here.
-    return _registry.ext.supports_non_tn_fp8_gemm(platform, index)
-
-
-@dataclasses.dataclass(frozen=True)
-class GemmLayout:
-    """Static description of one custom call: which layout of each operand is
-    passed (the other is an empty placeholder), the transposes, the output."""
-
-    trans_a: bool
-    trans_b: bool
-    a_rowwise: bool        # a's buffer is its rowwise data (else columnwise)
-    b_rowwise: bool
-    out_dtype: jnp.dtype
-    has_bias: bool
-    use_split_accumulator: bool
-
-    @property
-    def a_is_km(self) -> bool:
-        """a's buffer is [K, M] (else [M, K])."""
-        return self.a_rowwise == self.trans_a
-
-    @property
-    def b_is_kn(self) -> bool:
-        """b's buffer is [K, N] (else [N, K])."""
-        return self.b_rowwise != self.trans_b
+    return _ffi.ext.supports_non_tn_fp8_gemm(platform, index)
 
 
 def _operand_buffer(fn: str, name: str, st: ScaledTensor, k_contiguous_is_rowwise: bool,
@@ -104,44 +63,15 @@ def _operand_buffer(fn: str, name: str, st: ScaledTensor, k_contiguous_is_rowwis
     return (st.data, True) if use_rowwise else (st.columnwise_data, False)
 
 
-def gemm_local(layout: GemmLayout, a_buf, a_scale_inv, b_buf, b_scale_inv, bias=None):
-    """The fp8kit_gemm custom call on one device's buffers (2-D each)."""
-    m = a_buf.shape[1] if layout.a_is_km else a_buf.shape[0]
-    n = b_buf.shape[1] if layout.b_is_kn else b_buf.shape[0]
-    empty = lambda dt: jnp.zeros((0,), dt)  # noqa: E731  (a layout not passed)
-    a_row, a_col = (a_buf, empty(a_buf.dtype)) if layout.a_rowwise else (empty(a_buf.dtype), a_buf)
-    b_row, b_col = (b_buf, empty(b_buf.dtype)) if layout.b_rowwise else (empty(b_buf.dtype), b_buf)
-    bias_arg = bias if layout.has_bias else empty(_BIAS_DTYPE[layout.out_dtype])
-    # cuBLASLt's workspace is a second, discarded result, so XLA allocates it
-    # with the program's temporaries (jax_ext/gemm_ffi.cc says why).
-    workspace = jax.ShapeDtypeStruct((_workspace_bytes(),), jnp.uint8)
-    d, _ = jax.ffi.ffi_call(GEMM_TARGET, (jax.ShapeDtypeStruct((m, n), layout.out_dtype), workspace),
-                            vmap_method="sequential")(
-        a_row, a_col, jnp.reshape(a_scale_inv, ()), b_row, b_col, jnp.reshape(b_scale_inv, ()),
-        bias_arg, trans_a=layout.trans_a, trans_b=layout.trans_b, a_rowwise=layout.a_rowwise,
-        a_columnwise=not layout.a_rowwise, b_rowwise=layout.b_rowwise,
-        b_columnwise=not layout.b_rowwise, has_bias=layout.has_bias,
-        use_split_accumulator=layout.use_split_accumulator)
-    return d
-
-
-def _workspace_bytes() -> int:
-    """GEMM workspace for the platform jit compiles for (0 for the CPU)."""
-    platform = "cpu" if default_device().platform == "cpu" else "cuda"
-    return int(_registry.ext.gemm_workspace_size(platform))
-
-
-def gemm_call(a: ScaledTensor, b: ScaledTensor, trans_a: bool, trans_b: bool, out_dtype,
-              bias, use_split_accumulator: bool, non_tn: bool, fn: str = "fp8kit.jax.gemm"):
+def gemm_scaled(a: ScaledTensor, b: ScaledTensor, trans_a: bool, trans_b: bool, out_dtype,
+                bias, use_split_accumulator: bool, non_tn: bool, fn: str = "fp8kit.jax.gemm"):
     """The GEMM on 2-D ScaledTensors after the argument checks; sharded (see
-    partitioning.py) when a mesh is in context."""
-    from fp8kit.jax import gemm_partitioning  # noqa: PLC0415  (imports this module)
-
+    _sharding.py) when a mesh is in context."""
     a_buf, a_rowwise = _operand_buffer(fn, "a", a, not trans_a, non_tn)
     b_buf, b_rowwise = _operand_buffer(fn, "b", b, trans_b, non_tn)
     layout = GemmLayout(bool(trans_a), bool(trans_b), a_rowwise, b_rowwise, jnp.dtype(out_dtype),
                         bias is not None, bool(use_split_accumulator))
-    return gemm_partitioning.gemm(layout, a_buf, a.scale_inv, b_buf, b.scale_inv, bias)
+    return shg.gemm(layout, a_buf, a.scale_inv, b_buf, b.scale_inv, bias)
 
 
 def gemm(a: ScaledTensor, b: ScaledTensor, trans_a: bool = False, trans_b: bool = False,
@@ -158,7 +88,8 @@ def gemm(a: ScaledTensor, b: ScaledTensor, trans_a: bool = False, trans_b: bool 
         uses the tensor cores' fast accumulation.
     device: whose layout rules apply (default: the default device, see
         supports_non_tn_fp8_gemm).
-    K must be a multiple of 16 and each output row a multiple of 16 bytes
+    K must be a positive multiple of the core's GEMM_DIM_MULTIPLE and each
+    output row a multiple of 16 bytes
     (cuBLASLt's FP8 rules, enforced on CPU too).
     """
     fn = "fp8kit.jax.gemm"
@@ -188,20 +119,21 @@ def gemm(a: ScaledTensor, b: ScaledTensor, trans_a: bool = False, trans_b: bool 
         raise ValueError(f"{fn}: inner dimensions differ: op(a) is {'a^T' if trans_a else 'a'} "
                          f"with K={k_a} (a.shape={a.shape}, trans_a={trans_a}) but op(b) has "
                          f"K={k_b} (b.shape={b.shape}, trans_b={trans_b})")
-    if k_a % 16 != 0 or k_a == 0:
-        raise ValueError(f"{fn}: K={k_a} must be a positive multiple of 16 for FP8 GEMMs; pad "
-                         "the reduction dimension with zeros.")
+    multiple = _ffi.GEMM_DIM_MULTIPLE
+    if k_a % multiple != 0 or k_a == 0:
+        raise ValueError(f"{fn}: K={k_a} must be a positive multiple of {multiple} for FP8 "
+                         "GEMMs; pad the reduction dimension with zeros.")
     if (n * out_dtype.itemsize) % 16 != 0:
         raise ValueError(f"{fn}: N={n} gives {out_dtype} output rows of "
                          f"{n * out_dtype.itemsize} bytes; FP8 GEMMs need a multiple of 16 "
                          f"bytes (N a multiple of {16 // out_dtype.itemsize}). Pad N.")
     if bias is not None:
-        want = _BIAS_DTYPE[out_dtype]
+        want = BIAS_DTYPE[out_dtype]
         if jnp.dtype(bias.dtype) != want or tuple(bias.shape) != (n,):
             raise ValueError(f"{fn}: bias must be {want} of shape ({n},) for {out_dtype} "
                              f"output; got {jnp.dtype(bias.dtype)} {tuple(bias.shape)}")
     non_tn = supports_non_tn_fp8_gemm(device)
-    d = gemm_call(a, b, trans_a, trans_b, out_dtype, bias, use_split_accumulator, non_tn, fn)
+    d = gemm_scaled(a, b, trans_a, trans_b, out_dtype, bias, use_split_accumulator, non_tn, fn)
     if lead:
         d = d.reshape(*lead, n)
     return d

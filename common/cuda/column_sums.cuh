@@ -1,0 +1,83 @@
+// Column sums (fp8kit_column_sums) in the cast+transpose pass, shared by
+// the fused delayed-scaling kernels (quantize_fused.cu) and current
+// scaling's cast pass (quantize.cu): each block writes its tile's column
+// sums to the partials, and the last row tile of each column tile adds
+// them up in the order of common/src/column_sums.h.
+#ifndef FP8KIT_CUDA_COLUMN_SUMS_CUH_
+#define FP8KIT_CUDA_COLUMN_SUMS_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cast_transpose.cuh"
+#include "column_sums.h"
+#include "fp8kit/column_sums.h"
+#include "launch_config.h"
+
+namespace fp8kit {
+namespace cuda {
+
+// One tensor's column sums as the kernels see them.
+struct SumsJob {
+  void* out;
+  fp8kit_dtype dtype;
+  float* partials;         // [tiles_r, cols]
+  unsigned int* counters;  // [tiles_c]
+  int64_t tiles_r;
+};
+
+inline SumsJob sums_job(const fp8kit_column_sums& s, int64_t rows) {
+  return SumsJob{s.sums, s.dtype, s.partials, s.counters, ceil_div(rows, kCtTile)};
+}
+
+// After cast_transpose_block<..., kSums = true> on tile `tile`: the tile's
+// column sums (its 16 group sums added in order) go to the partials; the
+// block that finishes a column tile last (threadfence + counter) adds the
+// partials of every row tile in order and writes the column sums, then
+// resets the counter. The order is fp8kit_column_sums's.
+__device__ __forceinline__ void finish_column_sums(const SumsJob& s, const CastTransposeParams& p,
+                                                   int64_t tile, const GroupSums& group_sums) {
+  __shared__ bool last;
+  const int64_t tile_r = tile / p.tiles_c;
+  const int64_t tile_c = tile % p.tiles_c;
+  const int64_t col = tile_c * kCtTile + threadIdx.x;
+  const bool owns_col = threadIdx.x < kCtTile && col < p.cols;
+  if (owns_col) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int grp = 0; grp < kCtTile / 8; ++grp) {
+      sum = add_rn(sum, group_sums[grp][group_sum_slot(grp, threadIdx.x)]);
+    }
+    s.partials[tile_r * p.cols + col] = sum;
+    __threadfence();  // the partial is visible before the tile counts itself done
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&s.counters[tile_c], 1u) == unsigned(s.tiles_r - 1);
+  __syncthreads();
+  if (!last) return;
+  if (owns_col) {
+    // The adds are in tile order; the loads (from L2, not a stale L1) are
+    // issued kChunk at a time, so the last blocks of the grid wait for
+    // tiles_r / kChunk L2 round trips, not tiles_r.
+    constexpr int kChunk = 16;
+    const float* partial = s.partials + col;
+    float total = 0.0f;
+    int64_t r = 0;
+    for (; r + kChunk <= s.tiles_r; r += kChunk) {
+      float v[kChunk];
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) v[i] = __ldcg(partial + (r + i) * p.cols);
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) total = add_rn(total, v[i]);
+    }
+    for (; r < s.tiles_r; ++r) total = add_rn(total, __ldcg(partial + r * p.cols));
+    store_column_sum(s.out, s.dtype, col, total);
+  }
+  if (threadIdx.x == 0) s.counters[tile_c] = 0u;
+}
+
+}  // namespace cuda
+}  // namespace fp8kit
+
+#endif  // FP8KIT_CUDA_COLUMN_SUMS_CUH_

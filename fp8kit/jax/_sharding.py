@@ -1,0 +1,116 @@
+"""What the sharding rules share: is a mesh in context, and the mesh-axis
+bookkeeping of custom_partitioning callbacks.
+
+fp8kit's custom calls are partitioned (jax.experimental.custom_partitioning)
+instead of gathered when a mesh of more than one device is in context
+(`with jax.set_mesh(mesh):` or `with mesh:`); the rules themselves are in
+_sharding_quantize.py and _sharding_gemm.py:
+
+  amax, quantize   run on each shard; the amax is reduced with pmax over the
+                   mesh axes the tensor is sharded on, so every device sees
+                   the global amax (and a scale computed from it is global).
+  quantize_delayed_update (the dense layer's fused cast, seed and record)
+                   starts the core's amax accumulator at each input's global
+                   amax, so the state never moves on a shard's amax and every
+                   device computes the unsharded call's state bit for bit.
+                   Column sums (the bias gradient) of inputs whose rows are
+                   sharded are summed across the shards in float32 (psum),
+                   then rounded: exact when the rows are not sharded, within
+                   float32 rounding of the unsharded sums when they are.
+  gemm             D[M,N] = A @ B with M, K and N sharded as the operands are:
+                   M (data parallel) and N (kernel sharded along N) pass
+                   through; a sharded K gives a local float32 partial
+                   product summed with psum, the bias added once after it.
+
+A dimension whose size is not a multiple of its mesh axes, or whose shard
+would break cuBLASLt's FP8 alignment, is replicated instead. Shardy (jax's
+default partitioner) reads each primitive's einsum-like sharding rule for
+propagation; the partition callbacks decide the final layouts. Without a
+mesh, or under jax.vmap (custom_partitioning has no batching rule), the
+plain custom calls run.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+
+def mesh_in_context() -> bool:
+    """True when a mesh of more than one device is in context."""
+    try:
+        am = jax.sharding.get_abstract_mesh()
+        if not am.empty and math.prod(am.axis_sizes) > 1:
+            return True
+    except Exception:  # pragma: no cover - API differences across versions
+        pass
+    try:
+        from jax._src import mesh as mesh_lib  # noqa: PLC0415  (private: the legacy `with mesh:`)
+        pm = mesh_lib.thread_resources.env.physical_mesh
+        return (not pm.empty) and pm.size > 1
+    except Exception:  # pragma: no cover
+        return False
+
+
+def _is_batched(*xs) -> bool:
+    """Is any argument a vmap tracer (custom_partitioning cannot batch)?"""
+    try:
+        from jax._src.interpreters import batching  # noqa: PLC0415  (no public tracer type)
+    except ImportError:  # pragma: no cover
+        return False
+    return any(isinstance(x, batching.BatchTracer) for x in jax.tree_util.tree_leaves(xs))
+
+
+def use_partitioned(*xs) -> bool:
+    """Run the partitioned primitive (a mesh in context, no vmap)?"""
+    return mesh_in_context() and not _is_batched(*xs)
+
+
+def _axes(entry) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    return tuple(entry) if isinstance(entry, (tuple, list)) else (entry,)
+
+
+def spec(shape_struct) -> list[tuple[str, ...]]:
+    """Per-dimension mesh axes of an argument's sharding (() = replicated)."""
+    ndim = len(shape_struct.shape)
+    entries = getattr(shape_struct.sharding, "spec", None)
+    if entries is None:  # no mesh to name axes with: replicate
+        return [()] * ndim
+    entries = list(entries) + [None] * (ndim - len(entries))
+    return [_axes(e) for e in entries[:ndim]]
+
+
+def even(mesh, dim: int, axes, multiple: int = 1) -> tuple[str, ...]:
+    """`axes` if they split `dim` into equal shards that are multiples of
+    `multiple`, else () (replicate that dimension)."""
+    if not axes:
+        return ()
+    n = math.prod(mesh.shape[a] for a in axes)
+    return tuple(axes) if dim % n == 0 and (dim // n) % multiple == 0 else ()
+
+
+def named(mesh, dims) -> NamedSharding:
+    """The NamedSharding of per-dimension mesh axes."""
+    return NamedSharding(mesh, P(*[(d if len(d) > 1 else d[0]) if d else None for d in dims]))
+
+
+def replicated(mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def flat_axes(dims) -> tuple[str, ...]:
+    """Every mesh axis some dimension is sharded on."""
+    return tuple(a for d in dims for a in d)
+
+
+def factors(rank: int, prefix: str = "d") -> list[str]:
+    """Sharding-rule factor names for `rank` dimensions."""
+    return [f"{prefix}{i}" for i in range(rank)]
+
+
+def rank_of(ir_type) -> int:
+    return len(ir_type.shape)

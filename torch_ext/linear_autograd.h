@@ -1,0 +1,57 @@
+// The FP8 Linear's forward and backward (linear_forward.cc,
+// linear_backward.cc) and the autograd node that connects them.
+#ifndef FP8KIT_TORCH_EXT_LINEAR_AUTOGRAD_H_
+#define FP8KIT_TORCH_EXT_LINEAR_AUTOGRAD_H_
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "linear_state.h"
+#include "torch_includes.h"
+
+namespace fp8kit_torch {
+
+// What one call computes, and the core's plan of which copies each slot's
+// cast writes and which forward keeps (fp8kit_linear_plan_make).
+struct LinearCall {
+  bool dgrad = false, wgrad = false, bgrad = false;
+  int64_t m = 0, k = 0, n = 0;  // tokens, in_features, out_features
+  bool non_tn = false;          // the device runs non-TN FP8 GEMMs
+  fp8kit_linear_plan plan{};
+};
+
+// The core's plan for `call`'s sizes, gradients and device (the weight is
+// torch's [out_features, in_features]).
+fp8kit_linear_plan linear_plan(const LinearCall& call);
+
+// Everything backward needs besides the saved tensors.
+struct BackwardInfo {
+  c10::intrusive_ptr<LinearState> st;
+  LinearCall call;
+  std::vector<int64_t> x_sizes;
+  at::ScalarType x_dtype, w_dtype, b_dtype;
+};
+
+// The autograd node of one FP8 Linear call: a plain Node (rather than a
+// torch::autograd::Function) because it is made on every forward of small
+// layers, where Function's generic bookkeeping (input metadata, output
+// wrapping, the saved_data map) is a visible share of the call. Its edges
+// are (input, weight, bias); the saved FP8 tensors go through SavedVariable,
+// so saved-tensor hooks see them and the engine frees them after backward.
+struct LinearBackward : public torch::autograd::Node {
+  BackwardInfo info;
+  torch::autograd::SavedVariable x_q, x_scalars, w_q, w_scalars;
+
+  std::string name() const override { return "fp8kit::LinearBackward"; }
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override;
+  void release_variables() override;
+};
+
+// FP8 y = x @ w.T + bias with autograd (FP8 dgrad and wgrad), per `st`.
+at::Tensor linear_forward(LinearState& st, const at::Tensor& x, const at::Tensor& w,
+                          const std::optional<at::Tensor>& bias);
+
+}  // namespace fp8kit_torch
+
+#endif  // FP8KIT_TORCH_EXT_LINEAR_AUTOGRAD_H_

@@ -1,0 +1,232 @@
+// The FP8 Linear's forward: quantize the input and the weight (or reuse the
+// cached FP8 weight), the FP8 GEMM with the bias epilogue, and, when a
+// gradient is wanted, the autograd node with the FP8 copies backward reads.
+#include <cstdint>
+#include <vector>
+
+#include "carve.h"
+#include "core_calls.h"
+#include "descriptors.h"
+#include "errors.h"
+#include "linear_autograd.h"
+#include "node_maker.h"
+
+namespace fp8kit_torch {
+namespace {
+
+constexpr const char* kFn = "fp8kit.torch.Linear";
+
+struct Saved {
+  at::Tensor x_q, x_scalars, w_q, w_scalars;
+};
+
+std::vector<int64_t> out_sizes(const at::Tensor& x, int64_t n) {
+  std::vector<int64_t> s = x.sizes().vec();
+  s.back() = n;
+  return s;
+}
+
+// The copy `keep` names (at most one of each tensor is kept), or none.
+at::Tensor kept_copy(fp8kit_copies keep, const at::Tensor& rowwise,
+                     const at::Tensor& columnwise) {
+  if (keep.rowwise) return rowwise;
+  if (keep.columnwise) return columnwise;
+  return at::Tensor();
+}
+
+// saved == nullptr: a forward that computes no gradient (casts with the
+// current scales and records nothing).
+at::Tensor forward_impl(LinearState& st, const at::Tensor& x_in, const at::Tensor& w_in,
+                        const at::Tensor& b, const LinearCall& p, Saved* saved) {
+  const at::Tensor x = x_in.contiguous();
+  const fp8kit_linear_plan& plan = p.plan;
+  const fp8kit_copies x_cast = plan.quantize[kInput], w_cast = plan.quantize[kWeight];
+  const bool save = saved != nullptr;
+  const fp8kit_copies x_keep = save ? plan.saved_input : fp8kit_copies{0, 0};
+  const fp8kit_copies w_keep = save ? plan.saved_weight : fp8kit_copies{0, 0};
+  at::Tensor x_data, x_columnwise, x_scalars, w, w_data, w_columnwise, w_scalars;
+  {
+    const auto lock = lock_state(st.mu);
+    const bool requant = !st.weight_cached(w_in, w_cast);
+    // The cache keeps the weight's pieces across calls: their own buffer.
+    const bool cache_w = requant && st.cache_weight && !w_in.is_inference();
+    if (requant) {
+      st.clear_weight_cache();
+      w = w_in.contiguous();
+    }
+    // Every FP8 buffer and scalars block of this call, carved by lifetime:
+    // kept for backward, kept by the weight cache, or used only here.
+    const at::ScalarType fp8 = torch_fp8_type(st.recipe.fwd_fp8);
+    const std::vector<int64_t> x_cw =
+        x_cast.columnwise ? columnwise_shape(x.sizes()) : std::vector<int64_t>();
+    const bool w_columnwise_cast = requant && w_cast.columnwise;
+    const std::vector<int64_t> w_cw =
+        w_columnwise_cast ? columnwise_shape(w.sizes()) : std::vector<int64_t>();
+    const int64_t scalars_shape[1] = {kScalars};
+    enum { kUsedHere, kSaved, kCached };  // lifetimes
+    auto w_life = [&](bool kept) { return cache_w ? kCached : kept ? kSaved : kUsedHere; };
+    const int x_scalars_life = save ? kSaved : kUsedHere;
+    const Piece pieces[6] = {
+        {x_cast.rowwise != 0, fp8, x.sizes(), x_keep.rowwise ? kSaved : kUsedHere},
+        {x_cast.columnwise != 0, fp8, x_cw, x_keep.columnwise ? kSaved : kUsedHere},
+        {true, at::kFloat, scalars_shape, x_scalars_life},
+        {requant && w_cast.rowwise, fp8, requant ? w.sizes() : at::IntArrayRef(),
+         w_life(w_keep.rowwise != 0)},
+        {w_columnwise_cast, fp8, w_cw, w_life(w_keep.columnwise != 0)},
+        {requant, at::kFloat, scalars_shape, cache_w ? kCached : x_scalars_life}};
+    at::Tensor t[6];
+    carve(x.device(), pieces, 6, t);
+    x_data = t[0];
+    x_columnwise = t[1];
+    x_scalars = t[2];
+    SlotJob jobs[2];
+    int n = 0;
+    if (requant) {
+      w_data = t[3];
+      w_columnwise = t[4];
+      w_scalars = t[5];
+      jobs[n++] = SlotJob{kWeight, &w, w_data, w_columnwise, w_scalars.data_ptr<float>()};
+      if (cache_w) st.keep_weight(w_in, w_data, w_columnwise, w_scalars);
+    } else {
+      w_data = st.w_data;
+      w_columnwise = st.w_columnwise;
+      w_scalars = st.w_scalars;
+    }
+    jobs[n++] = SlotJob{kInput, &x, x_data, x_columnwise, x_scalars.data_ptr<float>()};
+    st.quantize_slots(jobs, n, /*record=*/save);
+  }
+
+  // y[M, N] = x[M, K] @ w[N, K]^T (+ bias): both operands K-contiguous,
+  // the rowwise copies every plan writes for x and an [N, K] weight.
+  const at::ScalarType out_dtype = x.scalar_type();
+  at::Tensor y = at::empty(out_sizes(x, p.n), x.options());
+  const fp8kit_dtype fwd = st.recipe.fwd_fp8;
+  const fp8kit_tensor a = gemm_operand(st.device, fwd, p.m, p.k, x_data.data_ptr(), nullptr,
+                                       scale_inv_of(x_scalars));
+  const fp8kit_tensor bw = gemm_operand(st.device, fwd, p.n, p.k, w_data.data_ptr(), nullptr,
+                                        scale_inv_of(w_scalars));
+  fp8kit_tensor d = describe(y, *high_precision_dtype(out_dtype),
+                             st.device.is_cuda() ? FP8KIT_DEVICE_CUDA : FP8KIT_DEVICE_CPU);
+  fp8kit_gemm_config cfg = fp8kit_gemm_config_default();
+  cfg.trans_a = 0;
+  cfg.trans_b = 1;
+  // The recipe's forward_fast_accumulation (fp8kit/recipe.py says why it
+  // is off by default); the gradient GEMMs always promote.
+  cfg.use_split_accumulator = st.recipe.forward_fast_accumulation ? 0 : 1;
+  // The bias epilogue takes a bias in D's dtype (bf16 for an fp32 D, which
+  // would round an fp32 bias): fp32 outputs add the bias separately.
+  const bool fused_bias = b.defined() && out_dtype != at::kFloat;
+  at::Tensor bias_c;
+  if (fused_bias) {
+    bias_c = (b.scalar_type() == out_dtype ? b : b.to(out_dtype)).contiguous();
+    if (reinterpret_cast<uintptr_t>(bias_c.data_ptr()) % 16 != 0) {
+      bias_c = bias_c.clone();  // an offset view: the epilogue reads 16-byte aligned bias
+    }
+    cfg.epilogue = FP8KIT_EPILOGUE_BIAS;
+    cfg.bias = bias_c.data_ptr();
+    cfg.bias_dtype = *high_precision_dtype(out_dtype);
+    cfg.bias_numel = p.n;
+  }
+  if (p.m > 0) gemm_call(a, bw, d, cfg, st.device);
+  if (b.defined() && !fused_bias) y.add_(b);
+
+  if (saved) {
+    saved->x_q = kept_copy(x_keep, x_data, x_columnwise);
+    saved->x_scalars = x_scalars;
+    saved->w_q = kept_copy(w_keep, w_data, w_columnwise);
+    saved->w_scalars = w_scalars;
+  }
+  return y;
+}
+
+// Forward with autograd: the FP8 forward below autograd, then the node.
+at::Tensor forward_with_grad(LinearState& st, const at::Tensor& x, const at::Tensor& w,
+                             const at::Tensor& b, const LinearCall& p) {
+  Saved saved;
+  at::Tensor y;
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    y = forward_impl(st, x, w, b, p, &saved);
+  }
+  auto node = NodeMaker<LinearBackward>::make();
+  node->set_next_edges(torch::autograd::collect_next_edges(x, w, b));
+  node->info.st = c10::intrusive_ptr<LinearState>::reclaim_copy(&st);
+  node->info.call = p;
+  node->info.x_sizes = x.sizes().vec();
+  node->info.x_dtype = x.scalar_type();
+  node->info.w_dtype = w.scalar_type();
+  node->info.b_dtype = b.defined() ? b.scalar_type() : at::kFloat;
+  node->x_q = torch::autograd::SavedVariable(saved.x_q, /*is_output=*/false);
+  node->x_scalars = torch::autograd::SavedVariable(saved.x_scalars, false);
+  node->w_q = torch::autograd::SavedVariable(saved.w_q, false);
+  node->w_scalars = torch::autograd::SavedVariable(saved.w_scalars, false);
+  torch::autograd::set_history(y, NodePtr(node));
+  return y;
+}
+
+}  // namespace
+
+fp8kit_linear_plan linear_plan(const LinearCall& call) {
+  fp8kit_linear_plan plan;
+  check_status(fp8kit_linear_plan_make(call.m, call.k, call.n, FP8KIT_WEIGHT_OUT_IN,
+                                       call.dgrad ? 1 : 0, call.wgrad ? 1 : 0,
+                                       call.non_tn ? 1 : 0, &plan));
+  return plan;
+}
+
+at::Tensor linear_forward(LinearState& st, const at::Tensor& x, const at::Tensor& w,
+                          const std::optional<at::Tensor>& bias) {
+  FP8KIT_PROFILE_SCOPE("fp8kit::linear_forward");
+  check_high_precision(kFn, "input", x);
+  check_high_precision(kFn, "weight", w);
+  FP8KIT_VALUE_CHECK(w.dim() == 2, kFn, ": weight has shape ", shape_str(w.sizes()),
+                     "; it must be [out_features, in_features]");
+  const int64_t n = w.size(0), k = w.size(1);
+  FP8KIT_VALUE_CHECK(n > 0 && k > 0, kFn, ": weight has shape ", shape_str(w.sizes()),
+                     "; an FP8 Linear needs in_features > 0 and out_features > 0");
+  FP8KIT_VALUE_CHECK(x.dim() >= 1 && x.size(-1) == k, kFn, ": input has shape ",
+                     shape_str(x.sizes()), " but in_features is ", k,
+                     "; the last dimension of input must equal in_features");
+  check_rank(kFn, "input", x);
+  check_same_device(kFn, "input", x, "weight", w);
+  FP8KIT_VALUE_CHECK(st.device == w.device(), kFn, ": the layer's FP8 scaling state is on ",
+                     device_str(st.device), " but weight is on ", device_str(w.device()),
+                     "; move the whole module with .to(device)");
+  device_type_of(x, kFn, "input");
+  FP8KIT_VALUE_CHECK(k % FP8KIT_GEMM_DIM_MULTIPLE == 0, kFn, ": in_features is ", k,
+                     " but the FP8 GEMM needs in_features to be a multiple of ",
+                     FP8KIT_GEMM_DIM_MULTIPLE,
+                     " (cuBLASLt's K alignment); pad the layer or run it outside "
+                     "fp8kit.torch.autocast");
+  FP8KIT_VALUE_CHECK(n % FP8KIT_GEMM_DIM_MULTIPLE == 0, kFn, ": out_features is ", n,
+                     " but the FP8 backward GEMM needs out_features to be a multiple of ",
+                     FP8KIT_GEMM_DIM_MULTIPLE,
+                     " (cuBLASLt's K alignment for dgrad); pad the layer or run it outside "
+                     "fp8kit.torch.autocast");
+  at::Tensor b;
+  if (bias && bias->defined()) {
+    b = *bias;
+    check_high_precision(kFn, "bias", b);
+    FP8KIT_VALUE_CHECK(b.dim() == 1 && b.size(0) == n, kFn, ": bias has shape ",
+                       shape_str(b.sizes()), " but out_features is ", n);
+    check_same_device(kFn, "bias", b, "weight", w);
+  }
+  LinearCall p;
+  p.k = k;
+  p.n = n;
+  p.m = x.numel() / k;
+  const bool grad = at::GradMode::is_enabled();
+  p.dgrad = grad && x.requires_grad();
+  p.wgrad = grad && w.requires_grad();
+  p.bgrad = grad && b.defined() && b.requires_grad();
+  p.non_tn = st.non_tn;
+  p.plan = linear_plan(p);
+  DeviceScope scope(st.device);
+  if (!p.dgrad && !p.wgrad && !p.bgrad) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return forward_impl(st, x, w, b, p, nullptr);
+  }
+  return forward_with_grad(st, x, w, b, p);
+}
+
+}  // namespace fp8kit_torch

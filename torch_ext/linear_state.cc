@@ -1,0 +1,193 @@
+#include "linear_state.h"
+
+#include <string>
+#include <vector>
+
+#include "core_calls.h"
+#include "descriptors.h"
+#include "errors.h"
+
+namespace py = pybind11;
+
+namespace fp8kit_torch {
+
+std::unique_lock<std::mutex> lock_state(std::mutex& mu) {
+  std::unique_lock<std::mutex> lock(mu, std::try_to_lock);
+  if (!lock.owns_lock()) {
+    if (PyGILState_Check()) {
+      py::gil_scoped_release no_gil;
+      lock.lock();
+    } else {
+      lock.lock();
+    }
+  }
+  return lock;
+}
+
+LinearState::LinearState(const LinearRecipe& recipe_, const at::Device& device_)
+    : recipe(recipe_), device(device_), non_tn(supports_non_tn(device_)) {
+  const auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
+  history = at::zeros({kSlots, recipe.history_len}, opts);
+  amax = at::zeros({kSlots}, opts);
+  scale = at::ones({kSlots}, opts);
+  scale_inv = at::ones({kSlots}, opts);
+  counters = at::zeros({kSlots}, opts.dtype(at::kInt));
+  seeded_flags = at::zeros({kSlots}, opts.dtype(at::kInt));
+}
+
+void LinearState::quantize_slots(const SlotJob* jobs, int n, bool record) {
+  if (!recipe.delayed) {
+    fp8kit_current_scaling_config cfg;
+    cfg.amax_epsilon = recipe.amax_epsilon;
+    cfg.power_2_scale = recipe.power_2_scale ? 1 : 0;
+    for (int i = 0; i < n; ++i) {
+      const SlotJob& j = jobs[i];
+      ScalePtrs s;
+      s.scale = j.scalars + kScale;
+      s.scale_inv = j.scalars + kScaleInv;
+      s.amax = j.scalars + kAmax;
+      quantize_into(*j.x, slot_dtype(j.slot), j.data, j.columnwise_data, s, &cfg,
+                    j.sums.sums != nullptr ? &j.sums : nullptr);
+    }
+    return;
+  }
+  std::array<DelayedQuantizeItem, kSlots> items{};
+  int* flags = seeded_flags.data_ptr<int32_t>();
+  for (int i = 0; i < n; ++i) {
+    const SlotJob& j = jobs[i];
+    const int k = j.slot;
+    items[i].x = j.x;
+    items[i].fp8 = slot_dtype(k);
+    items[i].data = &j.data;
+    items[i].columnwise_data = &j.columnwise_data;
+    items[i].scale_inv = j.scalars + kScaleInv;
+    items[i].state.amax_history = history.data_ptr<float>() + k * recipe.history_len;
+    items[i].state.amax = amax.data_ptr<float>() + k;
+    items[i].state.scale = scale.data_ptr<float>() + k;
+    items[i].state.scale_inv = scale_inv.data_ptr<float>() + k;
+    items[i].state.counter = reinterpret_cast<unsigned int*>(counters.data_ptr<int32_t>()) + k;
+    items[i].state.seeded = seeded[k] ? nullptr : flags + k;
+    items[i].sums = j.sums;
+  }
+  fp8kit_delayed_scaling_config cfg;
+  cfg.history_len = recipe.history_len;
+  cfg.margin = recipe.margin;
+  cfg.amax_reduction = recipe.amax_reduction;
+  quantize_delayed_update_into(items.data(), n, cfg, record, device);
+  // A recorded quantization leaves its slot seeded (the core has set the
+  // device flag); one that is not recorded changes no state.
+  if (record) {
+    for (int i = 0; i < n; ++i) seeded[jobs[i].slot] = true;
+  }
+}
+
+unsigned int* LinearState::sum_counters_for(int64_t n) {
+  const int64_t tiles = (n + 127) / 128;
+  if (!sum_counters.defined() || sum_counters.numel() < tiles) {
+    sum_counters = at::zeros({tiles}, at::TensorOptions().device(device).dtype(at::kInt));
+  }
+  return reinterpret_cast<unsigned int*>(sum_counters.data_ptr<int32_t>());
+}
+
+bool LinearState::weight_cached(const at::Tensor& w, fp8kit_copies need) const {
+  if (!cache_weight || !w_src.defined() || w.is_inference()) return false;
+  return w_src.is_same(w) && w_ptr == w.data_ptr() && w_version == w._version() &&
+         w_src.sizes() == w.sizes() && (!need.rowwise || w_data.defined()) &&
+         (!need.columnwise || w_columnwise.defined());
+}
+
+void LinearState::keep_weight(const at::Tensor& w, const at::Tensor& data,
+                              const at::Tensor& columnwise, const at::Tensor& scalars) {
+  w_data = data;
+  w_columnwise = columnwise;
+  w_scalars = scalars;
+  w_src = w;
+  w_ptr = w.data_ptr();
+  w_version = w._version();
+}
+
+void LinearState::clear_weight_cache() {
+  w_src = at::Tensor();
+  w_data = at::Tensor();
+  w_columnwise = at::Tensor();
+  w_scalars = at::Tensor();
+  w_ptr = nullptr;
+  w_version = -1;
+}
+
+void LinearState::move_to(const at::Device& to) {
+  at::NoGradGuard no_grad;
+  history = history.to(to);
+  amax = amax.to(to);
+  scale = scale.to(to);
+  scale_inv = scale_inv.to(to);
+  counters = counters.to(to);
+  seeded_flags = seeded_flags.to(to);
+  sum_counters = at::Tensor();  // re-made (zeros) on the new device
+  device = history.device();
+  clear_weight_cache();
+  DeviceScope scope(device);
+  non_tn = supports_non_tn(device);
+}
+
+py::dict LinearState::checkpoint() {
+  const auto lock = lock_state(mu);
+  py::dict d;
+  d["recipe"] = recipe_to_plain(recipe);
+  // The amax accumulators and counters are 0 between calls: not state.
+  d["amax_history"] = history.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+  d["scale"] = scale.to(at::kCPU, false, true);
+  d["scale_inv"] = scale_inv.to(at::kCPU, false, true);
+  d["seeded"] = std::vector<bool>(seeded.begin(), seeded.end());
+  return d;
+}
+
+c10::intrusive_ptr<LinearState> LinearState::from_checkpoint(const py::dict& saved,
+                                                             const at::Device& device) {
+  constexpr const char* fn = "fp8kit.torch.Linear.set_extra_state";
+  auto get = [&](const char* key) {
+    FP8KIT_VALUE_CHECK(saved.contains(key), fn, ": the saved FP8 state has no '", key, "'");
+    return py::object(saved[key]);
+  };
+  c10::intrusive_ptr<LinearState> st = make_linear_state(recipe_from_plain(get("recipe")), device);
+  auto load = [&](const char* key, at::Tensor& dst) {
+    const py::object v = get(key);
+    FP8KIT_TYPE_CHECK(THPVariable_Check(v.ptr()), fn, ": saved '", key, "' is not a tensor");
+    const at::Tensor src = THPVariable_Unpack(v.ptr());
+    FP8KIT_VALUE_CHECK(src.scalar_type() == at::kFloat && src.sizes() == dst.sizes(), fn,
+                       ": saved '", key, "' is ", dtype_str(src.scalar_type()), " of shape ",
+                       shape_str(src.sizes()),
+                       " but the saved recipe needs torch.float32 of shape ",
+                       shape_str(dst.sizes()));
+    dst.copy_(src);
+  };
+  at::NoGradGuard no_grad;
+  load("amax_history", st->history);
+  load("scale", st->scale);
+  load("scale_inv", st->scale_inv);
+  const auto seeded = get("seeded").cast<std::vector<bool>>();
+  FP8KIT_VALUE_CHECK(seeded.size() == kSlots, fn, ": saved 'seeded' has ", seeded.size(),
+                     " flags; a Linear has ", kSlots, " slots");
+  for (int i = 0; i < kSlots; ++i) st->seeded[i] = seeded[i];
+  st->seeded_flags.copy_(at::tensor(std::vector<int32_t>(seeded.begin(), seeded.end())));
+  return st;
+}
+
+c10::intrusive_ptr<LinearState> make_linear_state(const LinearRecipe& recipe,
+                                                  const at::Device& device) {
+  constexpr const char* fn = "fp8kit.torch.Linear";
+  FP8KIT_VALUE_CHECK(device.is_cpu() || device.is_cuda(), fn, ": device is ", device_str(device),
+                     "; use a CPU or CUDA device");
+  at::Device dev = device;
+#ifdef FP8KIT_TORCH_CUDA
+  if (dev.is_cuda() && !dev.has_index()) dev = at::Device(at::kCUDA, c10::cuda::current_device());
+#else
+  FP8KIT_VALUE_CHECK(!dev.is_cuda(), fn,
+                     ": this fp8kit build has no CUDA support; rebuild it on a machine with a "
+                     "CUDA toolkit or keep the layer on the CPU");
+#endif
+  DeviceScope scope(dev);
+  return c10::make_intrusive<LinearState>(recipe, dev);
+}
+
+}  // namespace fp8kit_torch
