@@ -78,8 +78,10 @@ def test_fp8_learns_and_tracks_bf16(demo_run):
 
 
 def test_bad_arguments_are_reported(capsys):
-    assert demo.main(["--batch", "50", "--steps", "1"]) == 2
-    assert "batch=50 must be a positive multiple of 16" in capsys.readouterr().err
+    assert demo.main(["--hidden", "50", "--steps", "1"]) == 2
+    assert "hidden=50 must be a positive multiple of 16" in capsys.readouterr().err
+    assert demo.main(["--batch", "0", "--steps", "1"]) == 2
+    assert "batch=0 must be >= 1" in capsys.readouterr().err
     assert demo.main(["--frameworks", "mxnet", "--steps", "1"]) == 2
 
 

@@ -27,7 +27,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m fp8kit.demo",
                                 description=__doc__.split("\n\n")[0].split(": ", 1)[1])
     p.add_argument("--steps", type=int, default=d.steps, help="training steps per run")
-    p.add_argument("--batch", type=int, default=d.batch, help="tokens per step (multiple of 16)")
+    p.add_argument("--batch", type=int, default=d.batch, help="tokens per step")
     p.add_argument("--hidden", type=int, default=d.hidden, help="MLP width (multiple of 16)")
     p.add_argument("--blocks", type=int, default=d.blocks, help="MLP blocks")
     p.add_argument("--lr", type=float, default=d.lr, help="Adam learning rate")

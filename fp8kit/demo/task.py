@@ -13,8 +13,9 @@ and a final layer norm and output head give the next character's logits.
 The up and down projections are the FP8 layers (fp8kit.jax.dense /
 fp8kit.torch.Linear); embeddings, layer norms and the small output head
 stay in bf16 in both runs, as FP8 training recipes usually keep them, so
-the FP8 and bf16 runs differ only in the FP8 layers. FP8 GEMMs need every
-dimension a multiple of 16: d_model, hidden and the batch (token count).
+the FP8 and bf16 runs differ only in the FP8 layers. FP8 GEMMs need the
+layers' feature sizes, d_model and hidden, to be multiples of 16; the batch
+(the token count) may be any size.
 """
 
 from __future__ import annotations
@@ -47,11 +48,13 @@ class Config:
         return len(text.ALPHABET)
 
     def check(self) -> None:
-        for name in ("d_model", "hidden", "batch"):
+        for name in ("d_model", "hidden"):
             v = getattr(self, name)
             if v <= 0 or v % 16 != 0:
                 raise ValueError(f"{name}={v} must be a positive multiple of 16 (FP8 GEMM "
-                                 "alignment); change --embed/--context, --hidden or --batch")
+                                 "alignment); change --embed/--context or --hidden")
+        if self.batch < 1:
+            raise ValueError(f"batch={self.batch} must be >= 1")
         if self.steps < 1:
             raise ValueError(f"steps={self.steps} must be >= 1")
 

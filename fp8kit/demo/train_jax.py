@@ -5,8 +5,8 @@ FP8 scaling state: one fp8kit.jax.DelayedScalingState per FP8 layer. The
 step differentiates the loss with respect to the states as well as the
 weights; the "gradient" of each state is its updated value (the amax of the
 output gradient only exists in the backward pass - see
-fp8kit/jax/state.py), so it replaces the state instead of being applied
-by the optimizer.
+fp8kit.jax.DelayedScalingState), so it replaces the state instead of being
+applied by the optimizer.
 """
 
 from __future__ import annotations
