@@ -15,14 +15,15 @@ JOBS ?= $(shell nproc)
 PY_DEPS := torch==2.13.0 jax ml_dtypes numpy pybind11 scikit-build-core ninja \
            pytest absl-py matplotlib
 
-.PHONY: demo test venv system-deps install bazel-test pip-test cuda-compile-check clean
+.PHONY: demo test venv system-deps install bazel-test bazel-consumer-test pip-test \
+        cuda-compile-check clean
 
 # Run from outside the source tree so `import fp8kit` is the installed
 # package (with its compiled extensions), not ./fp8kit.
 demo: install
 	cd /tmp && "$(abspath $(PY))" -m fp8kit.demo --out "$(CURDIR)/out/demo_loss.png"
 
-test: system-deps venv cuda-compile-check bazel-test pip-test
+test: system-deps venv cuda-compile-check bazel-test bazel-consumer-test pip-test
 	@echo "make test: all passed"
 
 $(VENV)/.deps-stamp: Makefile
@@ -49,21 +50,36 @@ install: venv
 # Every test target under Bazel: GoogleTest of the core, py_tests of both
 # front ends, the build-sync check. FP8KIT_PYTHON tells the configure rule
 # which interpreter (with jax and torch) to take headers and run tests from.
+BAZEL_ENV := PATH="$(abspath $(VENV))/bin:$$PATH" FP8KIT_PYTHON="$(abspath $(PY))"
 bazel-test: venv
-	PATH="$(abspath $(VENV))/bin:$$PATH" FP8KIT_PYTHON="$(abspath $(PY))" \
-	  bazel test --jobs=$(JOBS) //...
+	$(BAZEL_ENV) bazel test --jobs=$(JOBS) //...
+
+# fp8kit as another workspace's dependency (examples/bazel_consumer, which
+# builds fp8kit as an external repository): its tests on the CPU, then with
+# nvcc present its C API test against the CUDA core (compile and link only).
+bazel-consumer-test: venv
+	cd examples/bazel_consumer && $(BAZEL_ENV) bazel test --jobs=$(JOBS) //...
+	@if command -v nvcc >/dev/null; then \
+	  $(CUBLAS_WHEEL); \
+	  cd examples/bazel_consumer && $(BAZEL_ENV) \
+	    bazel build --jobs=$(JOBS) --@fp8kit//:cuda=true //:c_api_test; \
+	  echo "bazel-consumer-test: C API test built against the CUDA core"; \
+	else echo "bazel-consumer-test: no nvcc, CUDA build skipped"; fi
 
 # The installed package passes the whole Python suite. Run from outside the
 # source tree so `import fp8kit` finds the installed package.
 pip-test: install
 	cd /tmp && "$(abspath $(VENV))/bin/pytest" -q -p no:cacheprovider "$(CURDIR)/tests"
 
+# cuBLASLt for CUDA builds on a machine whose toolkit has none.
+CUBLAS_WHEEL = $(PY) -c "import nvidia.cu13" 2>/dev/null || $(PIP) install -q nvidia-cublas
+
 # With nvcc on the machine (no GPU needed), compile every CUDA source for
 # sm_90 so that a CUDA build break cannot land unnoticed. cuBLASLt's headers
 # come from the nvidia-cublas wheel when the toolkit has none.
 cuda-compile-check: venv
 	@mkdir -p build; if command -v nvcc >/dev/null; then \
-	  $(PY) -c "import nvidia.cu13" 2>/dev/null || $(PIP) install -q nvidia-cublas; \
+	  $(CUBLAS_WHEEL); \
 	  cmake -S . -B build/cuda-check -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV))/bin/ninja \
 	    -DPython_EXECUTABLE=$(abspath $(PY)) -DFP8KIT_CUDA=ON -DFP8KIT_JAX=OFF -DFP8KIT_TORCH=OFF \
 	    -DFP8KIT_CUDA_ARCHITECTURES=90 >build/cuda-check.log 2>&1 || { cat build/cuda-check.log; exit 1; }; \
@@ -75,3 +91,4 @@ cuda-compile-check: venv
 clean:
 	rm -rf build $(VENV)
 	-bazel clean --expunge 2>/dev/null
+	-cd examples/bazel_consumer && bazel clean --expunge 2>/dev/null

@@ -13,7 +13,12 @@ This test reads both and fails when they drift:
   * the version in CMakeLists.txt, common/BUILD and pyproject.toml differ.
 
 Both the CPU configuration and the CUDA one (CMake with FP8KIT_WITH_CUDA,
-Bazel with --config=cuda) are checked.
+Bazel with --//:cuda=true) are checked.
+
+The same parse checks that the BUILD files work when fp8kit is an external
+repository of another workspace: no include path or label that assumes
+fp8kit is the main repository (-I copts, labels of repositories other than
+@fp8kit_deps, loads from other repositories).
 
 BUILD files are Starlark, which for BUILD files is a subset of Python: they
 are executed here with stand-ins for glob/select/rules that record what
@@ -265,7 +270,7 @@ class _Namespace(dict):
 
     def __init__(self, pkg, rules, root):
         super().__init__()
-        self.pkg, self.rules = pkg, rules
+        self.pkg, self.rules, self.loads = pkg, rules, []
         self["glob"] = lambda include, exclude=(), **kw: Sel([("items", [Glob(pkg, include, exclude)])])
         self["select"] = lambda branches, **kw: Sel([("select", dict(branches))])
         self["load"] = self._load
@@ -274,6 +279,7 @@ class _Namespace(dict):
                                 "True": True, "False": False, "None": None}
 
     def _load(self, label, *names, **aliases):
+        self.loads.append(label)
         for n in names:
             self[n] = _Recorder(n, self.pkg, self.rules, passes_srcs=True)
         for alias, n in aliases.items():
@@ -291,8 +297,9 @@ def _ignored_dirs(root):
 
 
 def parse_bazel(root):
-    """Executes every BUILD file; returns ({label: Rule}, {name: value} of common/BUILD...)."""
-    rules, consts = [], {}
+    """Executes every BUILD file; returns ({label: Rule}, {package: {NAME: value}},
+    {package: [labels of the .bzl files it loads]})."""
+    rules, consts, loads = [], {}, {}
     ignored = _ignored_dirs(root)
     for dirpath, dirnames, filenames in os.walk(root):
         rel = Path(dirpath).relative_to(root).as_posix()
@@ -308,7 +315,8 @@ def parse_bazel(root):
         code = compile((Path(dirpath) / build).read_text(), str(Path(dirpath) / build), "exec")
         exec(code, ns)  # noqa: S102 - our own BUILD files, parsed as Starlark
         consts[rel] = {k: v for k, v in ns.items() if k.isupper()}
-    return {r.label: r for r in rules if "name" in r.attrs}, consts
+        loads[rel] = ns.loads
+    return {r.label: r for r in rules if "name" in r.attrs}, consts, loads
 
 
 def _bazel_compiled(root, rule, config):
@@ -346,7 +354,7 @@ def check_tree(root):
     root = Path(root)
     problems = []
     globs, uses, cmake_version = parse_cmake(root)
-    rules, consts = parse_bazel(root)
+    rules, consts, _ = parse_bazel(root)
 
     for var in sorted({v for _, v, _ in uses if v not in globs}):
         problems.append("CMake: a target uses ${%s}, which no file(GLOB) defines" % var)
@@ -400,6 +408,62 @@ def check_tree(root):
     return problems
 
 
+# ----------------------------------------- usable from another workspace ---
+
+# Repositories fp8kit's BUILD files may name: the aliases that
+# fp8kit_dependencies() defines (@fp8kit_deps, whose targets point at
+# repositories of configurable names) and Bazel's own.
+ALLOWED_REPOSITORIES = ("@fp8kit_deps//", "@bazel_tools//")
+
+
+def _strings(value):
+    """Every string in an attribute value (lists, dicts, select()s)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Sel):
+        for kind, part in value.parts:
+            yield from _strings(part if kind == "items" else list(part.keys()) + list(part.values()))
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(k)
+            yield from _strings(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _strings(v)
+
+
+def portability_problems(root):
+    """Ways the BUILD files assume fp8kit is the main repository."""
+    problems = []
+    rules, _, loads = parse_bazel(Path(root))
+    for pkg, labels in sorted(loads.items()):
+        for label in labels:
+            if label.startswith("@") and not label.startswith("@bazel_tools//"):
+                problems.append("//%s loads %s: a dependent workspace may not have that "
+                                "repository, and loading it fetches it even for builds that "
+                                "do not use it" % (pkg, label))
+    # .bzl files that BUILD files load, and what they load in turn.
+    ignored = _ignored_dirs(Path(root))
+    for path in sorted(Path(root).rglob("*.bzl")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith("bazel-") or any(rel == d or rel.startswith(d + "/") for d in ignored):
+            continue
+        for label in re.findall(r'^load\(\s*"(@[^"]*)"', path.read_text(), re.M):
+            if not label.startswith("@bazel_tools//"):
+                problems.append("%s loads %s: every BUILD file that loads %s would fetch it"
+                                % (rel, label, rel))
+    for label, rule in sorted(rules.items()):
+        for attr, value in sorted(rule.attrs.items()):
+            for text in _strings(value):
+                if attr in ("copts", "nvcc_flags") and text.startswith(("-I", "-iquote", "-isystem")):
+                    problems.append("%s: copt %s is relative to the main repository; use "
+                                    "includes/strip_include_prefix on a cc_library" % (label, text))
+                if text.startswith("@") and not text.startswith(ALLOWED_REPOSITORIES):
+                    problems.append("%s: %s names a repository the dependent workspace may call "
+                                    "otherwise; go through @fp8kit_deps" % (label, text))
+    return problems
+
+
 def test_bazel_and_cmake_compile_the_same_sources():
     problems = check_tree(ROOT)
     assert not problems, "Bazel and CMake builds drifted:\n  " + "\n  ".join(problems)
@@ -425,7 +489,7 @@ add_executable(fp8kit_core_test ${FP8KIT_CPP_TEST_SRCS})
 
 _BUILDS = {
     "common/BUILD": '''
-load("//third_party:cuda.bzl", "cuda_objects")
+load("//bazel:cuda.bzl", "cuda_objects")
 FP8KIT_VERSION = "1.2.3"
 cc_library(
     name = "fp8kit_core",
@@ -454,6 +518,28 @@ def _make_tree(tmp_path, cmake=_CMAKE, builds=None, files=()):
         (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / f).write_text("")
     return tmp_path
+
+
+def test_build_files_work_from_another_workspace():
+    problems = portability_problems(ROOT)
+    assert not problems, "BUILD files assume fp8kit is the main repository:\n  " + "\n  ".join(problems)
+
+
+def test_portability_check_catches_main_repository_assumptions(tmp_path):
+    builds = {"torch_ext/BUILD": '''
+load("@local_cuda//:defs.bzl", "NVCC")
+cc_library(
+    name = "torch_ext",
+    srcs = glob(["*.cc"]),
+    copts = ["-Itorch_ext"],
+    deps = ["@fp8kit_deps//:torch"] + select({"//:cuda_enabled": ["@local_cuda//:cudart"]}),
+)
+'''}
+    problems = portability_problems(_make_tree(tmp_path, builds=builds))
+    assert any("loads @local_cuda//:defs.bzl" in p for p in problems), problems
+    assert any("copt -Itorch_ext" in p for p in problems), problems
+    assert any("@local_cuda//:cudart names a repository" in p for p in problems), problems
+    assert len(problems) == 3, problems  # @fp8kit_deps//:torch is fine
 
 
 def test_checker_accepts_matching_builds(tmp_path):

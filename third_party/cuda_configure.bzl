@@ -1,4 +1,4 @@
-"""cuda_configure: the local CUDA toolkit and cuBLASLt, for --config=cuda.
+"""cuda_configure: the local CUDA toolkit and cuBLASLt, for fp8kit's CUDA build.
 
 Finds nvcc and the toolkit ($CUDA_PATH, $CUDA_HOME, nvcc on PATH, then
 /usr/local/cuda) and cuBLASLt (the toolkit's, else the nvidia-cublas pip
@@ -8,11 +8,11 @@ Generates:
   :cuda_headers  the toolkit's C/C++ headers (host compilation)
   :cudart        cuda_headers + static cudart
   :cublaslt      cuBLASLt's headers and shared library
-  defs.bzl       NVCC (absolute path, "" if none), CUDA_INCLUDE,
-                 CUBLASLT_INCLUDE, CUDA_MISSING (reason, "" if usable)
+  :nvcc          a script that runs the toolkit's nvcc
 
-Only --config=cuda builds use these targets; without a toolkit they fail
-with the reason and the CPU build never touches them.
+Only builds with --@fp8kit//:cuda=true use these targets (through
+@fp8kit_deps); without a usable toolkit they fail with the reason. Nothing
+loads a .bzl file from this repository, so CPU builds never fetch it.
 """
 
 load(":python_configure.bzl", "failing_target", "find_python", "run_probe")
@@ -68,13 +68,19 @@ def _cuda_configure_impl(repository_ctx):
             missing = ("nvcc found at %s but no cuBLASLt: install the toolkit's cuBLAS or " +
                        "`pip install nvidia-cublas` into %s") % (root, python)
 
-    build = ['package(default_visibility = ["//visibility:public"])\n']
+    build = [
+        'package(default_visibility = ["//visibility:public"])\n',
+        'exports_files(["nvcc"])\n',
+    ]
     if missing:
         build.append("# " + missing + "\n")
         for name in ["cuda_headers", "cudart", "cublaslt"]:
             build.append(failing_target(name, missing))
-        defs = {"NVCC": "", "CUDA_INCLUDE": "", "CUBLASLT_INCLUDE": ""}
+        repository_ctx.file("nvcc", "#!/bin/sh\necho 'fp8kit CUDA build: %s' >&2\nexit 1\n" % missing.replace("'", ""))
     else:
+        # A script rather than a symlink: nvcc finds its toolkit from its
+        # own location.
+        repository_ctx.file("nvcc", '#!/bin/sh\nexec "%s/bin/nvcc" "$@"\n' % root)
         cublas_inc = cublas_inc.rpartition("/")[0]
         repository_ctx.symlink(root + "/include", "cuda_include")
         repository_ctx.symlink(cudart, "cuda_lib/libcudart_static.a")
@@ -114,30 +120,13 @@ cc_library(
     linkopts = ["-Wl,-rpath,{cublas_libdir}"],
     deps = [":cublaslt_so", ":cuda_headers"],
 )
-
-filegroup(
-    name = "nvcc_inputs",
-    srcs = glob({hdrs}) + glob(["cublaslt_include/*.h"]),
-)
 """.format(
             root = root,
             cublas_lib = cublas_lib,
             cublas_libdir = cublas_libdir,
             hdrs = repr(["cuda_include/" + p for p in _CUDA_HDRS]),
         ))
-        defs = {
-            "NVCC": root + "/bin/nvcc",
-            "CUDA_INCLUDE": "external/%s/cuda_include" % repository_ctx.name,
-            "CUBLASLT_INCLUDE": "external/%s/cublaslt_include" % repository_ctx.name,
-        }
-    if missing:
-        build.append('filegroup(\n    name = "nvcc_inputs",\n    srcs = [":cuda_headers_missing"],\n)\n')
     repository_ctx.file("BUILD", "".join(build))
-    lines = ['"""Facts about the local CUDA toolkit (generated)."""']
-    for k in sorted(defs):
-        lines.append("%s = %r" % (k, defs[k]))
-    lines.append("CUDA_MISSING = %r" % missing)
-    repository_ctx.file("defs.bzl", "\n".join(lines) + "\n")
 
 cuda_configure = repository_rule(
     implementation = _cuda_configure_impl,

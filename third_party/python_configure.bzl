@@ -10,7 +10,7 @@ those directories into the generated repository and writes a BUILD with:
   :torch           torch's C++ headers, libtorch/libtorch_cpu/libtorch_python/
                    libc10, and -D_GLIBCXX_USE_CXX11_ABI matching this torch
   :torch_cuda      torch_cuda/c10_cuda + FP8KIT_TORCH_CUDA when torch has CUDA,
-                   else empty (used only under --config=cuda)
+                   else empty (used only by the CUDA build)
   :py_toolchain    the Python toolchain pinned to the same interpreter, so
                    py_tests import the very packages the headers came from
 
@@ -173,13 +173,17 @@ def _python_configure_impl(repository_ctx):
         if facts.get("torch_cuda"):
             cuda_libs, text = _shared_libs(repository_ctx, "torch_cuda", facts["torch_lib"], ["torch_cuda", "c10_cuda"])
             build.append(text)
-            build.append("""
+            cudart = repository_ctx.attr.cudart
+            if cudart:
+                build.append("""
 cc_library(
     name = "torch_cuda",
     defines = ["FP8KIT_TORCH_CUDA"],
     deps = {deps},
 )
-""".format(deps = repr(cuda_libs + [":torch", "@local_cuda//:cudart"])))
+""".format(deps = repr(cuda_libs + [":torch", cudart])))
+            else:
+                build.append(failing_target("torch_cuda", "torch %s has CUDA but fp8kit_dependencies() configured no CUDA repository (cuda_repo = None)" % facts["torch_version"]))
         else:
             build.append('\n# torch %s has no CUDA: the CUDA build of torch_ext uses CPU tensors only.\ncc_library(name = "torch_cuda")\n' % facts["torch_version"])
     else:
@@ -216,6 +220,11 @@ toolchain(
 
 python_configure = repository_rule(
     implementation = _python_configure_impl,
+    attrs = {
+        "cudart": attr.string(
+            doc = "Label of the CUDA runtime library that :torch_cuda links (a CUDA torch only); \"\" for none.",
+        ),
+    },
     environ = _ENV_VARS,
     local = True,
     configure = True,

@@ -1,9 +1,10 @@
 """fp8kit_py_tests: one py_test per pytest file, run through pytest.
 
 Each tests/**/test_*.py becomes a py_test named after the file whose main is
-third_party/pytest_runner.py; the runner hands the file to pytest.main, so
-pytest features (fixtures, parametrize, skips, conftest.py) work as they do
-under plain `pytest tests/`.
+bazel/pytest_runner.py; the runner hands the file to pytest.main, so pytest
+features (fixtures, parametrize, skips, conftest.py) work as they do under
+plain `pytest tests/`, from this workspace or from one that depends on
+fp8kit.
 """
 
 def fp8kit_py_tests(srcs, deps = ["//fp8kit"], data = [], size = "medium", tags = []):
@@ -11,19 +12,26 @@ def fp8kit_py_tests(srcs, deps = ["//fp8kit"], data = [], size = "medium", tags 
 
     Each test also gets the package's other .py files (conftest.py, shared
     reference helpers such as torch_reference.py) and //tests:pytest_support.
+    Tests are visible to //tests only, whose test suites are the public way
+    to run them.
     """
     helpers = native.glob(["*.py"], exclude = ["test_*.py"])
     for src in srcs:
         native.py_test(
             name = src[:-len(".py")],
-            srcs = [src, "//third_party:pytest_runner.py"] + helpers,
-            main = "//third_party:pytest_runner.py",
-            args = ["$(location %s)" % src],
+            srcs = [src, "//bazel:pytest_runner.py"] + helpers,
+            main = "//bazel:pytest_runner.py",
+            # rootpath is relative to the runfiles directory of the main
+            # repository, also when fp8kit is an external one (../fp8kit/...).
+            args = ["$(rootpath %s)" % src],
             deps = deps,
             data = data + ["//tests:pytest_support"],
+            # pytest imports test files by their directory (no generated
+            # __init__.py making tests/ a package of the repository).
             legacy_create_init = False,
             python_version = "PY3",
             srcs_version = "PY3",
             size = size,
             tags = tags,
+            visibility = ["//tests:__pkg__"],
         )

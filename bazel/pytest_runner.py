@@ -1,0 +1,51 @@
+"""Runs one pytest file as a Bazel py_test: pytest_runner.py <test file>.
+
+Bazel runs tests from the runfiles tree, which is read-only and has no
+pytest configuration of its own, so the runner points pytest at fp8kit's
+pyproject.toml (shipped as data next to the tests: the nearest one above the
+test file, which is found also when fp8kit is an external repository and
+the working directory is the main repository's), keeps its cache and
+bytecode out of the tree, and writes JUnit XML where Bazel expects it.
+"""
+import os
+import sys
+
+sys.dont_write_bytecode = True
+
+import pytest  # noqa: E402
+
+
+def find_config(test_file):
+    """Directory of the nearest pyproject.toml above `test_file`, or None."""
+    directory = os.path.dirname(os.path.abspath(test_file))
+    while True:
+        if os.path.isfile(os.path.join(directory, "pyproject.toml")):
+            return directory
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return None
+        directory = parent
+
+
+def main(argv):
+    if len(argv) != 1:
+        sys.stderr.write("usage: pytest_runner.py <test file>\n")
+        return 2
+    test_file = argv[0]
+    # A file of another repository is external/<repo>/... under the main
+    # repository's runfiles only with --legacy_external_runfiles (Bazel 4's
+    # default); it is always at ../<repo>/...
+    if not os.path.exists(test_file) and test_file.startswith("external/"):
+        test_file = os.path.join("..", test_file[len("external/"):])
+    args = [test_file, "-p", "no:cacheprovider", "-ra"]
+    root = find_config(test_file)
+    if root is not None:
+        args += ["-c", os.path.join(root, "pyproject.toml"), "--rootdir", root]
+    xml = os.environ.get("XML_OUTPUT_FILE")
+    if xml:
+        args += ["--junitxml", xml]
+    return pytest.main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
