@@ -13,7 +13,7 @@ PIP := $(PY) -m pip
 JOBS ?= $(shell nproc)
 # The pinned stack: torch's CPU build on CI machines; the rest from PyPI.
 PY_DEPS := torch==2.13.0 jax ml_dtypes numpy pybind11 scikit-build-core ninja \
-           pytest absl-py matplotlib
+           pytest hypothesis absl-py matplotlib
 
 .PHONY: demo test venv system-deps install bazel-test bazel-consumer-test pip-test \
         cuda-compile-check clean

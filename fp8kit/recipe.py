@@ -49,9 +49,52 @@ class AmaxReduction(enum.Enum):
     MOST_RECENT = "most_recent"
 
 
-def _check_bool(name: str, value) -> None:
+# The valid ranges of a recipe. The core defines the same numbers
+# (FP8KIT_MARGIN_MAX and FP8KIT_AMAX_HISTORY_LEN_MAX in
+# common/include/fp8kit/delayed_scaling.h) and checks them again; both
+# extensions export them (MARGIN_MAX, AMAX_HISTORY_LEN_MAX), and
+# tests/test_recipe.py checks that all agree. Kept here as plain numbers so
+# that this module imports no extension.
+MARGIN_MAX = 126                 # 2**-margin stays a normal float32
+AMAX_HISTORY_LEN_MAX = 1 << 20   # far beyond any useful history
+# amax_epsilon is a float32 in the core (fp8kit_current_scaling_config):
+# finite there means at most the largest float32.
+AMAX_EPSILON_MAX = 3.4028234663852886e38
+
+
+def _bad(recipe, field: str, value, requirement: str) -> str:
+    """'DelayedScaling.margin must be an int in [0, 126], got 1.5 (float)'."""
+    return (f"{type(recipe).__name__}.{field} must be {requirement}, got {value!r} "
+            f"({type(value).__name__})")
+
+
+def _check_enum(recipe, field: str, value, enum_cls) -> None:
+    if not isinstance(value, enum_cls):
+        members = ", ".join(f"{enum_cls.__name__}.{m.name}" for m in enum_cls)
+        raise TypeError(_bad(recipe, field, value,
+                             f"an fp8kit.recipe.{enum_cls.__name__} ({members})"))
+
+
+def _check_bool(recipe, field: str, value) -> None:
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {value!r}")
+        raise TypeError(_bad(recipe, field, value, "a bool (True or False)"))
+
+
+def _check_int(recipe, field: str, value, lo: int, hi: int) -> None:
+    # bool is an int subclass, but True as a length or margin is a mistake.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(_bad(recipe, field, value, f"an int in [{lo}, {hi}]"))
+    if not lo <= value <= hi:
+        raise ValueError(_bad(recipe, field, value, f"an int in [{lo}, {hi}]"))
+
+
+def _check_epsilon(recipe, field: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(_bad(recipe, field, value, "a float (or int) >= 0; 0.0 disables it"))
+    if not 0 <= value <= AMAX_EPSILON_MAX:  # NaN and inf fail too
+        raise ValueError(_bad(recipe, field, value,
+                              f"a finite float >= 0 (at most {AMAX_EPSILON_MAX:g}, the largest "
+                              "float32); 0.0 disables it"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +104,11 @@ class DelayedScaling:
     scale = fp8_max / amax_reduced / 2**margin, with amax_reduced the max (or
     the most recent) of the last `amax_history_len` amaxes; a zero or
     non-finite amax keeps the previous scale.
+
+    Every field is checked here, at construction (TypeError for a wrong
+    type, ValueError for a value out of range): amax_history_len an int in
+    [1, AMAX_HISTORY_LEN_MAX], margin an int in [0, MARGIN_MAX] (a bool is
+    neither), the enums their classes, forward_fast_accumulation a bool.
     """
 
     fp8_format: Format = Format.HYBRID
@@ -70,17 +118,11 @@ class DelayedScaling:
     forward_fast_accumulation: bool = False   # see the module docstring
 
     def __post_init__(self):
-        _check_bool("forward_fast_accumulation", self.forward_fast_accumulation)
-        if not isinstance(self.fp8_format, Format):
-            raise TypeError(f"fp8_format must be an fp8kit.recipe.Format, got {self.fp8_format!r}")
-        if not isinstance(self.amax_reduction, AmaxReduction):
-            raise TypeError(
-                "amax_reduction must be an fp8kit.recipe.AmaxReduction, "
-                f"got {self.amax_reduction!r}")
-        if not isinstance(self.amax_history_len, int) or self.amax_history_len < 1:
-            raise ValueError(f"amax_history_len must be an int >= 1, got {self.amax_history_len!r}")
-        if not isinstance(self.margin, int) or self.margin < 0:
-            raise ValueError(f"margin must be an int >= 0, got {self.margin!r}")
+        _check_enum(self, "fp8_format", self.fp8_format, Format)
+        _check_int(self, "amax_history_len", self.amax_history_len, 1, AMAX_HISTORY_LEN_MAX)
+        _check_int(self, "margin", self.margin, 0, MARGIN_MAX)
+        _check_enum(self, "amax_reduction", self.amax_reduction, AmaxReduction)
+        _check_bool(self, "forward_fast_accumulation", self.forward_fast_accumulation)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +131,11 @@ class CurrentScaling:
 
     scale = fp8_max / max(amax, amax_epsilon), optionally rounded down to a
     power of two; a zero or non-finite amax gives scale 1.
+
+    Every field is checked here, at construction: amax_epsilon an int or
+    float (not a bool or str), finite and >= 0 (at most AMAX_EPSILON_MAX,
+    as the core holds it in a float32); power_2_scale and
+    forward_fast_accumulation bools.
     """
 
     fp8_format: Format = Format.HYBRID
@@ -97,11 +144,10 @@ class CurrentScaling:
     forward_fast_accumulation: bool = False   # see the module docstring
 
     def __post_init__(self):
-        _check_bool("forward_fast_accumulation", self.forward_fast_accumulation)
-        if not isinstance(self.fp8_format, Format):
-            raise TypeError(f"fp8_format must be an fp8kit.recipe.Format, got {self.fp8_format!r}")
-        if not (self.amax_epsilon >= 0.0):
-            raise ValueError(f"amax_epsilon must be >= 0, got {self.amax_epsilon!r}")
+        _check_enum(self, "fp8_format", self.fp8_format, Format)
+        _check_epsilon(self, "amax_epsilon", self.amax_epsilon)
+        _check_bool(self, "power_2_scale", self.power_2_scale)
+        _check_bool(self, "forward_fast_accumulation", self.forward_fast_accumulation)
 
 
 Recipe = DelayedScaling | CurrentScaling

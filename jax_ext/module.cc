@@ -154,4 +154,9 @@ PYBIND11_MODULE(_jax_ext, m) {
   m.attr("FP8_MAX") = fp8_max;
   // K, N and every FP8 GEMM's inner dimension are multiples of this.
   m.attr("GEMM_DIM_MULTIPLE") = FP8KIT_GEMM_DIM_MULTIPLE;
+  // The delayed-scaling recipe ranges (fp8kit/delayed_scaling.h), which
+  // fp8kit.recipe states too: margin in [0, MARGIN_MAX], history length in
+  // [1, AMAX_HISTORY_LEN_MAX].
+  m.attr("MARGIN_MAX") = FP8KIT_MARGIN_MAX;
+  m.attr("AMAX_HISTORY_LEN_MAX") = FP8KIT_AMAX_HISTORY_LEN_MAX;
 }

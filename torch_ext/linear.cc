@@ -2,65 +2,107 @@
 // linear_forward.
 #include "linear.h"
 
+#include <string>
 #include <vector>
 
 #include "descriptors.h"
+#include "errors.h"
+#include "initialised.h"
 #include "linear_autograd.h"
 #include "linear_recipe.h"
 #include "linear_state.h"
+#include "py_values.h"
 
 namespace py = pybind11;
 
 namespace fp8kit_torch {
+namespace {
+
+constexpr ClassHint kStateHint{
+    "fp8kit._torch_ext.LinearState",
+    "LinearState(recipe, device) (or use fp8kit.torch.Linear, which makes its own)"};
+
+LinearState& state_self(py::handle self) { return initialised<LinearState>(self, kStateHint); }
+
+// A state tensor for Python: a copy, so that resizing or re-typing it
+// cannot corrupt the layer's state (which the core writes in place).
+at::Tensor copy_out(LinearState& s, const at::Tensor& t) {
+  const auto lock = lock_state(s.mu);
+  return t.clone();
+}
+
+}  // namespace
 
 void register_linear(py::module_& m) {
   py::class_<LinearState, c10::intrusive_ptr<LinearState>>(
       m, "LinearState",
-      "One fp8kit Linear layer's FP8 scaling state (delayed-scaling history, amax, scale and "
-      "scale_inv of its input, weight and grad_output) and its cached quantized weight.")
-      .def(py::init([](py::handle recipe, const at::Device& device) {
-             return make_linear_state(recipe_from_python(recipe), device);
+      "One fp8kit Linear layer's FP8 scaling state for one scaling recipe (delayed-scaling "
+      "history, amax, scale and scale_inv of its input, weight and grad_output) and its cached "
+      "quantized weight.")
+      .def(py::init([](py::handle recipe, py::handle device) {
+             return make_linear_state(
+                 recipe_from_python(recipe),
+                 read_device(device, "fp8kit._torch_ext.LinearState: device"));
            }),
-           py::arg("recipe"), py::arg("device") = at::Device(at::kCPU),
+           py::arg("recipe"), py::arg("device") = py::str("cpu"),
            "The state for `recipe` (an fp8kit.recipe.DelayedScaling or CurrentScaling) on "
            "`device`.")
-      .def_static("from_state", &LinearState::from_checkpoint, py::arg("state"),
-                  py::arg("device") = at::Device(at::kCPU),
-                  "The state that get_state() described, on `device`.")
-      .def(
-          "use_recipe",
-          [](LinearState& s, py::handle recipe) {
-            const LinearRecipe r = recipe_from_python(recipe);
-            const auto lock = lock_state(s.mu);
-            if (!r.same_scaling(s.recipe)) return false;
-            s.recipe.forward_fast_accumulation = r.forward_fast_accumulation;
-            return true;
+      .def_static(
+          "from_state",
+          [](py::handle state, py::handle device, const std::string& where) {
+            return LinearState::from_checkpoint(state, read_device(device, where + ": device"),
+                                                where);
           },
-          py::arg("recipe"),
-          "Takes `recipe`'s forward_fast_accumulation and returns True when its scaling "
-          "parameters are this state's; returns False (and changes nothing) otherwise.")
+          py::arg("state"), py::arg("device") = py::str("cpu"),
+          py::arg("where") = "fp8kit._torch_ext.LinearState.from_state",
+          "The state that get_state() described, on `device`; errors name the entry after "
+          "`where`.")
       .def_property_readonly(
-          "recipe", [](const LinearState& s) { return recipe_to_plain(s.recipe); },
+          "recipe", [](py::handle self) { return recipe_to_plain(state_self(self).recipe); },
           "The scaling parameters, as plain values.")
-      .def_property_readonly("delayed", [](const LinearState& s) { return s.recipe.delayed; })
+      .def_property_readonly("delayed",
+                             [](py::handle self) { return state_self(self).recipe.delayed; })
+      .def_property_readonly("device", [](py::handle self) { return state_self(self).device; })
+      .def_property_readonly("non_tn", [](py::handle self) { return state_self(self).non_tn; })
       .def_property_readonly(
-          "forward_fast_accumulation",
-          [](const LinearState& s) { return s.recipe.forward_fast_accumulation; },
-          "Fast (native-precision) accumulation in the forward GEMM: the recipe's "
-          "forward_fast_accumulation.")
-      .def_property_readonly("device", [](const LinearState& s) { return s.device; })
-      .def_property_readonly("non_tn", [](const LinearState& s) { return s.non_tn; })
-      .def_property_readonly("amax_history", [](const LinearState& s) { return s.history; })
-      .def_property_readonly("amax", [](const LinearState& s) { return s.amax; })
-      .def_property_readonly("scale", [](const LinearState& s) { return s.scale; })
-      .def_property_readonly("scale_inv", [](const LinearState& s) { return s.scale_inv; })
-      .def_property_readonly("seeded", [](LinearState& s) {
-        const auto lock = lock_state(s.mu);
-        return std::vector<bool>(s.seeded.begin(), s.seeded.end());
-      })
+          "amax_history",
+          [](py::handle self) {
+            LinearState& s = state_self(self);
+            return copy_out(s, s.history);
+          },
+          "A copy of the amax history [3, history_len] (input, weight, grad_output; column 0 "
+          "newest).")
+      .def_property_readonly(
+          "amax",
+          [](py::handle self) {
+            LinearState& s = state_self(self);
+            return copy_out(s, s.amax);
+          },
+          "A copy of the amax accumulators [3] (0 between calls).")
+      .def_property_readonly(
+          "scale",
+          [](py::handle self) {
+            LinearState& s = state_self(self);
+            return copy_out(s, s.scale);
+          },
+          "A copy of the scales [3].")
+      .def_property_readonly(
+          "scale_inv",
+          [](py::handle self) {
+            LinearState& s = state_self(self);
+            return copy_out(s, s.scale_inv);
+          },
+          "A copy of the scale inverses [3].")
+      .def_property_readonly("seeded",
+                             [](py::handle self) {
+                               LinearState& s = state_self(self);
+                               const auto lock = lock_state(s.mu);
+                               return std::vector<bool>(s.seeded.begin(), s.seeded.end());
+                             })
       .def_property(
-          "cache_weight", [](const LinearState& s) { return s.cache_weight; },
-          [](LinearState& s, bool v) {
+          "cache_weight", [](py::handle self) { return state_self(self).cache_weight; },
+          [](py::handle self, bool v) {
+            LinearState& s = state_self(self);
             const auto lock = lock_state(s.mu);
             s.cache_weight = v;
             if (!v) s.clear_weight_cache();
@@ -68,23 +110,56 @@ void register_linear(py::module_& m) {
           "Reuse the quantized weight while the weight tensor is unchanged (same tensor, "
           "storage and version counter). Off by default: a write through weight.data does "
           "not bump the version counter and would leave a stale FP8 weight.")
-      .def_property_readonly("weight_cache_valid",
-                             [](const LinearState& s) { return s.w_src.defined(); })
-      .def("clear_weight_cache", [](LinearState& s) {
-        const auto lock = lock_state(s.mu);
-        s.clear_weight_cache();
-      })
-      .def("to", [](LinearState& s, const at::Device& device) {
-        const auto lock = lock_state(s.mu);
-        s.move_to(device);
-      }, py::arg("device"), "Moves the state to `device` in place.")
-      .def("get_state", &LinearState::checkpoint,
-           "The recipe as plain values, CPU copies of the state tensors and the seeded flags "
-           "(for extra_state).");
+      .def_property_readonly(
+          "weight_cache_valid", [](py::handle self) { return state_self(self).w_src.defined(); })
+      .def("clear_weight_cache",
+           [](py::handle self) {
+             LinearState& s = state_self(self);
+             const auto lock = lock_state(s.mu);
+             s.clear_weight_cache();
+           })
+      .def(
+          "to",
+          [](py::handle self, py::handle device) {
+            LinearState& s = state_self(self);
+            const at::Device d = read_device(device, "fp8kit._torch_ext.LinearState.to: device");
+            const auto lock = lock_state(s.mu);
+            s.move_to(d);
+          },
+          py::arg("device"), "Moves the state to `device` in place.")
+      .def(
+          "get_state", [](py::handle self) { return state_self(self).checkpoint(); },
+          "The recipe as plain values, CPU copies of the state tensors and the seeded flags "
+          "(for extra_state).");
 
-  m.def("linear_forward", &linear_forward, py::arg("state"), py::arg("input"), py::arg("weight"),
-        py::arg("bias") = py::none(),
-        "FP8 y = input @ weight.T + bias with autograd (FP8 dgrad and wgrad), per `state`.");
+  m.def(
+      "linear_recipe",
+      [](py::handle recipe) {
+        bool fast = false;
+        const LinearRecipe r = recipe_from_python(recipe, &fast);
+        return py::make_tuple(recipe_to_plain(r), fast);
+      },
+      py::arg("recipe"),
+      "Checks `recipe` and returns (its scaling parameters as plain values, its "
+      "forward_fast_accumulation): recipes with equal scaling parameters share one state.");
+  m.def(
+      "linear_forward",
+      [](py::handle state, py::handle input, py::handle weight, py::handle bias,
+         py::handle fast_accumulation) {
+        constexpr const char* fn = "fp8kit.torch.Linear";
+        LinearState& st = state_self(state);
+        const at::Tensor x = read_tensor(input, c10::str(fn, ": input"));
+        const at::Tensor w = read_tensor(weight, c10::str(fn, ": weight"));
+        std::optional<at::Tensor> b;
+        if (!bias.is_none()) b = read_tensor(bias, c10::str(fn, ": bias"));
+        const bool fast =
+            read_bool(fast_accumulation, c10::str(fn, ": recipe.forward_fast_accumulation"));
+        return linear_forward(st, x, w, b, fast);
+      },
+      py::arg("state"), py::arg("input"), py::arg("weight"), py::arg("bias") = py::none(),
+      py::arg("fast_accumulation") = false,
+      "FP8 y = input @ weight.T + bias with autograd (FP8 dgrad and wgrad), per `state`; "
+      "fast_accumulation: the forward GEMM's (the recipe's forward_fast_accumulation).");
 }
 
 }  // namespace fp8kit_torch

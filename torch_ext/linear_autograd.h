@@ -18,6 +18,9 @@ struct LinearCall {
   bool dgrad = false, wgrad = false, bgrad = false;
   int64_t m = 0, k = 0, n = 0;  // tokens, in_features, out_features
   bool non_tn = false;          // the device runs non-TN FP8 GEMMs
+  // The recipe's forward_fast_accumulation, per call: recipes that share
+  // one scaling state may differ in it.
+  bool fast_accumulation = false;
   fp8kit_linear_plan plan{};
 };
 
@@ -48,9 +51,10 @@ struct LinearBackward : public torch::autograd::Node {
   void release_variables() override;
 };
 
-// FP8 y = x @ w.T + bias with autograd (FP8 dgrad and wgrad), per `st`.
+// FP8 y = x @ w.T + bias with autograd (FP8 dgrad and wgrad), per `st`,
+// with the forward GEMM's fast accumulation when `fast_accumulation`.
 at::Tensor linear_forward(LinearState& st, const at::Tensor& x, const at::Tensor& w,
-                          const std::optional<at::Tensor>& bias);
+                          const std::optional<at::Tensor>& bias, bool fast_accumulation);
 
 }  // namespace fp8kit_torch
 

@@ -112,13 +112,13 @@ at::Tensor forward_impl(LinearState& st, const at::Tensor& x_in, const at::Tenso
   cfg.trans_b = 1;
   // The recipe's forward_fast_accumulation (fp8kit/recipe.py says why it
   // is off by default); the gradient GEMMs always promote.
-  cfg.use_split_accumulator = st.recipe.forward_fast_accumulation ? 0 : 1;
+  cfg.use_split_accumulator = p.fast_accumulation ? 0 : 1;
   // The bias epilogue takes a bias in D's dtype (bf16 for an fp32 D, which
   // would round an fp32 bias): fp32 outputs add the bias separately.
   const bool fused_bias = b.defined() && out_dtype != at::kFloat;
   at::Tensor bias_c;
   if (fused_bias) {
-    bias_c = (b.scalar_type() == out_dtype ? b : b.to(out_dtype)).contiguous();
+    bias_c = b.contiguous();  // b has out_dtype (checked: the input's dtype)
     if (reinterpret_cast<uintptr_t>(bias_c.data_ptr()) % 16 != 0) {
       bias_c = bias_c.clone();  // an offset view: the epilogue reads 16-byte aligned bias
     }
@@ -175,10 +175,17 @@ fp8kit_linear_plan linear_plan(const LinearCall& call) {
 }
 
 at::Tensor linear_forward(LinearState& st, const at::Tensor& x, const at::Tensor& w,
-                          const std::optional<at::Tensor>& bias) {
+                          const std::optional<at::Tensor>& bias, bool fast_accumulation) {
   FP8KIT_PROFILE_SCOPE("fp8kit::linear_forward");
   check_high_precision(kFn, "input", x);
   check_high_precision(kFn, "weight", w);
+  // torch.nn.Linear's rule (and its exception type, RuntimeError): one
+  // dtype for input, weight and bias.
+  TORCH_CHECK(x.scalar_type() == w.scalar_type(), kFn, ": input has dtype ",
+              dtype_str(x.scalar_type()), " but weight has dtype ", dtype_str(w.scalar_type()),
+              "; as in torch.nn.Linear they must match: convert the input (input.to(",
+              dtype_str(w.scalar_type()), ")) or the layer (layer.to(", dtype_str(x.scalar_type()),
+              ")), or run under torch.autocast");
   FP8KIT_VALUE_CHECK(w.dim() == 2, kFn, ": weight has shape ", shape_str(w.sizes()),
                      "; it must be [out_features, in_features]");
   const int64_t n = w.size(0), k = w.size(1);
@@ -207,6 +214,9 @@ at::Tensor linear_forward(LinearState& st, const at::Tensor& x, const at::Tensor
   if (bias && bias->defined()) {
     b = *bias;
     check_high_precision(kFn, "bias", b);
+    TORCH_CHECK(b.scalar_type() == w.scalar_type(), kFn, ": bias has dtype ",
+                dtype_str(b.scalar_type()), " but weight has dtype ", dtype_str(w.scalar_type()),
+                "; as in torch.nn.Linear they must match (convert the layer with layer.to(dtype))");
     FP8KIT_VALUE_CHECK(b.dim() == 1 && b.size(0) == n, kFn, ": bias has shape ",
                        shape_str(b.sizes()), " but out_features is ", n);
     check_same_device(kFn, "bias", b, "weight", w);
@@ -220,6 +230,7 @@ at::Tensor linear_forward(LinearState& st, const at::Tensor& x, const at::Tensor
   p.wgrad = grad && w.requires_grad();
   p.bgrad = grad && b.defined() && b.requires_grad();
   p.non_tn = st.non_tn;
+  p.fast_accumulation = fast_accumulation;
   p.plan = linear_plan(p);
   DeviceScope scope(st.device);
   if (!p.dgrad && !p.wgrad && !p.bgrad) {

@@ -1,10 +1,10 @@
 #include "linear_recipe.h"
 
-#include <cmath>
 #include <string>
 
 #include "descriptors.h"
 #include "errors.h"
+#include "py_values.h"
 
 namespace py = pybind11;
 
@@ -12,8 +12,6 @@ namespace fp8kit_torch {
 namespace {
 
 constexpr const char* kFn = "fp8kit.torch.Linear";
-constexpr int kMaxHistoryLen = 1 << 20;
-constexpr int kMaxMargin = 126;  // the core's bound: |margin| <= 126
 
 // fp8kit.recipe's classes, looked up once.
 struct RecipeTypes {
@@ -37,51 +35,9 @@ bool is_instance(py::handle v, const py::object& cls) {
   return r == 1;
 }
 
-// "'16' (str)": a value and its type, for messages.
-std::string value_str(py::handle v) {
-  return c10::str(py::repr(v).cast<std::string>(), " (", Py_TYPE(v.ptr())->tp_name, ")");
-}
-
-// Readers of one field. `where` names it ("fp8kit.torch.Linear: recipe.margin").
-int read_int(py::handle v, const std::string& where, int lo, int hi) {
-  FP8KIT_TYPE_CHECK(PyLong_Check(v.ptr()) && !PyBool_Check(v.ptr()), where, " is ", value_str(v),
-                    "; it must be an int in [", lo, ", ", hi, "]");
-  const long long x = v.cast<long long>();
-  FP8KIT_VALUE_CHECK(x >= lo && x <= hi, where, " is ", x, "; it must be in [", lo, ", ", hi, "]");
-  return static_cast<int>(x);
-}
-
-bool read_bool(py::handle v, const std::string& where) {
-  FP8KIT_TYPE_CHECK(PyBool_Check(v.ptr()), where, " is ", value_str(v), "; it must be a bool");
-  return v.ptr() == Py_True;
-}
-
-float read_epsilon(py::handle v, const std::string& where) {
-  FP8KIT_TYPE_CHECK(PyFloat_Check(v.ptr()) || (PyLong_Check(v.ptr()) && !PyBool_Check(v.ptr())),
-                    where, " is ", value_str(v), "; it must be a float >= 0");
-  const double x = v.cast<double>();
-  FP8KIT_VALUE_CHECK(std::isfinite(x) && x >= 0.0, where, " is ", x,
-                     "; it must be a finite float >= 0 (0 disables it)");
-  return static_cast<float>(x);
-}
-
-std::string read_str(py::handle v, const std::string& where) {
-  FP8KIT_TYPE_CHECK(PyUnicode_Check(v.ptr()), where, " is ", value_str(v), "; it must be a str");
-  return v.cast<std::string>();
-}
-
 }  // namespace
 
-bool LinearRecipe::same_scaling(const LinearRecipe& o) const {
-  if (delayed != o.delayed || fwd_fp8 != o.fwd_fp8 || bwd_fp8 != o.bwd_fp8) return false;
-  if (delayed) {
-    return history_len == o.history_len && margin == o.margin &&
-           amax_reduction == o.amax_reduction;
-  }
-  return amax_epsilon == o.amax_epsilon && power_2_scale == o.power_2_scale;
-}
-
-LinearRecipe recipe_from_python(py::handle recipe) {
+LinearRecipe recipe_from_python(py::handle recipe, bool* fast_accumulation) {
   const RecipeTypes& t = recipe_types();
   LinearRecipe r;
   r.delayed = is_instance(recipe, t.delayed);
@@ -96,19 +52,22 @@ LinearRecipe recipe_from_python(py::handle recipe) {
                              "recipe.fp8_format.forward_dtype");
   r.bwd_fp8 = parse_fp8_name(fmt.attr("backward_dtype").cast<std::string>(), kFn,
                              "recipe.fp8_format.backward_dtype");
-  r.forward_fast_accumulation =
+  const bool fast =
       read_bool(recipe.attr("forward_fast_accumulation"), where("forward_fast_accumulation"));
+  if (fast_accumulation) *fast_accumulation = fast;
   if (r.delayed) {
     r.history_len =
-        read_int(recipe.attr("amax_history_len"), where("amax_history_len"), 1, kMaxHistoryLen);
-    r.margin = read_int(recipe.attr("margin"), where("margin"), 0, kMaxMargin);
+        read_int(recipe.attr("amax_history_len"), where("amax_history_len"), 1,
+                 FP8KIT_AMAX_HISTORY_LEN_MAX);
+    r.margin = read_int(recipe.attr("margin"), where("margin"), 0, FP8KIT_MARGIN_MAX);
     const py::object red = recipe.attr("amax_reduction");
     FP8KIT_TYPE_CHECK(is_instance(red, t.amax_reduction), where("amax_reduction"), " is ",
                       value_str(red), "; it must be an fp8kit.recipe.AmaxReduction");
     r.amax_reduction = parse_amax_reduction(red.attr("value").cast<std::string>(), kFn,
                                             "recipe.amax_reduction");
   } else {
-    r.amax_epsilon = read_epsilon(recipe.attr("amax_epsilon"), where("amax_epsilon"));
+    r.amax_epsilon =
+        static_cast<float>(read_epsilon(recipe.attr("amax_epsilon"), where("amax_epsilon")));
     r.power_2_scale = read_bool(recipe.attr("power_2_scale"), where("power_2_scale"));
   }
   return r;
@@ -130,8 +89,8 @@ py::dict recipe_to_plain(const LinearRecipe& r) {
   return d;
 }
 
-LinearRecipe recipe_from_plain(py::handle saved) {
-  constexpr const char* fn = "fp8kit.torch.Linear.set_extra_state";
+LinearRecipe recipe_from_plain(py::handle saved, const std::string& where_saved) {
+  const char* fn = where_saved.c_str();
   FP8KIT_TYPE_CHECK(PyDict_Check(saved.ptr()), fn, ": the saved 'recipe' is ", value_str(saved),
                     "; it must be a dict");
   const py::dict d = py::reinterpret_borrow<py::dict>(saved);
@@ -150,13 +109,14 @@ LinearRecipe recipe_from_plain(py::handle saved) {
   r.bwd_fp8 = parse_fp8_name(read_str(get("bwd_dtype"), where("bwd_dtype")), fn,
                              "the saved recipe's 'bwd_dtype'");
   if (r.delayed) {
-    r.history_len = read_int(get("amax_history_len"), where("amax_history_len"), 1, kMaxHistoryLen);
-    r.margin = read_int(get("margin"), where("margin"), 0, kMaxMargin);
+    r.history_len = read_int(get("amax_history_len"), where("amax_history_len"), 1,
+                             FP8KIT_AMAX_HISTORY_LEN_MAX);
+    r.margin = read_int(get("margin"), where("margin"), 0, FP8KIT_MARGIN_MAX);
     r.amax_reduction =
         parse_amax_reduction(read_str(get("amax_reduction"), where("amax_reduction")), fn,
                              "the saved recipe's 'amax_reduction'");
   } else {
-    r.amax_epsilon = read_epsilon(get("amax_epsilon"), where("amax_epsilon"));
+    r.amax_epsilon = static_cast<float>(read_epsilon(get("amax_epsilon"), where("amax_epsilon")));
     r.power_2_scale = read_bool(get("power_2_scale"), where("power_2_scale"));
   }
   return r;

@@ -19,24 +19,20 @@ struct LinearRecipe {
   // Current scaling.
   float amax_epsilon = 0.0f;
   bool power_2_scale = false;
-  // The forward GEMM's accumulation: not scaling state (a change keeps the
-  // layer's history) and not saved in checkpoints.
-  bool forward_fast_accumulation = false;
-
-  // Whether `other` keeps the same scaling state (every field but
-  // forward_fast_accumulation).
-  bool same_scaling(const LinearRecipe& other) const;
 };
 
 // Reads an fp8kit.recipe.DelayedScaling or CurrentScaling. TypeError /
 // ValueError naming the field (e.g. "recipe.margin") for a value of the
-// wrong type or out of range.
-LinearRecipe recipe_from_python(pybind11::handle recipe);
+// wrong type or out of range. The recipe's forward_fast_accumulation is not
+// scaling state (one state serves recipes that differ only there; each
+// call passes it to the forward GEMM): it goes to *fast_accumulation.
+LinearRecipe recipe_from_python(pybind11::handle recipe, bool* fast_accumulation = nullptr);
 
 // The recipe as plain Python values (str, int, float, bool) for a
-// checkpoint, and back (with the same checks, naming the saved key).
+// checkpoint, and back (with the same checks, naming the saved key after
+// `where`, which names the checkpoint entry).
 pybind11::dict recipe_to_plain(const LinearRecipe& r);
-LinearRecipe recipe_from_plain(pybind11::handle saved);
+LinearRecipe recipe_from_plain(pybind11::handle saved, const std::string& where);
 
 }  // namespace fp8kit_torch
 

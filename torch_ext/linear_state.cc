@@ -6,6 +6,7 @@
 #include "core_calls.h"
 #include "descriptors.h"
 #include "errors.h"
+#include "py_values.h"
 
 namespace py = pybind11;
 
@@ -142,34 +143,55 @@ py::dict LinearState::checkpoint() {
   return d;
 }
 
-c10::intrusive_ptr<LinearState> LinearState::from_checkpoint(const py::dict& saved,
-                                                             const at::Device& device) {
-  constexpr const char* fn = "fp8kit.torch.Linear.set_extra_state";
+c10::intrusive_ptr<LinearState> LinearState::from_checkpoint(py::handle saved_in,
+                                                             const at::Device& device,
+                                                             const std::string& where) {
+  const char* fn = where.c_str();
+  FP8KIT_TYPE_CHECK(PyDict_Check(saved_in.ptr()), fn, ": the saved FP8 state is ",
+                    value_str(saved_in), "; it must be the dict Linear.get_extra_state() wrote");
+  const py::dict saved = py::reinterpret_borrow<py::dict>(saved_in);
   auto get = [&](const char* key) {
-    FP8KIT_VALUE_CHECK(saved.contains(key), fn, ": the saved FP8 state has no '", key, "'");
+    FP8KIT_VALUE_CHECK(saved.contains(key), fn, ": the saved FP8 state has no '", key,
+                       "'; the checkpoint is incomplete (drop the entry to start the FP8 state "
+                       "fresh)");
     return py::object(saved[key]);
   };
-  c10::intrusive_ptr<LinearState> st = make_linear_state(recipe_from_plain(get("recipe")), device);
-  auto load = [&](const char* key, at::Tensor& dst) {
-    const py::object v = get(key);
-    FP8KIT_TYPE_CHECK(THPVariable_Check(v.ptr()), fn, ": saved '", key, "' is not a tensor");
-    const at::Tensor src = THPVariable_Unpack(v.ptr());
+  c10::intrusive_ptr<LinearState> st =
+      make_linear_state(recipe_from_plain(get("recipe"), where), device);
+  // `positive`: every value finite and > 0 (scales). Otherwise values may
+  // be NaN or +inf (a recorded amax of a tensor holding them, which the
+  // delayed-scaling rule skips) but not negative (an amax is a max of |x|).
+  auto load = [&](const char* key, at::Tensor& dst, bool positive) {
+    const at::Tensor src = read_tensor(get(key), c10::str(fn, ": saved '", key, "'"));
+    check_dense(fn, c10::str("saved '", key, "'").c_str(), src);
     FP8KIT_VALUE_CHECK(src.scalar_type() == at::kFloat && src.sizes() == dst.sizes(), fn,
-                       ": saved '", key, "' is ", dtype_str(src.scalar_type()), " of shape ",
-                       shape_str(src.sizes()),
-                       " but the saved recipe needs torch.float32 of shape ",
-                       shape_str(dst.sizes()));
+                      ": saved '", key, "' is ", dtype_str(src.scalar_type()), " of shape ",
+                      shape_str(src.sizes()), " but the saved recipe needs torch.float32 of shape ",
+                      shape_str(dst.sizes()));
+    const at::Tensor v = src.to(at::kCPU);
+    const at::Tensor bad = positive ? (~at::isfinite(v)).logical_or(v <= 0) : v < 0;
+    if (C10_UNLIKELY(bad.any().item<bool>())) {
+      const int64_t i = bad.flatten().nonzero()[0].item<int64_t>();
+      C10_THROW_ERROR(ValueError,
+                      c10::str(fn, ": saved '", key, "' holds ", v.flatten()[i].item<float>(),
+                               " (flat index ", i, "); ", key, " values must be ",
+                               positive ? "finite and > 0" : ">= 0 (NaN and inf allowed)",
+                               ": the checkpoint is corrupt (drop the entry to start the FP8 "
+                               "state fresh)"));
+    }
     dst.copy_(src);
   };
   at::NoGradGuard no_grad;
-  load("amax_history", st->history);
-  load("scale", st->scale);
-  load("scale_inv", st->scale_inv);
-  const auto seeded = get("seeded").cast<std::vector<bool>>();
-  FP8KIT_VALUE_CHECK(seeded.size() == kSlots, fn, ": saved 'seeded' has ", seeded.size(),
-                     " flags; a Linear has ", kSlots, " slots");
-  for (int i = 0; i < kSlots; ++i) st->seeded[i] = seeded[i];
-  st->seeded_flags.copy_(at::tensor(std::vector<int32_t>(seeded.begin(), seeded.end())));
+  load("amax_history", st->history, /*positive=*/false);
+  load("scale", st->scale, /*positive=*/true);
+  load("scale_inv", st->scale_inv, /*positive=*/true);
+  const py::object seeded = get("seeded");
+  bool ok = PyList_Check(seeded.ptr()) && PyList_GET_SIZE(seeded.ptr()) == kSlots;
+  for (int i = 0; ok && i < kSlots; ++i) ok = PyBool_Check(PyList_GET_ITEM(seeded.ptr(), i));
+  FP8KIT_TYPE_CHECK(ok, fn, ": saved 'seeded' is ", value_str(seeded), "; it must be a list of ",
+                    kSlots, " bools (input, weight, grad_output)");
+  for (int i = 0; i < kSlots; ++i) st->seeded[i] = PyList_GET_ITEM(seeded.ptr(), i) == Py_True;
+  st->seeded_flags.copy_(at::tensor(std::vector<int32_t>(st->seeded.begin(), st->seeded.end())));
   return st;
 }
 

@@ -75,12 +75,15 @@ struct LinearState : torch::CustomClassHolder {
   void move_to(const at::Device& device);
 
   // Checkpoint form: the recipe as plain values, CPU copies of the state
-  // tensors and the seeded flags; and the state a checkpoint describes.
+  // tensors and the seeded flags; and the state a checkpoint describes
+  // (every entry checked: errors name it after `where`, the checkpoint
+  // entry being loaded).
   pybind11::dict checkpoint();
-  static c10::intrusive_ptr<LinearState> from_checkpoint(const pybind11::dict& saved,
-                                                         const at::Device& device);
+  static c10::intrusive_ptr<LinearState> from_checkpoint(pybind11::handle saved,
+                                                         const at::Device& device,
+                                                         const std::string& where);
 
-  LinearRecipe recipe;  // only forward_fast_accumulation changes (under mu)
+  const LinearRecipe recipe;
   at::Device device;
   bool non_tn = false;  // the core's answer for `device`
 

@@ -4,6 +4,7 @@
 // outputs passed in (out=, amax_out=, state tensors) must be contiguous.
 #include "ops.h"
 
+#include <cmath>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -80,8 +81,9 @@ std::tuple<OptTensor, OptTensor, at::Tensor, at::Tensor, at::Tensor> quantize_cu
   const fp8kit_dtype f = parse_fp8_name(fp8_dtype, fn, "fp8_dtype");
   FP8KIT_VALUE_CHECK(rowwise || columnwise, fn,
                      ": rowwise and columnwise are both False; ask for at least one output");
-  FP8KIT_VALUE_CHECK(amax_epsilon >= 0.0, fn, ": amax_epsilon is ", amax_epsilon,
-                     "; it must be >= 0 (0 disables it)");
+  FP8KIT_VALUE_CHECK(std::isfinite(amax_epsilon) && amax_epsilon >= 0.0, fn,
+                     ": amax_epsilon is ", amax_epsilon,
+                     "; it must be a finite float >= 0 (0 disables it)");
   const at::Tensor x = hp_input(fn, "x", x_in);
   DeviceScope scope(x.device());
   const at::Tensor data = rowwise ? alloc_rowwise(x, f) : at::Tensor();
@@ -157,8 +159,8 @@ void delayed_scaling_update(const std::vector<at::Tensor>& histories,
                      fn, ": amax_histories, amaxes, scales, scale_invs and fp8_dtypes must have the "
                      "same length (one entry per tensor), got ", n, ", ", amaxes.size(), ", ",
                      scales.size(), ", ", scale_invs.size(), " and ", fp8_dtypes.size());
-  FP8KIT_VALUE_CHECK(margin >= 0 && margin <= 126, fn, ": margin is ", margin,
-                     "; use an int in [0, 126]");
+  FP8KIT_VALUE_CHECK(margin >= 0 && margin <= FP8KIT_MARGIN_MAX, fn, ": margin is ", margin,
+                     "; use an int in [0, ", FP8KIT_MARGIN_MAX, "]");
   const fp8kit_amax_reduction red = parse_amax_reduction(amax_reduction, fn, "amax_reduction");
   if (n == 0) return;
   const at::Tensor& ref = histories[0];
@@ -192,6 +194,8 @@ void delayed_scaling_update(const std::vector<at::Tensor>& histories,
   device_type_of(ref, fn, "amax_histories[0]");
   DeviceScope scope(ref.device());
   fp8kit_delayed_scaling_config cfg;
+  FP8KIT_VALUE_CHECK(len <= FP8KIT_AMAX_HISTORY_LEN_MAX, fn, ": amax_histories[0] has length ",
+                     len, "; a history holds at most ", FP8KIT_AMAX_HISTORY_LEN_MAX, " amaxes");
   cfg.history_len = static_cast<int>(len);
   cfg.margin = static_cast<int>(margin);
   cfg.amax_reduction = red;
@@ -384,6 +388,10 @@ void register_ops(py::module_& m) {
   for (fp8kit_dtype f : {FP8KIT_E4M3, FP8KIT_E5M2}) fp8_max[fp8_name(f)] = fp8kit_fp8_max(f);
   m.attr("FP8_MAX") = fp8_max;
   m.attr("GEMM_DIM_MULTIPLE") = FP8KIT_GEMM_DIM_MULTIPLE;
+  // The delayed-scaling recipe ranges (fp8kit/delayed_scaling.h), which
+  // fp8kit.recipe states too.
+  m.attr("MARGIN_MAX") = FP8KIT_MARGIN_MAX;
+  m.attr("AMAX_HISTORY_LEN_MAX") = FP8KIT_AMAX_HISTORY_LEN_MAX;
   py::dict reduction_codes;
   for (fp8kit_amax_reduction r : {FP8KIT_AMAX_MAX, FP8KIT_AMAX_MOST_RECENT}) {
     reduction_codes[amax_reduction_name(r)] = static_cast<int>(r);
@@ -404,7 +412,9 @@ void register_ops(py::module_& m) {
   m.def("quantize", &quantize, py::arg("x"), py::arg("scale"), py::arg("fp8_dtype"),
         py::arg("rowwise") = true, py::arg("columnwise") = false, py::arg("amax_out") = py::none(),
         "Per-tensor quantization with a given scale: returns (data or None, columnwise_data or "
-        "None, scale_inv); columnwise_data is the [last dim, prod(leading dims)] transpose.");
+        "None, scale_inv); columnwise_data is the [last dim, prod(leading dims)] transpose. A "
+        "scale that is not finite and > 0 (0, negative, inf, NaN) makes every output element "
+        "NaN and scale_inv NaN (fp8kit's policy: never a plausible result, no device sync).");
   m.def("quantize_current_scaling", &quantize_current_scaling, py::arg("x"), py::arg("fp8_dtype"),
         py::arg("rowwise") = true, py::arg("columnwise") = false, py::arg("amax_epsilon") = 0.0,
         py::arg("power_2_scale") = false,

@@ -24,8 +24,9 @@ class Quantizer {
   // (undefined when not wanted) and writes 1/scale to `scale_inv`.
   virtual void quantize_to(const at::Tensor& x, const at::Tensor& data,
                            const at::Tensor& columnwise_data, const at::Tensor& scale_inv) = 0;
-  // Checks that x's device agrees with the quantizer's state tensors.
-  virtual void check_device(const char* fn, const at::Tensor& x) const {}
+  // Checks the quantizer's state tensors as a call finds them (dtype,
+  // shape, device: x's).
+  virtual void check_state(const char* fn, const at::Tensor& x) const {}
 
   fp8kit_dtype fp8;
   bool rowwise;
@@ -38,7 +39,7 @@ class Float8Quantizer final : public Quantizer {
                   bool rowwise, bool columnwise);
   void quantize_to(const at::Tensor& x, const at::Tensor& data,
                    const at::Tensor& columnwise_data, const at::Tensor& scale_inv) override;
-  void check_device(const char* fn, const at::Tensor& x) const override;
+  void check_state(const char* fn, const at::Tensor& x) const override;
 
   at::Tensor scale;                // float32 [1]
   std::optional<at::Tensor> amax;  // float32 [1], written on every quantization

@@ -280,6 +280,7 @@ __device__ __forceinline__ float read_scale(const ScaleSource& s, bool first_blo
     if (s.seeded != nullptr && *s.seeded == 0) {
       scale = delayed_scale_from_amax(*s.seed_amax, scale, s.fp8_max, s.margin);
     }
+    scale = checked_scale(scale);  // a bad given scale: NaN (fp8kit/quantize.h)
   }
   if (first_block && threadIdx.x == 0) {
     if (s.scale_out != nullptr) *s.scale_out = scale;

@@ -102,6 +102,7 @@ __device__ __forceinline__ void finish_job(const FusedState& s, const UpdateConf
       if (s.seeded != nullptr && *s.seeded == 0) {
         used = delayed_scale_from_amax(newest, used, s.fp8_max, c.margin);
       }
+      used = checked_scale(used);
       const float scale = delayed_scale_from_amax(r, used, s.fp8_max, c.margin);
       *s.scale = scale;
       *s.scale_inv = reciprocal(scale);

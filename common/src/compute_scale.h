@@ -40,8 +40,27 @@ FP8KIT_HD float mul_rn(float a, float b) {
 #endif
 }
 
-// scale_inv = 1 / scale.
-FP8KIT_HD float reciprocal(float scale) { return div_rn(1.0f, scale); }
+// The canonical quiet NaN (0x7FC00000) the CPU and CUDA paths both write
+// for a NaN scale or scale_inv, so that they agree bit for bit (a GPU's
+// division returns 0x7FFFFFFF for a NaN operand, the CPU's the operand).
+constexpr uint32_t kCanonicalNanBits = 0x7fc00000u;
+
+FP8KIT_HD float canonical_nan() { return bits_to_float(kCanonicalNanBits); }
+
+// scale_inv = 1 / scale; a NaN scale gives the canonical NaN.
+FP8KIT_HD float reciprocal(float scale) {
+  return is_nan_float(scale) ? canonical_nan() : div_rn(1.0f, scale);
+}
+
+// The scale a quantization with a given scale casts with (the policy of
+// fp8kit/quantize.h): the scale itself when it is finite and > 0 (a
+// positive denormal included), else (0, negative, +-inf, NaN) the
+// canonical NaN, so that every element casts to the FP8 NaN code and
+// scale_inv = 1/scale is NaN: a bad scale never gives a plausible result.
+// One compare per read of the scale; no device sync.
+FP8KIT_HD float checked_scale(float scale) {
+  return is_finite_float(scale) && scale > 0.0f ? scale : canonical_nan();
+}
 
 // Keeps a computed scale usable: one that overflowed float32 (amax tiny
 // next to fp8_max) becomes FLT_MAX, one that underflowed to zero or a
@@ -75,7 +94,7 @@ FP8KIT_HD float exp2_int(int e) { return bits_to_float(uint32_t(127 + e) << 23);
 // Delayed scaling: the new scale from the reduced amax history.
 //   - amax_reduced finite and > 0: fp8_max / amax_reduced / 2**margin
 //     (the division by 2**margin done as an exact multiplication by
-//     2**-margin, |margin| <= 126), clamped as above;
+//     2**-margin, 0 <= margin <= FP8KIT_MARGIN_MAX), clamped as above;
 //   - otherwise (zero, negative, NaN, inf): the previous scale, unchanged.
 FP8KIT_HD float delayed_scale_from_amax(float amax_reduced, float previous_scale, float fp8_max,
                                         int margin) {

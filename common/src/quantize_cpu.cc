@@ -66,7 +66,7 @@ float quantize_cpu(const fp8kit_tensor& input, float scale, fp8kit_dtype fp8_dty
 }
 
 void quantize_delayed_cpu(const fp8kit_tensor& input, fp8kit_tensor& output) {
-  const float scale = *output.scale;
+  const float scale = checked_scale(*output.scale);
   const float amax = quantize_cpu(input, scale, output.dtype, static_cast<uint8_t*>(output.data),
                                   static_cast<uint8_t*>(output.columnwise_data));
   if (output.amax) *output.amax = amax;

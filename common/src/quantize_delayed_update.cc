@@ -93,10 +93,11 @@ void quantize_delayed_update_cpu(const fp8kit_tensor* inputs, fp8kit_tensor* out
     const bool fresh = s.seeded != nullptr && *s.seeded == 0;
     // A fresh slot's seed: the update's rule applied to this amax alone,
     // which the cast needs before it runs (otherwise the cast measures it).
-    const float scale =
+    // Then the policy for a bad scale (fp8kit/quantize.h).
+    const float scale = checked_scale(
         fresh ? delayed_scale_from_amax(accumulate_amax(*s.amax, amax_cpu(inputs[i])), *s.scale,
                                         fp8kit_fp8_max(out.dtype), config.margin)
-              : *s.scale;
+              : *s.scale);
     const float x_amax = quantize_cpu(inputs[i], scale, out.dtype, static_cast<uint8_t*>(out.data),
                                       static_cast<uint8_t*>(out.columnwise_data));
     if (out.scale_inv != nullptr) *out.scale_inv = reciprocal(scale);

@@ -59,18 +59,18 @@ void check_quantize_args(const char* op, const fp8kit_tensor* input, const fp8ki
 }
 
 void check_delayed_scaling_config(const char* op, const fp8kit_delayed_scaling_config* config) {
-  // |margin| beyond this would make 2**margin leave float32's normal range.
-  constexpr int kMaxMargin = 126;
   FP8KIT_CHECK(config != nullptr, op, ": config is NULL; pass a fp8kit_delayed_scaling_config");
-  FP8KIT_CHECK(config->history_len >= 1, op, ": config->history_len is ", config->history_len,
-               "; it must be >= 1 (1 keeps only the newest amax)");
+  FP8KIT_CHECK(config->history_len >= 1 && config->history_len <= FP8KIT_AMAX_HISTORY_LEN_MAX,
+               op, ": config->history_len is ", config->history_len, "; it must be in [1, ",
+               FP8KIT_AMAX_HISTORY_LEN_MAX, "] (FP8KIT_AMAX_HISTORY_LEN_MAX; 1 keeps only the "
+               "newest amax)");
   FP8KIT_CHECK(config->amax_reduction == FP8KIT_AMAX_MAX ||
                    config->amax_reduction == FP8KIT_AMAX_MOST_RECENT,
                op, ": config->amax_reduction is ", int(config->amax_reduction),
                "; use FP8KIT_AMAX_MAX or FP8KIT_AMAX_MOST_RECENT");
-  FP8KIT_CHECK(config->margin >= -kMaxMargin && config->margin <= kMaxMargin, op,
-               ": config->margin is ", config->margin, "; it must be within [-", kMaxMargin,
-               ", ", kMaxMargin, "] (scale = fp8_max / amax / 2**margin)");
+  FP8KIT_CHECK(config->margin >= 0 && config->margin <= FP8KIT_MARGIN_MAX, op,
+               ": config->margin is ", config->margin, "; it must be in [0, ", FP8KIT_MARGIN_MAX,
+               "] (FP8KIT_MARGIN_MAX; scale = fp8_max / amax / 2**margin)");
 }
 
 void check_current_scaling_config(const char* op, const fp8kit_current_scaling_config* config) {

@@ -34,8 +34,11 @@ class Block(torch.nn.Module):
 
     @staticmethod
     def _project(layer: ft.Linear, x: torch.Tensor, fp8: bool) -> torch.Tensor:
-        if fp8:  # inside fp8kit.torch.autocast: bf16 in, FP8 GEMMs, bf16 out
-            return layer(x)
+        if fp8:  # inside fp8kit.torch.autocast: FP8 GEMMs, bf16 out
+            # torch.autocast casts the float32 weights to x's bf16, as
+            # nn.Linear needs (fp8kit's Linear refuses mixed dtypes too).
+            with torch.autocast(x.device.type, dtype=BF16):
+                return layer(x)
         return F.linear(x, layer.weight.to(BF16), layer.bias.to(BF16))
 
     def forward(self, x: torch.Tensor, fp8: bool) -> torch.Tensor:

@@ -26,6 +26,8 @@ are no cycles; tests/jax/test_jax_imports.py checks it):
     _sharding                the helpers every sharding rule shares
     _sharding_<family>       layer 2: custom_partitioning rules over _ffi,
                              one module per op family (quantize, gemm)
+    _batching                the vmap rule of the fused delayed-scaling call
+                             (a shared state records once per batch)
     quantization, matmul,    layer 3: the public functions (checks, then the
     delayed_scaling,         layer 2 call), one module per op family, each
     dense_layer              named for its family and never for a function

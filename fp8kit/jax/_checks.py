@@ -4,9 +4,13 @@ XLA error from inside a compiled program."""
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 import numpy as np
 
+# The largest float32: the core stores amax_epsilon in one.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 HIGH_PRECISION = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 FP8_DTYPES = {"e4m3": jnp.dtype(jnp.float8_e4m3fn), "e5m2": jnp.dtype(jnp.float8_e5m2)}
 FP8_NAMES = {v: k for k, v in FP8_DTYPES.items()}
@@ -27,15 +31,56 @@ def high_precision(fn: str, arg: str, x) -> None:
             f"Cast it first, e.g. {arg}.astype(jnp.bfloat16).")
 
 
-def high_precision_dtype(fn: str, arg: str, dtype) -> jnp.dtype:
-    try:
-        dt = jnp.dtype(dtype)
-    except TypeError:
-        dt = None
-    if dt not in HIGH_PRECISION:
-        raise TypeError(f"{fn}: {arg}={dtype!r} is not supported; use jnp.float32, jnp.bfloat16 "
-                        "or jnp.float16.")
+def high_precision_dtype(fn: str, arg: str, dtype, allowed=HIGH_PRECISION) -> jnp.dtype:
+    """A dtype among `allowed`, named by a dtype object (jnp.bfloat16, its
+    np.dtype) or its full name ("bfloat16"); None is not a dtype here."""
+    dt = None
+    if dtype is not None:
+        try:
+            dt = jnp.dtype(dtype)
+        except TypeError:
+            pass
+    if dt not in allowed:
+        names = ", ".join(f"jnp.{d.name}" for d in allowed)
+        raise TypeError(f"{fn}: {arg}={dtype!r} is not supported; use one of {names}.")
     return dt
+
+
+def flag(fn: str, arg: str, value) -> bool:
+    """A bool (or NumPy bool); 0, 1, None and strings are refused."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{fn}: {arg}={value!r} must be True or False")
+    return bool(value)
+
+
+def int_in(fn: str, arg: str, value, lo: int, hi: int) -> int:
+    """An int in [lo, hi]; a bool is not an int here."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{fn}: {arg} must be an int >= {lo} and <= {hi}, got {value!r} "
+                        f"({type(value).__name__})")
+    if not lo <= value <= hi:
+        raise ValueError(f"{fn}: {arg} must be an int >= {lo} and <= {hi}, got {value!r}")
+    return int(value)
+
+
+def epsilon(fn: str, arg: str, value) -> float:
+    """A finite float >= 0 that float32 holds (a Python or NumPy real
+    number; bools and strings are refused)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+            value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{fn}: {arg} must be a float >= 0 (0.0 disables it), got {value!r} "
+                        f"({type(value).__name__})")
+    if not (math.isfinite(value) and 0 <= value <= FLOAT32_MAX):
+        raise ValueError(f"{fn}: {arg} must be >= 0 and finite (at most {FLOAT32_MAX:g}, the "
+                         f"largest float32; 0.0 disables it), got {value!r}")
+    return float(value)
+
+
+def array(fn: str, arg: str, x) -> None:
+    """x must be an array (jax or NumPy), not a list, scalar or None."""
+    if not hasattr(x, "dtype") or not hasattr(x, "shape"):
+        raise TypeError(f"{fn}: {arg} must be a jax or NumPy array, got {type(x).__name__}; "
+                        f"pass jnp.asarray({arg}, dtype) instead.")
 
 
 def fp8_dtype(fn: str, arg: str, fmt) -> str:
@@ -61,10 +106,12 @@ def rank(fn: str, arg: str, x, min_rank: int = 0, max_rank: int = MAX_RANK) -> N
 
 def scalar_f32(fn: str, arg: str, x) -> None:
     """A per-tensor scale: one float32 element (shape () or (1,))."""
+    if x is None or isinstance(x, (bool, str)):
+        raise TypeError(f"{fn}: {arg} is {x!r}; pass a float32 scalar, e.g. jnp.float32(1.0).")
     dt = _dtype_of(x)
     if dt != jnp.float32:
         raise TypeError(f"{fn}: {arg} has dtype {dt}; per-tensor scales are float32. "
                         f"Pass jnp.float32({arg}) or {arg}.astype(jnp.float32).")
-    if int(np.prod(np.shape(x), dtype=np.int64)) != 1:
+    if tuple(np.shape(x)) not in ((), (1,)):
         raise ValueError(f"{fn}: {arg} has shape {tuple(np.shape(x))}; a per-tensor scale is one "
                          "float32 (shape () or (1,)).")

@@ -10,7 +10,8 @@ _sharding_* modules wrap these calls). The handlers' operand lists are in
 jax_ext/*_ffi.cc; keep the two in step.
 
 The core's constants come from the extension, not from copies here:
-FP8_MAX, GEMM_DIM_MULTIPLE, FP8_DTYPE_CODES, AMAX_REDUCTION_CODES.
+FP8_MAX, GEMM_DIM_MULTIPLE, FP8_DTYPE_CODES, AMAX_REDUCTION_CODES and the
+delayed-scaling ranges MARGIN_MAX, AMAX_HISTORY_LEN_MAX.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ FP8_MAX: dict[str, float] = dict(ext.FP8_MAX)
 GEMM_DIM_MULTIPLE: int = int(ext.GEMM_DIM_MULTIPLE)
 FP8_DTYPE_CODES: dict[str, int] = dict(ext.FP8_DTYPE_CODES)
 AMAX_REDUCTION_CODES: dict[str, int] = dict(ext.AMAX_REDUCTION_CODES)
+MARGIN_MAX: int = int(ext.MARGIN_MAX)
+AMAX_HISTORY_LEN_MAX: int = int(ext.AMAX_HISTORY_LEN_MAX)
 
 
 def _register_all() -> tuple[str, ...]:

@@ -28,6 +28,13 @@ default partitioner) reads each primitive's einsum-like sharding rule for
 propagation; the partition callbacks decide the final layouts. Without a
 mesh, or under jax.vmap (custom_partitioning has no batching rule), the
 plain custom calls run.
+
+Explicit mesh axes (jax.make_mesh's default, AxisType.Explicit) put the
+sharding in each array's type, and JAX checks those types, e.g. a
+custom_vjp's cotangents against its primals. A custom call's results are
+typed replicated whatever the partition callback laid out, so the public
+functions give their results the type the caller expects (`retype`: free
+when the layout is already that one).
 """
 
 from __future__ import annotations
@@ -68,6 +75,33 @@ def use_partitioned(*xs) -> bool:
     return mesh_in_context() and not _is_batched(*xs)
 
 
+def explicit_spec(x):
+    """The PartitionSpec of x's sharding type when the mesh in context has
+    Explicit axes (then the spec names only those), else None."""
+    am = jax.sharding.get_abstract_mesh()
+    if am.empty or not am.explicit_axes:
+        return None
+    return jax.typeof(x).sharding.spec
+
+
+def retype(x, spec):
+    """x with the sharding type `spec` (an explicit_spec); x itself when
+    spec is None (no Explicit axes in context)."""
+    if spec is None:
+        return x
+    return jax.sharding.reshard(x, spec)
+
+
+def spec_axes(spec, dim: int) -> tuple[str, ...]:
+    """The mesh axes dimension `dim` of a PartitionSpec is sharded on."""
+    return _axes(spec[dim]) if dim < len(spec) else ()
+
+
+def spec_of(dims) -> P:
+    """The PartitionSpec of per-dimension mesh axes (() = replicated)."""
+    return P(*[(d if len(d) > 1 else d[0]) if d else None for d in dims])
+
+
 def _axes(entry) -> tuple[str, ...]:
     if entry is None:
         return ()
@@ -95,7 +129,7 @@ def even(mesh, dim: int, axes, multiple: int = 1) -> tuple[str, ...]:
 
 def named(mesh, dims) -> NamedSharding:
     """The NamedSharding of per-dimension mesh axes."""
-    return NamedSharding(mesh, P(*[(d if len(d) > 1 else d[0]) if d else None for d in dims]))
+    return NamedSharding(mesh, spec_of(dims))
 
 
 def replicated(mesh) -> NamedSharding:

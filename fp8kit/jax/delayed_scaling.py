@@ -40,9 +40,11 @@ state:
     state = new_state                      # not an optimizer step
 
 Use each state in exactly one dense call per step (cotangents of a shared
-input are summed). Under jax.vmap pass the state batched (in_axes=0, one
-state per example); an unbatched state would receive the sum of the
-per-example updates.
+input are summed). Under jax.vmap the state may be batched (in_axes=0: one
+state per example, each updated by its example) or shared (in_axes=None:
+the call acts as one call over the whole batch - every example cast with
+the same scale, the state recorded once with the max of the examples'
+amaxes; fp8kit/jax/_batching.py).
 """
 
 from __future__ import annotations
@@ -52,11 +54,9 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fp8kit import recipe as recipe_lib
-from fp8kit.jax import _checks, _ffi
-from fp8kit.jax import _sharding_quantize as shq
+from fp8kit.jax import _batching, _checks, _ffi
 from fp8kit.jax.scaled_tensor import ScaledTensor
 
 X, KERNEL, GRAD = 0, 1, 2
@@ -91,6 +91,33 @@ class DelayedScalingState:
         return (fmt.forward_dtype, fmt.forward_dtype, fmt.backward_dtype)
 
 
+def check_state(fn: str, recipe: recipe_lib.DelayedScaling, state) -> None:
+    """state must be a DelayedScalingState whose fields are float32 arrays of
+    the shapes `recipe` needs (checked before anything is lowered)."""
+    if not isinstance(state, DelayedScalingState):
+        raise TypeError(f"{fn}: a DelayedScaling recipe needs state=DelayedScalingState."
+                        f"create(recipe), got {type(state).__name__}")
+    want = {"amax_history": (NUM_TENSORS, recipe.amax_history_len),
+            "scale": (NUM_TENSORS,), "seeded": (NUM_TENSORS,)}
+    for name, shape in want.items():
+        a = getattr(state, name)
+        if not hasattr(a, "dtype") or not hasattr(a, "shape"):
+            raise TypeError(f"{fn}: state.{name} is a {type(a).__name__}; it must be a float32 "
+                            f"array of shape {shape}. Create the state with "
+                            "DelayedScalingState.create(recipe).")
+        if jnp.dtype(a.dtype) != jnp.float32:
+            raise TypeError(f"{fn}: state.{name} has dtype {jnp.dtype(a.dtype)}; the state is "
+                            f"float32 (seeded too: 0.0 fresh, 1.0 seeded). Pass "
+                            f"state.{name}.astype(jnp.float32) or a fresh "
+                            "DelayedScalingState.create(recipe).")
+    shapes = tuple(tuple(getattr(state, name).shape) for name in want)
+    if shapes != tuple(want.values()):
+        raise ValueError(
+            f"{fn}: state has amax_history, scale and seeded of shapes {shapes}; the recipe "
+            f"needs (3, {recipe.amax_history_len}), (3,) and (3,). Create it with "
+            "DelayedScalingState.create(recipe).")
+
+
 def quantize_and_record(state: DelayedScalingState, recipe: recipe_lib.DelayedScaling,
                         first_slot: int, tensors, copies, sums_dtypes, record: bool):
     """Quantize `tensors` (slots first_slot, first_slot + 1, ...) with their
@@ -106,7 +133,7 @@ def quantize_and_record(state: DelayedScalingState, recipe: recipe_lib.DelayedSc
         fmts=fmts, copies=tuple((bool(r), bool(c)) for r, c in copies),
         sums_dtypes=tuple(None if d is None else jnp.dtype(d) for d in sums_dtypes),
         record=bool(record), margin=recipe.margin, amax_reduction=recipe.amax_reduction.value)
-    history, scale, seeded, scale_inv, outputs = shq.quantize_delayed_update(
+    history, scale, seeded, scale_inv, outputs = _batching.quantize_delayed_update(
         call, state.amax_history[rows], state.scale[rows],
         state.seeded[rows].astype(jnp.int32), list(tensors))
     quantized, sums = [], []
@@ -144,13 +171,17 @@ def delayed_scaling_update(amax_history, amax, scale, fp8_dtypes: Sequence, marg
     if amax.shape != (n,) or scale.shape != (n,):
         raise ValueError(f"{fn}: amax and scale must have shape ({n},) to match amax_history "
                          f"{amax_history.shape}; got {amax.shape} and {scale.shape}")
+    _checks.int_in(fn, "amax_history.shape[1] (the history length)", amax_history.shape[1], 1,
+                   _ffi.AMAX_HISTORY_LEN_MAX)
+    if isinstance(fp8_dtypes, str) or not isinstance(fp8_dtypes, Sequence):
+        raise TypeError(f"{fn}: fp8_dtypes={fp8_dtypes!r} must be a list of formats, one per "
+                        "tensor, e.g. ['e4m3', 'e5m2']")
     fmts = [_checks.fp8_dtype(fn, f"fp8_dtypes[{i}]", f) for i, f in enumerate(fp8_dtypes)]
     if len(fmts) != n:
         raise ValueError(f"{fn}: fp8_dtypes lists {len(fmts)} formats for {n} tensors")
-    if not isinstance(margin, (int, np.integer)) or margin < 0:
-        raise ValueError(f"{fn}: margin must be an int >= 0, got {margin!r}")
+    margin = _checks.int_in(fn, "margin", margin, 0, _ffi.MARGIN_MAX)
     if not isinstance(amax_reduction, recipe_lib.AmaxReduction):
         raise TypeError(f"{fn}: amax_reduction must be an fp8kit.recipe.AmaxReduction, got "
                         f"{amax_reduction!r}")
-    return _ffi.delayed_scaling_update_call(amax_history, amax, scale, fmts, int(margin),
+    return _ffi.delayed_scaling_update_call(amax_history, amax, scale, fmts, margin,
                                             amax_reduction.value)

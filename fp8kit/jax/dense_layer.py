@@ -31,15 +31,50 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from fp8kit import recipe as recipe_lib
 from fp8kit.jax import _checks, _ffi
+from fp8kit.jax import _sharding as sh
 from fp8kit.jax import _sharding_quantize as shq
 from fp8kit.jax import matmul
-from fp8kit.jax.delayed_scaling import GRAD, KERNEL, X, DelayedScalingState, quantize_and_record
+from fp8kit.jax.delayed_scaling import (GRAD, KERNEL, X, DelayedScalingState, check_state,
+                                        quantize_and_record)
 from fp8kit.jax.scaled_tensor import ScaledTensor
 
 _FN = "fp8kit.jax.dense"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Types:
+    """The sharding types (PartitionSpecs) of the arguments and of y, under
+    Explicit mesh axes (_sharding.py): the custom calls' results are typed
+    replicated, and custom_vjp requires each cotangent to have its primal's
+    type. y is typed as a dot would be: its rows sharded as x's, its
+    columns as the kernel's (a sharded K is summed inside the GEMM)."""
+
+    x: P
+    kernel: P
+    bias: Optional[P]
+    state: Optional[tuple[P, ...]]
+
+    @property
+    def y(self) -> P:
+        rows, cols = sh.spec_axes(self.x, 0), sh.spec_axes(self.kernel, 1)
+        if set(rows) & set(cols):
+            cols = ()
+        return sh.spec_of([rows, cols])
+
+    @classmethod
+    def of(cls, x, kernel, bias, state) -> Optional["_Types"]:
+        """The types of these arguments, or None without Explicit axes."""
+        x_spec = sh.explicit_spec(x)
+        if x_spec is None:
+            return None
+        return cls(x=x_spec, kernel=sh.explicit_spec(kernel),
+                   bias=None if bias is None else sh.explicit_spec(bias),
+                   state=None if state is None else tuple(
+                       sh.explicit_spec(a) for a in jax.tree_util.tree_leaves(state)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +86,7 @@ class _Config:
     x_dtype: jnp.dtype
     kernel_dtype: jnp.dtype
     bias_dtype: Optional[jnp.dtype]
+    types: Optional[_Types]       # None: no Explicit mesh axes in context
     # The gradient GEMMs promote partial sums to FP32 (split accumulation);
     # the forward GEMM too unless the recipe asks for fast accumulation.
     bwd_split_accumulator: bool = True
@@ -114,7 +150,7 @@ def _forward_gemm(cfg: _Config, xq: ScaledTensor, kq: ScaledTensor, bias, n: int
                            cfg.fwd_split_accumulator, cfg.non_tn, _FN)
     if bias is not None and not in_epilogue:
         y = y + bias.astype(out)
-    return y
+    return y if cfg.types is None else sh.retype(y, cfg.types.y)
 
 
 def _dense_primal(cfg: _Config, x, kernel, bias, state):
@@ -181,6 +217,13 @@ def _dense_bwd(cfg: _Config, res, dy):
             x_w, dq_w = _pad_tokens(x_saved, inner), _pad_tokens(dq, inner)
         dk = matmul.gemm_scaled(x_w, dq_w, True, False, cfg.kernel_dtype, None, split,
                                 cfg.non_tn, _FN)
+    if cfg.types is not None:  # each cotangent with its primal's sharding type
+        t = cfg.types
+        dx, dk = sh.retype(dx, t.x), sh.retype(dk, t.kernel)
+        db = None if db is None else sh.retype(db, t.bias)
+        if cfg.delayed:
+            leaves, tree = jax.tree_util.tree_flatten(state)
+            state = tree.unflatten(map(sh.retype, leaves, t.state))
     return dx, dk, db, (state if cfg.delayed else None)
 
 
@@ -190,15 +233,7 @@ _dense.defvjp(_dense_fwd, _dense_bwd)
 
 def _check_state(recipe, state) -> None:
     if isinstance(recipe, recipe_lib.DelayedScaling):
-        if not isinstance(state, DelayedScalingState):
-            raise TypeError(f"{_FN}: a DelayedScaling recipe needs state=DelayedScalingState."
-                            f"create(recipe), got {type(state).__name__}")
-        shapes = tuple(tuple(a.shape) for a in (state.amax_history, state.scale, state.seeded))
-        if shapes != ((3, recipe.amax_history_len), (3,), (3,)):
-            raise ValueError(
-                f"{_FN}: state has amax_history, scale and seeded of shapes {shapes}; the recipe "
-                f"needs (3, {recipe.amax_history_len}), (3,) and (3,). Create it with "
-                "DelayedScalingState.create(recipe).")
+        check_state(_FN, recipe, state)
     elif isinstance(recipe, recipe_lib.CurrentScaling):
         if state is not None:
             raise TypeError(f"{_FN}: CurrentScaling is stateless; pass state=None")
@@ -243,9 +278,10 @@ def dense(x, kernel, bias=None, *, state: Optional[DelayedScalingState] = None, 
         if bias.shape != (n,):
             raise ValueError(f"{_FN}: bias has shape {bias.shape}; expected ({n},)")
         bias_dtype = jnp.dtype(bias.dtype)
+    lead = x.shape[:-1]
+    x = x.reshape(math.prod(lead), k)
     cfg = _Config(recipe=recipe, non_tn=matmul.supports_non_tn_fp8_gemm(),
                   x_dtype=jnp.dtype(x.dtype), kernel_dtype=jnp.dtype(kernel.dtype),
-                  bias_dtype=bias_dtype)
-    lead = x.shape[:-1]
-    y = _dense(cfg, x.reshape(math.prod(lead), k), kernel, bias, state)
+                  bias_dtype=bias_dtype, types=_Types.of(x, kernel, bias, state))
+    y = _dense(cfg, x, kernel, bias, state)
     return y.reshape(*lead, n)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fp8kit.jax import _ffi
+from fp8kit.jax import _checks, _ffi
 from fp8kit.jax import _sharding_gemm as shg
 from fp8kit.jax._ffi import BIAS_DTYPE, GemmLayout
 from fp8kit.jax.scaled_tensor import ScaledTensor
@@ -97,13 +97,14 @@ def gemm(a: ScaledTensor, b: ScaledTensor, trans_a: bool = False, trans_b: bool 
         if not isinstance(st, ScaledTensor):
             raise TypeError(f"{fn}: {name} must be an fp8kit.jax.ScaledTensor (from "
                             f"fp8kit.jax.quantize), got {type(st).__name__}")
+        st.check(fn, name)
+    trans_a = _checks.flag(fn, "trans_a", trans_a)
+    trans_b = _checks.flag(fn, "trans_b", trans_b)
+    use_split_accumulator = _checks.flag(fn, "use_split_accumulator", use_split_accumulator)
     if a.fp8_dtype == "e5m2" and b.fp8_dtype == "e5m2":
         raise TypeError(f"{fn}: a and b are both e5m2; FP8 GEMMs take e4m3 x e4m3, e4m3 x e5m2 "
                         "or e5m2 x e4m3. Quantize one operand (usually the forward one) as e4m3.")
-    out_dtype = jnp.dtype(out_dtype)
-    if out_dtype not in _OUT_DTYPES:
-        raise TypeError(f"{fn}: out_dtype={out_dtype} is not supported; use jnp.bfloat16, "
-                        "jnp.float16 or jnp.float32.")
+    out_dtype = _checks.high_precision_dtype(fn, "out_dtype", out_dtype, _OUT_DTYPES)
     lead = ()
     if a.ndim > 2 and not trans_a:
         lead = a.shape[:-1]
@@ -128,6 +129,7 @@ def gemm(a: ScaledTensor, b: ScaledTensor, trans_a: bool = False, trans_b: bool 
                          f"{n * out_dtype.itemsize} bytes; FP8 GEMMs need a multiple of 16 "
                          f"bytes (N a multiple of {16 // out_dtype.itemsize}). Pad N.")
     if bias is not None:
+        _checks.array(fn, "bias", bias)
         want = BIAS_DTYPE[out_dtype]
         if jnp.dtype(bias.dtype) != want or tuple(bias.shape) != (n,):
             raise ValueError(f"{fn}: bias must be {want} of shape ({n},) for {out_dtype} "

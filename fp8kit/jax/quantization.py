@@ -36,6 +36,8 @@ def _check_quantize_args(fn, x, fp8_dtype, rowwise, columnwise) -> str:
     _checks.high_precision(fn, "x", x)
     _checks.rank(fn, "x", x)
     fmt = _checks.fp8_dtype(fn, "fp8_dtype", fp8_dtype)
+    rowwise = _checks.flag(fn, "rowwise", rowwise)
+    columnwise = _checks.flag(fn, "columnwise", columnwise)
     if not (rowwise or columnwise):
         raise ValueError(f"{fn}: rowwise and columnwise are both False; ask for at least one "
                          "layout (rowwise for x @ w, columnwise for the transposed use in a "
@@ -54,12 +56,20 @@ def quantize(x, scale, fp8_dtype="e4m3", rowwise: bool = True,
     columnwise: produce `columnwise_data` (the transposed layout) in the same pass.
     Returns a ScaledTensor with scale_inv = 1/scale and amax = max |x|
     (the global amax when x is sharded).
+
+    Bad scale values (the core's policy, fp8kit/quantize.h): a scale that is
+    not finite and > 0 (0, negative, +-inf, NaN) is not an error - the
+    value is on the device and checking it would sync - but never gives a
+    plausible result either: every element of data and columnwise_data is
+    the FP8 NaN code and scale_inv is NaN; amax is still max |x|. A
+    positive denormal scale is used as it is.
     """
     fn = "fp8kit.jax.quantize"
     fmt = _check_quantize_args(fn, x, fp8_dtype, rowwise, columnwise)
     _checks.scalar_f32(fn, "scale", scale)
     x = jnp.asarray(x)
     scale = jnp.reshape(jnp.asarray(scale), ())
+    rowwise, columnwise = bool(rowwise), bool(columnwise)
     data, columnwise_data, scale_inv, amax_ = shq.quantize(x, scale, fmt, rowwise, columnwise)
     return ScaledTensor(data=data if rowwise else None, scale_inv=scale_inv,
                         columnwise_data=columnwise_data if columnwise else None, amax=amax_,
@@ -76,8 +86,9 @@ def quantize_current_scaling(x, fp8_dtype="e4m3", rowwise: bool = True, columnwi
     """
     fn = "fp8kit.jax.quantize_current_scaling"
     fmt = _check_quantize_args(fn, x, fp8_dtype, rowwise, columnwise)
-    if not (float(amax_epsilon) >= 0.0):
-        raise ValueError(f"{fn}: amax_epsilon must be >= 0, got {amax_epsilon!r}")
+    amax_epsilon = _checks.epsilon(fn, "amax_epsilon", amax_epsilon)
+    power_2_scale = _checks.flag(fn, "power_2_scale", power_2_scale)
+    rowwise, columnwise = bool(rowwise), bool(columnwise)
     x = jnp.asarray(x)
     data, columnwise_data, scale, scale_inv, amax_, _ = shq.quantize_current_scaling(
         x, fmt, rowwise, columnwise, amax_epsilon, power_2_scale)
@@ -97,6 +108,8 @@ def compute_scale(amax, fp8_dtype="e4m3", amax_epsilon: float = 0.0,
     fn = "fp8kit.jax.compute_scale"
     _checks.scalar_f32(fn, "amax", amax)
     fmt = _checks.fp8_dtype(fn, "fp8_dtype", fp8_dtype)
+    amax_epsilon = _checks.epsilon(fn, "amax_epsilon", amax_epsilon)
+    power_2_scale = _checks.flag(fn, "power_2_scale", power_2_scale)
     return _ffi.compute_scale_call(jnp.reshape(jnp.asarray(amax), ()), fmt, amax_epsilon,
                                    power_2_scale)
 
@@ -109,6 +122,8 @@ def dequantize(st: ScaledTensor, dtype=jnp.float32, from_columnwise: bool = Fals
     if not isinstance(st, ScaledTensor):
         raise TypeError(f"{fn}: st must be an fp8kit.jax.ScaledTensor, got {type(st).__name__}")
     dtype = _checks.high_precision_dtype(fn, "dtype", dtype)
+    from_columnwise = _checks.flag(fn, "from_columnwise", from_columnwise)
+    st.check(fn, "st")
     src = st.columnwise_data if from_columnwise else st.data
     if src is None:
         which = "columnwise" if from_columnwise else "rowwise"

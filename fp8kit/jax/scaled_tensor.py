@@ -67,6 +67,40 @@ class ScaledTensor:
         elif held and held != {fmt}:
             raise ValueError(f"ScaledTensor: fp8_dtype={fmt!r} but the data is {held.pop()}; "
                              "they must agree")
+        # Array leaves of other dtypes are mistakes (a tree rebuilt by JAX
+        # holds FP8 data, or float0 cotangents of it, and a float32
+        # scale_inv, or no arrays at all).
+        for name in ("data", "columnwise_data"):
+            a = getattr(self, name)
+            if hasattr(a, "dtype") and jnp.dtype(a.dtype) not in (*_checks.FP8_NAMES,
+                                                                  jax.dtypes.float0):
+                raise TypeError(f"ScaledTensor: {name} has dtype {jnp.dtype(a.dtype)}; it holds "
+                                "FP8 data (jnp.float8_e4m3fn or jnp.float8_e5m2). Make it "
+                                "with fp8kit.jax.quantize.")
+        if hasattr(self.scale_inv, "dtype") and jnp.dtype(self.scale_inv.dtype) != jnp.float32:
+            raise TypeError(f"ScaledTensor: scale_inv has dtype {jnp.dtype(self.scale_inv.dtype)};"
+                            " it is float32 (pass jnp.float32(value)).")
+
+    def check(self, fn: str, arg: str) -> None:
+        """What an op needs of this tensor, checked before anything is
+        lowered: FP8 data in at least one layout, copies of agreeing shapes,
+        one float32 scale_inv (a Python float is taken as one)."""
+        if self.data is None and self.columnwise_data is None:
+            raise ValueError(f"{fn}: {arg} holds neither rowwise nor columnwise data")
+        if not isinstance(self.scale_inv, float):
+            _checks.scalar_f32(fn, f"{arg}.scale_inv", self.scale_inv)
+        for name in ("data", "columnwise_data"):
+            a = getattr(self, name)
+            if a is not None and not hasattr(a, "dtype"):
+                raise TypeError(f"{fn}: {arg}.{name} must be an FP8 array, got "
+                                f"{type(a).__name__}")
+        if self.data is not None and self.columnwise_data is not None:
+            want = columnwise_shape(self.data.shape)
+            if tuple(self.columnwise_data.shape) != want:
+                raise ValueError(
+                    f"{fn}: {arg}.columnwise_data has shape {tuple(self.columnwise_data.shape)} "
+                    f"but data {tuple(self.data.shape)} needs {want} (its 2-D view "
+                    "transposed); quantize once with rowwise=True, columnwise=True.")
 
     @property
     def has_rowwise(self) -> bool:

@@ -36,6 +36,9 @@ def current_recipe():
 def autocast(enabled: bool = True, recipe: Optional[object] = None):
     """Runs fp8kit.torch.Linear layers in FP8 with `recipe` (default:
     DelayedScaling()) while enabled."""
+    if not isinstance(enabled, bool):  # a str such as "no" would be truthy
+        raise TypeError(f"fp8kit.torch.autocast: enabled is {enabled!r} "
+                        f"({type(enabled).__name__}); it must be a bool")
     if recipe is None:
         recipe = DEFAULT_RECIPE
     if not isinstance(recipe, (DelayedScaling, CurrentScaling)):

@@ -6,13 +6,33 @@ scale_inv (x ~= q * scale_inv), the FP8 format and the quantizer that made
 it (used to re-quantize in place). Its nominal dtype, shape and device are
 those of the high-precision tensor it stands for.
 
-Created by fp8kit's C++ quantizers in one call (quantizer(x)), or here.
+Created by fp8kit's C++ quantizers in one call (quantizer(x)), or here. The
+op table (what views, copies and in-place ops do) is in float8_tensor_ops.
+
+[Note] Views and writes
+A Float8Tensor holds up to two copies of its values (rowwise, columnwise)
+and one scale, and every write must keep them in step. So:
+
+* A view (view, reshape, t, slicing, select, as_strided, unsqueeze, expand,
+  split, detach, .data, nn.Parameter(t), ...) is a Float8Tensor that owns no
+  buffers: it records the tensor that owns them (_owner, never itself a view)
+  and the view ops leading from it (_steps). Reading a view reads the owner's
+  current bits through those ops (an alias where one of the owner's copies
+  already has the view's layout, e.g. the columnwise copy for t() of a 2-D
+  tensor, else a copy), so a view never goes stale.
+* A write runs the op on the dequantized tensor in its nominal dtype and
+  re-quantizes the result into every copy the owner holds, with the owner's
+  quantizer (its scaling rule; without one, its current scale). A write
+  through a view does this on the owner: the op is applied to the same view of
+  the owner's dequantized values, as it would be on a plain tensor.
+* update_usage on a view changes the owner's copies (the layouts belong to
+  the data, like a storage). Ops that change a tensor's own shape or strides in
+  place (t_, resize_, set_, ...) and any in-place op not in the table raise.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 from typing import Optional
 
 import torch
@@ -44,24 +64,45 @@ def _transpose_2d(q: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     return q.view(torch.uint8).reshape(rows, cols).t().contiguous().view(q.dtype)
 
 
+def replay(steps, x: torch.Tensor) -> torch.Tensor:
+    """Applies a view's steps ((aten op, args after self, kwargs, output index
+    or None), ...) to a plain tensor of its owner's shape."""
+    for func, rest, kwargs, index in steps:
+        x = func(x, *rest, **kwargs)
+        if index is not None:
+            x = x[index]
+    return x
+
+
+# View ops that address the storage itself (offsets and strides), not the
+# input's geometry: replayed only on a contiguous tensor at offset 0, where the
+# storage is the owner's logical layout.
+_STORAGE_VIEWS = frozenset({aten.as_strided.default})
+
+
 class Float8Tensor(QuantizedTensor):
     """FP8 data with a per-tensor scale, standing for a high-precision tensor.
 
     Float8Tensor(data, scale_inv, *, dtype, columnwise_data=None, quantizer=None,
                  requires_grad=False, shape=None)
 
-    data: torch.float8_e4m3fn / torch.float8_e5m2 tensor of the logical shape,
-    or None when only `columnwise_data` is held (then `shape` gives the
-    logical shape; default: the 2-D transpose of `columnwise_data`).
-    columnwise_data: the [shape[-1], prod(shape[:-1])] copy or None.
+    data: contiguous torch.float8_e4m3fn / torch.float8_e5m2 tensor of the
+    logical shape, or None when only `columnwise_data` is held (then `shape`
+    gives the logical shape; default: the 2-D transpose of `columnwise_data`).
+    columnwise_data: the contiguous [shape[-1], prod(shape[:-1])] copy or None.
     scale_inv: float32 tensor with one element. dtype: the nominal
-    high-precision dtype.
+    high-precision dtype. Views and in-place ops: see the module's note.
     """
 
     # Attributes holding the quantized state, in the order the C++ builder
-    # (torch_ext/py_float8_tensor.cc) sets them.
+    # (torch_ext/py_float8_tensor.cc) sets them. A view sets the buffers and
+    # the quantizer to None (they are its owner's).
     _FIELDS = ("_data", "_columnwise_data", "_scale_inv", "_fp8_dtype", "_quantizer")
     _OP_TABLE = {}
+    # A view's owner and steps (see the module's note); None / () for a tensor
+    # that owns its buffers, which is every tensor the C++ builder makes.
+    _owner = None
+    _steps = ()
 
     def __new__(cls, data: Optional[torch.Tensor], scale_inv: torch.Tensor, *,
                 dtype: torch.dtype = torch.float32,
@@ -84,6 +125,10 @@ class Float8Tensor(QuantizedTensor):
             if t.device != ref.device:
                 raise ValueError(f"{fn}: data is on {data.device} but columnwise_data is on "
                                  f"{columnwise_data.device}; keep both on one device")
+            if not t.is_contiguous():
+                raise ValueError(f"{fn}: {name} is not contiguous (strides {t.stride()}); pass "
+                                 f"{name}.contiguous(): in-place ops and the FP8 GEMMs write "
+                                 "and read it densely")
         _checks.tensor(fn, "scale_inv", scale_inv)
         if scale_inv.dtype != torch.float32 or scale_inv.numel() != 1:
             raise TypeError(f"{fn}: scale_inv must be a float32 tensor with one element, got "
@@ -111,7 +156,7 @@ class Float8Tensor(QuantizedTensor):
     @classmethod
     def _make(cls, shape, dtype, device, data, columnwise_data, scale_inv, fp8_dtype, quantizer,
               requires_grad=False):
-        """Unchecked constructor: every Python creation path ends here."""
+        """Unchecked constructor of a tensor that owns its buffers."""
         obj = QuantizedTensor._new_wrapper(cls, shape, dtype, device, requires_grad)
         obj._data = data
         obj._columnwise_data = columnwise_data
@@ -120,13 +165,30 @@ class Float8Tensor(QuantizedTensor):
         obj._quantizer = quantizer
         return obj
 
+    @classmethod
+    def _make_view(cls, owner: "Float8Tensor", steps: tuple, meta: torch.Tensor):
+        """A view of `owner` through `steps`; `meta` is those steps replayed on
+        a meta tensor of the owner's shape (the view's geometry)."""
+        obj = QuantizedTensor._new_wrapper(cls, meta.shape, owner._dtype, owner._device, False,
+                                           strides=meta.stride(),
+                                           storage_offset=meta.storage_offset())
+        obj._data = obj._columnwise_data = obj._scale_inv = obj._quantizer = None
+        obj._fp8_dtype = owner._fp8_dtype
+        obj._owner = owner
+        obj._steps = steps
+        return obj
+
     def _make_like(self, **changes) -> "Float8Tensor":
-        """A new Float8Tensor with this one's fields except `changes`."""
+        """A new Float8Tensor owning this (owning) one's fields except `changes`."""
         f = dict(shape=self._shape, dtype=self._dtype, device=self._device, data=self._data,
                  columnwise_data=self._columnwise_data, scale_inv=self._scale_inv,
                  fp8_dtype=self._fp8_dtype, quantizer=self._quantizer, requires_grad=False)
         f.update(changes)
         return Float8Tensor._make(**f)
+
+    def _root(self) -> "Float8Tensor":
+        """The tensor owning the buffers: self, or the owner of a view."""
+        return self if self._owner is None else self._owner
 
     # ------------------------------------------------------------ accessors
     @property
@@ -136,21 +198,83 @@ class Float8Tensor(QuantizedTensor):
 
     @property
     def quantizer(self):
-        return self._quantizer
+        return self._root()._quantizer
 
     @property
     def rowwise_data(self) -> Optional[torch.Tensor]:
-        return self._data
+        """The rowwise copy (None if not held). On a view: its values in the
+        rowwise layout, an alias of the owner's buffer where it has that layout."""
+        return self._data if self._owner is None else self._view_rowwise()
 
     @property
     def columnwise_data(self) -> Optional[torch.Tensor]:
-        return self._columnwise_data
+        """The columnwise copy (None if not held). On a view: as rowwise_data."""
+        return self._columnwise_data if self._owner is None else self._view_columnwise()
 
     @property
     def scale_inv(self) -> torch.Tensor:
-        return self._scale_inv
+        return self._root()._scale_inv
 
+    # ------------------------------------------------------------- views
+    def _rowwise_bytes(self) -> torch.Tensor:
+        """This owning tensor's rowwise data as contiguous uint8 (a copy when
+        only the columnwise copy is held)."""
+        if self._data is not None:
+            return self._data.view(torch.uint8)
+        cols, rows = _columnwise_shape(self._shape)
+        return _transpose_2d(self._columnwise_data, cols, rows).view(torch.uint8).view(self._shape)
+
+    def _aliases(self, steps) -> list:
+        """uint8 tensors of this owning tensor's shape that alias each of its
+        buffers (the columnwise copy seen through a transpose)."""
+        if any(s[0] in _STORAGE_VIEWS for s in steps):
+            return [self._rowwise_bytes()]
+        out = []
+        if self._data is not None:
+            out.append(self._data.view(torch.uint8))
+        if self._columnwise_data is not None:
+            out.append(self._columnwise_data.view(torch.uint8).t().view(self._shape))
+        return out
+
+    def _view_rowwise(self) -> torch.Tensor:
+        owner, fp8 = self._owner, _checks.TORCH_FP8[self._fp8_dtype]
+        for src in owner._aliases(self._steps):
+            try:
+                r = replay(self._steps, src)
+            except RuntimeError:  # not expressible as a view of this buffer
+                continue
+            if r.is_contiguous():
+                return r.view(fp8)
+        return replay(self._steps, owner._rowwise_bytes()).contiguous().view(fp8)
+
+    def _view_columnwise(self) -> torch.Tensor:
+        owner, fp8 = self._owner, _checks.TORCH_FP8[self._fp8_dtype]
+        cols, rows = _columnwise_shape(self._shape)
+        for src in owner._aliases(self._steps):
+            try:
+                c = replay(self._steps, src).view(rows, cols).t()
+            except RuntimeError:  # not expressible as a view of this buffer
+                continue
+            if c.is_contiguous():
+                return c.view(fp8)
+        return _transpose_2d(self._view_rowwise(), rows, cols)
+
+    def _owned_copies(self):
+        """(data, columnwise_data): new buffers with this tensor's values, in
+        the layouts its owner holds (what clone, to() and pickling store)."""
+        root = self._root()
+        if self is root:
+            c = (lambda t: None if t is None else t.clone())
+            return c(self._data), c(self._columnwise_data)
+        data = self._view_rowwise().clone() if root._data is not None else None
+        cw = self._view_columnwise().clone() if root._columnwise_data is not None else None
+        return data, cw
+
+    # ------------------------------------------------------- dequantize
     def _dequantize_raw(self, dtype) -> torch.Tensor:
+        if self._owner is not None:
+            return ext.dequantize(self._view_rowwise(), self._owner._scale_inv, dtype, False,
+                                  None)
         if self._data is not None:
             return ext.dequantize(self._data, self._scale_inv, dtype, False, None)
         return ext.dequantize(self._columnwise_data, self._scale_inv, dtype, True,
@@ -168,20 +292,31 @@ class Float8Tensor(QuantizedTensor):
     def update_usage(self, rowwise: Optional[bool] = None,
                      columnwise: Optional[bool] = None) -> None:
         """Makes the rowwise and/or columnwise copy present (transposing the
-        other one) or drops it."""
+        other one) or drops it. On a view, changes the owner's copies."""
+        if self._owner is not None:
+            return self._owner.update_usage(rowwise, columnwise)
+        if rowwise is False and columnwise is False:
+            raise ValueError("Float8Tensor.update_usage: cannot drop both layouts")
         cols, rows = _columnwise_shape(self._shape)
         if rowwise and self._data is None:
             self._data = _transpose_2d(self._columnwise_data, cols, rows).view(self._shape)
         if columnwise and self._columnwise_data is None:
             self._columnwise_data = _transpose_2d(self._data, rows, cols)
-        if rowwise is False and columnwise is not False and self._columnwise_data is not None:
+        if rowwise is False and self._columnwise_data is not None:
             self._data = None
-        if columnwise is False and rowwise is not False and self._data is not None:
+        if columnwise is False and self._data is not None:
             self._columnwise_data = None
-        if self._data is None and self._columnwise_data is None:
-            raise ValueError("Float8Tensor.update_usage: cannot drop both layouts")
 
+    # ----------------------------------------------------------- writes
     def _requantize_from(self, src: torch.Tensor) -> None:
+        """Writes quantize(src) into every copy this tensor's owner holds."""
+        if self._owner is not None:
+            owner = self._owner
+            if not self._steps:  # detach, .data, nn.Parameter: the owner's values
+                return owner._requantize_from(src)
+            hp = owner._dequantize_raw(owner._dtype)
+            replay(self._steps, hp).copy_(src)
+            return owner._requantize_from(hp)
         q = self._quantizer
         if q is None:  # keep this tensor's scale
             q = ext.Float8Quantizer(torch.reciprocal(self._scale_inv), self._fp8_dtype)
@@ -194,35 +329,43 @@ class Float8Tensor(QuantizedTensor):
     # ---------------------------------------------- pickling, copying, repr
     def __reduce_ex__(self, protocol):
         # FP8 buffers travel as uint8: plain pickle cannot rebuild float8
-        # storages (torch.save can, but both paths should work).
+        # storages (torch.save can, but both paths should work). A view is
+        # saved as a tensor of its own.
+        root = self._root()
+        data, cw = (root._data, root._columnwise_data) if self is root else self._owned_copies()
         as_bytes = (lambda t: None if t is None else t.view(torch.uint8))
         return (_rebuild_float8_tensor,
-                (as_bytes(self._data), as_bytes(self._columnwise_data), self._scale_inv,
-                 self._fp8_dtype, self._dtype, tuple(self._shape), self._requires_grad,
-                 self._quantizer))
+                (as_bytes(data), as_bytes(cw), root._scale_inv, self._fp8_dtype, self._dtype,
+                 tuple(self._shape), self._requires_grad, root._quantizer))
 
     def __deepcopy__(self, memo):
         if id(self) in memo:
             return memo[id(self)]
-        c = (lambda t: None if t is None else t.clone())
-        new = self._make_like(data=c(self._data), columnwise_data=c(self._columnwise_data),
-                              scale_inv=self._scale_inv.clone(),
-                              quantizer=copy.deepcopy(self._quantizer, memo),
-                              requires_grad=self._requires_grad)
+        root = self._root()
+        data, cw = self._owned_copies()
+        new = Float8Tensor._make(self._shape, self._dtype, self._device, data, cw,
+                                 root._scale_inv.clone(), self._fp8_dtype,
+                                 copy.deepcopy(root._quantizer, memo), self._requires_grad)
         memo[id(self)] = new
         return new
 
     def __repr__(self, *, tensor_contents=None):
-        layouts = "+".join(n for n, t in (("rowwise", self._data),
-                                          ("columnwise", self._columnwise_data))
+        root = self._root()
+        layouts = "+".join(n for n, t in (("rowwise", root._data),
+                                          ("columnwise", root._columnwise_data))
                           if t is not None)
+        view = "" if self is root else f", view of shape {tuple(root._shape)}"
         return (f"Float8Tensor(fp8_dtype={self._fp8_dtype}, shape={tuple(self._shape)}, "
-                f"dtype={self._dtype}, device={self._device}, layouts={layouts}, "
-                f"scale_inv={float(self._scale_inv.reshape(()))}, "
+                f"dtype={self._dtype}, device={self._device}, layouts={layouts}{view}, "
+                f"scale_inv={float(root._scale_inv.reshape(()))}, "
                 f"values={self._dequantize_raw(torch.float32)})")
 
     # torch.compile traces through tensor subclasses that can flatten.
     def __tensor_flatten__(self):
+        if self._owner is not None:
+            raise NotImplementedError(
+                "Float8Tensor: torch.compile cannot trace a view of a Float8Tensor (it owns no "
+                "buffers); pass the tensor it views, or view.clone()")
         inner = [n for n in ("_data", "_columnwise_data", "_scale_inv")
                  if getattr(self, n) is not None]
         return inner, (self._fp8_dtype, self._dtype, tuple(self._shape), self._quantizer)
@@ -248,128 +391,5 @@ def _rebuild_float8_tensor(data, columnwise_data, scale_inv, fp8_dtype, dtype, s
                               quantizer, requires_grad)
 
 
-# ------------------------------------------------------------------ op table
-def implements(*ops):
-    def register(handler):
-        for op in ops:
-            Float8Tensor._OP_TABLE[op] = handler
-        return handler
-    return register
-
-
-def _clone_or_none(t):
-    return None if t is None else t.clone()
-
-
-@implements(aten.detach.default, aten.alias.default)
-def _detach(func, args, kwargs):
-    return args[0]._make_like()
-
-
-@implements(aten.clone.default)
-def _clone(func, args, kwargs):
-    t = args[0]
-    return t._make_like(data=_clone_or_none(t._data),
-                        columnwise_data=_clone_or_none(t._columnwise_data),
-                        scale_inv=t._scale_inv.clone())
-
-
-def _resolve_shape(size, numel):
-    size = [int(s) for s in size]
-    if -1 in size:
-        known = 1
-        for s in size:
-            if s != -1:
-                known *= s
-        size[size.index(-1)] = numel // known if known else 0
-    return tuple(size)
-
-
-@implements(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
-def _view(func, args, kwargs):
-    t, size = args[0], args[1]
-    shape = _resolve_shape(size, math.prod(t._shape))
-    cw = _columnwise_shape(shape)
-    same_columnwise = cw == _columnwise_shape(t._shape)
-    if t._data is None:
-        if not same_columnwise:
-            return NotImplemented
-        return t._make_like(shape=torch.Size(shape))
-    data = t._data.view(shape)
-    columnwise_data = t._columnwise_data
-    if columnwise_data is not None and not same_columnwise:
-        columnwise_data = _transpose_2d(data, cw[1], cw[0])
-    return t._make_like(shape=torch.Size(shape), data=data, columnwise_data=columnwise_data)
-
-
-@implements(aten.t.default, aten.transpose.int)
-def _transpose_op(func, args, kwargs):
-    # For a 2-D tensor the columnwise copy is the transpose's rowwise data
-    # and the other way round: swap them.
-    t = args[0]
-    if t.dim() != 2:
-        return NotImplemented
-    if func is aten.transpose.int and {args[1] % 2, args[2] % 2} != {0, 1}:
-        return NotImplemented
-    m, n = t._shape
-    data, columnwise_data = t._data, t._columnwise_data
-    if columnwise_data is None:
-        columnwise_data = _transpose_2d(data, m, n)
-    if data is None:
-        data = _transpose_2d(columnwise_data, n, m)
-    return t._make_like(shape=torch.Size((n, m)), data=columnwise_data, columnwise_data=data)
-
-
-@implements(aten._to_copy.default)
-def _to_copy(func, args, kwargs):
-    t = args[0]
-    dtype = kwargs.get("dtype")
-    device = kwargs.get("device")
-    non_blocking = kwargs.get("non_blocking", False)
-    device = t._device if device is None else torch.device(device)
-    if dtype is not None and dtype != t._dtype:
-        hp = t._dequantize_raw(dtype if dtype in _checks.HIGH_PRECISION else torch.float32)
-        return hp.to(device=device, dtype=dtype, non_blocking=non_blocking)
-    mv = (lambda x: None if x is None else x.to(device, non_blocking=non_blocking, copy=True))
-    q = t._quantizer
-    if q is not None and device != t._device:
-        q = q.to(device)
-    return t._make_like(device=device, data=mv(t._data), columnwise_data=mv(t._columnwise_data),
-                        scale_inv=mv(t._scale_inv), quantizer=q)
-
-
-@implements(aten.copy_.default)
-def _copy_(func, args, kwargs):
-    dst, src = args[0], args[1]
-    if not isinstance(dst, Float8Tensor):  # plain destination: copy the values
-        dst.copy_(src.dequantize())
-        return dst
-    if (isinstance(src, Float8Tensor) and src._fp8_dtype == dst._fp8_dtype
-            and src._shape == dst._shape):
-        # Same format and shape: copy the bits.
-        cols, rows = _columnwise_shape(dst._shape)
-        if dst._data is not None:
-            s = src._data
-            if s is None:
-                s = _transpose_2d(src._columnwise_data, cols, rows)
-            dst._data.copy_(s.view(dst._data.shape))
-        if dst._columnwise_data is not None:
-            s = src._columnwise_data
-            if s is None:
-                s = _transpose_2d(src._data, rows, cols)
-            dst._columnwise_data.copy_(s)
-        dst._scale_inv.copy_(src._scale_inv.reshape(dst._scale_inv.shape))
-        return dst
-    hp = src.dequantize() if isinstance(src, QuantizedTensor) else src
-    dst._requantize_from(hp.to(device=dst._device))
-    return dst
-
-
-@implements(aten.is_same_size.default)
-def _is_same_size(func, args, kwargs):
-    return tuple(args[0].shape) == tuple(args[1].shape)
-
-
-@implements(aten.dequantize.self)
-def _dequantize_op(func, args, kwargs):
-    return args[0]._dequantize_raw(args[0]._dtype)
+# The op table registers itself on Float8Tensor.
+from fp8kit.torch import float8_tensor_ops  # noqa: E402,F401

@@ -28,12 +28,26 @@ none (torch.no_grad, inference_mode, nothing requiring grad) casts with
 the current scales and leaves the state unchanged. A fresh delayed-scaling
 slot takes its first scale from the tensor's own amax.
 
+The layer keeps one scaling state per recipe it has run under (recipes
+that differ only in forward_fast_accumulation share one), so switching
+recipes, or running one layer from several threads under different
+recipes, never discards or mixes up recorded state: each call picks the
+state of its own thread's recipe and uses that one throughout.
+
+As torch.nn.Linear, the input, the weight and the bias must have one dtype
+(RuntimeError otherwise); under torch.autocast they are cast to its dtype
+first, as torch.nn.Linear's are (the cast weight is a new tensor each
+call, so cache_fp8_weight does not apply there).
+
 FP8 GEMMs need in_features and out_features to be multiples of the
 extension's GEMM_DIM_MULTIPLE (cuBLASLt's FP8 alignment).
 
-The extra state (format 2) holds plain values and tensors only: the
-recipe's scaling parameters as a dict of str/int/float/bool, the
-delayed-scaling history, scale and scale_inv, and which slots are seeded.
+The extra state (format 2) holds plain values and tensors only, so it
+loads with torch.load(weights_only=True): {"format": 2, "states": [...]},
+one entry per recipe, each with the recipe's scaling parameters as a dict
+of str/int/float/bool, the delayed-scaling history, scale and scale_inv,
+and which slots are seeded. Loading checks every entry and names a
+missing, mistyped or corrupt one.
 """
 
 from __future__ import annotations
@@ -42,12 +56,17 @@ import torch
 import torch.nn.functional as F
 
 from fp8kit.torch._ext import ext
+from fp8kit.torch._linear_states import RecipeStates
 from fp8kit.torch.autocast import STATE as _AUTOCAST
 
 _linear_forward = ext.linear_forward
-# 2: the recipe as a dict of named plain values (1 had a positional tuple
-# and a flag for amaxes left waiting by an older update order).
+# 2: {"states": [one dict per recipe]}, each recipe a dict of named plain
+# values (1 had a positional tuple and a flag for amaxes left waiting by an
+# older update order).
 _EXTRA_STATE_FORMAT = 2
+# Whether any torch.autocast is on: a fast test before the per-device one
+# (torch.is_autocast_enabled(device) costs ~1 us a call).
+_any_autocast = torch._C._is_any_autocast_enabled
 
 
 class Linear(torch.nn.Linear):
@@ -56,36 +75,39 @@ class Linear(torch.nn.Linear):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
                  dtype=None) -> None:
         super().__init__(in_features, out_features, bias, device, dtype)
-        self._fp8_state = None    # ext.LinearState for the recipe in use
-        self._fp8_recipe = None   # the recipe object last seen (fast identity check)
+        self._fp8_states = RecipeStates()
         self._fp8_cache_weight = False  # opt-in: see the module docstring
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         recipe = _AUTOCAST.recipe
         if recipe is None:
             return F.linear(input, self.weight, self.bias)
-        if recipe is not self._fp8_recipe:
-            self._fp8_use_recipe(recipe)
         # _parameters directly: the lookup self.weight makes through
         # Module.__getattr__ is a visible share of a small layer's call.
         params = self._parameters
-        return _linear_forward(self._fp8_state, input, params["weight"], params["bias"])
+        weight, bias = params["weight"], params["bias"]
+        if _any_autocast() and isinstance(input, torch.Tensor):
+            input, weight, bias = _autocast_cast(input, weight, bias)
+        # One selection per call, held in locals: another thread switching
+        # this layer to another recipe cannot change the state this call uses.
+        state, fast = self._fp8_states.select(recipe, weight, self._fp8_cache_weight)
+        return _linear_forward(state, input, weight, bias, fast)
 
     # ------------------------------------------------------------ FP8 state
-    def _fp8_use_recipe(self, recipe) -> None:
-        # The C++ state reads the recipe's fields itself (type-checked); a
-        # recipe with other scaling parameters gets a fresh state.
-        st = self._fp8_state
-        if st is None or not st.use_recipe(recipe):
-            st = ext.LinearState(recipe, self.weight.device)
-            st.cache_weight = self._fp8_cache_weight
-            self._fp8_state = st
-        self._fp8_recipe = recipe
-
     @property
     def fp8_state(self):
-        """The layer's ext.LinearState (None before its first FP8 forward)."""
-        return self._fp8_state
+        """The ext.LinearState this layer used (or loaded) last, None before
+        its first FP8 forward; fp8_state_for(recipe) names one recipe's."""
+        return self._fp8_states.latest()
+
+    @property
+    def fp8_states(self):
+        """Every recipe's ext.LinearState, in the order first used (or loaded)."""
+        return self._fp8_states.all()
+
+    def fp8_state_for(self, recipe):
+        """The ext.LinearState `recipe` runs with, or None before its first use."""
+        return self._fp8_states.get(recipe)
 
     @property
     def cache_fp8_weight(self) -> bool:
@@ -94,37 +116,34 @@ class Linear(torch.nn.Linear):
     @cache_fp8_weight.setter
     def cache_fp8_weight(self, value: bool) -> None:
         self._fp8_cache_weight = bool(value)
-        if self._fp8_state is not None:
-            self._fp8_state.cache_weight = self._fp8_cache_weight
+        for st in self._fp8_states.all():
+            st.cache_weight = self._fp8_cache_weight
 
     def get_extra_state(self):
-        if self._fp8_state is None:
-            return {"format": _EXTRA_STATE_FORMAT}
-        state = self._fp8_state.get_state()
-        state["format"] = _EXTRA_STATE_FORMAT
-        return state
+        return {"format": _EXTRA_STATE_FORMAT,
+                "states": [st.get_state() for st in self._fp8_states.all()]}
 
     def set_extra_state(self, state) -> None:
+        where = getattr(self, "_fp8_loading", None) or "_extra_state"
         fmt = state.get("format") if isinstance(state, dict) else None
         if fmt != _EXTRA_STATE_FORMAT:
             raise ValueError(
-                "fp8kit.torch.Linear: _extra_state is not an fp8kit Linear FP8 state of format "
+                f"fp8kit.torch.Linear: {where} is not an fp8kit Linear FP8 state of format "
                 f"{_EXTRA_STATE_FORMAT} (got format {fmt!r}); it was written by another fp8kit "
                 "version or another layer type. Drop its '_extra_state' entries to load the "
                 "weights with a fresh FP8 state.")
-        if "recipe" not in state:  # saved before any FP8 forward
-            self._fp8_state = self._fp8_recipe = None
-            return
-        st = ext.LinearState.from_state(state, self.weight.device)
-        st.cache_weight = self._fp8_cache_weight
-        # The next forward keeps this state if its recipe has the same
-        # scaling parameters (LinearState.use_recipe).
-        self._fp8_state, self._fp8_recipe = st, None
+        self._fp8_states = RecipeStates.from_checkpoint(
+            state, self.weight.device, self._fp8_cache_weight, f"fp8kit.torch.Linear: {where}")
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                      unexpected_keys, error_msgs)
+        # set_extra_state's errors name the checkpoint key they come from.
+        self._fp8_loading = repr(prefix + "_extra_state")
+        try:
+            super()._load_from_state_dict(state_dict, prefix, local_metadata, strict,
+                                          missing_keys, unexpected_keys, error_msgs)
+        finally:
+            del self._fp8_loading
         # A torch.nn.Linear checkpoint has no FP8 state: start fresh.
         key = prefix + "_extra_state"
         if key in missing_keys:
@@ -132,24 +151,41 @@ class Linear(torch.nn.Linear):
 
     def _apply(self, fn, *args, **kwargs):
         out = super()._apply(fn, *args, **kwargs)
-        st = self._fp8_state
-        if st is not None:
+        for st in self._fp8_states.all():
             if st.device != self.weight.device:
                 st.to(self.weight.device)
             else:
                 st.clear_weight_cache()
         return out
 
-    # Pickling (torch.save(module), copy.deepcopy): the C++ state travels as
-    # its extra state.
+    # Pickling (torch.save(module), copy.deepcopy): the C++ states travel as
+    # the extra state.
     def __getstate__(self):
         d = self.__dict__.copy()
         d["_fp8_saved"] = self.get_extra_state()
-        d["_fp8_state"] = d["_fp8_recipe"] = None
+        d["_fp8_states"] = None
         return d
 
     def __setstate__(self, d):
         saved = d.pop("_fp8_saved", None)
         super().__setstate__(d)
+        self._fp8_states = RecipeStates()
         if saved is not None:
             self.set_extra_state(saved)
+
+
+def _autocast_cast(input, weight, bias):
+    """input, weight and bias in torch.autocast's dtype, as torch.nn.Linear
+    computes under it."""
+    device = input.device.type
+    # fp8kit runs on these (torch.is_autocast_enabled raises for some others).
+    if device not in ("cpu", "cuda") or not torch.is_autocast_enabled(device):
+        return input, weight, bias
+    dtype = torch.get_autocast_dtype(device)
+
+    def cast(t):
+        # autocast's rule: floating tensors other than float64 are cast.
+        if t is None or t.dtype in (dtype, torch.float64) or not t.is_floating_point():
+            return t
+        return t.to(dtype)
+    return cast(input), cast(weight), cast(bias)

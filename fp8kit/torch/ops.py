@@ -99,8 +99,14 @@ def delayed_scaling_update(amax_histories, amaxes, scales, scale_invs, fp8_dtype
             raise TypeError(f"{fn}: {name} must be a list, got {type(v).__name__}")
     for i, name in enumerate(fp8_dtypes):
         _checks.fp8_name(fn, f"fp8_dtypes[{i}]", name)
+    if isinstance(margin, bool) or not isinstance(margin, int):
+        raise TypeError(f"{fn}: margin is {margin!r} ({type(margin).__name__}); pass an int "
+                        f"in [0, {ext.MARGIN_MAX}]")
+    if amax_reduction not in ext.AMAX_REDUCTION_CODES:
+        raise ValueError(f"{fn}: amax_reduction is {amax_reduction!r}; pass one of "
+                         f"{sorted(ext.AMAX_REDUCTION_CODES)}")
     ext.delayed_scaling_update(list(amax_histories), list(amaxes), list(scales),
-                               list(scale_invs), list(fp8_dtypes), int(margin), amax_reduction)
+                               list(scale_invs), list(fp8_dtypes), margin, amax_reduction)
 
 
 def gemm(a, a_scale_inv, a_columnwise, b, b_scale_inv, b_columnwise, trans_a: bool = False,
@@ -121,6 +127,10 @@ def gemm(a, a_scale_inv, a_columnwise, b, b_scale_inv, b_columnwise, trans_a: bo
         _checks.tensor(fn, name, v, allow_none=True)
     _checks.tensor(fn, "a_scale_inv", a_scale_inv)
     _checks.tensor(fn, "b_scale_inv", b_scale_inv)
+    for name, v in (("b", b), ("b_columnwise", b_columnwise)):
+        if v is not None and v.dim() != 2:  # a weight: one matrix, not a batch of them
+            raise ValueError(f"{fn}: {name} has shape {tuple(v.shape)}; b is one 2-D matrix "
+                             "(its columnwise copy too)")
     _checks.dtype(fn, "out_dtype", out_dtype)
     return ext.gemm(a, a_scale_inv, a_columnwise, b, b_scale_inv, b_columnwise, bool(trans_a),
                     bool(trans_b), out_dtype, bias, bool(gelu), gelu_aux, bool(accumulate),

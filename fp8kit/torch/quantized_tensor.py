@@ -17,10 +17,17 @@ attributes. Two things make it behave:
   succeeds).
 
 * An op table. __torch_dispatch__ looks the aten op up in the subclass's
-  _OP_TABLE ({aten op: handler}). Ops without an entry dequantize their
-  quantized arguments and run in high precision; ops that write into a
-  quantized argument (in-place and out= ops) then re-quantize the result
-  into it.
+  _OP_TABLE ({aten op: handler}; a subclass may add rules, e.g. for views,
+  in _handler). An op without an entry that writes into none of its quantized
+  arguments runs on their dequantized values (a plain result). An op without
+  an entry that writes into a quantized argument raises NotImplementedError:
+  a write must never be dropped or land in one copy only, so every op that may
+  write into a quantized tensor is listed, and its handler re-quantizes the
+  result into every copy the tensor holds (run_and_requantize).
+
+* `t.data = x` re-quantizes x into t (as `t.copy_(x)` under no_grad): the
+  buffers that the subclass keeps as attributes are what t is, so PyTorch's
+  own setter, which swaps the storage that no one reads, would lose x.
 """
 
 from __future__ import annotations
@@ -29,6 +36,10 @@ from typing import Callable, Dict
 
 import torch
 from torch.utils._pytree import tree_map_only
+
+# _OP_TABLE key of the handler for every view op (schema: returns an alias,
+# writes nothing) that has no entry of its own.
+ANY_VIEW = "any view op"
 
 _TB = torch._C.TensorBase
 _NATIVE_DTYPE = _TB.dtype
@@ -45,17 +56,20 @@ class QuantizedTensor(torch.Tensor):
     # Names of the cached properties' attributes, in the order the C++
     # builder (torch_ext/py_float8_tensor.cc) sets them.
     _CACHED = ("_dtype", "_shape", "_device", "_is_cuda", "_requires_grad")
-    # {aten OpOverload: handler(func, args, kwargs)}; each subclass has its own.
+    # {aten OpOverload or ANY_VIEW: handler(func, args, kwargs)}; each
+    # subclass has its own.
     _OP_TABLE: Dict[object, Callable] = {}
 
     # ------------------------------------------------------------ creation
     @staticmethod
     def _new_wrapper(cls, shape, dtype: torch.dtype, device: torch.device,
-                     requires_grad: bool):
-        """An instance of cls with its cached properties set."""
+                     requires_grad: bool, strides=None, storage_offset=None):
+        """An instance of cls with its cached properties set (contiguous
+        strides unless given: a view reports the strides a plain view would)."""
         shape = torch.Size(shape)
-        obj = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=device,
-                                                  requires_grad=requires_grad)
+        obj = torch.Tensor._make_wrapper_subclass(cls, shape, strides=strides,
+                                                  storage_offset=storage_offset, dtype=dtype,
+                                                  device=device, requires_grad=requires_grad)
         obj._set_cache(dtype, shape, device, requires_grad)
         return obj
 
@@ -118,6 +132,8 @@ class QuantizedTensor(torch.Tensor):
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         if kwargs is None:
             kwargs = {}
+        if func == _DATA_SETTER:
+            return args[0]._assign_data(args[1])
         with _no_torch_function():
             out = func(*args, **kwargs)
         # Autograd, setters and in-place ops may have changed what is cached.
@@ -127,15 +143,53 @@ class QuantizedTensor(torch.Tensor):
         return out
 
     @classmethod
+    def _handler(cls, func):
+        """The op table's handler for `func` (its own, else the ANY_VIEW one
+        for a view op), or None."""
+        handler = cls._OP_TABLE.get(func)
+        if handler is None and func.is_view:
+            handler = cls._OP_TABLE.get(ANY_VIEW)
+        return handler
+
+    @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         if kwargs is None:
             kwargs = {}
-        handler = cls._OP_TABLE.get(func)
+        handler = cls._handler(func)
         if handler is not None:
             out = handler(func, args, kwargs)
             if out is not NotImplemented:
                 return out
-        return dequantize_and_run(func, args, kwargs)
+        if func.is_view:
+            raise NotImplementedError(
+                f"fp8kit: {cls.__name__} has no rule for the view op {func}; writes through its "
+                "result would not reach the tensor. Use t.dequantize() and view that")
+        written = _quantized_written(func, args, kwargs)
+        if written:
+            raise NotImplementedError(
+                f"fp8kit: {func} writes into a {type(written[0]).__name__}, and fp8kit has no "
+                "rule that keeps its quantized copies right under this op. Run it on a "
+                "high-precision tensor and copy the result in: hp = t.dequantize(); "
+                "<op on hp>; t.copy_(hp)")
+        return run_on_dequantized(func, args, kwargs)
+
+    def _assign_data(self, value) -> None:
+        """`self.data = value`: re-quantizes value into self's buffers."""
+        name = type(self).__name__
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name}.data = value: value must be a torch.Tensor, got "
+                            f"{type(value).__name__}")
+        if tuple(value.shape) != tuple(self._shape) or value.device != self._device:
+            raise ValueError(
+                f"{name}.data = value re-quantizes value into this tensor, so it needs its shape "
+                f"{tuple(self._shape)} and device {self._device}; got {tuple(value.shape)} on "
+                f"{value.device}. For another shape or device, make a new {name} "
+                "(quantizer(value)) and put it where this one was")
+        with torch.no_grad():
+            self.copy_(value)
+
+
+_DATA_SETTER = _TB.data.__set__
 
 
 def _refresh_results(out) -> None:
@@ -160,30 +214,56 @@ def _written_args(func) -> list:
     return w
 
 
+def _arg(args, kwargs, pos, name, kwarg_only):
+    if kwarg_only or pos >= len(args):
+        return kwargs.get(name)
+    return args[pos]
+
+
+def _elements(v) -> list:
+    """A written argument's tensors: Tensor(a!) or Tensor(a!)[] (foreach ops)."""
+    return list(v) if isinstance(v, (list, tuple)) else [v]
+
+
+def _quantized_written(func, args, kwargs) -> list:
+    """The quantized tensors `func` writes into."""
+    return [t for pos, name, kw in _written_args(func)
+            for t in _elements(_arg(args, kwargs, pos, name, kw))
+            if isinstance(t, QuantizedTensor)]
+
+
 def _dequantize(t: "QuantizedTensor") -> torch.Tensor:
     return t.dequantize()
 
 
-def dequantize_and_run(func, args, kwargs):
-    """The fallback: run `func` on dequantized arguments; re-quantize into
-    the quantized arguments it writes to and return those in place of their
-    high-precision stand-ins."""
+def run_on_dequantized(func, args, kwargs):
+    """Runs `func` on the dequantized arguments (an op that writes into no
+    quantized argument); the result is plain."""
+    hp_args, hp_kwargs = tree_map_only(QuantizedTensor, _dequantize, (args, kwargs))
+    return func(*hp_args, **hp_kwargs)
+
+
+def run_and_requantize(func, args, kwargs):
+    """Handler for ops that write into their arguments (in-place, out= and
+    foreach ops): runs `func` on dequantized arguments, re-quantizes each
+    written high-precision stand-in into the quantized tensor it stands for
+    (every copy that tensor holds) and returns those in their place."""
     hp_args, hp_kwargs = tree_map_only(QuantizedTensor, _dequantize, (args, kwargs))
     out = func(*hp_args, **hp_kwargs)
-    written = _written_args(func)
-    if not written:
-        return out
     back = {}
-    for pos, name, kwarg_only in written:
-        if kwarg_only or pos >= len(args):
-            orig, hp = kwargs.get(name), hp_kwargs.get(name)
-        else:
-            orig, hp = args[pos], hp_args[pos]
-        if isinstance(orig, QuantizedTensor):
+    for pos, name, kw in _written_args(func):
+        origs = _elements(_arg(args, kwargs, pos, name, kw))
+        hps = _elements(_arg(hp_args, hp_kwargs, pos, name, kw))
+        for orig, hp in zip(origs, hps):
+            if not isinstance(orig, QuantizedTensor):
+                continue
+            if tuple(hp.shape) != tuple(orig.shape):
+                raise ValueError(
+                    f"fp8kit: {func} would resize a {type(orig).__name__} of shape "
+                    f"{tuple(orig.shape)} to {tuple(hp.shape)}; a quantized tensor keeps its "
+                    "shape. Write into a plain tensor of the result's shape instead")
             orig._requantize_from(hp)
             back[id(hp)] = orig
-    if not back:
-        return out
     if isinstance(out, torch.Tensor):
         return back.get(id(out), out)
     if isinstance(out, (tuple, list)):

@@ -122,7 +122,7 @@ void expect_same_states(const std::vector<HostState>& a, const std::vector<HostS
 
 const fp8kit_delayed_scaling_config kConfigs[] = {
     {1, 0, FP8KIT_AMAX_MAX},    {4, 0, FP8KIT_AMAX_MAX}, {16, 2, FP8KIT_AMAX_MAX},
-    {16, 0, FP8KIT_AMAX_MOST_RECENT}, {300, -1, FP8KIT_AMAX_MAX}, {1024, 3, FP8KIT_AMAX_MOST_RECENT}};
+    {16, 0, FP8KIT_AMAX_MOST_RECENT}, {300, FP8KIT_MARGIN_MAX, FP8KIT_AMAX_MAX}, {1024, 3, FP8KIT_AMAX_MOST_RECENT}};
 
 TEST(DelayedScaling, MatchesIndependentComputation) {
   uint32_t seed = 5;

@@ -53,7 +53,7 @@ MemberResult composed(const Member& m, const fp8kit_delayed_scaling_config& c) {
 
 const fp8kit_delayed_scaling_config kConfigs[] = {
     {1, 0, FP8KIT_AMAX_MAX}, {16, 1, FP8KIT_AMAX_MAX}, {16, 0, FP8KIT_AMAX_MOST_RECENT},
-    {300, -2, FP8KIT_AMAX_MAX}};
+    {300, 7, FP8KIT_AMAX_MAX}};
 
 TEST(QuantizeDelayedUpdate, CpuEqualsQuantizeThenUpdate) {
   uint32_t seed = 1;

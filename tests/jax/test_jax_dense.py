@@ -355,43 +355,6 @@ def test_recipe_rejects_a_non_bool_forward_fast_accumulation():
 
 # --- transformations -------------------------------------------------------------------
 
-def test_vmap_over_a_batch_axis_is_per_example():
-    rng = np.random.default_rng(5)
-    xs = jnp.asarray(rng.standard_normal((3, 16, 32)), jnp.bfloat16)
-    xs = xs * jnp.asarray([1.0, 10.0, 0.1], jnp.bfloat16)[:, None, None]
-    w = jnp.asarray(rng.standard_normal((32, 16)) * 0.2, jnp.float32)
-    dys = jnp.asarray(rng.standard_normal((3, 16, 16)), jnp.bfloat16)
-    recipe = CurrentScaling()
-
-    def one(x, w, dy):
-        y, vjp = jax.vjp(lambda x, w: fj.dense(x, w, recipe=recipe), x, w)
-        return (y, *vjp(dy))
-
-    batched = jax.jit(jax.vmap(one, in_axes=(0, None, 0)))(xs, w, dys)
-    one = jax.jit(one)
-    for i in range(3):
-        single = one(xs[i], w, dys[i])
-        for bt, s in zip(batched, single):
-            np.testing.assert_array_equal(np.asarray(bt[i]), np.asarray(s))
-
-
-def test_vmap_with_a_batched_delayed_state():
-    rng = np.random.default_rng(6)
-    recipe = DelayedScaling(amax_history_len=2)
-    xs = jnp.asarray(rng.standard_normal((2, 16, 32)), jnp.bfloat16)
-    w = jnp.asarray(rng.standard_normal((32, 16)) * 0.2, jnp.float32)
-    states = jax.tree_util.tree_map(lambda a: jnp.stack([a, a * 2]),
-                                    fj.DelayedScalingState.create(recipe))
-    grad = jax.jit(jax.grad(lambda w, s, x: jnp.sum(fj.dense(x, w, state=s, recipe=recipe)
-                                                    .astype(jnp.float32)), argnums=(0, 1)))
-    dws, new_states = jax.jit(jax.vmap(grad, in_axes=(None, 0, 0)))(w, states, xs)
-    for i in range(2):
-        s_i = jax.tree_util.tree_map(lambda a: a[i], states)
-        dw, ns = grad(w, s_i, xs[i])
-        np.testing.assert_array_equal(np.asarray(dws[i]), np.asarray(dw))
-        np.testing.assert_array_equal(np.asarray(new_states.scale[i]), np.asarray(ns.scale))
-
-
 # --- errors --------------------------------------------------------------------------
 
 def test_argument_errors():

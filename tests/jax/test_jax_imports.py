@@ -19,6 +19,7 @@ ALLOWED = {
     "_sharding": set(),
     "_sharding_quantize": {"_ffi", "_sharding"},
     "_sharding_gemm": {"_ffi", "_sharding"},
+    "_batching": {"_ffi", "_sharding_quantize"},
 }
 
 

@@ -23,10 +23,18 @@ import traceback
 
 import pytest
 
+# The dense layer under each layout, recipe and kind of mesh axes. Layouts
+# of x [4, 16, 64] (tokens, features) and kernel [64, 128]: "dp" shards the
+# tokens, "tp_n" the kernel along N, "tp_k" along K (x's features too), and
+# the "dp_tp_*" layouts both. Auto axes run before Explicit ones: an
+# Explicit case also checks it matches its Auto twin bit for bit.
+DENSE_LAYOUTS = ("dp", "tp_n", "tp_k", "dp_tp_n", "dp_tp_k")
+DENSE_CASES = [f"dense_{layout}_{recipe}_{axes}" for axes in ("auto", "explicit")
+               for layout in DENSE_LAYOUTS for recipe in ("current", "delayed")]
+
 CASES = ["amax", "quantize_rank2", "quantize_rank3", "quantize_current", "gemm_dp",
-         "gemm_tp_n", "gemm_tp_k", "gemm_dp_tp_k", "dense_dp_current", "dense_dp_delayed",
-         "dense_tp_n", "dense_tp_k", "dense_dp_tp_n", "dense_dp_tokens_20", "legacy_mesh_context",
-         "no_mesh_context_still_correct"]
+         "gemm_tp_n", "gemm_tp_k", "gemm_dp_tp_k", *DENSE_CASES, "dense_dp_tokens_20",
+         "legacy_mesh_context", "no_mesh_context_still_correct"]
 
 
 # ------------------------------------------------------------------ child side --
@@ -37,14 +45,16 @@ def _child(platform: str, mesh_shape: tuple[int, int]):  # noqa: C901
     import jax.numpy as jnp
     import ml_dtypes
     import numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
     import fp8kit.jax as fj
     from fp8kit.recipe import CurrentScaling, DelayedScaling
 
     devices = jax.devices(platform)[:mesh_shape[0] * mesh_shape[1]]
     assert len(devices) == mesh_shape[0] * mesh_shape[1], jax.devices()
-    mesh = Mesh(np.array(devices).reshape(mesh_shape), ("dp", "tp"))
+    mesh = Mesh(np.array(devices).reshape(mesh_shape), ("dp", "tp"))  # Auto axes
+    explicit_mesh = jax.make_mesh(mesh_shape, ("dp", "tp"), devices=devices,
+                                  axis_types=(AxisType.Explicit,) * 2)
     jax.config.update("jax_default_device", devices[0])
     # The CPU reference GEMM gives each output element the same sums whatever
     # the shard shape; cuBLASLt may pick another algorithm (and rounding) for
@@ -53,8 +63,8 @@ def _child(platform: str, mesh_shape: tuple[int, int]):  # noqa: C901
     rng = np.random.default_rng(0)
     bits = lambda a: np.asarray(a).view(np.uint8)  # noqa: E731
 
-    def put(a, spec):
-        return jax.device_put(a, NamedSharding(mesh, spec))
+    def put(a, spec, on=mesh):
+        return jax.device_put(a, NamedSharding(on, spec))
 
     def effective(spec):
         # The spec with axes of one device dropped (None), as JAX reports an
@@ -72,8 +82,8 @@ def _child(platform: str, mesh_shape: tuple[int, int]):  # noqa: C901
         assert "fp8kit_" in txt
         return txt
 
-    def sharded(f, *args):
-        with jax.set_mesh(mesh):
+    def sharded(f, *args, on=mesh):
+        with jax.set_mesh(on):
             out = f(*args)
             txt = no_gather(f, *args)
         return out, txt
@@ -157,7 +167,11 @@ def _child(platform: str, mesh_shape: tuple[int, int]):  # noqa: C901
     def case_gemm_dp_tp_k():
         _gemm(P("dp", "tp"), P("tp", None), P(None), exact=False)
 
-    def _dense(recipe, x_spec, w_spec, b_spec, exact_y, lead=(4, 16)):
+    def _dense(recipe, x_spec, w_spec, b_spec, exact, lead=(4, 16), y_spec=None, on=mesh):
+        """fwd and bwd of dense sharded as given against the unsharded call.
+        exact: which of y, dx, dk, db come out bit for bit (no reduction
+        split across devices); the state always does (its amaxes are global).
+        Returns the sharded results."""
         x = jnp.asarray(rng.standard_normal((*lead, 64)), jnp.bfloat16)
         w = jnp.asarray(rng.standard_normal((64, 128)) * 0.1, jnp.float32)
         b = jnp.asarray(rng.standard_normal(128) * 0.1, jnp.float32)
@@ -171,43 +185,63 @@ def _child(platform: str, mesh_shape: tuple[int, int]):  # noqa: C901
                              x, w, b, s)
             return y, vjp(dy)
 
-        ref_y, ref_g = fwd_bwd(x, w, b, state, dy)
-        dy_spec = P(*x_spec[:-1], w_spec[-1])
-        (y, g), _ = sharded(fwd_bwd, put(x, x_spec), put(w, w_spec), put(b, b_spec), state,
-                            put(dy, dy_spec))
-        if exact_y and exact_gemm:
-            np.testing.assert_array_equal(np.asarray(y), np.asarray(ref_y))
-        else:
-            np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(ref_y, np.float32),
-                                       rtol=2**-7, atol=1e-2)
-        for got, want in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(ref_g)):
-            np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
-                                       rtol=2**-7, atol=1e-3)
-        if state is not None:  # identical seeding and updates: the amaxes are global
-            for got, want in zip(jax.tree_util.tree_leaves(g[3]),
-                                 jax.tree_util.tree_leaves(ref_g[3])):
-                np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+        ref = fwd_bwd(x, w, b, state, dy)
+        y_spec = P(*x_spec[:-1], w_spec[-1]) if y_spec is None else y_spec
+        got, _ = sharded(fwd_bwd, put(x, x_spec, on), put(w, w_spec, on), put(b, b_spec, on),
+                         state, put(dy, y_spec, on), on=on)
+        (y, g), (ref_y, ref_g) = got, ref
+        for name, a, want, bit_exact in zip(("y", "dx", "dk", "db"), (y, *g[:3]),
+                                            (ref_y, *ref_g[:3]), exact):
+            a, want = np.asarray(a, np.float32), np.asarray(want, np.float32)
+            if bit_exact and exact_gemm:
+                np.testing.assert_array_equal(a, want, err_msg=name)
+            else:
+                np.testing.assert_allclose(a, want, rtol=2**-7, atol=1e-3, err_msg=name)
+        if state is not None:
+            for a, want in zip(jax.tree_util.tree_leaves(g[3]),
+                               jax.tree_util.tree_leaves(ref_g[3])):
+                np.testing.assert_array_equal(np.asarray(a), np.asarray(want))
+        return got
 
-    def case_dense_dp_current():
-        _dense(CurrentScaling(), P("dp", None, None), P(None, None), P(None), exact_y=True)
+    # x, kernel, bias specs and y's sharding type under Explicit axes (as a
+    # dot's: rows as x's, columns as the kernel's; K is summed inside).
+    layouts = {
+        "dp": (P("dp", None, None), P(None, None), P(None), P("dp", None, None)),
+        "tp_n": (P(None, None, None), P(None, "tp"), P("tp"), P(None, None, "tp")),
+        "tp_k": (P(None, None, "tp"), P("tp", None), P(None), P(None, None, None)),
+        "dp_tp_n": (P("dp", None, None), P(None, "tp"), P("tp"), P("dp", None, "tp")),
+        "dp_tp_k": (P("dp", None, "tp"), P("tp", None), P(None), P("dp", None, None)),
+    }
+    auto_twins = {}  # (layout, recipe) -> the Auto case's (rng state, results)
 
-    def case_dense_dp_delayed():
-        _dense(DelayedScaling(amax_history_len=4), P("dp", None, None), P(None, None), P(None),
-               exact_y=True)
-
-    def case_dense_tp_n():
-        _dense(CurrentScaling(), P(None, None, None), P(None, "tp"), P("tp"), exact_y=True)
-
-    def case_dense_tp_k():
-        _dense(CurrentScaling(), P(None, None, "tp"), P("tp", None), P(None), exact_y=False)
-
-    def case_dense_dp_tp_n():
-        _dense(DelayedScaling(), P("dp", None, None), P(None, "tp"), P("tp"), exact_y=True)
+    def dense_case(layout, recipe_name, axes):
+        x_spec, w_spec, b_spec, y_spec = layouts[layout]
+        recipe = CurrentScaling() if recipe_name == "current" else \
+            DelayedScaling(amax_history_len=4)
+        # y sums over K, dx over N, dk and db over the tokens.
+        exact = ("tp_k" not in layout, "tp_n" not in layout, "dp" not in layout,
+                 "dp" not in layout)
+        twin = auto_twins.pop((layout, recipe_name), None) if axes == "explicit" else None
+        if twin is not None:
+            rng.bit_generator.state = twin[0]  # the Auto twin's data, again
+        rng_state = rng.bit_generator.state
+        got = _dense(recipe, x_spec, w_spec, b_spec, exact, y_spec=y_spec,
+                     on=explicit_mesh if axes == "explicit" else mesh)
+        if axes == "auto":
+            auto_twins[layout, recipe_name] = (rng_state, got)
+            return
+        y, (dx, dw, db, _) = got
+        assert jax.typeof(y).sharding.spec == y_spec, jax.typeof(y)
+        for name, a, spec in (("dx", dx, x_spec), ("dk", dw, w_spec), ("db", db, b_spec)):
+            assert jax.typeof(a).sharding.spec == spec, (name, jax.typeof(a))
+        if twin is not None:  # the same program as under Auto axes: the same bits
+            for a, want in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(twin[1])):
+                np.testing.assert_array_equal(np.asarray(a), np.asarray(want))
 
     def case_dense_dp_tokens_20():
         # M = 20 tokens, 10 per shard: wgrad pads the columnwise copies to 32.
-        _dense(DelayedScaling(), P("dp", None, None), P(None, None), P(None), exact_y=True,
-               lead=(4, 5))
+        _dense(DelayedScaling(), P("dp", None, None), P(None, None), P(None),
+               (True, True, False, False), lead=(4, 5))
 
     def case_legacy_mesh_context():
         x = rng.standard_normal((64, 128)).astype(np.float32)
@@ -230,7 +264,10 @@ def _child(platform: str, mesh_shape: tuple[int, int]):  # noqa: C901
     results = {}
     for name in CASES:
         try:
-            locals()[f"case_{name}"]()
+            if name in DENSE_CASES:
+                dense_case(*name[len("dense_"):].rsplit("_", 2))
+            else:
+                locals()[f"case_{name}"]()
             results[name] = "ok"
         except Exception:  # report every case, not just the first failure
             results[name] = traceback.format_exc()

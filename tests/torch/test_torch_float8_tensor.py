@@ -1,7 +1,8 @@
 """Float8Tensor: cached properties on every creation path, setters that keep
 them in sync, the __torch_dispatch__ op table (views and copies keep data and
-columnwise data together, unknown ops run in high precision, in-place ops
-re-quantize), autograd, pickling and deepcopy."""
+columnwise data together, unknown ops that only read run in high precision,
+in-place ops re-quantize), autograd, pickling and deepcopy. Writes in depth:
+test_torch_float8_mutation.py."""
 
 import copy
 import io
@@ -103,12 +104,13 @@ def test_requires_grad_paths_keep_the_cache_in_sync():
 # ------------------------------------------------------------- op table ----
 def test_view_keeps_data_and_columnwise_data_together():
     a, x = f8((4, 8, 16))
-    v = a.view(32, 16)                     # same last dim: both layouts are views
-    assert v._data.data_ptr() == a._data.data_ptr()
-    assert v._columnwise_data is a._columnwise_data
-    w = a.view(4, 128)                     # new last dim: columnwise copy recomputed
-    assert w._data.data_ptr() == a._data.data_ptr()
-    assert torch.equal(bits(w._columnwise_data), bits(a._data).reshape(4, 128).t())
+    v = a.view(32, 16)                     # same last dim: both layouts are aliases
+    assert v._owner is a and v._data is None and v._columnwise_data is None
+    assert v.rowwise_data.data_ptr() == a._data.data_ptr()
+    assert v.columnwise_data.data_ptr() == a._columnwise_data.data_ptr()
+    w = a.view(4, 128)                     # new last dim: columnwise copy computed on read
+    assert w.rowwise_data.data_ptr() == a._data.data_ptr()
+    assert torch.equal(bits(w.columnwise_data), bits(a._data).reshape(4, 128).t())
     assert torch.equal(w.dequantize(), a.dequantize().view(4, 128))
     assert_cache_in_sync(w)
 
@@ -117,12 +119,14 @@ def test_transpose_swaps_the_layouts():
     a, _ = f8((24, 48))
     t = a.t()
     assert t.shape == (48, 24)
-    assert t._data is a._columnwise_data and t._columnwise_data is a._data
+    assert t.rowwise_data.data_ptr() == a._columnwise_data.data_ptr()
+    assert t.columnwise_data.data_ptr() == a._data.data_ptr()
     assert torch.equal(t.dequantize(), a.dequantize().t())
-    r, _ = f8((24, 48), columnwise=False)  # only rowwise: the columnwise copy is computed
+    r, _ = f8((24, 48), columnwise=False)  # only rowwise: the rowwise layout is computed
     tr = r.transpose(0, 1)
     assert torch.equal(tr.dequantize(), r.dequantize().t())
-    assert tr._columnwise_data is r._data
+    assert tr.columnwise_data.data_ptr() == r._data.data_ptr()
+    assert torch.equal(bits(tr.rowwise_data), bits(r._data).t())
 
 
 def test_clone_is_independent_and_copy_is_bitwise():
@@ -157,7 +161,7 @@ def test_unknown_ops_run_in_high_precision():
     hp = a.dequantize()
     for got, want in ((a + 1, hp + 1), (a * a, hp * hp), (torch.relu(a), torch.relu(hp)),
                       (a.sum(), hp.sum()), (torch.cat([a, a]), torch.cat([hp, hp])),
-                      (a @ a.t(), hp @ hp.t()), (a[3:5], hp[3:5])):
+                      (a @ a.t(), hp @ hp.t()), (a[3:5] * 1, hp[3:5])):
         assert type(got) is torch.Tensor
         assert torch.equal(got, want)
 
@@ -220,6 +224,11 @@ def test_constructor_checks():
         Float8Tensor(a._data, a._scale_inv, columnwise_data=a._data)
     with pytest.raises(TypeError, match="nominal dtype must be"):
         Float8Tensor(a._data, a._scale_inv, dtype=torch.int32)
+    s, _ = f8((16, 16))                    # in-place ops write the buffers densely
+    with pytest.raises(ValueError, match="data is not contiguous"):
+        Float8Tensor(s._data.t(), s._scale_inv)
+    with pytest.raises(ValueError, match="columnwise_data is not contiguous"):
+        Float8Tensor(s._data, s._scale_inv, columnwise_data=s._columnwise_data.t())
 
 
 def test_update_usage_and_repr():

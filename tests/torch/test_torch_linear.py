@@ -429,7 +429,7 @@ def test_resume_from_checkpoint_continues_exactly(recipe):
     for pa, pb in zip(a.parameters(), b.parameters()):
         assert torch.equal(pa, pb)
     for la, lb in ((a[0], b[0]), (a[2], b[2])):
-        sa, sb = la.get_extra_state(), lb.get_extra_state()
+        (sa,), (sb,) = la.get_extra_state()["states"], lb.get_extra_state()["states"]
         assert sa["recipe"] == sb["recipe"] and sa["seeded"] == sb["seeded"]
         for k in ("amax_history", "scale", "scale_inv"):
             assert torch.equal(sa[k], sb[k]), k
@@ -455,7 +455,7 @@ def test_pickle_deepcopy_and_torch_save_of_the_module():
                                                               power_2_scale=True)])
 def test_extra_state_round_trip_and_bad_state(recipe):
     lin, _ = make_pair(32, 16)
-    assert lin.get_extra_state() == {"format": 2}
+    assert lin.get_extra_state() == {"format": 2, "states": []}
     torch.manual_seed(7)
     xs = [torch.randn(16, 32) * s for s in (1.0, 3.0, 0.25, 2.0)]
     with ft.autocast(recipe=recipe):
@@ -466,8 +466,10 @@ def test_extra_state_round_trip_and_bad_state(recipe):
     buf = io.BytesIO()
     torch.save(st, buf)
     buf.seek(0)
-    st = torch.load(buf, weights_only=True)
-    assert set(st) == {"format", "recipe", "amax_history", "scale", "scale_inv", "seeded"}
+    saved = torch.load(buf, weights_only=True)
+    assert set(saved) == {"format", "states"} and len(saved["states"]) == 1
+    st = saved["states"][0]
+    assert set(st) == {"recipe", "amax_history", "scale", "scale_inv", "seeded"}
     assert all(type(v) in (str, int, float, bool) for v in st["recipe"].values())
     other, _ = make_pair(32, 16)
     other.load_state_dict(lin.state_dict())
@@ -496,16 +498,21 @@ def test_extra_state_round_trip_and_bad_state(recipe):
     with pytest.raises(ValueError, match=r"got format 1\)"):  # the positional-tuple format
         other.set_extra_state({"format": 1, "params": ["delayed", "e4m3", "e5m2", 4, 0, "max",
                                                        0.0, False]})
-    bad = dict(st, recipe=dict(st["recipe"], scaling="block"))
-    with pytest.raises(ValueError, match="the saved recipe's 'scaling' is 'block'"):
+    def with_state(**entries):
+        return {"format": 2, "states": [dict(st, **entries)]}
+
+    where = r"_extra_state\['states'\]\[0\]: "
+    bad = with_state(recipe=dict(st["recipe"], scaling="block"))
+    with pytest.raises(ValueError, match=where + "the saved recipe's 'scaling' is 'block'"):
         other.set_extra_state(bad)
     key = "margin" if recipe is DELAYED else "power_2_scale"
-    bad = dict(st, recipe={k: v for k, v in st["recipe"].items() if k != key})
-    with pytest.raises(ValueError, match=f"the saved recipe has no '{key}'"):
+    bad = with_state(recipe={k: v for k, v in st["recipe"].items() if k != key})
+    with pytest.raises(ValueError, match=where + f"the saved recipe has no '{key}'"):
         other.set_extra_state(bad)
-    bad = dict(st, scale=torch.ones(4))
-    with pytest.raises(ValueError, match=r"saved 'scale' is torch.float32 of shape \[4\]"):
+    bad = with_state(scale=torch.ones(4))
+    with pytest.raises(ValueError, match=where + r"saved 'scale' is torch.float32 of shape \[4\]"):
         other.set_extra_state(bad)
+    assert other.fp8_state is restored  # a failed load changes nothing
 
 
 def _with(recipe, **fields):
@@ -548,19 +555,19 @@ def test_recipe_is_read_into_the_state():
     r = DelayedScaling(fp8_format=Format.E4M3, amax_history_len=5, margin=2,
                        amax_reduction=AmaxReduction.MOST_RECENT, forward_fast_accumulation=True)
     st = ext.LinearState(r)
-    assert st.recipe == {"scaling": "delayed", "fwd_dtype": "e4m3", "bwd_dtype": "e4m3",
-                         "amax_history_len": 5, "margin": 2, "amax_reduction": "most_recent"}
-    assert st.delayed and st.forward_fast_accumulation and tuple(st.amax_history.shape) == (3, 5)
+    plain = {"scaling": "delayed", "fwd_dtype": "e4m3", "bwd_dtype": "e4m3",
+             "amax_history_len": 5, "margin": 2, "amax_reduction": "most_recent"}
+    assert st.recipe == plain
+    assert st.delayed and tuple(st.amax_history.shape) == (3, 5)
     c = ext.LinearState(CurrentScaling(amax_epsilon=1e-3, power_2_scale=True))
     assert c.recipe == {"scaling": "current", "fwd_dtype": "e4m3", "bwd_dtype": "e5m2",
                         "amax_epsilon": np.float32(1e-3).item(), "power_2_scale": True}
-    # Same scaling parameters: kept (only the GEMM accumulation follows);
-    # others: refused, the state unchanged.
-    assert st.use_recipe(dataclasses.replace(r, forward_fast_accumulation=False))
-    assert not st.forward_fast_accumulation
-    assert not st.use_recipe(dataclasses.replace(r, margin=3, forward_fast_accumulation=True))
-    assert not st.use_recipe(CurrentScaling()) and not st.forward_fast_accumulation
-    assert c.use_recipe(CurrentScaling(amax_epsilon=1e-3, power_2_scale=True))
+    # The scaling parameters (which pick a layer's state) and, apart, the
+    # forward GEMM's accumulation (passed with each call).
+    assert ext.linear_recipe(r) == (plain, True)
+    assert ext.linear_recipe(dataclasses.replace(r, forward_fast_accumulation=False)) == (
+        plain, False)
+    assert ext.linear_recipe(dataclasses.replace(r, margin=3))[0] != plain
 
 
 # -------------------------------------------------------------- autocast ---
@@ -592,19 +599,20 @@ def test_recipe_forward_fast_accumulation_reaches_the_state():
     lin, ref = make_pair(32, 16)
     x = torch.randn(16, 32)
     with ft.autocast(recipe=DELAYED):
-        lin(x)
-    assert lin.fp8_state.forward_fast_accumulation is False   # accurate by default
-    fast = dataclasses.replace(DELAYED, forward_fast_accumulation=True)
+        lin(x.requires_grad_()).sum().backward()
     st = lin.fp8_state
-    with ft.autocast(recipe=fast):
+    history = st.amax_history
+    fast = dataclasses.replace(DELAYED, forward_fast_accumulation=True)
+    with ft.autocast(recipe=fast), torch.no_grad():  # records nothing
         y = lin(x)
-    # Same scaling parameters: the state (and its history) is kept, only
-    # the forward GEMM's accumulation changes.
-    assert lin.fp8_state is st and st.forward_fast_accumulation is True
+    # Same scaling parameters: the same state (and its history); only the
+    # forward GEMM's accumulation differs, passed with the call.
+    assert lin.fp8_state_for(fast) is st and lin.fp8_state is st
+    assert torch.equal(st.amax_history, history)
     assert ((y - ref(x)).norm() / ref(x).norm()).item() < 0.1
-    with ft.autocast(recipe=DELAYED):
-        lin(x)
-    assert st.forward_fast_accumulation is False
+    assert len(lin.fp8_states) == 1
+    with pytest.raises(TypeError, match=r"recipe.forward_fast_accumulation is 1 \(int\)"):
+        ext.linear_forward(st, x, lin.weight, lin.bias, 1)
 
 
 # ---------------------------------------------------------------- errors ---

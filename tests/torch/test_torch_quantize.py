@@ -288,6 +288,20 @@ def test_errors_name_the_argument_and_the_fix():
         ft.quantize(torch.zeros([1] * 9), 1.0, "e4m3")
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("scale", [0.0, -0.0, -2.0, math.inf, -math.inf, math.nan])
+def test_a_scale_not_finite_and_positive_gives_nan(fmt, scale):
+    # fp8kit's policy for a given scale (common/include/fp8kit/quantize.h):
+    # every output element and scale_inv NaN, never a plausible result.
+    x = torch.randn(4, 16)
+    data, cw, sinv = ft.quantize(x, scale, fmt, rowwise=True, columnwise=True)
+    for t in (data, cw):
+        assert t.float().isnan().all(), t
+    assert sinv.isnan().all()
+    f8 = ft.Float8Quantizer(torch.tensor([scale]), fmt)(x)
+    assert f8.dequantize().isnan().all() and f8._scale_inv.isnan().all()
+
+
 # ------------------------------------------------------------------- CUDA ----
 def _cuda_vs_cpu(x, fmt, scale):
     dev = cuda_or_skip()

@@ -126,6 +126,69 @@ def test_bad_inputs_raise_clear_errors():
         ft.Float8Quantizer(torch.ones(1), amax=torch.zeros(1, device="meta"))
 
 
+def _resize(n):
+    return lambda t: t.resize_(n)
+
+
+def _replace_data(t2):
+    def change(t):
+        t.data = t2
+    return change
+
+
+@pytest.mark.parametrize("which", ["scale", "amax"])
+@pytest.mark.parametrize("change, error, found", [
+    (_resize(0), ValueError, r"torch.float32 of shape \[0\] on cpu"),
+    (_resize(4), ValueError, r"torch.float32 of shape \[4\] on cpu"),
+    (_replace_data(torch.ones(1, dtype=torch.float64)), TypeError,
+     r"torch.float64 of shape \[1\] on cpu"),
+    (_replace_data(torch.ones(1, dtype=torch.bfloat16)), TypeError,
+     r"torch.bfloat16 of shape \[1\] on cpu"),
+    (lambda t: t.set_(torch.ones(8)[::2]), ValueError, r"torch.float32 of shape \[4\] on cpu"),
+])
+def test_state_tensors_changed_after_construction_are_caught_at_the_call(which, change, error,
+                                                                         found):
+    scale, amax = torch.ones(1), torch.zeros(1)
+    q = ft.Float8Quantizer(scale, "e4m3", amax=amax)
+    x = torch.randn(4, 16)
+    f8 = q(x)
+    change(scale if which == "scale" else amax)
+    msg = (f"the quantizer's {which} is now {found}; it must stay the contiguous torch.float32 "
+           r"tensor of shape \[1\] it was constructed with \(it was resized or replaced")
+    with pytest.raises(error, match=r"Quantizer.__call__: " + msg):
+        q(x)
+    with pytest.raises(error, match=r"update_quantized: " + msg):
+        q.update_quantized(x, f8)
+
+
+def test_constructor_arguments_have_strict_types():
+    with pytest.raises(TypeError, match=r"Float8Quantizer: scale is \[1.0\] \(list\); it must be "
+                                        "a torch.Tensor"):
+        ft.Float8Quantizer([1.0])
+    with pytest.raises(TypeError, match=r"Float8Quantizer: fp8_dtype is None \(NoneType\)"):
+        ft.Float8Quantizer(torch.ones(1), fp8_dtype=None)
+    with pytest.raises(TypeError, match=r"Float8Quantizer: amax is 0.0 \(float\)"):
+        ft.Float8Quantizer(torch.ones(1), amax=0.0)
+    with pytest.raises(TypeError, match=r"Quantizer.__call__: x is 'x' \(str\)"):
+        ft.Float8CurrentScalingQuantizer()("x")
+    with pytest.raises(TypeError, match=r"update_quantized: src is None \(NoneType\)"):
+        q = ft.Float8CurrentScalingQuantizer()
+        q.update_quantized(None, q(torch.ones(4)))
+    with pytest.raises(TypeError, match=r"amax_epsilon is True \(bool\); it must be a float"):
+        ft.Float8CurrentScalingQuantizer("e4m3", amax_epsilon=True)
+    with pytest.raises(ValueError, match="amax_epsilon is inf; it must be a finite float >= 0"):
+        ft.Float8CurrentScalingQuantizer("e4m3", amax_epsilon=float("inf"))
+    with pytest.raises(TypeError, match=r"device is 3 \(int\); it must be a torch.device"):
+        ft.Float8Quantizer(torch.ones(1)).to(3)
+    with pytest.raises(ValueError, match="device is 'gpu7'; it must name a device"):
+        ft.Float8Quantizer(torch.ones(1)).to("gpu7")
+    c = ft.Float8CurrentScalingQuantizer("e4m3")
+    with pytest.raises(TypeError, match=r"__setstate__: rowwise is 1 \(int\); it must be a bool"):
+        c.__class__.__new__(c.__class__).__setstate__(("e4m3", 1, True, 0.0, False))
+    with pytest.raises(ValueError, match="the pickled state has 2 entries"):
+        c.__class__.__new__(c.__class__).__setstate__(("e4m3", True))
+
+
 def test_quantizers_pickle_deepcopy_copy():
     scale, amax = torch.tensor([3.0]), torch.zeros(1)
     q = ft.Float8Quantizer(scale, "e5m2", amax=amax, rowwise=False, columnwise=True)

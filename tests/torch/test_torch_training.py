@@ -1,6 +1,8 @@
 """A small MLP trained in FP8 (fp8kit.torch.Linear under autocast) tracks
 its bf16 twin (torch.nn.Linear under torch.autocast) step by step."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -13,6 +15,12 @@ STEPS = 300
 def mlp(linear):
     return torch.nn.Sequential(linear(32, 64), torch.nn.GELU(), linear(64, 64), torch.nn.GELU(),
                                linear(64, 16))
+
+
+@contextlib.contextmanager
+def _both(outer, inner):
+    with outer, inner:
+        yield
 
 
 def train(model, batches, context):
@@ -47,7 +55,10 @@ def test_fp8_mlp_tracks_bf16_twin(recipe):
     model.load_state_dict(twin.state_dict(), strict=True)  # identical start
 
     ref = train(twin, batches, lambda: torch.autocast("cpu", dtype=torch.bfloat16))
-    got = train(model, batches, lambda: ft.autocast(recipe=recipe))
+    # Float32 weights and bfloat16 inputs: under torch.autocast, as the twin
+    # (fp8kit.torch.Linear, as torch.nn.Linear, refuses mixed dtypes outside it).
+    got = train(model, batches, lambda: _both(torch.autocast("cpu", dtype=torch.bfloat16),
+                                              ft.autocast(recipe=recipe)))
 
     assert ref[-20:].mean() < 0.2 * ref[:5].mean()  # the task is learnable
     # Same trajectory within FP8 noise: windowed means stay within 15%.

@@ -12,6 +12,20 @@
 extern "C" {
 #endif
 
+/* The valid ranges of a delayed-scaling recipe, one rule for the core and
+ * both front ends (fp8kit.recipe states the same numbers; the extensions
+ * export these):
+ *   margin      an integer in [0, FP8KIT_MARGIN_MAX], so that 2**-margin
+ *               is a normal float32 (and built exactly);
+ *   history_len an integer in [1, FP8KIT_AMAX_HISTORY_LEN_MAX] (1 keeps
+ *               only the newest amax); the bound, 2**20, is far beyond any
+ *               useful history and keeps a layer's history buffers (a few
+ *               MiB) and their indexing well within int.
+ * fp8kit_delayed_scaling_update and fp8kit_quantize_delayed_update fail
+ * with FP8KIT_INVALID_ARGUMENT, naming the field, outside them. */
+#define FP8KIT_MARGIN_MAX 126
+#define FP8KIT_AMAX_HISTORY_LEN_MAX 1048576
+
 typedef enum fp8kit_amax_reduction {
   FP8KIT_AMAX_MAX = 0,        /* max over the whole history */
   FP8KIT_AMAX_MOST_RECENT = 1 /* the newest amax only */
@@ -27,8 +41,9 @@ typedef struct fp8kit_delayed_scaling_state {
 } fp8kit_delayed_scaling_state;
 
 typedef struct fp8kit_delayed_scaling_config {
-  int history_len;                 /* >= 1 */
-  int margin;                      /* scale = fp8_max / amax_reduced / 2**margin */
+  int history_len;                 /* [1, FP8KIT_AMAX_HISTORY_LEN_MAX] */
+  int margin;                      /* [0, FP8KIT_MARGIN_MAX]:
+                                    * scale = fp8_max / amax_reduced / 2**margin */
   fp8kit_amax_reduction amax_reduction;
 } fp8kit_delayed_scaling_config;
 
@@ -40,7 +55,7 @@ typedef struct fp8kit_delayed_scaling_config {
  *   4. scale_inv = 1 / scale.
  * In float32: (fp8_max / amax_reduced) * 2**-margin; a scale that overflows
  * is clamped to FLT_MAX and one that underflows to FLT_MIN, so scale_inv
- * stays finite. |margin| <= 126. `amax` may point into the history (it is
+ * stays finite. `amax` may point into the history (it is
  * read before the roll); different states must not share buffers (the
  * CUDA update runs them in parallel).
  * `states` is a host array of `count` entries. */
@@ -75,16 +90,20 @@ typedef struct fp8kit_delayed_quantize_state {
  *      compute from `amax` alone: fp8_max / amax / 2**margin with the same
  *      clamps, or *states[i].scale when amax is zero, NaN or inf;
  *   2. outputs[i] = quantize(inputs[i]) with the scale used, exactly as
- *      fp8kit_quantize; outputs[i].scale_inv (optional) receives 1/the
- *      scale used. outputs[i].scale and outputs[i].amax must be NULL (the
- *      state holds them);
+ *      fp8kit_quantize, whose scale policy (fp8kit/quantize.h) applies: a
+ *      scale used that is not finite and > 0 becomes NaN, every element
+ *      the FP8 NaN code; outputs[i].scale_inv (optional) receives 1/the
+ *      scale used (NaN then). outputs[i].scale and outputs[i].amax must
+ *      be NULL (the state holds them);
  *   3. sums (optional: NULL or `count` entries; entry i, when its `sums`
  *      field is non-NULL) receives the column sums of inputs[i]
  *      (fp8kit/column_sums.h);
  *   4. record != 0 (a pass that computes gradients): the update of
  *      fp8kit_delayed_scaling_update with `amax` as the newest amax and the
  *      scale used as the previous scale: roll it into the history, reduce,
- *      write the new scale and scale_inv; then *seeded = 1 (when non-NULL).
+ *      write the new scale and scale_inv (a NaN scale used stays in the
+ *      state when the amax gives no new scale); then *seeded = 1 (when
+ *      non-NULL).
  *      record == 0 (a pass that computes no gradient): history, scale,
  *      scale_inv and seeded are left as they are;
  *   5. *states[i].amax = 0 and *states[i].counter = 0 (in both modes).

@@ -25,12 +25,24 @@ extern "C" {
  *           (transposed [last dim, prod(leading dims)]), scale_inv
  *           (= 1/scale), amax (= max |input|, NaN-propagating).
  * At least one of data and columnwise_data must be non-NULL. Everything is
- * produced in one pass over the input. */
+ * produced in one pass over the input.
+ *
+ * Scale policy, for every quantization with a given scale (this function
+ * and fp8kit_quantize_delayed_update, which applies it to the scale it
+ * uses): a scale that is finite and > 0, a positive denormal included, is
+ * used as it is. Any other scale (0, negative, +-inf, NaN) makes every
+ * output element the FP8 NaN code 0x7F (NaN in E4M3 and E5M2 alike),
+ * rowwise and columnwise, and scale_inv NaN, so that a bad scale never
+ * gives a plausible result. The amax (and column sums) are still those of
+ * the input. The scale is checked where it is read, on the device, so the
+ * call neither syncs nor fails for it; CPU and CUDA agree bit for bit
+ * (NaN scale_inv is 0x7FC00000 on both). */
 FP8KIT_API fp8kit_status fp8kit_quantize(const fp8kit_tensor* input, fp8kit_tensor* output,
                                          void* stream);
 
 typedef struct fp8kit_current_scaling_config {
-  /* The scale is computed from max(amax, amax_epsilon); 0 disables. */
+  /* The scale is computed from max(amax, amax_epsilon); finite and >= 0
+   * (0 disables it). */
   float amax_epsilon;
   /* Round the scale down to a power of two (exact scale_inv). */
   int power_2_scale;

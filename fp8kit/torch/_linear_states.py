@@ -1,0 +1,83 @@
+"""The FP8 scaling states of one fp8kit.torch.Linear: one ext.LinearState
+per scaling recipe, shared by every thread that runs the layer.
+
+A recipe's state is found by its scaling parameters (ext.linear_recipe
+checks the recipe and returns them as plain values), so recipes that differ
+only in forward_fast_accumulation share one state, and switching recipes
+keeps every recipe's recorded history. select() returns the state and the
+flag together as locals of the caller: nothing a call uses is re-read from
+the layer after another thread may have changed it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from fp8kit.torch._ext import ext
+
+
+def _key(scaling: dict) -> tuple:
+    return tuple(sorted(scaling.items()))
+
+
+class RecipeStates:
+    """The states of one layer, keyed by their recipes' scaling parameters."""
+
+    def __init__(self) -> None:
+        # Creating a state happens once per recipe, under the lock, so two
+        # threads meeting a new recipe at once share one state.
+        self._lock = threading.Lock()
+        self._states = {}      # scaling key -> ext.LinearState
+        self._latest = None    # (recipe, state, fast) of the latest select
+
+    def select(self, recipe, weight, cache_weight: bool):
+        """(state, forward_fast_accumulation) for `recipe`, made on weight's
+        device on first use."""
+        latest = self._latest  # one read: recipe, state and flag belong together
+        if latest is not None and latest[0] is recipe:
+            return latest[1], latest[2]
+        scaling, fast = ext.linear_recipe(recipe)
+        key = _key(scaling)
+        with self._lock:
+            state = self._states.get(key)
+            if state is None:
+                state = ext.LinearState(recipe, weight.device)
+                state.cache_weight = cache_weight
+                self._states[key] = state
+        self._latest = (recipe, state, fast)
+        return state, fast
+
+    def get(self, recipe):
+        scaling, _ = ext.linear_recipe(recipe)
+        return self._states.get(_key(scaling))
+
+    def all(self) -> tuple:
+        with self._lock:
+            return tuple(self._states.values())
+
+    def latest(self):
+        latest = self._latest
+        if latest is not None:
+            return latest[1]
+        states = self.all()
+        return states[-1] if states else None
+
+    @classmethod
+    def from_checkpoint(cls, saved: dict, device, cache_weight: bool, where: str):
+        """The states a Linear's get_extra_state() wrote, each entry checked
+        (errors name it after `where`)."""
+        entries = saved.get("states")
+        if not isinstance(entries, list):
+            raise TypeError(f"{where}['states'] is {entries!r} ({type(entries).__name__}); it "
+                            "must be the list of per-recipe FP8 states Linear.get_extra_state() "
+                            "writes (drop the entry to start the FP8 state fresh)")
+        out = cls()
+        for i, entry in enumerate(entries):
+            state = ext.LinearState.from_state(entry, device, f"{where}['states'][{i}]")
+            state.cache_weight = cache_weight
+            key = _key(state.recipe)
+            if key in out._states:
+                raise ValueError(f"{where}['states'][{i}] has the scaling recipe of an earlier "
+                                 f"entry ({state.recipe}); a layer keeps one state per recipe")
+            out._states[key] = state
+        return out

@@ -1,0 +1,222 @@
+"""The independent reference of the hardening suite: NumPy (float32 where
+the contract says float32, float64 for GEMMs) and ml_dtypes' FP8
+conversions. Nothing here imports fp8kit, torch or jax, so a bug in
+fp8kit cannot hide in its own reference.
+
+The contract under test (fp8kit's scale convention and scale rules, as
+documented in common/include/fp8kit/quantize.h, delayed_scaling.h and
+common/src/compute_scale.h):
+  q = saturate(round_to_nearest_even(x * scale)) with x * scale one float32
+  multiply, +-inf saturating to +-fp8_max and NaN giving the canonical NaN
+  byte 0x7F in both formats; scale_inv = 1 / scale in float32.
+  A given scale that is not finite and > 0 (0, negative, +-inf, NaN) makes
+  every output element NaN (0x7F) and scale_inv NaN.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+
+F32 = np.float32
+ML_FP8 = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
+FP8_MAX = {k: float(ml_dtypes.finfo(v).max) for k, v in ML_FP8.items()}
+CANONICAL_NAN = np.uint8(0x7F)
+FLT_MAX = F32(np.finfo(np.float32).max)
+FLT_MIN = F32(np.finfo(np.float32).tiny)   # smallest normal float32
+# Rounding to each high-precision output type (round to nearest): at most
+# this fraction of the value for normal results, and at most half the
+# smallest subnormal below the normal range.
+HALF_ULP = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
+HALF_SUBNORMAL = {"float32": 2.0 ** -150, "bfloat16": 2.0 ** -134, "float16": 2.0 ** -25}
+HP_NUMPY = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+
+
+def valid_scale(scale) -> bool:
+    """A user-given scale fp8kit casts with: finite and > 0."""
+    s = F32(scale)
+    return bool(np.isfinite(s) and s > 0)
+
+
+def quantize_bits(x, scale, fmt: str) -> np.ndarray:
+    """uint8 FP8 bits of x (any float array) quantized with `scale`."""
+    x32 = np.asarray(x, dtype=np.float32)
+    if not valid_scale(scale):
+        return np.full(x32.shape, CANONICAL_NAN, np.uint8)
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = x32 * F32(scale)                      # one float32 multiply
+    m = F32(FP8_MAX[fmt])
+    bits = np.clip(y, -m, m).astype(ML_FP8[fmt]).view(np.uint8)
+    return np.where(np.isnan(y), CANONICAL_NAN, bits).astype(np.uint8)
+
+
+def view_2d(shape) -> tuple[int, int]:
+    """The [prod(leading), last] view of a logical shape (a scalar is [1, 1])."""
+    shape = tuple(shape)
+    last = shape[-1] if shape else 1
+    return (math.prod(shape[:-1]), last)
+
+
+def columnwise_shape(shape) -> tuple[int, int]:
+    rows, cols = view_2d(shape)
+    return (cols, rows)
+
+
+def columnwise_bits(rowwise_bits: np.ndarray) -> np.ndarray:
+    """The columnwise copy: the 2-D view transposed, contiguous."""
+    return np.ascontiguousarray(rowwise_bits.reshape(view_2d(rowwise_bits.shape)).T)
+
+
+def reciprocal(scale) -> np.float32:
+    """scale_inv = 1 / scale in float32 (NaN for a NaN scale)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return F32(F32(1.0) / F32(scale))
+
+
+def scale_inv_for_given(scale) -> np.float32:
+    """The scale_inv a quantization with a user-given scale reports."""
+    return reciprocal(scale) if valid_scale(scale) else F32(np.nan)
+
+
+def amax(x) -> np.float32:
+    """max |x|, NaN if any NaN, 0 for an empty array."""
+    a = np.abs(np.asarray(x, dtype=np.float64))
+    if a.size == 0:
+        return F32(0.0)
+    if np.isnan(a).any():
+        return F32(np.nan)
+    return F32(a.max())
+
+
+def _clamp_scale(s: np.float32) -> np.float32:
+    """A computed scale kept usable: overflow -> FLT_MAX, zero or denormal -> FLT_MIN."""
+    if not np.isfinite(s):
+        return FLT_MAX
+    if s < FLT_MIN:
+        return FLT_MIN
+    return F32(s)
+
+
+def current_scale(amax_value, fmt: str, epsilon: float = 0.0, pow2: bool = False) -> np.float32:
+    """Current scaling: fp8_max / max(amax, eps) in float32, 1 for an amax
+    that is zero, negative or not finite; power of two rounded down if asked."""
+    a = F32(amax_value)
+    if not np.isfinite(a) or not a > 0:
+        return F32(1.0)
+    denom = max(a, F32(epsilon))
+    with np.errstate(over="ignore", divide="ignore"):
+        s = _clamp_scale(F32(F32(FP8_MAX[fmt]) / F32(denom)))
+    if pow2:
+        s = np.array([s], np.float32).view(np.uint32)
+        s = (s & np.uint32(0xFF800000)).view(np.float32)[0]
+    return F32(s)
+
+
+def delayed_scale(amax_reduced, previous_scale, fmt: str, margin: int) -> np.float32:
+    """Delayed scaling: (fp8_max / amax_reduced) * 2**-margin in float32,
+    clamped; the previous scale when amax_reduced is zero, negative or not finite."""
+    a = F32(amax_reduced)
+    if not np.isfinite(a) or not a > 0:
+        return F32(previous_scale)
+    with np.errstate(over="ignore", under="ignore", divide="ignore"):
+        s = F32(F32(FP8_MAX[fmt]) / a) * F32(2.0 ** -margin)
+    return _clamp_scale(F32(s))
+
+
+def delayed_update(history, new_amax, scale, fmts, margin: int, reduction: str):
+    """n tensors' delayed-scaling update: (history, scale, scale_inv).
+    history [n, L] (column 0 newest), new_amax [n], scale [n]."""
+    h = np.array(history, dtype=np.float32, copy=True)
+    n = h.shape[0]
+    h[:, 1:] = np.asarray(history, np.float32)[:, :-1]
+    h[:, 0] = np.asarray(new_amax, np.float32)
+    out_scale = np.empty(n, np.float32)
+    for i in range(n):
+        if reduction == "max":
+            red = F32(np.nan) if np.isnan(h[i]).any() else F32(h[i].max())
+        else:
+            red = h[i, 0]
+        out_scale[i] = delayed_scale(red, np.asarray(scale, np.float32)[i], fmts[i], margin)
+    return h, out_scale, np.array([reciprocal(s) for s in out_scale], np.float32)
+
+
+def decode(bits: np.ndarray, fmt: str) -> np.ndarray:
+    """FP8 bits -> float64 values."""
+    return np.asarray(bits, np.uint8).view(ML_FP8[fmt]).astype(np.float64)
+
+
+def dequantize(bits: np.ndarray, fmt: str, scale_inv, out: str) -> np.ndarray:
+    """q * scale_inv as one float32 multiply, rounded once to `out`."""
+    q = np.asarray(bits, np.uint8).view(ML_FP8[fmt]).astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return (q * F32(scale_inv)).astype(HP_NUMPY[out])
+
+
+def same_floats(got, want) -> np.ndarray:
+    """Element-wise: equal values (+0 == -0) or both NaN."""
+    g = np.asarray(got, np.float64)
+    w = np.asarray(want, np.float64)
+    return (g == w) | (np.isnan(g) & np.isnan(w))
+
+
+def assert_bits_equal(got: np.ndarray, want: np.ndarray, what: str, inputs=None):
+    """Exact uint8 comparison naming the first differing lanes."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}"
+    bad = np.flatnonzero(got.ravel() != want.ravel())
+    if bad.size:
+        src = "" if inputs is None else np.asarray(inputs, np.float32).ravel()
+        lanes = ", ".join(
+            f"[{i}]" + ("" if inputs is None else f" x={src[i]!r}")
+            + f" got=0x{int(got.ravel()[i]):02x} want=0x{int(want.ravel()[i]):02x}"
+            for i in bad[:6])
+        raise AssertionError(f"{what}: {bad.size} of {got.size} lanes differ: {lanes}")
+
+
+def assert_floats_equal(got, want, what: str):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}"
+    ok = same_floats(got, want)
+    if not ok.all():
+        bad = np.flatnonzero(~ok.ravel())
+        lanes = ", ".join(f"[{i}] got={got.ravel()[i]!r} want={want.ravel()[i]!r}"
+                          for i in bad[:6])
+        raise AssertionError(f"{what}: {bad.size} of {got.size} values differ: {lanes}")
+
+
+def accumulation_bound(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per-element error allowed between a float32-accumulated a @ b and the
+    exact float64 one: K+2 float32 roundings of the partial sums of |a| @ |b|."""
+    return (a.shape[-1] + 2) * 2.0 ** -24 * (np.abs(a) @ np.abs(b))
+
+
+def rounding_bound(want: np.ndarray, out: str) -> np.ndarray:
+    """The final rounding of a result `want` to the output type `out`."""
+    return HALF_ULP[out] * np.abs(want) * 1.0001 + HALF_SUBNORMAL[out]
+
+
+def assert_result_close(got, want, bound, out: str, what: str):
+    """A GEMM-like result `got` (in the output type `out`) against the
+    float64 `want` within `bound`; where `want` rounded to `out` is not
+    finite (NaN, or past the type's range), `got` must be exactly that."""
+    got = np.asarray(got, np.float64).reshape(want.shape)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want_out = want.astype(HP_NUMPY[out]).astype(np.float64)
+    exact = ~np.isfinite(want_out)
+    assert_floats_equal(got[exact], want_out[exact], f"{what} (non-finite elements)")
+    assert_gemm_close(np.where(exact, 0.0, got), np.where(exact, 0.0, want),
+                      np.where(exact, 0.0, bound), what)
+
+
+def assert_gemm_close(got, want, bound, what: str):
+    got = np.asarray(got, np.float64)
+    assert got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}"
+    err = np.abs(got - want)
+    bad = ~(err <= bound)
+    if bad.any():
+        i = np.flatnonzero(bad.ravel())
+        lanes = ", ".join(f"[{j}] got={got.ravel()[j]!r} want={want.ravel()[j]!r} "
+                          f"allowed={bound.ravel()[j]:.3g}" for j in i[:6])
+        raise AssertionError(f"{what}: {i.size} of {got.size} elements off: {lanes}")

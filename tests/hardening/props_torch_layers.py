@@ -1,0 +1,140 @@
+"""Properties of fp8kit.torch.Linear inside fp8kit.torch.autocast: a few
+training steps on drawn shapes (0 tokens included), dtypes, recipes and
+values give the forward output and the three gradients of the layer
+protocol's float64 reference (layer_reference.py), step after step; bad
+inputs get a clear error. Run in a child process by
+test_torch_properties.py."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import strategies as st
+
+import fp8_reference as ref
+import fp8kit.torch as ft
+import layer_reference as lref
+from fp8_strategies import SPECIAL, arrays, moderate_f32, prop
+from fp8kit.recipe import AmaxReduction, CurrentScaling, DelayedScaling, Format
+from clear_errors import expect_clear_error
+from torch_support import HP, device_or_skip, values
+
+STEPS = 3
+
+
+@st.composite
+def recipes(draw):
+    hybrid = draw(st.booleans())
+    fmt = Format.HYBRID if hybrid else Format.E4M3
+    if draw(st.booleans()):
+        r = lref.Recipe(delayed=True, hybrid=hybrid, margin=draw(st.integers(0, 3)),
+                        history_len=draw(st.integers(1, 4)),
+                        reduction=draw(st.sampled_from(["max", "most_recent"])))
+        return r, DelayedScaling(fp8_format=fmt, amax_history_len=r.history_len,
+                                 margin=r.margin, amax_reduction=AmaxReduction(r.reduction))
+    r = lref.Recipe(delayed=False, hybrid=hybrid, epsilon=draw(st.sampled_from([0.0, 1e-3])),
+                    pow2=draw(st.booleans()))
+    return r, CurrentScaling(fp8_format=fmt, amax_epsilon=r.epsilon, power_2_scale=r.pow2)
+
+
+@st.composite
+def layer_problems(draw):
+    k = 16 * draw(st.integers(1, 3))
+    n = 16 * draw(st.integers(1, 3))
+    lead = draw(st.sampled_from([(0,), (1,), (3,), (17,), (2, 5), (0, 4)]))
+    m = int(np.prod(lead))
+    steps = []
+    for _ in range(STEPS):
+        gain = np.float32(2.0 ** draw(st.integers(-6, 6)))
+        x = draw(arrays((m, k), moderate_f32)) * gain
+        if m and draw(st.integers(0, 4)) == 0:  # now and then a value at an edge
+            x.reshape(-1)[draw(st.integers(0, m * k - 1))] = draw(st.sampled_from(SPECIAL))
+        w = draw(arrays((n, k), moderate_f32)) / gain
+        b = draw(arrays((n,), moderate_f32))
+        dy = draw(arrays((m, n), moderate_f32)) * np.float32(2.0 ** draw(st.integers(-12, 0)))
+        steps.append((x, w, b, dy))
+    return dict(k=k, n=n, lead=lead, steps=steps)
+
+
+def _close(got: torch.Tensor, want_bound, out: str, what: str):
+    want, bound = want_bound
+    ref.assert_result_close(values(got), want, bound, out, what)
+
+
+@prop(max_examples=40, p=layer_problems(), r=recipes(),
+      dtype=st.sampled_from(["float32", "bfloat16"]), with_bias=st.booleans())
+def check_linear_training_steps(device, p, r, dtype, with_bias):
+    dev = device_or_skip(device)
+    model, recipe = r
+    k, n, lead = p["k"], p["n"], p["lead"]
+    layer = ft.Linear(k, n, bias=with_bias, device=dev, dtype=HP[dtype])
+    state = lref.fresh_state(model)
+    as_t = (lambda a: torch.from_numpy(a).to(HP[dtype]).to(dev))
+    for step, (x, w, b, dy) in enumerate(p["steps"]):
+        with torch.no_grad():
+            layer.weight.copy_(as_t(w))
+            if with_bias:
+                layer.bias.copy_(as_t(b))
+        layer.zero_grad(set_to_none=True)
+        xt = as_t(x).reshape(*lead, k).requires_grad_()
+        with ft.autocast(recipe=recipe):
+            y = layer(xt)
+        # The reference reads the values the layer got (rounded to dtype).
+        xv, wv = values(xt).reshape(-1, k), values(layer.weight)
+        bv = values(layer.bias) if with_bias else None
+        want_y, bound, saved = lref.forward(model, state, xv, wv, bv, dtype, record=True)
+        assert y.shape == (*lead, n) and y.dtype == HP[dtype]
+        _close(y, (want_y, bound), dtype, f"step {step} y")
+        dyt = as_t(dy).reshape(*lead, n)
+        y.backward(dyt)
+        dx, dw, db = lref.backward(model, state, saved, values(dyt).reshape(-1, n), dtype,
+                                   dtype)
+        _close(xt.grad, dx, dtype, f"step {step} dx")
+        _close(layer.weight.grad, dw, dtype, f"step {step} dweight")
+        if with_bias:
+            _close(layer.bias.grad, db, dtype, f"step {step} dbias")
+
+
+@prop(max_examples=20, p=layer_problems(), r=recipes())
+def check_linear_no_grad_records_nothing(device, p, r):
+    """Under torch.no_grad a delayed-scaling layer casts with its current
+    scales (a fresh slot seeded from the tensor) and records nothing: the
+    same input twice gives the same bits."""
+    dev = device_or_skip(device)
+    model, recipe = r
+    k, n, lead = p["k"], p["n"], p["lead"]
+    layer = ft.Linear(k, n, device=dev)
+    x, w, b, _ = p["steps"][0]
+    state = lref.fresh_state(model)
+    with torch.no_grad():
+        layer.weight.copy_(torch.from_numpy(w))
+        layer.bias.copy_(torch.from_numpy(b))
+        xt = torch.from_numpy(x).to(dev).reshape(*lead, k)
+        with ft.autocast(recipe=recipe):
+            y1, y2 = layer(xt), layer(xt)
+    assert torch.equal(y1.nan_to_num(), y2.nan_to_num())
+    want, bound, _ = lref.forward(model, state, x, w, b, "float32", record=False)
+    _close(y1, (want, bound), "float32", "no_grad y")
+
+
+@prop(max_examples=30, case=st.sampled_from(
+    ["mixed_dtype", "features", "fp64_input", "int_input", "recipe_type", "k_not_multiple"]))
+def check_linear_rejects(device, case):
+    dev = device_or_skip(device)
+    recipe = DelayedScaling()
+    layer = ft.Linear(32, 16, device=dev)
+    x = torch.randn(4, 32, device=dev)
+    if case == "recipe_type":
+        expect_clear_error("fp8kit.torch.autocast", lambda: ft.autocast(recipe="fp8").__enter__())
+        return
+    if case == "k_not_multiple":
+        layer, x = ft.Linear(24, 16, device=dev), torch.randn(4, 24, device=dev)
+    if case == "mixed_dtype":  # refused as torch.nn.Linear refuses it: RuntimeError
+        with ft.autocast(recipe=recipe), pytest.raises(RuntimeError, match="fp8kit.torch.Linear"
+                                                       ".*torch.bfloat16.*torch.float32"):
+            layer(x.bfloat16())
+        with pytest.raises(RuntimeError):  # (what nn.Linear does, for comparison)
+            torch.nn.functional.linear(x.bfloat16(), layer.weight)
+        return
+    x = {"features": x[:, :16], "fp64_input": x.double(), "int_input": x.int()}.get(case, x)
+    with ft.autocast(recipe=recipe):
+        expect_clear_error("fp8kit.torch.Linear", layer, x)
