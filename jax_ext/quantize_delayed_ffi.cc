@@ -4,10 +4,13 @@
 // gradient). fp8kit/linear.h states the protocol; fp8kit.jax.dense calls
 // this once per pass (x and kernel in forward, dy in backward).
 //
-// The state is stacked as in fp8kit.jax's DelayedScalingState rows:
-// amax_history [n, L], scale [n], seeded [n] (int32 here). The core updates
-// them in place, so the Python side aliases those inputs to the matching
-// results (input_output_aliases); distinct buffers are copied first.
+// The state is a layer's whole DelayedScalingState: amax_history
+// [slots, L], scale [slots], seeded [slots]; the n inputs use rows
+// first_slot .. first_slot + n - 1, so the caller passes the state as it
+// is (no slicing or scattering of rows around the call). The core updates
+// those rows in place, so the Python side aliases the state inputs to the
+// matching results (input_output_aliases); distinct buffers are copied
+// first.
 //
 // The core's amax accumulators and block counters live in the workspace
 // result (scratch.h), zeroed here. When the caller passes amax [n] (the
@@ -29,16 +32,20 @@ namespace {
 constexpr char kOp[] = "fp8kit_quantize_delayed_update";
 
 using F32Buffer = ffi::Buffer<ffi::F32>;
-using S32Buffer = ffi::Buffer<ffi::S32>;
 
-// n = amax_history's rows; every other per-input operand must match it.
-ffi::Error CheckCounts(size_t n, size_t scale, size_t seeded, size_t amax, size_t inputs,
-                       size_t outputs, size_t flags) {
+// The state has `slots` rows (amax_history's); the n inputs use rows
+// first_slot .. first_slot + n - 1; every other per-input operand has n.
+ffi::Error CheckCounts(size_t slots, int64_t first_slot, size_t n, size_t scale, size_t seeded,
+                       size_t amax, size_t inputs, size_t outputs, size_t flags) {
   const std::string want = std::to_string(n);
-  if (scale != n || seeded != n) {
-    return Invalid(kOp, "scale and seeded must hold " + want + " entries, one per amax_history "
-                            "row (got " + std::to_string(scale) + " and " +
-                            std::to_string(seeded) + ")");
+  if (scale != slots || seeded != slots) {
+    return Invalid(kOp, "scale and seeded must hold " + std::to_string(slots) +
+                            " entries, one per amax_history row (got " + std::to_string(scale) +
+                            " and " + std::to_string(seeded) + ")");
+  }
+  if (first_slot < 0 || static_cast<size_t>(first_slot) + n > slots) {
+    return Invalid(kOp, "first_slot " + std::to_string(first_slot) + " with " + want +
+                            " inputs needs rows beyond the state's " + std::to_string(slots));
   }
   if (amax != 0 && amax != n) {
     return Invalid(kOp, "amax must hold " + want + " floats (one per input) or none");
@@ -53,20 +60,22 @@ ffi::Error CheckCounts(size_t n, size_t scale, size_t seeded, size_t amax, size_
 }
 
 ffi::Error QuantizeDelayedImpl(
-    const Device& device, F32Buffer history_in, F32Buffer scale_in, S32Buffer seeded_in,
+    const Device& device, F32Buffer history_in, F32Buffer scale_in, F32Buffer seeded_in,
     F32Buffer amax_in, ffi::RemainingArgs inputs, ffi::Result<F32Buffer> history,
-    ffi::Result<F32Buffer> scale, ffi::Result<S32Buffer> seeded,
+    ffi::Result<F32Buffer> scale, ffi::Result<F32Buffer> seeded,
     ffi::Result<F32Buffer> scale_inv, ffi::Result<ffi::AnyBuffer> workspace,
-    ffi::RemainingRets outputs, bool record, int32_t margin, int32_t amax_reduction,
+    ffi::RemainingRets outputs, bool record, int64_t first_slot, int32_t margin,
+    int32_t amax_reduction,
     ffi::Span<const int32_t> rowwise, ffi::Span<const int32_t> columnwise,
     ffi::Span<const int32_t> sums) {
   const auto dims = history_in.dimensions();
   if (dims.size() != 2) return Invalid(kOp, "amax_history must be 2-D [n, history_len]");
-  const size_t n = static_cast<size_t>(dims[0]);
+  const size_t slots = static_cast<size_t>(dims[0]);
   const int64_t len = dims[1];
-  if (auto err = CheckCounts(n, scale_in.element_count(), seeded_in.element_count(),
-                             amax_in.element_count(), inputs.size(), outputs.size(),
-                             rowwise.size());
+  const size_t n = inputs.size();
+  if (auto err = CheckCounts(slots, first_slot, n, scale_in.element_count(),
+                             seeded_in.element_count(), amax_in.element_count(), inputs.size(),
+                             outputs.size(), rowwise.size());
       err.failure()) {
     return err;
   }
@@ -120,12 +129,13 @@ ffi::Error QuantizeDelayedImpl(
   std::vector<fp8kit_column_sums> column_sums(n);
   bool any_sums = false;
   for (size_t i = 0; i < n; ++i) {
-    states[i].amax_history = history->typed_data() + i * len;
+    const size_t row = static_cast<size_t>(first_slot) + i;
+    states[i].amax_history = history->typed_data() + row * len;
     states[i].amax = layout.amax(base, i);
-    states[i].scale = scale->typed_data() + i;
+    states[i].scale = scale->typed_data() + row;
     states[i].scale_inv = layout.scale_inv(base, i);
     states[i].counter = layout.counter(base, i);
-    states[i].seeded = seeded->typed_data() + i;
+    states[i].seeded = seeded->typed_data() + row;
     column_sums[i] = fp8kit_column_sums{};
     if (!scratch[i].sums) continue;
     fp8kit_dtype sums_dtype;
@@ -163,18 +173,19 @@ ffi::Error QuantizeDelayedImpl(
 template <typename Binding>
 auto BindQuantizeDelayed(Binding binding) {
   return std::move(binding)
-      .template Arg<F32Buffer>()   // amax_history: [n, L], row i = input i, column 0 newest
-      .template Arg<F32Buffer>()   // scale: [n], each slot's scale
-      .template Arg<S32Buffer>()   // seeded: [n], 0 = unseeded (the first cast seeds it)
+      .template Arg<F32Buffer>()   // amax_history: [slots, L], column 0 newest
+      .template Arg<F32Buffer>()   // scale: [slots], each slot's scale
+      .template Arg<F32Buffer>()   // seeded: [slots], 0 = unseeded (the first cast seeds it)
       .template Arg<F32Buffer>()   // amax: [n] global amaxes of sharded inputs, or (0,)
       .RemainingArgs()             // inputs: n float32/bfloat16/float16 tensors
-      .template Ret<F32Buffer>()   // amax_history: [n, L] (aliases the input)
-      .template Ret<F32Buffer>()   // scale: [n] the next scales (aliases the input)
-      .template Ret<S32Buffer>()   // seeded: [n] (aliases the input)
+      .template Ret<F32Buffer>()   // amax_history: [slots, L] (aliases the input)
+      .template Ret<F32Buffer>()   // scale: [slots] the next scales (aliases the input)
+      .template Ret<F32Buffer>()   // seeded: [slots] (aliases the input)
       .template Ret<F32Buffer>()   // scale_inv: [n], 1 / the scale each input was cast with
       .template Ret<ffi::AnyBuffer>()  // workspace: uint8, ScratchLayout's bytes
       .RemainingRets()             // per input: data, columnwise_data, column sums ((0,) if not)
       .template Attr<bool>("record")             // record: update the state (a gradient pass)
+      .template Attr<int64_t>("first_slot")      // first_slot: the state row of input 0
       .template Attr<int32_t>("margin")          // margin: scale = fp8_max / amax / 2**margin
       .template Attr<int32_t>("amax_reduction")  // amax_reduction: fp8kit_amax_reduction code
       .template Attr<ffi::Span<const int32_t>>("rowwise")     // rowwise: [n] write data

@@ -33,7 +33,7 @@ LinearState::LinearState(const LinearRecipe& recipe_, const at::Device& device_)
   scale = at::ones({kSlots}, opts);
   scale_inv = at::ones({kSlots}, opts);
   counters = at::zeros({kSlots}, opts.dtype(at::kInt));
-  seeded_flags = at::zeros({kSlots}, opts.dtype(at::kInt));
+  seeded_flags = at::zeros({kSlots}, opts);
 }
 
 void LinearState::quantize_slots(const SlotJob* jobs, int n, bool record) {
@@ -53,7 +53,7 @@ void LinearState::quantize_slots(const SlotJob* jobs, int n, bool record) {
     return;
   }
   std::array<DelayedQuantizeItem, kSlots> items{};
-  int* flags = seeded_flags.data_ptr<int32_t>();
+  float* flags = seeded_flags.data_ptr<float>();
   for (int i = 0; i < n; ++i) {
     const SlotJob& j = jobs[i];
     const int k = j.slot;
@@ -191,7 +191,7 @@ c10::intrusive_ptr<LinearState> LinearState::from_checkpoint(py::handle saved_in
   FP8KIT_TYPE_CHECK(ok, fn, ": saved 'seeded' is ", value_str(seeded), "; it must be a list of ",
                     kSlots, " bools (input, weight, grad_output)");
   for (int i = 0; i < kSlots; ++i) st->seeded[i] = PyList_GET_ITEM(seeded.ptr(), i) == Py_True;
-  st->seeded_flags.copy_(at::tensor(std::vector<int32_t>(st->seeded.begin(), st->seeded.end())));
+  st->seeded_flags.copy_(at::tensor(std::vector<float>(st->seeded.begin(), st->seeded.end())));
   return st;
 }
 

@@ -90,7 +90,7 @@ struct LinearState : torch::CustomClassHolder {
   // Delayed-scaling state, float32 on `device`: history [3, history_len]
   // (column 0 newest), amax accumulators (0 between calls), scale,
   // scale_inv [3]; the fused quantize's block counters (int32 [3], 0
-  // between calls) and the core's seeded flags (int32 [3]: 0 until the
+  // between calls) and the core's seeded flags (float32 [3]: 0 until the
   // slot's first recorded quantization).
   at::Tensor history, amax, scale, scale_inv, counters, seeded_flags;
   // Host mirror of seeded_flags (set with them, so it is never read back):

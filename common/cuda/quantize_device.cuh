@@ -238,7 +238,7 @@ struct ScaleSource {
   int power_2_scale;       // current scaling
   float* scale_out;        // current scaling: block 0 writes the scale here
   float* scale_inv_out;    // block 0 writes 1/scale here when non-NULL
-  const int* seeded;       // delayed scaling: the slot's flag (0: fresh) or NULL
+  const float* seeded;       // delayed scaling: the slot's flag (0: fresh) or NULL
   const float* seed_amax;  // delayed scaling, fresh slot: the amax of the seed
   int margin;              // delayed scaling: the seed's margin
 };
@@ -277,7 +277,7 @@ __device__ __forceinline__ float read_scale(const ScaleSource& s, bool first_blo
     scale = current_scale_from_amax(*s.amax_in, s.fp8_max, s.amax_epsilon, s.power_2_scale != 0);
   } else {
     scale = *s.scale;
-    if (s.seeded != nullptr && *s.seeded == 0) {
+    if (s.seeded != nullptr && *s.seeded == 0.0f) {
       scale = delayed_scale_from_amax(*s.seed_amax, scale, s.fp8_max, s.margin);
     }
     scale = checked_scale(scale);  // a bad given scale: NaN (fp8kit/quantize.h)

@@ -56,7 +56,7 @@ struct FusedState {
   float* scale;
   float* scale_inv;
   unsigned int* counter;
-  int* seeded;  // NULL: seeded
+  float* seeded;  // NULL: seeded
   float fp8_max;
 };
 
@@ -99,14 +99,14 @@ __device__ __forceinline__ void finish_job(const FusedState& s, const UpdateConf
     if (threadIdx.x == 0) {
       // The scale the cast used (read_scale's rule) is the update's previous scale.
       float used = *s.scale;
-      if (s.seeded != nullptr && *s.seeded == 0) {
+      if (s.seeded != nullptr && *s.seeded == 0.0f) {
         used = delayed_scale_from_amax(newest, used, s.fp8_max, c.margin);
       }
       used = checked_scale(used);
       const float scale = delayed_scale_from_amax(r, used, s.fp8_max, c.margin);
       *s.scale = scale;
       *s.scale_inv = reciprocal(scale);
-      if (s.seeded != nullptr) *s.seeded = 1;
+      if (s.seeded != nullptr) *s.seeded = 1.0f;
     }
   }
   if (threadIdx.x == 0) {
@@ -244,7 +244,7 @@ struct SeedJob {
   const void* in;
   int64_t n;
   fp8kit_dtype dtype;
-  const int* seeded;
+  const float* seeded;
   float* amax;  // the state's accumulator
 };
 
@@ -272,7 +272,7 @@ __device__ __forceinline__ uint32_t seed_amax_bits(const void* in, int64_t n) {
 // accumulate_amax(entry, max |x|).
 __global__ void __launch_bounds__(kSeedThreads) seed_amax_kernel(const __grid_constant__ SeedParams p) {
   const SeedJob& j = p.job[blockIdx.y];
-  if (*j.seeded != 0) return;
+  if (*j.seeded != 0.0f) return;
   __shared__ uint32_t warp_max[kSeedWarps];
   uint32_t bits;
   switch (j.dtype) {

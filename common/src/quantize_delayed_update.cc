@@ -90,7 +90,7 @@ void quantize_delayed_update_cpu(const fp8kit_tensor* inputs, fp8kit_tensor* out
   for (int i = 0; i < count; ++i) {
     const fp8kit_delayed_quantize_state& s = states[i];
     fp8kit_tensor& out = outputs[i];
-    const bool fresh = s.seeded != nullptr && *s.seeded == 0;
+    const bool fresh = s.seeded != nullptr && *s.seeded == 0.0f;
     // A fresh slot's seed: the update's rule applied to this amax alone,
     // which the cast needs before it runs (otherwise the cast measures it).
     // Then the policy for a bad scale (fp8kit/quantize.h).
@@ -108,7 +108,7 @@ void quantize_delayed_update_cpu(const fp8kit_tensor* inputs, fp8kit_tensor* out
       const fp8kit_delayed_scaling_state update{s.amax_history, &newest, s.scale, s.scale_inv,
                                                 out.dtype};
       delayed_scaling_update_cpu(&update, 1, config);
-      if (s.seeded != nullptr) *s.seeded = 1;
+      if (s.seeded != nullptr) *s.seeded = 1.0f;
     }
     *s.amax = 0.0f;
     *s.counter = 0;

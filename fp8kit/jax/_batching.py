@@ -84,11 +84,11 @@ def _vmap_rule(call, with_amax, axis_size, in_batched, history, scale, seeded, a
         sub = dataclasses.replace(
             call, fmts=tuple(call.fmts[i] for i in idx),
             copies=tuple(call.copies[i] for i in idx),
-            sums_dtypes=tuple(call.sums_dtypes[i] for i in idx), record=False)
-        rows = jnp.asarray(idx)
+            sums_dtypes=tuple(call.sums_dtypes[i] for i in idx), record=False, first_slot=0)
+        rows = jnp.asarray([call.first_slot + i for i in idx])  # their state rows
         casts = jax.lax.map(
             lambda xb: _fused(sub, True)(history[rows], scale[rows], seeded[rows],
-                                         batch_amax[rows], *xb),
+                                         batch_amax[jnp.asarray(idx)], *xb),
             [xs[i] for i in idx])
     for i in range(n):
         if xs_batched[i]:

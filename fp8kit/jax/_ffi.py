@@ -187,16 +187,20 @@ class DelayedQuantize:
     record: bool          # update the state (a pass that computes gradients)
     margin: int
     amax_reduction: str   # fp8kit.recipe.AmaxReduction value
+    first_slot: int = 0   # the state row of the first input
 
 
 def quantize_delayed_update_call(call: DelayedQuantize, amax_history, scale, seeded, xs,
                                  amax=None):
-    """fp8kit_quantize_delayed_update on len(xs) inputs with the state rows
-    (amax_history [n, L], scale [n], seeded int32 [n]).
+    """fp8kit_quantize_delayed_update on len(xs) inputs with a layer's whole
+    state (amax_history [slots, L], scale [slots], seeded float32 [slots]),
+    input i using row call.first_slot + i: the state goes in and comes out
+    as it is, with no slicing or scattering of rows around the call.
 
     amax: [n] amaxes of the whole inputs, reduced across the devices that
     share them, to start the core's accumulators at (None: 0).
-    Returns (amax_history, scale, seeded, scale_inv [n], outputs), outputs
+    Returns (amax_history, scale, seeded, scale_inv [n], outputs), the
+    state whole, outputs
     one (data, columnwise_data, sums) per input, placeholders where not
     asked for; scale_inv[i] = 1 / the scale input i was cast with.
     """
@@ -212,14 +216,15 @@ def quantize_delayed_update_call(call: DelayedQuantize, amax_history, scale, see
     flags = lambda values: np.asarray(values, dtype=np.int32)  # noqa: E731
     out = jax.ffi.ffi_call(
         "fp8kit_quantize_delayed_update",
-        (jax.ShapeDtypeStruct(amax_history.shape, f32), jax.ShapeDtypeStruct((n,), f32),
-         jax.ShapeDtypeStruct((n,), jnp.int32), jax.ShapeDtypeStruct((n,), f32), workspace,
+        (jax.ShapeDtypeStruct(amax_history.shape, f32), jax.ShapeDtypeStruct(scale.shape, f32),
+         jax.ShapeDtypeStruct(seeded.shape, f32), jax.ShapeDtypeStruct((n,), f32), workspace,
          *per_input),
         vmap_method="sequential",
         # The core updates history, scale and seeded in place.
         input_output_aliases={0: 0, 1: 1, 2: 2},
     )(amax_history, scale, seeded, _empty(f32) if amax is None else amax, *xs,
-      record=bool(call.record), margin=np.int32(call.margin),
+      record=bool(call.record), first_slot=np.int64(call.first_slot),
+      margin=np.int32(call.margin),
       amax_reduction=np.int32(AMAX_REDUCTION_CODES[call.amax_reduction]),
       rowwise=flags([c[0] for c in call.copies]), columnwise=flags([c[1] for c in call.copies]),
       sums=flags([d is not None for d in call.sums_dtypes]))

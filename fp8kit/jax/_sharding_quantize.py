@@ -189,7 +189,7 @@ def _current_partition(fmt, rowwise, columnwise, amax_epsilon, power_2_scale, su
                                     record=False, margin=0, amax_reduction="max")
         *_, [(data, columnwise_data, sums)] = _ffi.quantize_delayed_update_call(
             call, jnp.zeros((1, 1), jnp.float32), scale.reshape(1),
-            jnp.ones((1,), jnp.int32), [x])
+            jnp.ones((1,), jnp.float32), [x])
         return (data, columnwise_data, scale, scale_inv, amax,
                 _psum_sums(sums, dims, sums_dtype))
 

@@ -127,15 +127,17 @@ def quantize_and_record(state: DelayedScalingState, recipe: recipe_lib.DelayedSc
     tensor's column sums, or None. Returns (state, ScaledTensors, sums): the
     state with those slots updated (unchanged when not recording).
     """
-    rows = slice(first_slot, first_slot + len(tensors))
-    fmts = DelayedScalingState.formats(recipe)[rows]
+    fmts = DelayedScalingState.formats(recipe)[first_slot:first_slot + len(tensors)]
     call = _ffi.DelayedQuantize(
         fmts=fmts, copies=tuple((bool(r), bool(c)) for r, c in copies),
         sums_dtypes=tuple(None if d is None else jnp.dtype(d) for d in sums_dtypes),
-        record=bool(record), margin=recipe.margin, amax_reduction=recipe.amax_reduction.value)
+        record=bool(record), margin=recipe.margin, amax_reduction=recipe.amax_reduction.value,
+        first_slot=first_slot)
+    # The whole state goes through the call, which updates its rows in place:
+    # slicing rows out and scattering them back would cost XLA kernels of
+    # their own around every call.
     history, scale, seeded, scale_inv, outputs = _batching.quantize_delayed_update(
-        call, state.amax_history[rows], state.scale[rows],
-        state.seeded[rows].astype(jnp.int32), list(tensors))
+        call, state.amax_history, state.scale, state.seeded, list(tensors))
     quantized, sums = [], []
     for i, ((data, columnwise_data, s), (rowwise, columnwise)) in enumerate(
             zip(outputs, call.copies)):
@@ -144,10 +146,7 @@ def quantize_and_record(state: DelayedScalingState, recipe: recipe_lib.DelayedSc
             columnwise_data=columnwise_data if columnwise else None, fp8_dtype=fmts[i]))
         sums.append(s if call.sums_dtypes[i] is not None else None)
     if record:
-        state = DelayedScalingState(
-            amax_history=state.amax_history.at[rows].set(history),
-            scale=state.scale.at[rows].set(scale),
-            seeded=state.seeded.at[rows].set(seeded.astype(jnp.float32)))
+        state = DelayedScalingState(amax_history=history, scale=scale, seeded=seeded)
     return state, quantized, sums
 
 

@@ -24,7 +24,7 @@ struct Member {
   std::vector<float> history;
   float amax = 0.0f;   // accumulator on entry
   float scale = 1.0f;
-  int seeded = -1;     // the state's flag on entry; -1: no flag (NULL)
+  float seeded = -1;     // the state's flag on entry; -1: no flag (NULL)
 };
 
 // What a call left behind, per member.
@@ -34,7 +34,7 @@ struct MemberResult {
   std::vector<float> history;
   float amax = -1.0f, scale = -1.0f, scale_inv = -1.0f;
   unsigned int counter = 1234u;
-  int seeded = -1;
+  float seeded = -1;
 };
 
 inline std::vector<float> floats_of(const std::vector<uint8_t>& b) {
@@ -85,7 +85,7 @@ class FusedRun {
       o.columnwise_data = s.columnwise ? b.columnwise->ptr() : nullptr;
       o.scale_inv = b.out_scale_inv->fptr();
       out.push_back(o);
-      int* seeded = members_[i].seeded < 0 ? nullptr : static_cast<int*>(b.seeded->ptr());
+      float* seeded = members_[i].seeded < 0 ? nullptr : static_cast<float*>(b.seeded->ptr());
       st.push_back({b.hist->fptr(), b.amax->fptr(), b.scale->fptr(), b.scale_inv->fptr(),
                     static_cast<unsigned int*>(b.counter->ptr()), seeded});
     }

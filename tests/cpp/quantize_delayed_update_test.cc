@@ -103,7 +103,7 @@ TEST(QuantizeDelayedUpdate, Errors) {
   std::vector<uint8_t> q(64);
   float hist[4] = {}, amax = 0, scale = 1, scale_inv = 0, amax2 = 0, scale2 = 1, sinv2 = 0;
   unsigned int counter = 0, counter2 = 0;
-  int seeded = 1, seeded2 = 1;
+  float seeded = 1, seeded2 = 1;
   const std::vector<int64_t> shape = {8, 8};
   fp8kit_tensor in = qtest::make_tensor(FP8KIT_DEVICE_CPU, FP8KIT_FLOAT32, shape, x.data());
   fp8kit_tensor out = qtest::make_tensor(FP8KIT_DEVICE_CPU, FP8KIT_E4M3, shape, q.data());

@@ -115,15 +115,15 @@ def _ref_column_sums(x2d):
 
 
 def _fused(xs, history, scale, seeded, record, margin=0, sums=None, amax=None,
-           amax_reduction="max", fmts=None):
+           amax_reduction="max", fmts=None, first_slot=0):
     n = len(xs)
     call = _ffi.DelayedQuantize(
         fmts=tuple(fmts or ["e4m3"] * n), copies=((True, True),) * n,
         sums_dtypes=tuple(sums or [None] * n), record=record, margin=margin,
-        amax_reduction=amax_reduction)
+        amax_reduction=amax_reduction, first_slot=first_slot)
     return _ffi.quantize_delayed_update_call(
         call, jnp.asarray(history, jnp.float32), jnp.asarray(scale, jnp.float32),
-        jnp.asarray(seeded, jnp.int32), [jnp.asarray(x) for x in xs],
+        jnp.asarray(seeded, jnp.float32), [jnp.asarray(x) for x in xs],
         None if amax is None else jnp.asarray(amax, jnp.float32))
 
 
@@ -139,7 +139,7 @@ def test_fused_call_seeds_a_fresh_slot_and_records_only_when_asked(record):
     w = rng.standard_normal((32, 16)).astype(np.float32)
     history = np.array([[0.0, 0.0], [7.0, 5.0]], np.float32)
     scale = np.array([1.0, 2.0], np.float32)
-    seeded = np.array([0, 1], np.int32)       # x fresh, w seeded
+    seeded = np.array([0, 1], np.float32)     # x fresh, w seeded
     h, s, sd, scale_inv, outs = _fused([x, w], history, scale, seeded, record, margin=1)
     seed = FP8_MAX["e4m3"] / F32(np.abs(x).max()) * F32(0.5)
     used = [seed, F32(2.0)]
@@ -157,6 +157,27 @@ def test_fused_call_seeds_a_fresh_slot_and_records_only_when_asked(record):
     np.testing.assert_array_equal(np.asarray(h), want_h)
     np.testing.assert_array_equal(np.asarray(s), want_s)
     np.testing.assert_array_equal(np.asarray(sd), [1, 1])
+
+
+def test_fused_call_updates_only_the_rows_of_its_slots():
+    # The whole state goes in; input 0 uses row first_slot, the other rows
+    # come back bit for bit as they went in.
+    x = np.random.default_rng(22).standard_normal((24, 16)).astype(np.float32) * 5
+    history = np.array([[3.0, 1.0], [7.0, 5.0], [2.0, 4.0]], np.float32)
+    scale = np.array([1.5, 2.0, 0.25], np.float32)
+    seeded = np.array([1, 1, 1], np.float32)
+    h, s, sd, scale_inv, [(data, _, _)] = _fused([x], history, scale, seeded, True,
+                                                 fmts=["e5m2"], first_slot=2)
+    h1, s1, sd1, scale_inv1, [(data1, _, _)] = _fused([x], history[2:], scale[2:], seeded[2:],
+                                                      True, fmts=["e5m2"])
+    np.testing.assert_array_equal(np.asarray(h)[:2], history[:2])
+    np.testing.assert_array_equal(np.asarray(s)[:2], scale[:2])
+    np.testing.assert_array_equal(np.asarray(h)[2:], np.asarray(h1))
+    np.testing.assert_array_equal(np.asarray(s)[2:], np.asarray(s1))
+    np.testing.assert_array_equal(np.asarray(sd), [1, 1, 1])
+    np.testing.assert_array_equal(np.asarray(scale_inv), np.asarray(scale_inv1))
+    np.testing.assert_array_equal(np.asarray(data).view(np.uint8), _fp8_bits(x, 0.25, "e5m2"))
+    assert not np.array_equal(np.asarray(h)[2], history[2])  # it did record
 
 
 def test_fused_call_starts_from_a_given_amax():

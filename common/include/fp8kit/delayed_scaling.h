@@ -74,8 +74,10 @@ typedef struct fp8kit_delayed_quantize_state {
   float* scale_inv;     /* written when recording (= 1/the new scale) */
   unsigned int* counter; /* 0 on entry and on exit: the CUDA kernel counts its
                           * finished blocks here to find the last one */
-  int* seeded;          /* 0: unseeded, 1: seeded (see below); NULL: the caller
-                         * knows the slot is seeded, and no check is made */
+  float* seeded;        /* 0: unseeded, 1: seeded (see below); NULL: the caller
+                         * knows the slot is seeded, and no check is made. A
+                         * float, so that a framework whose state must be a
+                         * differentiable pytree (JAX) holds it as it is. */
 } fp8kit_delayed_quantize_state;
 
 /* Delayed-scaling quantization with the scaling-state update fused in, for
