@@ -263,6 +263,9 @@ def _child(platform: str, mesh_shape: tuple[int, int]):  # noqa: C901
 
     results = {}
     for name in CASES:
+        # Named before it runs: a case that aborts the process (an XLA check
+        # failure) is then named in the parent's failure message.
+        print(f"FP8KIT_SHARDING_CASE {name}", flush=True)
         try:
             if name in DENSE_CASES:
                 dense_case(*name[len("dense_"):].rsplit("_", 2))
