@@ -25,6 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+import layer_reference as lref
+from fp8kit.recipe import AmaxReduction, CurrentScaling, DelayedScaling, Format
+
 SCALE = float(os.environ.get("FP8KIT_HARDENING_EXAMPLES", "1"))
 _DEADLINE = os.environ.get("FP8KIT_HARDENING_DEADLINE_MS", "10000")
 DEADLINE_MS = None if _DEADLINE == "none" else int(_DEADLINE)
@@ -141,3 +144,20 @@ def layout_view_numpy(src: np.ndarray, layout: str, shape) -> np.ndarray:
     if layout == "expanded" and shape:
         return np.broadcast_to(src, shape)
     return src
+
+
+@st.composite
+def recipes(draw):
+    """(layer_reference.Recipe, the fp8kit recipe it models): both kinds,
+    both formats, the ranges a layer step exercises."""
+    hybrid = draw(st.booleans())
+    fmt = Format.HYBRID if hybrid else Format.E4M3
+    if draw(st.booleans()):
+        r = lref.Recipe(delayed=True, hybrid=hybrid, margin=draw(st.integers(0, 3)),
+                        history_len=draw(st.integers(1, 4)),
+                        reduction=draw(st.sampled_from(["max", "most_recent"])))
+        return r, DelayedScaling(fp8_format=fmt, amax_history_len=r.history_len,
+                                 margin=r.margin, amax_reduction=AmaxReduction(r.reduction))
+    r = lref.Recipe(delayed=False, hybrid=hybrid, epsilon=draw(st.sampled_from([0.0, 1e-3])),
+                    pow2=draw(st.booleans()))
+    return r, CurrentScaling(fp8_format=fmt, amax_epsilon=r.epsilon, power_2_scale=r.pow2)

@@ -14,26 +14,11 @@ from hypothesis import strategies as st
 import fp8_reference as ref
 import fp8kit.jax as fj
 import layer_reference as lref
-from fp8_strategies import SPECIAL, arrays, moderate_f32, prop
-from fp8kit.recipe import AmaxReduction, CurrentScaling, DelayedScaling, Format
+from fp8_strategies import SPECIAL, arrays, moderate_f32, prop, recipes
+from fp8kit.recipe import CurrentScaling, DelayedScaling
 from jax_support import HP, device_or_skip, expect_clear_error
 
 SLOTS = ("x", "w", "dy")  # the rows of DelayedScalingState
-
-
-@st.composite
-def recipes(draw):
-    hybrid = draw(st.booleans())
-    fmt = Format.HYBRID if hybrid else Format.E4M3
-    if draw(st.booleans()):
-        r = lref.Recipe(delayed=True, hybrid=hybrid, margin=draw(st.integers(0, 3)),
-                        history_len=draw(st.integers(1, 4)),
-                        reduction=draw(st.sampled_from(["max", "most_recent"])))
-        return r, DelayedScaling(fp8_format=fmt, amax_history_len=r.history_len,
-                                 margin=r.margin, amax_reduction=AmaxReduction(r.reduction))
-    r = lref.Recipe(delayed=False, hybrid=hybrid, epsilon=draw(st.sampled_from([0.0, 1e-3])),
-                    pow2=draw(st.booleans()))
-    return r, CurrentScaling(fp8_format=fmt, amax_epsilon=r.epsilon, power_2_scale=r.pow2)
 
 
 @st.composite
