@@ -109,10 +109,16 @@ void* default_workspace(int device, cudaStream_t stream) {
 }
 
 DeviceGuard::DeviceGuard(int device) {
+  // Devices whose primary context this thread has made current (cudaSetDevice
+  // does that, and keeps it current for the thread).
+  thread_local std::vector<bool> context_current;
   gemm_cuda_check(cudaGetDevice(&previous_), "cudaGetDevice");
-  if (previous_ != device) {
+  const size_t d = static_cast<size_t>(device);
+  if (d >= context_current.size()) context_current.resize(d + 1, false);
+  if (previous_ != device || !context_current[d]) {
     gemm_cuda_check(cudaSetDevice(device), "cudaSetDevice");
-    changed_ = true;
+    context_current[d] = true;
+    changed_ = previous_ != device;
   }
 }
 

@@ -28,6 +28,12 @@ cublasLtHandle_t thread_handle(int device);
 void* default_workspace(int device, cudaStream_t stream);
 
 // Makes `device` current for the scope and restores the previous device.
+// It also makes the device's primary context current in this thread, once
+// per thread and device: cuBLASLt launches some kernels through the driver
+// API, which needs a current context, and the runtime makes one current
+// only at its own first call that needs it, so a thread whose first CUDA
+// work is an fp8kit GEMM (a worker thread of a framework that allocates
+// from a cache) would otherwise fail to launch.
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device);
