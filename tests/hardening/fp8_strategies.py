@@ -161,3 +161,23 @@ def recipes(draw):
     r = lref.Recipe(delayed=False, hybrid=hybrid, epsilon=draw(st.sampled_from([0.0, 1e-3])),
                     pow2=draw(st.booleans()))
     return r, CurrentScaling(fp8_format=fmt, amax_epsilon=r.epsilon, power_2_scale=r.pow2)
+
+
+# ------------------------------------------------ delayed_scaling_update ---
+
+amax_values = st.one_of(st.sampled_from(float32_values([0.0, -1.0, 1e-45, 1e-30, 448.0, 3e38,
+                                                        float("inf"), float("nan")])),
+                        st.floats(0.0, 1e4, width=32))
+
+
+@st.composite
+def delayed_states(draw):
+    """(amax histories [n, L], new amaxes [n], scales [n], formats): the
+    arguments of a delayed-scaling update, edge amaxes and scales included."""
+    n = draw(st.integers(1, 4))
+    length = draw(st.integers(1, 5))
+    hist = draw(arrays((n, length), amax_values))
+    new_amax = draw(arrays((n,), amax_values))
+    scale = draw(arrays((n,), st.one_of(any_scale, scales_near_1)))
+    fmts = draw(st.lists(fp8_names, min_size=n, max_size=n))
+    return hist, new_amax, scale, fmts

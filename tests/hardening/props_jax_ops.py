@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 import fp8_reference as ref
 import fp8kit.jax as fj
-from fp8_strategies import (any_scale, arrays, float32_values, fp8_names, hp_names, laid_out,
-                            moderate_f32, prop, scales_near_1, shapes)
+from fp8_strategies import (any_scale, arrays, delayed_states, fp8_names, hp_names, laid_out,
+                            moderate_f32, prop, shapes)
 from fp8kit.recipe import AmaxReduction
 from jax_support import (FP8, HP, device_or_skip, expect_clear_error, fp8_array, layout_op,
                          logical_values, np_bits, source)
@@ -189,20 +189,6 @@ def check_dequantize_rejects(device, case):
 
 
 # ------------------------------------------------ delayed_scaling_update ---
-
-amax_values = st.one_of(st.sampled_from(float32_values([0.0, -1.0, 1e-45, 1e-30, 448.0, 3e38,
-                                                        float("inf"), float("nan")])),
-                        st.floats(0.0, 1e4, width=32))
-
-
-@st.composite
-def delayed_states(draw):
-    n = draw(st.integers(1, 4))
-    length = draw(st.integers(1, 5))
-    return (draw(arrays((n, length), amax_values)), draw(arrays((n,), amax_values)),
-            draw(arrays((n,), st.one_of(any_scale, scales_near_1))),
-            draw(st.lists(fp8_names, min_size=n, max_size=n)))
-
 
 @prop(max_examples=60, s=delayed_states(), margin=st.integers(0, 20),
       reduction=st.sampled_from(list(AmaxReduction)), jit=st.booleans())

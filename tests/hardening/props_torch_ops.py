@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 import fp8_reference as ref
 from clear_errors import expect_clear_error
 import fp8kit.torch as ft
-from fp8_strategies import (any_scale, arrays, float32_values, fp8_names, hp_names, laid_out,
-                            moderate_f32, prop, scales_near_1, shapes)
+from fp8_strategies import (any_scale, arrays, delayed_states, fp8_names, hp_names, laid_out,
+                            moderate_f32, prop, shapes)
 from torch_support import (HP, check_quantized, device_or_skip, fp8_tensor, laid_out_tensor,
                            scalar, values)
 
@@ -184,22 +184,6 @@ def check_dequantize_rejects(device, case):
 
 
 # ------------------------------------------------ delayed_scaling_update ---
-
-amax_values = st.one_of(st.sampled_from(float32_values([0.0, -1.0, 1e-45, 1e-30, 448.0, 3e38,
-                                                        float("inf"), float("nan")])),
-                        st.floats(0.0, 1e4, width=32))
-
-
-@st.composite
-def delayed_states(draw):
-    n = draw(st.integers(1, 4))
-    length = draw(st.integers(1, 5))
-    hist = draw(arrays((n, length), amax_values))
-    new_amax = draw(arrays((n,), amax_values))
-    scale = draw(arrays((n,), st.one_of(any_scale, scales_near_1)))
-    fmts = draw(st.lists(fp8_names, min_size=n, max_size=n))
-    return hist, new_amax, scale, fmts
-
 
 @prop(max_examples=60, s=delayed_states(), margin=st.integers(0, 20),
       reduction=st.sampled_from(["max", "most_recent"]))
