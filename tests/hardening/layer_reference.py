@@ -65,11 +65,11 @@ def quantize_slot(recipe: Recipe, state: dict, slot: str, values: np.ndarray, re
     return q, scale
 
 
-def _gemm(a, b, out: str, bias=None):
-    """(want, bound) of a @ b (+ bias) accumulated in float32, rounded to `out`."""
+def _gemm(a, b, out: str, device: str, bias=None):
+    """(want, bound) of a @ b (+ bias) accumulated on `device`, rounded to `out`."""
     with np.errstate(invalid="ignore", over="ignore"):
         want = a @ b
-        bound = ref.accumulation_bound(a, b)
+        bound = ref.accumulation_bound(a, b, device)
         if bias is not None:
             # Added in float32 to the float32 sum (once more for a float32 output).
             want = want + bias
@@ -77,22 +77,23 @@ def _gemm(a, b, out: str, bias=None):
         return want, bound + ref.rounding_bound(want, out)
 
 
-def forward(recipe: Recipe, state: dict, x2d, weight, bias, out: str, record: bool):
+def forward(recipe: Recipe, state: dict, x2d, weight, bias, out: str, record: bool,
+            device: str):
     """y = Q(x) @ Q(weight)^T (+ bias); weight is [N, K]. Returns
     (y, bound, saved) with saved = the quantized x and weight."""
     xq, _ = quantize_slot(recipe, state, "x", x2d, record)
     wq, _ = quantize_slot(recipe, state, "w", weight, record)
-    y, bound = _gemm(xq, wq.T, out, None if bias is None else bias.astype(np.float64))
+    y, bound = _gemm(xq, wq.T, out, device, None if bias is None else bias.astype(np.float64))
     return y, bound, (xq, wq)
 
 
-def backward(recipe: Recipe, state: dict, saved, dy2d, x_out: str, w_out: str):
+def backward(recipe: Recipe, state: dict, saved, dy2d, x_out: str, w_out: str, device: str):
     """dx = Q(dy) @ Q(w), dw = Q(dy)^T @ Q(x), db = column sums of dy;
     each (want, bound)."""
     xq, wq = saved
     dq, _ = quantize_slot(recipe, state, "dy", dy2d, True)
-    dx = _gemm(dq, wq, x_out)
-    dw = _gemm(dq.T, xq, w_out)
+    dx = _gemm(dq, wq, x_out, device)
+    dw = _gemm(dq.T, xq, w_out, device)
     d64 = np.asarray(dy2d, np.float64)
     db = d64.sum(axis=0)
     db_bound = (d64.shape[0] + 2) * 2.0 ** -24 * np.abs(d64).sum(axis=0) + \

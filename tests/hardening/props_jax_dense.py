@@ -64,11 +64,11 @@ def check_dense_step(device, p, r, dtype, jit):
     f32 = (lambda a: np.asarray(a).astype(np.float32))
     xv, kv = f32(x).reshape(-1, k), f32(kernel)
     bv = None if bias is None else f32(bias)
-    want_y, bound, saved = lref.forward(model, ref_state, xv, kv.T, bv, dtype, record=True)
+    want_y, bound, saved = lref.forward(model, ref_state, xv, kv.T, bv, dtype, True, device)
     assert y.shape == (*lead, n) and y.dtype == HP[dtype]
     _close(y, (want_y, bound), dtype, "y")
     want_dx, want_dw, want_db = lref.backward(model, ref_state, saved, f32(dy).reshape(-1, n),
-                                              dtype, dtype)
+                                              dtype, dtype, device)
     _close(dx, want_dx, dtype, "dx")
     _close(np.asarray(dk).T, want_dw, dtype, "dkernel")
     if bias is not None:

@@ -258,7 +258,7 @@ def check_gemm(device, p):
     av, bv = (av.T if p["trans_a"] else av), (bv.T if p["trans_b"] else bv)
     with np.errstate(invalid="ignore", over="ignore"):
         want = av @ bv
-        bound = ref.accumulation_bound(av, bv)
+        bound = ref.accumulation_bound(av, bv, device)
     bias = None
     if p["bias"] is not None:
         bias_dtype = jnp.float16 if p["out"] == "float16" else jnp.bfloat16

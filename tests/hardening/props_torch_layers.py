@@ -66,13 +66,13 @@ def check_linear_training_steps(device, p, r, dtype, with_bias):
         # The reference reads the values the layer got (rounded to dtype).
         xv, wv = values(xt).reshape(-1, k), values(layer.weight)
         bv = values(layer.bias) if with_bias else None
-        want_y, bound, saved = lref.forward(model, state, xv, wv, bv, dtype, record=True)
+        want_y, bound, saved = lref.forward(model, state, xv, wv, bv, dtype, True, device)
         assert y.shape == (*lead, n) and y.dtype == HP[dtype]
         _close(y, (want_y, bound), dtype, f"step {step} y")
         dyt = as_t(dy).reshape(*lead, n)
         y.backward(dyt)
         dx, dw, db = lref.backward(model, state, saved, values(dyt).reshape(-1, n), dtype,
-                                   dtype)
+                                   dtype, device)
         _close(xt.grad, dx, dtype, f"step {step} dx")
         _close(layer.weight.grad, dw, dtype, f"step {step} dweight")
         if with_bias:
@@ -97,7 +97,7 @@ def check_linear_no_grad_records_nothing(device, p, r):
         with ft.autocast(recipe=recipe):
             y1, y2 = layer(xt), layer(xt)
     assert torch.equal(y1.nan_to_num(), y2.nan_to_num())
-    want, bound, _ = lref.forward(model, state, x, w, b, "float32", record=False)
+    want, bound, _ = lref.forward(model, state, x, w, b, "float32", False, device)
     _close(y1, (want, bound), "float32", "no_grad y")
 
 

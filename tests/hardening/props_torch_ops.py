@@ -249,14 +249,14 @@ def gemm_problems(draw):
                 b=b, sa=sa, sb=sb, bias=bias)
 
 
-def _gemm_reference(p):
+def _gemm_reference(p, device):
     av = ref.decode(p["a"], p["fa"]) * np.float64(np.float32(p["sa"]))
     bv = ref.decode(p["b"], p["fb"]) * np.float64(np.float32(p["sb"]))
     av = av.T if p["trans_a"] else av
     bv = bv.T if p["trans_b"] else bv
     with np.errstate(invalid="ignore", over="ignore"):
         want = av @ bv
-        bound = ref.accumulation_bound(av, bv)
+        bound = ref.accumulation_bound(av, bv, device)
     return want, bound
 
 
@@ -270,7 +270,7 @@ def check_gemm(device, p):
     sa = torch.tensor([p["sa"]], dtype=torch.float32, device=dev)
     sb = torch.tensor([p["sb"]], dtype=torch.float32, device=dev)
     bias = None
-    want, bound = _gemm_reference(p)
+    want, bound = _gemm_reference(p, device)
     if p["bias"] is not None:
         bias_dtype = torch.float16 if out == torch.float16 else torch.bfloat16
         bias = torch.from_numpy(p["bias"]).to(bias_dtype).to(dev)
