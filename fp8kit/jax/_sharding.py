@@ -39,10 +39,11 @@ when the layout is already that one).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 
 def mesh_in_context() -> bool:
@@ -90,6 +91,25 @@ def retype(x, spec):
     if spec is None:
         return x
     return jax.sharding.reshard(x, spec)
+
+
+def per_shard(lower):
+    """Decorates a partition callback's per-shard function: it is traced
+    with the mesh's axes typed Auto. JAX traces it under the caller's mesh;
+    with Explicit axes it would type the scalars of each collective's
+    reduction (pmax, psum) with that mesh and annotate them with a sharding
+    inside the all-reduce's reducer, which XLA's GPU backend cannot lower
+    (it aborts compiling, failing to recognise the reduction). The shards
+    are already laid out by then, so the types carry nothing."""
+    @functools.wraps(lower)
+    def traced_with_auto_axes(*args):
+        am = jax.sharding.get_abstract_mesh()
+        if am.empty or not am.explicit_axes:
+            return lower(*args)
+        auto = am.update_axis_types({a: AxisType.Auto for a in am.axis_names})
+        with jax.sharding.use_abstract_mesh(auto):
+            return lower(*args)
+    return traced_with_auto_axes
 
 
 def spec_axes(spec, dim: int) -> tuple[str, ...]:

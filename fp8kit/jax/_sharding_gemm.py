@@ -63,6 +63,7 @@ def _arg_shardings(layout, mesh, m_axes, k_axes, n_axes, has_bias):
 def _partition(layout: GemmLayout, mesh, arg_shapes, result_shape):
     m_axes, k_axes, n_axes = _plan(layout, mesh, arg_shapes)
 
+    @sh.per_shard
     def lower(a, a_scale_inv, b, b_scale_inv, *bias):
         if not k_axes:
             return _ffi.gemm_call(layout, a, a_scale_inv, b, b_scale_inv, *bias)

@@ -28,6 +28,7 @@ def _amax_partition(mesh, arg_shapes, result_shape):
     dims = [sh.even(mesh, d, a) for d, a in zip(x.shape, sh.spec(x))]
     axes = sh.flat_axes(dims)
 
+    @sh.per_shard
     def lower(x):
         a = _ffi.amax_call(x)
         return jax.lax.pmax(a, axes) if axes else a
@@ -102,6 +103,7 @@ def _quantize_partition(fmt, rowwise, columnwise, mesh, arg_shapes, result_shape
     dims = _x_dims(mesh, x, columnwise)
     axes = sh.flat_axes(dims)
 
+    @sh.per_shard
     def lower(x, scale):
         data, columnwise_data, scale_inv, amax = _ffi.quantize_call(x, scale, fmt, rowwise,
                                                                     columnwise)
@@ -171,6 +173,7 @@ def _current_partition(fmt, rowwise, columnwise, amax_epsilon, power_2_scale, su
     dims = _x_dims(mesh, x, columnwise)
     axes = sh.flat_axes(dims)
 
+    @sh.per_shard
     def lower(x):
         if not axes:  # every device holds the whole tensor: the fused kernel
             return _ffi.quantize_current_scaling_call(x, fmt, rowwise, columnwise, amax_epsilon,
@@ -260,6 +263,7 @@ def _delayed_partition(call: _ffi.DelayedQuantize, mesh, arg_shapes, result_shap
     local = dataclasses.replace(call, sums_dtypes=tuple(
         _local_sums_dtype(d, s) for d, s in zip(dims_per_input, call.sums_dtypes)))
 
+    @sh.per_shard
     def lower(amax_history, scale, seeded, *xs):
         # The state must not move on a shard's amax: each sharded input's
         # global amax (pmax over the axes it is split on) starts the core's
