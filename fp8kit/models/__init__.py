@@ -1,0 +1,8 @@
+"""A small Llama-style decoder trained in FP8 with fp8kit, in PyTorch and
+in JAX: the same architecture, initial weights and arithmetic in both.
+
+    config.py       LlamaConfig (frozen) and the named configs
+    init.py         the initial weights (NumPy, from a seed) and rotary tables
+    llama_torch.py  the model in PyTorch (fp8kit.torch.Linear projections)
+    llama_jax.py    the model in JAX (fp8kit.jax.dense projections)
+"""

@@ -1,0 +1,112 @@
+"""The Llama-style decoder in JAX: pure functions over a params pytree
+(fp8kit/models/init.py's layout) and, under delayed scaling, a pytree of
+fp8kit.jax.DelayedScalingStates, one per FP8 projection.
+
+The same model as fp8kit/models/llama_torch.py, computed the same way:
+float32 master weights cast to bf16 where a projection reads them, a
+float32 residual stream, norms and rotary rotation in float32, causal
+attention in bf16 (jax.nn.dot_product_attention), the seven projections of
+every layer through fp8kit.jax.dense with a recipe and plain bf16 dots
+with recipe=None (no fp8kit call at all), the output head in bf16.
+
+Delayed scaling's state leaves as its "gradient" (fp8kit.jax.dense's
+convention): differentiate the loss with respect to (params, fp8_states)
+and take the states' cotangent as the next states.
+
+norm_qkv and norm_mlp are the seams for fused layers (LayerNormLinear,
+LayerNormMLP): each is the norm and the projections after it.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+import fp8kit.jax as fj
+from fp8kit.models.config import LlamaConfig
+from fp8kit.models.init import PROJECTIONS, rope_tables
+from fp8kit.recipe import DelayedScaling
+
+BF16, F32 = jnp.bfloat16, jnp.float32
+
+
+def create_fp8_states(cfg: LlamaConfig, recipe):
+    """{"layers": [{projection: DelayedScalingState}]} under DelayedScaling;
+    None under CurrentScaling (stateless) or recipe=None."""
+    if not isinstance(recipe, DelayedScaling):
+        return None
+    return {"layers": [{name: fj.DelayedScalingState.create(recipe) for name in PROJECTIONS}
+                       for _ in range(cfg.layers)]}
+
+
+def project(x, kernel, state, recipe):
+    """x bf16 [..., in] @ kernel [in, out], the float32 kernel cast to bf16
+    first (as torch.autocast does): FP8 through fp8kit with a recipe."""
+    kernel = kernel.astype(BF16)
+    if recipe is None:
+        return jnp.dot(x, kernel)
+    return fj.dense(x, kernel, state=state, recipe=recipe)
+
+
+def rms_norm(x, weight, eps: float):
+    x = x.astype(F32)
+    x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+    return (x * weight).astype(BF16)
+
+
+def apply_rope(x, cos, sin):
+    """x [batch, seq, heads, head_dim]; cos, sin [seq, head_dim // 2]."""
+    x1, x2 = jnp.split(x.astype(F32), 2, axis=-1)
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(BF16)
+
+
+def _state(states, name):
+    return None if states is None else states[name]
+
+
+def norm_qkv(p, states, x, cfg: LlamaConfig, recipe):
+    h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
+    return tuple(project(h, p[n], _state(states, n), recipe) for n in ("wq", "wk", "wv"))
+
+
+def attention(p, states, x, cos, sin, cfg: LlamaConfig, recipe):
+    b, s, _ = x.shape
+    q, k, v = norm_qkv(p, states, x, cfg, recipe)
+    q = apply_rope(q.reshape(b, s, cfg.heads, cfg.head_dim), cos, sin)
+    k = apply_rope(k.reshape(b, s, cfg.num_kv_heads, cfg.head_dim), cos, sin)
+    v = v.reshape(b, s, cfg.num_kv_heads, cfg.head_dim)
+    o = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    return project(o.reshape(b, s, cfg.hidden), p["wo"], _state(states, "wo"), recipe)
+
+
+def norm_mlp(p, states, x, cfg: LlamaConfig, recipe):
+    h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
+    gate = project(h, p["w_gate"], _state(states, "w_gate"), recipe)
+    up = project(h, p["w_up"], _state(states, "w_up"), recipe)
+    g = jax.nn.silu(gate.astype(F32)) * up.astype(F32)
+    return project(g.astype(BF16), p["w_down"], _state(states, "w_down"), recipe)
+
+
+def forward(params, fp8_states, tokens, cfg: LlamaConfig, recipe):
+    """tokens int32 [batch, seq] -> float32 logits [batch, seq, vocab]."""
+    s = tokens.shape[1]
+    if s > cfg.seq_len:
+        raise ValueError(f"llama_jax.forward: sequence of {s} tokens is longer than the "
+                         f"config's seq_len={cfg.seq_len}")
+    cos, sin = (jnp.asarray(t[:s]) for t in rope_tables(cfg))
+    x = params["embed"][tokens]                       # the float32 residual stream
+    for i, p in enumerate(params["layers"]):
+        states = None if fp8_states is None else fp8_states["layers"][i]
+        x = x + attention(p, states, x, cos, sin, cfg, recipe)
+        x = x + norm_mlp(p, states, x, cfg, recipe)
+    h = rms_norm(x, params["final_norm"], cfg.norm_eps)
+    # The output head stays in bf16 whatever the recipe, as FP8 training
+    # recipes usually keep it: FP8 logits measurably hurt the loss.
+    return jnp.dot(h, params["lm_head"].astype(BF16)).astype(F32)
+
+
+def cross_entropy(logits, targets):
+    """Mean next-token loss (nats) over every position."""
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))

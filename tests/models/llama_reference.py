@@ -1,0 +1,60 @@
+"""The decoder's forward pass in float64 NumPy, written from the
+architecture's definition (not from either framework's model): the
+independent reference the PyTorch and JAX models are compared with."""
+
+import numpy as np
+
+
+def _rms_norm(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def _rope(x, pos, theta):
+    """x [seq, heads, head_dim]: pairs (i, i + head_dim/2) rotated by pos * theta**(-2i/hd)."""
+    hd = x.shape[-1]
+    freq = theta ** (-np.arange(hd // 2) * 2.0 / hd)
+    ang = pos[:, None, None] * freq[None, None, :]
+    a, b = x[..., :hd // 2], x[..., hd // 2:]
+    return np.concatenate([a * np.cos(ang) - b * np.sin(ang),
+                           b * np.cos(ang) + a * np.sin(ang)], axis=-1)
+
+
+def _softmax(z):
+    z = z - z.max(-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(-1, keepdims=True)
+
+
+def logits(params, tokens, cfg):
+    """tokens [batch, seq] -> float64 logits [batch, seq, vocab]."""
+    p64 = lambda a: np.asarray(a, np.float64)  # noqa: E731
+    out = []
+    for seq in tokens:
+        s = len(seq)
+        pos = np.arange(s, dtype=np.float64)
+        x = p64(params["embed"])[seq]
+        for lp in params["layers"]:
+            h = _rms_norm(x, p64(lp["attn_norm"]), cfg.norm_eps)
+            q = (h @ p64(lp["wq"])).reshape(s, cfg.heads, cfg.head_dim)
+            k = (h @ p64(lp["wk"])).reshape(s, cfg.num_kv_heads, cfg.head_dim)
+            v = (h @ p64(lp["wv"])).reshape(s, cfg.num_kv_heads, cfg.head_dim)
+            q, k = _rope(q, pos, cfg.rope_theta), _rope(k, pos, cfg.rope_theta)
+            group = cfg.heads // cfg.num_kv_heads
+            o = np.empty_like(q)
+            causal = np.tril(np.ones((s, s), bool))
+            for head in range(cfg.heads):
+                kv = head // group
+                scores = q[:, head] @ k[:, kv].T / np.sqrt(cfg.head_dim)
+                o[:, head] = _softmax(np.where(causal, scores, -np.inf)) @ v[:, kv]
+            x = x + o.reshape(s, cfg.hidden) @ p64(lp["wo"])
+            h = _rms_norm(x, p64(lp["mlp_norm"]), cfg.norm_eps)
+            gate, up = h @ p64(lp["w_gate"]), h @ p64(lp["w_up"])
+            x = x + (gate / (1 + np.exp(-gate)) * up) @ p64(lp["w_down"])
+        out.append(_rms_norm(x, p64(params["final_norm"]), cfg.norm_eps) @ p64(params["lm_head"]))
+    return np.stack(out)
+
+
+def cross_entropy(logits64, targets):
+    z = logits64 - logits64.max(-1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    return -np.mean(np.take_along_axis(logp, targets[..., None], axis=-1))

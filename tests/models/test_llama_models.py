@@ -1,0 +1,201 @@
+"""The decoder in PyTorch and in JAX against a float64 NumPy forward
+(llama_reference.py): the same weights and tokens give the reference's
+logits within bf16's precision in both frameworks, and within FP8's with a
+recipe; the bf16 model holds no fp8kit layer and makes no fp8kit call."""
+
+import collections
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from jax.extend.core import jaxprs_in_params
+
+import fp8kit.torch as ft
+from fp8kit.models import llama_jax, llama_torch
+from fp8kit.models.config import CONFIGS, LlamaConfig, ffn_width
+from fp8kit.models.init import PROJECTIONS, init_params
+from fp8kit.recipe import CurrentScaling, DelayedScaling
+
+import llama_reference as ref
+from small_config import SMALL
+
+# A larger init than training's 0.02, so that the logits vary (by ~1) and
+# a wrong rotation, mask or head grouping changes them visibly.
+CFG = dataclasses.replace(SMALL, init_std=0.1)
+RECIPES = {"bf16": None, "delayed": DelayedScaling(), "current": CurrentScaling()}
+
+
+@pytest.fixture(scope="module")
+def params():
+    return init_params(CFG, seed=3)
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    return np.random.default_rng(4).integers(0, 256, size=(2, CFG.seq_len)).astype(np.int32)
+
+
+@pytest.fixture(scope="module")
+def reference(params, tokens):
+    return ref.logits(params, tokens, CFG)
+
+
+def torch_logits(params, tokens, recipe):
+    model = llama_torch.Llama(CFG, recipe)
+    llama_torch.load_params(model, params)
+    with torch.no_grad():
+        return model(torch.from_numpy(tokens).long()).numpy().astype(np.float64)
+
+
+def jax_logits(params, tokens, recipe):
+    states = llama_jax.create_fp8_states(CFG, recipe)
+    out = llama_jax.forward(jax.tree.map(jnp.asarray, params), states, jnp.asarray(tokens),
+                            CFG, recipe)
+    return np.asarray(out, np.float64)
+
+
+LOGITS = {"torch": torch_logits, "jax": jax_logits}
+
+
+def _relative_rms(got, want):
+    return float(np.sqrt(np.mean((got - want) ** 2) / np.mean((want - want.mean()) ** 2)))
+
+
+@pytest.mark.parametrize("framework", LOGITS)
+def test_bf16_logits_match_the_float64_reference(framework, params, tokens, reference):
+    got = LOGITS[framework](params, tokens, None)
+    assert reference.std() > 0.5  # the comparison below is not between near-zeros
+    # bf16 keeps 8 bits: each rounding costs up to 0.4%, a few dozen
+    # roundings in a row land near 1% of the logits' spread.
+    assert _relative_rms(got, reference) < 0.02
+    assert np.abs(got - reference).max() < 0.1
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "current"])
+@pytest.mark.parametrize("framework", LOGITS)
+def test_fp8_logits_track_the_reference(framework, recipe, params, tokens, reference):
+    got = LOGITS[framework](params, tokens, RECIPES[recipe])
+    bf16 = LOGITS[framework](params, tokens, None)
+    # E4M3 keeps 4 bits (6% per rounding): several times bf16's error, far
+    # below what a wrong scale or a transposed kernel gives (~100%).
+    err = _relative_rms(got, reference)
+    assert 2 * _relative_rms(bf16, reference) < err < 0.2
+
+
+def test_torch_and_jax_give_the_same_bf16_loss(params, tokens, reference):
+    targets = tokens[:, 1:]
+    want = ref.cross_entropy(reference[:, :-1], targets)
+    losses = {}
+    for name, fn in LOGITS.items():
+        logits = fn(params, tokens, None)[:, :-1]
+        losses[name] = ref.cross_entropy(logits, targets)
+    assert abs(want - np.log(256)) > 0.1  # the weights, not a uniform guess, set the loss
+    for name, loss in losses.items():
+        assert abs(loss - want) < 0.01, (name, loss, want)
+    assert abs(losses["torch"] - losses["jax"]) < 0.01
+
+
+def _count_fp8kit_layers(model):
+    return sum(isinstance(m, ft.Linear) for m in model.modules())
+
+
+def test_torch_bf16_model_has_no_fp8kit_layer():
+    bf16 = llama_torch.Llama(SMALL, None)
+    fp8 = llama_torch.Llama(SMALL, DelayedScaling())
+    assert _count_fp8kit_layers(bf16) == 0
+    assert _count_fp8kit_layers(fp8) == len(PROJECTIONS) * SMALL.layers
+    assert type(fp8.lm_head) is torch.nn.Linear  # the head stays bf16
+    # Same parameters either way: a bf16 and an FP8 model load one checkpoint.
+    assert ({k for k in bf16.state_dict()} ==
+            {k for k in fp8.state_dict() if not k.endswith("_extra_state")})
+
+
+def _primitive_counts(recipe):
+    states = llama_jax.create_fp8_states(SMALL, recipe)
+    params = jax.tree.map(jnp.asarray, init_params(SMALL, 0))
+    tokens = jnp.zeros((1, SMALL.seq_len), jnp.int32)
+    jaxpr = jax.make_jaxpr(lambda p, s: llama_jax.forward(p, s, tokens, SMALL, recipe))(
+        params, states)
+    counts = collections.Counter()
+
+    def walk(j):
+        for eqn in j.eqns:
+            counts[eqn.primitive.name] += 1
+            for sub in jaxprs_in_params(eqn.params):
+                walk(sub)
+    walk(jaxpr.jaxpr)
+    return counts
+
+
+def test_jax_bf16_model_makes_no_fp8kit_call():
+    bf16, fp8 = _primitive_counts(None), _primitive_counts(DelayedScaling())
+    assert bf16["ffi_call"] == 0 and bf16["custom_vjp_call"] == 0
+    # Every projection is one fp8kit.jax.dense (a custom_vjp over FFI calls);
+    # the head and attention's two products per layer stay dots.
+    assert fp8["custom_vjp_call"] == len(PROJECTIONS) * SMALL.layers
+    assert fp8["ffi_call"] > 0
+    assert fp8["dot_general"] == 1 + 2 * SMALL.layers
+    assert bf16["dot_general"] == fp8["dot_general"] + len(PROJECTIONS) * SMALL.layers
+
+
+def test_load_params_transposes_kernels_into_weights(params):
+    model = llama_torch.Llama(CFG)
+    llama_torch.load_params(model, params)
+    layer = model.layers[1]
+    np.testing.assert_array_equal(layer.attention.qkv.wk.weight.detach().numpy(),
+                                  params["layers"][1]["wk"].T)
+    np.testing.assert_array_equal(layer.mlp.w_down.weight.detach().numpy(),
+                                  params["layers"][1]["w_down"].T)
+    np.testing.assert_array_equal(model.lm_head.weight.detach().numpy(), params["lm_head"].T)
+    other = init_params(dataclasses.replace(CFG, ffn=64), seed=0)
+    with pytest.raises(ValueError, match="does not fit parameter of shape"):
+        llama_torch.load_params(model, other)
+
+
+def test_init_is_seeded_and_scales_residual_outputs():
+    cfg = LlamaConfig(hidden=256, layers=8, heads=4, ffn=512, seq_len=16)
+    a, b, c = init_params(cfg, 1), init_params(cfg, 1), init_params(cfg, 2)
+    np.testing.assert_array_equal(a["layers"][3]["wq"], b["layers"][3]["wq"])
+    assert not np.array_equal(a["layers"][3]["wq"], c["layers"][3]["wq"])
+    layer = a["layers"][0]
+    for name in PROJECTIONS:
+        assert layer[name].dtype == np.float32
+        want = cfg.init_std / (4.0 if name in ("wo", "w_down") else 1.0)  # sqrt(2 * 8) = 4
+        assert abs(layer[name].std() / want - 1) < 0.02, name
+    assert np.all(layer["attn_norm"] == 1)
+
+
+def test_sequences_longer_than_the_config_are_refused():
+    long = np.zeros((1, SMALL.seq_len + 1), np.int32)
+    model = llama_torch.Llama(SMALL)
+    with pytest.raises(ValueError, match="longer than the config's seq_len=32"):
+        model(torch.from_numpy(long).long())
+    with pytest.raises(ValueError, match="longer than the config's seq_len=32"):
+        llama_jax.forward(jax.tree.map(jnp.asarray, init_params(SMALL, 0)), None,
+                          jnp.asarray(long), SMALL, None)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(hidden=104, heads=4), "hidden=104 must be a multiple of 16"),
+    (dict(hidden=96, heads=5), "must be a multiple of heads=5"),
+    (dict(hidden=48, heads=16), "head_dim = hidden / heads = 3 must be even"),
+    (dict(heads=4, kv_heads=3), "kv_heads=3 must divide heads=4"),
+    (dict(ffn=100), "ffn=100 must be a multiple of 16"),
+    (dict(hidden=64, heads=8, kv_heads=1), "kv_width=8 must be a multiple of 16"),
+    (dict(layers=0), "layers must be an int >= 1"),
+    (dict(seq_len=True), "seq_len must be an int >= 1"),
+])
+def test_bad_configs_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        LlamaConfig(**kwargs)
+
+
+def test_named_configs():
+    one_b, slice_8b = CONFIGS["1b"], CONFIGS["8b_slice"]
+    assert ffn_width(2048) == 5632 and one_b.ffn == 5632
+    assert (one_b.hidden, one_b.layers, one_b.heads, one_b.seq_len) == (2048, 16, 16, 2048)
+    assert (slice_8b.hidden, slice_8b.ffn, slice_8b.heads, slice_8b.num_kv_heads,
+            slice_8b.layers, slice_8b.seq_len) == (4096, 14336, 32, 8, 4, 4096)
