@@ -5,4 +5,9 @@ in JAX: the same architecture, initial weights and arithmetic in both.
     init.py         the initial weights (NumPy, from a seed) and rotary tables
     llama_torch.py  the model in PyTorch (fp8kit.torch.Linear projections)
     llama_jax.py    the model in JAX (fp8kit.jax.dense projections)
+    data.py         the corpus (Python's own library source), byte tokenizer, batches
+    schedule.py     TrainConfig and the warmup + cosine learning rate
+    checkpoint.py   what a checkpoint records besides tensors, checked on load
+    train_torch.py  TorchTrainer: AdamW, clipping, checkpoint and exact resume
+    train_jax.py    JaxTrainer: the same, one jit-compiled step
 """

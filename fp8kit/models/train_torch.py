@@ -1,0 +1,101 @@
+"""Training the decoder in PyTorch: AdamW on float32 master weights,
+global-norm gradient clipping, warmup + cosine learning rate
+(fp8kit/models/schedule.py), batches from fp8kit/models/data.py, and
+checkpoints that resume exactly.
+
+    trainer = TorchTrainer(LlamaConfig(), TrainConfig(), DelayedScaling())
+    for _ in range(100):
+        loss = trainer.train_step()
+    trainer.save("ckpt.pt")              # later: trainer.load("ckpt.pt")
+
+A checkpoint holds the model's state_dict (weights, and each
+fp8kit.torch.Linear's FP8 scaling state in its _extra_state), the
+optimizer's state, the step, and the batch sampler's state (data position
+and generator state; the model has no dropout, so that generator is the
+run's only randomness). It loads with torch.load(weights_only=True).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from fp8kit.models import checkpoint, data
+from fp8kit.models.config import LlamaConfig
+from fp8kit.models.init import init_params
+from fp8kit.models.llama_torch import Llama, load_params
+from fp8kit.models.schedule import TrainConfig, decays, learning_rate
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class TorchTrainer:
+    """One training run. recipe None trains in bf16; params (NumPy, as
+    init_params makes them) default to init_params(model_cfg, train_cfg.seed)."""
+
+    framework = "torch"
+
+    def __init__(self, model_cfg: LlamaConfig, train_cfg: TrainConfig, recipe=None,
+                 params: dict | None = None, device=None):
+        self.model_cfg, self.train_cfg, self.recipe = model_cfg, train_cfg, recipe
+        self.device = torch.device(device) if device is not None else default_device()
+        self.model = Llama(model_cfg, recipe, self.device)
+        load_params(self.model, params if params is not None
+                    else init_params(model_cfg, train_cfg.seed))
+        params = list(self.model.parameters())
+        groups = [{"params": [p for p in params if decays(p.ndim)],
+                   "weight_decay": train_cfg.weight_decay},
+                  {"params": [p for p in params if not decays(p.ndim)], "weight_decay": 0.0}]
+        self.optimizer = torch.optim.AdamW(groups, lr=train_cfg.lr, eps=train_cfg.eps,
+                                           betas=(train_cfg.beta1, train_cfg.beta2))
+        train_tokens, _ = data.split(data.corpus())
+        self.sampler = data.BatchSampler(train_tokens, train_cfg.batch, model_cfg.seq_len,
+                                         train_cfg.seed)
+        self.step = 0
+
+    def _loss(self, batch: torch.Tensor) -> torch.Tensor:
+        logits = self.model(batch[:, :-1])
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+
+    def _tensor(self, batch) -> torch.Tensor:
+        return torch.from_numpy(batch).long().to(self.device)
+
+    def train_step(self) -> float:
+        """One optimizer step on the next batch; returns its loss (before the step)."""
+        batch = self._tensor(self.sampler.next())
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate(self.step, self.train_cfg)
+        loss = self._loss(batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train_cfg.clip_norm)
+        self.optimizer.step()
+        self.step += 1
+        return loss.item()
+
+    @torch.no_grad()
+    def evaluate(self, batches) -> float:
+        """Mean loss over NumPy batches [batch, seq_len + 1]; the FP8
+        scaling state is read, not updated (no gradients are computed)."""
+        losses = [self._loss(self._tensor(b)).item() for b in batches]
+        return sum(losses) / len(losses)
+
+    def _description(self) -> dict:
+        return checkpoint.run_description(self.model_cfg, self.train_cfg, self.recipe)
+
+    def save(self, path) -> None:
+        state = {"format": checkpoint.FORMAT, "run": self._description(), "step": self.step,
+                 "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "sampler": self.sampler.state_dict()}
+        checkpoint.replace_atomically(lambda f: torch.save(state, f), path)
+
+    def load(self, path) -> None:
+        state = torch.load(path, map_location=self.device, weights_only=True)
+        checkpoint.check_format(state.get("format"), path)
+        checkpoint.check_compatible(state["run"], self._description(), path)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.step = int(state["step"])

@@ -1,0 +1,184 @@
+"""The training loops: exact resume from a checkpoint (bit-identical losses
+and weights, FP8 scaling state included), FP8 tracking bf16, the JAX
+optimizer against torch.optim.AdamW, the schedule and the batches."""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from fp8kit.models import data
+from fp8kit.models.schedule import TrainConfig, learning_rate
+from fp8kit.models.train_jax import JaxTrainer, _adamw, _clip_by_global_norm
+from fp8kit.models.train_torch import TorchTrainer
+from fp8kit.recipe import DelayedScaling
+
+from small_config import SMALL, SMALL_TRAIN
+
+TRAINERS = {"torch": TorchTrainer, "jax": JaxTrainer}
+DELAYED = DelayedScaling(amax_history_len=4)
+
+
+def _snapshot(trainer):
+    """Every number the run's future depends on, as NumPy arrays."""
+    if trainer.framework == "torch":
+        def plain(v):
+            if isinstance(v, torch.Tensor):
+                return v.detach().cpu().numpy().copy()
+            if isinstance(v, dict):
+                return {k: plain(x) for k, x in v.items()}
+            if isinstance(v, (list, tuple)):
+                return [plain(x) for x in v]
+            return v
+        return plain({"model": trainer.model.state_dict(),
+                      "optimizer": trainer.optimizer.state_dict()["state"]})
+    trees = {"params": trainer.params, "opt": trainer.opt_state, "fp8": trainer.fp8_states}
+    return {jax.tree_util.keystr(path): np.asarray(leaf)
+            for path, leaf in jax.tree_util.tree_leaves_with_path(trees)}
+
+
+def _assert_identical(a, b, where=""):
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            _assert_identical(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_identical(x, y, f"{where}[{i}]")
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape, where
+        assert a.tobytes() == b.tobytes(), where   # bit for bit
+    else:
+        assert a == b, where
+
+
+@pytest.mark.parametrize("framework", TRAINERS)
+def test_resume_is_bit_exact(framework, tmp_path):
+    """4 steps straight == 2 steps, save, load into a new trainer, 2 steps."""
+    cls, steps = TRAINERS[framework], 4
+    straight = cls(SMALL, SMALL_TRAIN, DELAYED)
+    want = [straight.train_step() for _ in range(steps)]
+
+    first = cls(SMALL, SMALL_TRAIN, DELAYED)
+    got = [first.train_step() for _ in range(steps // 2)]
+    path = tmp_path / "ckpt"
+    first.save(path)
+    resumed = cls(SMALL, SMALL_TRAIN, DELAYED)
+    resumed.load(path)
+    assert resumed.step == steps // 2 and resumed.sampler.position == steps // 2
+    got += [resumed.train_step() for _ in range(steps - steps // 2)]
+
+    assert got == want  # float equality: the same bits
+    assert len(set(want)) == steps  # the steps did change something
+    _assert_identical(_snapshot(resumed), _snapshot(straight))
+
+
+@pytest.mark.parametrize("framework", TRAINERS)
+def test_a_checkpoint_of_another_run_is_refused(framework, tmp_path):
+    cls = TRAINERS[framework]
+    cls(SMALL, SMALL_TRAIN, DELAYED).save(tmp_path / "ckpt")
+    with pytest.raises(ValueError, match=r"recipe: saved .*DelayedScaling.*now None"):
+        cls(SMALL, SMALL_TRAIN, None).load(tmp_path / "ckpt")
+    with pytest.raises(ValueError, match=r"train.batch: saved 2, now 3"):
+        cls(SMALL, dataclasses.replace(SMALL_TRAIN, batch=3), DELAYED).load(tmp_path / "ckpt")
+
+
+@pytest.mark.parametrize("framework", TRAINERS)
+def test_fp8_training_tracks_bf16(framework):
+    cls, steps = TRAINERS[framework], 6
+    fp8, bf16 = cls(SMALL, SMALL_TRAIN, DELAYED), cls(SMALL, SMALL_TRAIN, None)
+    fp8_losses = [fp8.train_step() for _ in range(steps)]
+    bf16_losses = [bf16.train_step() for _ in range(steps)]
+    assert abs(fp8_losses[0] - math.log(256)) < 0.1   # starts as a uniform guess
+    assert fp8_losses[-1] < fp8_losses[0] - 0.5        # and learns
+    # Same weights, same batches: a wrong scale or transpose in the FP8
+    # path is off by far more.
+    for a, b in zip(fp8_losses, bf16_losses):
+        assert abs(a - b) < 0.03, (fp8_losses, bf16_losses)
+    # Evaluation reads the FP8 state without recording into it.
+    before = _snapshot(fp8)
+    held_out = data.eval_batches(data.split(data.corpus())[1], 1, 2, SMALL.seq_len)
+    assert abs(fp8.evaluate(held_out) - bf16.evaluate(held_out)) < 0.03
+    _assert_identical(_snapshot(fp8), before)
+
+
+def test_jax_adamw_matches_torch_adamw():
+    """_adamw and _clip_by_global_norm against torch.optim.AdamW and
+    clip_grad_norm_ (the PyTorch trainer's), in float32, over 5 steps."""
+    cfg = TrainConfig(lr=1e-2, weight_decay=0.1, clip_norm=0.5)
+    rng = np.random.default_rng(0)
+    p0 = {"w": rng.normal(size=(4, 3)).astype(np.float32),
+          "g": rng.normal(size=(3,)).astype(np.float32)}
+    grads = [{k: (3 * rng.normal(size=v.shape)).astype(np.float32) for k, v in p0.items()}
+             for _ in range(5)]
+    tp = {k: torch.nn.Parameter(torch.from_numpy(v.copy())) for k, v in p0.items()}
+    opt = torch.optim.AdamW([{"params": [tp["w"]], "weight_decay": cfg.weight_decay},
+                             {"params": [tp["g"]], "weight_decay": 0.0}], lr=cfg.lr,
+                            betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    jp = jax.tree.map(jnp.asarray, p0)
+    jopt = {"count": jnp.zeros((), jnp.int32), "m": jax.tree.map(jnp.zeros_like, jp),
+            "v": jax.tree.map(jnp.zeros_like, jp)}
+    for g in grads:
+        for k in tp:
+            tp[k].grad = torch.from_numpy(g[k].copy())
+        torch.nn.utils.clip_grad_norm_(tp.values(), cfg.clip_norm)
+        opt.step()
+        jg = _clip_by_global_norm(jax.tree.map(jnp.asarray, g), cfg.clip_norm)
+        jp, jopt = _adamw(jp, jg, jopt, cfg.lr, cfg)
+    for k in p0:
+        assert not np.allclose(p0[k], tp[k].detach().numpy(), atol=1e-2)  # it moved
+        np.testing.assert_allclose(np.asarray(jp[k]), tp[k].detach().numpy(), rtol=1e-5,
+                                   atol=1e-6)
+
+
+def test_learning_rate_schedule():
+    cfg = TrainConfig(steps=101, lr=1.0, warmup_steps=10, min_lr_ratio=0.1)
+    assert learning_rate(0, cfg) == pytest.approx(0.1)      # warmup: 1/10 of the peak
+    assert learning_rate(4, cfg) == pytest.approx(0.5)
+    assert learning_rate(9, cfg) == pytest.approx(1.0)      # the peak
+    assert learning_rate(10, cfg) == pytest.approx(1.0)     # cosine starts at the peak,
+    assert learning_rate(55, cfg) == pytest.approx(0.55)    # is halfway at mid-decay,
+    assert learning_rate(100, cfg) == pytest.approx(0.1)    # ends at lr * min_lr_ratio
+    rates = [learning_rate(s, cfg) for s in range(10, 101)]
+    assert all(a >= b for a, b in zip(rates, rates[1:]))
+
+
+def test_batches_are_seeded_windows_of_the_corpus():
+    tokens = data.corpus()
+    assert tokens.dtype == np.int32 and len(tokens) > 500_000
+    assert tokens.min() >= 0 and tokens.max() < data.VOCAB
+    assert data.decode(data.encode("def f():  # ü")) == "def f():  # ü"
+    a = data.BatchSampler(tokens, 3, 16, seed=5)
+    b = data.BatchSampler(tokens, 3, 16, seed=5)
+    first = a.next()
+    assert first.shape == (3, 17)
+    np.testing.assert_array_equal(first, b.next())
+    # Each row is a contiguous window of the corpus.
+    text = tokens.tobytes()
+    for row in first:
+        assert row.tobytes() in text
+    # The state round-trips: a sampler restored from it continues identically.
+    state = a.state_dict()
+    c = data.BatchSampler(tokens, 3, 16, seed=99)
+    c.load_state_dict(state)
+    assert c.position == 1
+    np.testing.assert_array_equal(c.next(), a.next())
+    with pytest.raises(ValueError, match="not a sampler state"):
+        c.load_state_dict({"position": 1})
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(steps=0), "steps must be an int >= 1"),
+    (dict(batch=2.0), "batch must be an int >= 1"),
+    (dict(warmup_steps=-1), "warmup_steps must be an int >= 0"),
+    (dict(min_lr_ratio=2.0), "min_lr_ratio=2.0 in \\[0, 1\\]"),
+    (dict(clip_norm=0.0), "clip_norm=0.0 must be > 0"),
+])
+def test_bad_train_configs_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**kwargs)
