@@ -1,7 +1,9 @@
-"""python -m fp8kit.demo on the CPU, small: it trains in FP8 and bf16 in
-both frameworks, prints the loss table, writes the PNG and the JSON, and
-the FP8 runs learn about as well as the bf16 runs."""
+"""python -m fp8kit.demo on the CPU, small: it trains the decoder in FP8
+and bf16 in both frameworks, prints progress and the table, writes the PNG
+and the JSON, and the FP8 runs learn as the bf16 runs do."""
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -15,32 +17,35 @@ pytest.importorskip("matplotlib")
 
 from fp8kit import demo  # noqa: E402
 
-# Small enough for 2 CPU cores in well under a minute; the default run is larger.
-SMALL = ["--steps", "30", "--batch", "64", "--hidden", "64", "--blocks", "1", "--cpu"]
+STEPS = 12
+# A one-layer decoder on 4 x 32 tokens per step: about 20 s on 2 CPU cores.
+SMALL = ["--steps", str(STEPS), "--batch", "4", "--seq-len", "32", "--hidden", "64",
+         "--layers", "1", "--ffn", "128", "--cpu"]
 
 
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo") / "loss.png"
-    import contextlib
-    import io
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         rc = demo.main(SMALL + ["--out", str(out)])
     return rc, buf.getvalue(), out
 
 
-def test_runs_and_prints_the_table(demo_run):
+def _runs(out):
+    doc = json.loads(out.with_suffix(".json").read_text())
+    return doc, {(r["framework"], r["precision"]): r for r in doc["runs"]}
+
+
+def test_prints_progress_and_the_table(demo_run):
     rc, stdout, out = demo_run
     assert rc == 0, stdout
-    assert "FP8 train" in stdout and "bf16 train" in stdout
-    # Progress lines for every run, one table row per framework.
-    for label in ("jax fp8", "jax bf16", "torch fp8", "torch bf16"):
-        assert f"[{label}" in stdout
-    table_rows = [ln for ln in stdout.splitlines() if ln.startswith(("jax ", "torch "))
-                  and "|" in ln]
-    assert len(table_rows) == 2, stdout
-    assert "text sampled from the FP8 jax model" in stdout
+    for label in ("jax FP8", "jax bf16", "torch FP8", "torch bf16"):
+        assert f"[{label}" in stdout                       # progress lines
+    rows = [ln for ln in stdout.splitlines() if ln.startswith(("jax ", "torch ")) and "|" in ln]
+    assert len(rows) == 4, stdout                            # one table row per run
+    assert "tokens/s" in stdout and "held-out" in stdout
+    assert "4 x 32 = 128 tokens" in stdout
     assert str(out.resolve()) in stdout
 
 
@@ -48,40 +53,38 @@ def test_writes_png_and_json(demo_run):
     _, _, out = demo_run
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert out.stat().st_size > 10_000
-    doc = json.loads(out.with_suffix(".json").read_text())
-    runs = {(r["framework"], r["precision"]): r for r in doc["runs"]}
-    assert set(runs) == {("jax", "fp8"), ("jax", "bf16"), ("torch", "fp8"), ("torch", "bf16")}
+    doc, runs = _runs(out)
+    assert set(runs) == {("jax", "FP8"), ("jax", "bf16"), ("torch", "FP8"), ("torch", "bf16")}
     for r in runs.values():
-        assert len(r["losses"]) == 30
+        assert len(r["losses"]) == STEPS
         assert r["device"] == "cpu"
+        assert r["tokens_per_s"] > 0
+    assert doc["model"]["hidden"] == 64 and doc["train"]["batch"] == 4
 
 
 def test_fp8_learns_and_tracks_bf16(demo_run):
     _, _, out = demo_run
-    doc = json.loads(out.with_suffix(".json").read_text())
-    runs = {(r["framework"], r["precision"]): r for r in doc["runs"]}
+    doc, runs = _runs(out)
     uniform = doc["uniform_guess_loss"]
     for fw in ("jax", "torch"):
-        f8, b16 = runs[(fw, "fp8")], runs[(fw, "bf16")]
-        first = f8["losses"][0]
-        assert abs(first - uniform) < 0.5, (fw, first, uniform)  # starts near a uniform guess
-        # Clearly learned: the last steps are well below the start.
-        assert f8["final_loss"] < first - 0.4, (fw, f8["final_loss"], first)
-        assert f8["val_loss"] < uniform - 0.4
-        # FP8 tracks bf16 (same weights, same batches): a broken FP8 path
-        # (wrong scale, wrong transpose) is off by far more than this.
-        assert abs(f8["final_loss"] - b16["final_loss"]) < 0.1, (fw, f8["final_loss"],
-                                                                  b16["final_loss"])
-        assert abs(f8["val_loss"] - b16["val_loss"]) < 0.1
-        # Same start: the runs share initial weights and batches.
-        assert abs(f8["losses"][0] - b16["losses"][0]) < 0.05
+        f8, b16 = runs[(fw, "FP8")], runs[(fw, "bf16")]
+        assert abs(f8["losses"][0] - uniform) < 0.1, fw      # starts as a uniform guess
+        assert f8["losses"][-1] < f8["losses"][0] - 1.0, fw   # and learns
+        assert f8["val_loss"] < uniform - 1.0, fw
+        # Same weights, same batches: a broken FP8 path (wrong scale, wrong
+        # transpose) is off by far more than this.
+        for a, b in zip(f8["losses"], b16["losses"]):
+            assert abs(a - b) < 0.03, (fw, f8["losses"], b16["losses"])
+        assert abs(f8["val_loss"] - b16["val_loss"]) < 0.03
+    # The two frameworks train the same model on the same batches.
+    assert abs(runs[("jax", "bf16")]["val_loss"] - runs[("torch", "bf16")]["val_loss"]) < 0.03
 
 
 def test_bad_arguments_are_reported(capsys):
     assert demo.main(["--hidden", "50", "--steps", "1"]) == 2
-    assert "hidden=50 must be a positive multiple of 16" in capsys.readouterr().err
+    assert "hidden=50 must be a multiple of" in capsys.readouterr().err
     assert demo.main(["--batch", "0", "--steps", "1"]) == 2
-    assert "batch=0 must be >= 1" in capsys.readouterr().err
+    assert "batch must be an int >= 1" in capsys.readouterr().err
     assert demo.main(["--frameworks", "mxnet", "--steps", "1"]) == 2
 
 
@@ -101,14 +104,12 @@ def test_gpu_run(tmp_path):
     if not torch.cuda.is_available() or jax.default_backend() != "gpu":
         pytest.skip("needs a CUDA GPU visible to both PyTorch and JAX")
     out = tmp_path / "loss.png"
-    rc = demo.main(["--steps", "40", "--out", str(out), "--no-sample"])
-    assert rc == 0
-    doc = json.loads(out.with_suffix(".json").read_text())
-    runs = {(r["framework"], r["precision"]): r for r in doc["runs"]}
-    assert runs[("torch", "fp8")]["device"].startswith("cuda")
-    assert runs[("jax", "fp8")]["device"] == "gpu"
+    assert demo.main(["--steps", "100", "--out", str(out)]) == 0
+    _, runs = _runs(out)
+    assert runs[("torch", "FP8")]["device"].startswith("cuda")
+    assert runs[("jax", "FP8")]["device"] == "gpu"
     for fw in ("jax", "torch"):
-        f8, b16 = runs[(fw, "fp8")], runs[(fw, "bf16")]
-        assert f8["final_loss"] < f8["losses"][0] - 0.4
-        assert abs(f8["final_loss"] - b16["final_loss"]) < 0.1
-        assert abs(f8["val_loss"] - b16["val_loss"]) < 0.1
+        f8, b16 = runs[(fw, "FP8")], runs[(fw, "bf16")]
+        assert f8["final_loss"] < f8["losses"][0] - 1.0
+        assert abs(f8["final_loss"] - b16["final_loss"]) < 0.05
+        assert abs(f8["val_loss"] - b16["val_loss"]) < 0.05

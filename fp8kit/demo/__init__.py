@@ -1,11 +1,11 @@
-"""fp8kit's demo: FP8 vs bf16 training in JAX and PyTorch, one command.
+"""fp8kit's demo: a Llama-style decoder trained in FP8 and in bf16, in JAX
+and in PyTorch, one command.
 
     python -m fp8kit.demo [--steps N] [--out out/demo_loss.png]
 
-cli.py (arguments, the run), task.py (model sizes, weights, batches),
-text.py (the generated training text), train_jax.py / train_torch.py
-(the model and training loop per framework), report.py (table, samples,
-PNG, JSON).
+cli.py (arguments, the four runs), run.py (one run: a trainer from
+fp8kit.models, progress lines, the held-out loss), result.py (a run's
+outcome), report.py (table, PNG, JSON).
 """
 
 

@@ -1,15 +1,20 @@
-"""python -m fp8kit.demo: train the same small model in FP8 (fp8kit) and in
-bf16, in JAX and in PyTorch, then compare the losses.
+"""python -m fp8kit.demo: train a small Llama-style decoder in FP8 (fp8kit)
+and in bf16, in JAX and in PyTorch, then compare the losses.
 
-Runs on the CPU by default (fp8kit's reference kernels: slow, so the model
-is small) and on the GPU when one is present. Prints progress, a table of
-final losses and wall times, text sampled from the FP8 models, and writes a
-loss-curve PNG (plus a JSON file with every loss) to --out.
+The model is fp8kit.models' decoder (its seven projections per layer in
+FP8, the rest in bf16) learning bytes of Python's own standard-library
+source; all four runs start from the same weights and see the same
+batches. Runs on the CPU by default, where FP8 goes through fp8kit's
+reference kernels (written for correctness, slower than bf16 there), and
+on the GPU when one is present. Prints progress, a table of final losses
+and throughput, and writes a loss-curve PNG (plus a JSON file with every
+loss) to --out.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import pathlib
@@ -17,21 +22,27 @@ import sys
 import time
 
 from fp8kit._source_tree import source_tree_hint
-from fp8kit.demo.task import Config
+from fp8kit.models.config import CONFIGS
+from fp8kit.models.schedule import TrainConfig
 
 FRAMEWORKS = ("jax", "torch")
+# The demo's run: 300 steps of 4 x 128 tokens, a few minutes on 2 CPU cores.
+DEMO_TRAIN = TrainConfig(steps=300, batch=4, lr=3e-3, warmup_steps=30)
 
 
 def _parser() -> argparse.ArgumentParser:
-    d = Config()
+    m, t = CONFIGS["tiny"], DEMO_TRAIN
     p = argparse.ArgumentParser(prog="python -m fp8kit.demo",
                                 description=__doc__.split("\n\n")[0].split(": ", 1)[1])
-    p.add_argument("--steps", type=int, default=d.steps, help="training steps per run")
-    p.add_argument("--batch", type=int, default=d.batch, help="tokens per step")
-    p.add_argument("--hidden", type=int, default=d.hidden, help="MLP width (multiple of 16)")
-    p.add_argument("--blocks", type=int, default=d.blocks, help="MLP blocks")
-    p.add_argument("--lr", type=float, default=d.lr, help="Adam learning rate")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--steps", type=int, default=t.steps, help="training steps per run")
+    p.add_argument("--batch", type=int, default=t.batch, help="sequences per step")
+    p.add_argument("--seq-len", type=int, default=m.seq_len, help="tokens per sequence")
+    p.add_argument("--hidden", type=int, default=m.hidden, help="model width (multiple of 16)")
+    p.add_argument("--layers", type=int, default=m.layers)
+    p.add_argument("--heads", type=int, default=m.heads)
+    p.add_argument("--ffn", type=int, default=m.ffn, help="MLP width (multiple of 16)")
+    p.add_argument("--lr", type=float, default=t.lr, help="peak AdamW learning rate")
+    p.add_argument("--seed", type=int, default=t.seed)
     p.add_argument("--frameworks", default=",".join(FRAMEWORKS),
                    help="comma-separated subset of jax,torch")
     p.add_argument("--recipe", choices=("delayed", "current"), default="delayed",
@@ -41,7 +52,6 @@ def _parser() -> argparse.ArgumentParser:
                    help="loss-curve PNG (a .json with the same stem is written next to it)")
     p.add_argument("--log-every", type=int, default=0,
                    help="print the loss every N steps (default: about 10 lines per run)")
-    p.add_argument("--no-sample", action="store_true", help="skip the text samples")
     return p
 
 
@@ -52,38 +62,39 @@ def _recipe(name: str):
     return CurrentScaling(fp8_format=Format.HYBRID)
 
 
-class _Progress:
-    """Prints `[jax fp8 ] step 30/300  loss 2.345  4.1 s` every N steps."""
-
-    def __init__(self, label: str, total: int, every: int):
-        self.label, self.total, self.every = label, total, every
-        self.t0 = time.perf_counter()
-
-    def __call__(self, step: int, loss: float) -> None:
-        if step == 1 or step % self.every == 0 or step == self.total or not math.isfinite(loss):
-            width = len(str(self.total))
-            print(f"  [{self.label:<10}] step {step:>{width}}/{self.total}  loss {loss:7.4f}  "
-                  f"{time.perf_counter() - self.t0:6.1f} s", flush=True)
-
-
 def _load_trainers(names, cpu: bool):
-    """{framework: train function}; a framework that cannot be imported is
-    skipped with the reason (make demo installs both)."""
+    """{framework: (trainer class, device)}; a framework that cannot be
+    imported is skipped with the reason (make demo installs both)."""
     trainers = {}
     for name in names:
         try:
             if name == "jax":
-                from fp8kit.demo import train_jax
-                device = train_jax.default_device(cpu)
-                trainers[name] = (lambda *a, _d=device, _t=train_jax.train: _t(*a, device=_d))
+                import jax
+                from fp8kit.models import train_jax
+                device = jax.devices("cpu")[0] if cpu else train_jax.default_device()
+                trainers[name] = (train_jax.JaxTrainer, device)
             else:
                 import torch
-                from fp8kit.demo import train_torch
+                from fp8kit.models import train_torch
                 device = torch.device("cpu") if cpu else train_torch.default_device()
-                trainers[name] = (lambda *a, _d=device, _t=train_torch.train: _t(*a, device=_d))
+                if device.type == "cpu":
+                    # The demo's matrices are small and fp8kit's CPU kernels
+                    # single-threaded: on a 2-core machine shared with other
+                    # work, torch's thread pool spin-waits (bf16 steps 40x slower).
+                    torch.set_num_threads(1)
+                trainers[name] = (train_torch.TorchTrainer, device)
         except ImportError as e:
             print(f"skipping {name}: {e}{source_tree_hint()}", flush=True)
     return trainers
+
+
+def _configs(args):
+    """(LlamaConfig, TrainConfig) from the arguments; ValueError names a bad one."""
+    model_cfg = dataclasses.replace(CONFIGS["tiny"], hidden=args.hidden, layers=args.layers,
+                                    heads=args.heads, ffn=args.ffn, seq_len=args.seq_len)
+    train_cfg = dataclasses.replace(DEMO_TRAIN, steps=args.steps, batch=args.batch, lr=args.lr,
+                                    seed=args.seed, warmup_steps=max(1, args.steps // 10))
+    return model_cfg, train_cfg
 
 
 def main(argv=None) -> int:
@@ -94,57 +105,50 @@ def main(argv=None) -> int:
         print(f"--frameworks: unknown {bad}; choose from {', '.join(FRAMEWORKS)}",
               file=sys.stderr)
         return 2
-    cfg = Config(hidden=args.hidden, blocks=args.blocks, batch=args.batch, steps=args.steps,
-                 lr=args.lr, seed=args.seed)
     try:
-        cfg.check()
+        model_cfg, train_cfg = _configs(args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     # JAX must not take 75% of GPU memory when PyTorch shares the GPU.
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-    from fp8kit.demo import report, task
+    from fp8kit.demo import report, run
+    from fp8kit.models.init import init_params
 
     out_png = pathlib.Path(args.out)
     recipe = _recipe(args.recipe)
     recipe_name = f"{args.recipe} scaling, {recipe.fp8_format.name} format"
-    every = args.log_every or max(1, cfg.steps // 10)
-    print(f"fp8kit demo: a character-level language model ({cfg.blocks} transformer MLP blocks, "
-          f"d_model {cfg.d_model}, hidden {cfg.hidden}) on generated text, {cfg.steps} steps of "
-          f"{cfg.batch} characters, in FP8 ({recipe_name}) and in bf16.", flush=True)
+    every = args.log_every or max(1, train_cfg.steps // 10)
+    print(f"fp8kit demo: a Llama-style decoder ({model_cfg.layers} layers, hidden "
+          f"{model_cfg.hidden}, {model_cfg.heads} heads, {model_cfg.num_params() / 1e6:.2f}M "
+          f"parameters) learning bytes of Python's standard-library source: {train_cfg.steps} "
+          f"steps of {train_cfg.batch} x {model_cfg.seq_len} = "
+          f"{train_cfg.batch * model_cfg.seq_len} tokens, in FP8 ({recipe_name}) and in bf16.",
+          flush=True)
 
     t_start = time.perf_counter()
-    data = task.make_data(cfg)
-    params = task.init_params(cfg)
+    params = init_params(model_cfg, train_cfg.seed)
     trainers = _load_trainers(names, args.cpu)
     if not trainers:
         print("error: neither JAX nor PyTorch could be loaded", file=sys.stderr)
         return 1
     results = []
-    for fw, train in trainers.items():
-        for precision in ("fp8", "bf16"):
+    for fw, (trainer_cls, device) in trainers.items():
+        for precision, run_recipe in (("FP8", recipe), ("bf16", None)):
             label = f"{fw} {precision}"
             print(f"{label}: training", flush=True)
-            progress = _Progress(label, cfg.steps, every)
-            results.append(train(cfg, data, params, recipe if precision == "fp8" else None,
-                                 progress))
-            r = results[-1]
+            r = run.train(trainer_cls, model_cfg, train_cfg, run_recipe, params, device, label,
+                          every)
+            results.append(r)
             print(f"{label}: done in {r.seconds:.1f} s on {r.device}, held-out loss "
                   f"{r.val_loss:.4f}", flush=True)
 
     print()
-    print(report.table(results, cfg))
-    if not args.no_sample:
-        print()
-        for r in results:
-            if r.precision == "fp8":
-                lines = report.sample(r, cfg, seed=cfg.seed).strip().splitlines()
-                print(f"text sampled from the FP8 {r.framework} model: "
-                      f"{' / '.join(lines[:2])}")
-    report.plot(results, cfg, recipe_name, out_png)
+    print(report.table(results))
+    report.plot(results, model_cfg, train_cfg, recipe_name, out_png)
     out_json = out_png.with_suffix(".json")
-    report.write_json(results, cfg, recipe_name, out_json)
+    report.write_json(results, model_cfg, train_cfg, recipe_name, out_json)
     print(f"\nloss curves: {out_png.resolve()}\nall losses:  {out_json.resolve()}")
     print(f"total wall time {time.perf_counter() - t_start:.1f} s")
     diverged = [r.label for r in results
