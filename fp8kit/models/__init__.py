@@ -10,4 +10,5 @@ in JAX: the same architecture, initial weights and arithmetic in both.
     checkpoint.py   what a checkpoint records besides tensors, checked on load
     train_torch.py  TorchTrainer: AdamW, clipping, checkpoint and exact resume
     train_jax.py    JaxTrainer: the same, one jit-compiled step
+    bench.py        python -m fp8kit.models.bench: tokens/s and peak memory per step
 """

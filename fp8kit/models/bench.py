@@ -1,0 +1,155 @@
+"""python -m fp8kit.models.bench: training throughput and peak memory of
+the Llama-style decoder, bf16 vs fp8kit's delayed and current scaling, in
+PyTorch and JAX.
+
+    python -m fp8kit.models.bench --config 1b [--batch 1] [--steps 10]
+    python -m fp8kit.models.bench --config tiny --seq-len 64   # a CPU smoke run
+
+Each (framework, recipe) runs in a fresh process (so that one run's
+allocator caches and compiled programs do not count against the next):
+the training step (forward, backward, clipping, AdamW) runs `--warmup`
+times untimed (compilation, autotuning), then `--steps` times timed.
+tokens/s = batch x seq_len x steps / their wall time. Peak memory is the
+device allocator's peak over the timed steps (PyTorch on CUDA) or over the
+run (JAX, whose allocator has no reset); a CPU run reports none. On a CPU
+the FP8 runs use fp8kit's reference kernels: the numbers check that the
+benchmark works, they are not performance claims.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import json
+import multiprocessing
+import pathlib
+import sys
+import time
+
+from fp8kit.models.config import CONFIGS
+from fp8kit.models.schedule import TrainConfig
+
+FRAMEWORKS = ("torch", "jax")
+RECIPES = ("bf16", "delayed", "current")
+
+
+def _recipe(name: str):
+    from fp8kit.recipe import CurrentScaling, DelayedScaling
+    return {"bf16": None, "delayed": DelayedScaling(), "current": CurrentScaling()}[name]
+
+
+def _torch_trainer(model_cfg, train_cfg, recipe, params):
+    import torch
+    from fp8kit.models.train_torch import TorchTrainer
+    trainer = TorchTrainer(model_cfg, train_cfg, recipe, params=params)
+    if trainer.device.type != "cuda":
+        return trainer, lambda: None, lambda: None
+    return (trainer, lambda: torch.cuda.reset_peak_memory_stats(trainer.device),
+            lambda: torch.cuda.max_memory_allocated(trainer.device))
+
+
+def _jax_trainer(model_cfg, train_cfg, recipe, params):
+    from fp8kit.models.train_jax import JaxTrainer
+    trainer = JaxTrainer(model_cfg, train_cfg, recipe, params=params)
+    return trainer, lambda: None, lambda: (trainer.device.memory_stats() or {}).get(
+        "peak_bytes_in_use")
+
+
+def measure(framework: str, model_cfg, recipe_name: str, batch: int, warmup: int,
+            steps: int) -> dict:
+    """One (framework, recipe) run in this process; a dict of plain values."""
+    from fp8kit.models.init import init_params
+    train_cfg = TrainConfig(steps=warmup + steps, batch=batch, warmup_steps=0)
+    make = _torch_trainer if framework == "torch" else _jax_trainer
+    trainer, reset_peak, peak = make(model_cfg, train_cfg, _recipe(recipe_name),
+                                     init_params(model_cfg, train_cfg.seed))
+    for _ in range(warmup):
+        trainer.train_step()
+    reset_peak()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        loss = trainer.train_step()   # returns a Python float: the step has finished
+    seconds = time.perf_counter() - t0
+    return {"framework": framework, "recipe": recipe_name, "device": str(trainer.device),
+            "tokens_per_s": batch * model_cfg.seq_len * steps / seconds,
+            "step_ms": 1e3 * seconds / steps, "peak_memory_bytes": peak(), "last_loss": loss}
+
+
+def _in_fresh_process(*args) -> dict:
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+        return pool.submit(measure, *args).result()
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m fp8kit.models.bench",
+                                description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+    p.add_argument("--config", choices=sorted(CONFIGS), default="1b")
+    p.add_argument("--layers", type=int, help="override the config's layer count")
+    p.add_argument("--seq-len", type=int, help="override the config's sequence length")
+    p.add_argument("--batch", type=int, default=1, help="sequences per step")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    p.add_argument("--steps", type=int, default=10, help="timed steps")
+    p.add_argument("--frameworks", default=",".join(FRAMEWORKS))
+    p.add_argument("--recipes", default=",".join(RECIPES), help=f"subset of {','.join(RECIPES)}")
+    p.add_argument("--json", help="also write the results here")
+    return p
+
+
+def _choices(text: str, allowed, flag: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in allowed]
+    if bad or not names:
+        raise ValueError(f"{flag}: unknown {bad}; choose from {', '.join(allowed)}")
+    return names
+
+
+def _table(rows) -> str:
+    header = f"{'framework':<9} {'recipe':<8} {'device':<8} | {'tokens/s':>10} {'step ms':>9} " \
+             f"{'peak GiB':>8} | {'loss':>7}"
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        peak = r["peak_memory_bytes"]
+        peak = f"{peak / 2**30:8.2f}" if peak is not None else f"{'n/a':>8}"
+        lines.append(f"{r['framework']:<9} {r['recipe']:<8} {r['device']:<8} | "
+                     f"{r['tokens_per_s']:10.0f} {r['step_ms']:9.1f} {peak} | "
+                     f"{r['last_loss']:7.3f}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        frameworks = _choices(args.frameworks, FRAMEWORKS, "--frameworks")
+        recipes = _choices(args.recipes, RECIPES, "--recipes")
+        overrides = {k: v for k, v in (("layers", args.layers), ("seq_len", args.seq_len))
+                     if v is not None}
+        model_cfg = dataclasses.replace(CONFIGS[args.config], **overrides)
+        for name in ("batch", "warmup", "steps"):
+            if getattr(args, name) < (0 if name == "warmup" else 1):
+                raise ValueError(f"--{name}={getattr(args, name)} is too small")
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"fp8kit.models.bench: config {args.config} ({model_cfg.num_params() / 1e9:.2f}B "
+          f"parameters, {model_cfg.layers} layers, hidden {model_cfg.hidden}), batch "
+          f"{args.batch} x seq {model_cfg.seq_len} = {args.batch * model_cfg.seq_len} "
+          f"tokens/step, {args.warmup} warmup + {args.steps} timed steps", flush=True)
+    rows = []
+    for fw in frameworks:
+        for recipe in recipes:
+            print(f"  {fw} {recipe} ...", flush=True)
+            rows.append(_in_fresh_process(fw, model_cfg, recipe, args.batch, args.warmup,
+                                          args.steps))
+    print(_table(rows))
+    if args.json:
+        path = pathlib.Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"config": args.config, "model": dataclasses.asdict(model_cfg),
+                                    "batch": args.batch, "runs": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
