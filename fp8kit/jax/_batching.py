@@ -31,10 +31,6 @@ from fp8kit.jax import _ffi
 from fp8kit.jax import _sharding_quantize as shq
 
 
-def _flat(history, scale, seeded, scale_inv, outputs):
-    return (history, scale, seeded, scale_inv, *[a for out in outputs for a in out])
-
-
 @functools.lru_cache(maxsize=None)
 def _fused(call: _ffi.DelayedQuantize, with_amax: bool):
     """The call as a custom_vmap function of (history, scale, seeded, amax,
@@ -43,9 +39,10 @@ def _fused(call: _ffi.DelayedQuantize, with_amax: bool):
 
     def fused(history, scale, seeded, amax, *xs):
         if with_amax:  # only under vmap, where nothing is partitioned
-            return _flat(*_ffi.quantize_delayed_update_call(call, history, scale, seeded,
-                                                            list(xs), amax))
-        return _flat(*shq.quantize_delayed_update(call, history, scale, seeded, list(xs)))
+            return shq.flatten_delayed(*_ffi.quantize_delayed_update_call(
+                call, history, scale, seeded, list(xs), amax))
+        return shq.flatten_delayed(*shq.quantize_delayed_update(call, history, scale, seeded,
+                                                                list(xs)))
 
     fused = jax.custom_batching.custom_vmap(fused)
     fused.def_vmap(functools.partial(_vmap_rule, call, with_amax))
@@ -66,15 +63,15 @@ def _vmap_rule(call, with_amax, axis_size, in_batched, history, scale, seeded, a
     if with_amax:
         given = jnp.max(amax, axis=0) if amax_batched else amax
         batch_amax = jnp.maximum(batch_amax, given)
-    # The state update and scale_inv depend on the state and the batch's
-    # amax only: one call on a single example (no example at all for an
-    # empty batch) records them; it also casts the unbatched inputs.
+    # The state update and each scale_inv depend on the state and the
+    # batch's amax only: one call on a single example (no example at all for
+    # an empty batch) records them; it also casts the unbatched inputs.
     # (Its column sums of a batched input are not used: not asked for.)
     first = [x[:1].reshape((-1,) + x.shape[2:]) if b else x for x, b in zip(xs, xs_batched)]
     one_call = dataclasses.replace(call, sums_dtypes=tuple(
         None if b else d for d, b in zip(call.sums_dtypes, xs_batched)))
     one = _fused(one_call, True)(history, scale, seeded, batch_amax, *first)
-    out, out_batched = list(one[:4]), [False] * 4
+    out, out_batched = list(one[:3]), [False] * 3
     if not call.record:  # the state is read, not written: it stays as passed
         out[:3] = history, scale, seeded
     # Each batched input cast per example with that same scale (not recording).
@@ -91,12 +88,13 @@ def _vmap_rule(call, with_amax, axis_size, in_batched, history, scale, seeded, a
                                          batch_amax[jnp.asarray(idx)], *xb),
             [xs[i] for i in idx])
     for i in range(n):
-        if xs_batched[i]:
-            j = 4 + 3 * idx.index(i)
-            out += casts[j:j + 3]
+        mine = one[3 + 4 * i:7 + 4 * i]
+        if xs_batched[i]:  # its casts per example, the one call's scale_inv
+            j = 3 + 4 * idx.index(i)
+            out += [*casts[j:j + 3], mine[3]]
         else:
-            out += one[4 + 3 * i:7 + 3 * i]
-        out_batched += [bool(xs_batched[i])] * 3
+            out += mine
+        out_batched += [bool(xs_batched[i])] * 3 + [False]
     return tuple(out), tuple(out_batched)
 
 
@@ -108,6 +106,5 @@ def _merge(args, in_batched, batched_values):
 
 def quantize_delayed_update(call: _ffi.DelayedQuantize, amax_history, scale, seeded, xs):
     """shq.quantize_delayed_update with the vmap rule above:
-    (history, scale, seeded, scale_inv, outputs)."""
-    flat = _fused(call, False)(amax_history, scale, seeded, None, *xs)
-    return (*flat[:4], [tuple(flat[4 + 3 * i:7 + 3 * i]) for i in range(len(xs))])
+    (history, scale, seeded, outputs)."""
+    return shq.unflatten_delayed(_fused(call, False)(amax_history, scale, seeded, None, *xs))

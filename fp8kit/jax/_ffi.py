@@ -196,13 +196,15 @@ def quantize_delayed_update_call(call: DelayedQuantize, amax_history, scale, see
     state (amax_history [slots, L], scale [slots], seeded float32 [slots]),
     input i using row call.first_slot + i: the state goes in and comes out
     as it is, with no slicing or scattering of rows around the call.
+    Recording, the state comes out updated (the target aliases it); not
+    recording, a read-only target casts with it and the state returned is
+    the one passed in.
 
     amax: [n] amaxes of the whole inputs, reduced across the devices that
     share them, to start the core's accumulators at (None: 0).
-    Returns (amax_history, scale, seeded, scale_inv [n], outputs), the
-    state whole, outputs
-    one (data, columnwise_data, sums) per input, placeholders where not
-    asked for; scale_inv[i] = 1 / the scale input i was cast with.
+    Returns (amax_history, scale, seeded, outputs), outputs one (data,
+    columnwise_data, sums, scale_inv) per input, placeholders where not
+    asked for; scale_inv = 1 / the scale the input was cast with.
     """
     n = len(xs)
     f32 = jnp.float32
@@ -210,27 +212,29 @@ def quantize_delayed_update_call(call: DelayedQuantize, amax_history, scale, see
     for x, fmt, (rowwise, columnwise), sums_dtype in zip(xs, call.fmts, call.copies,
                                                          call.sums_dtypes):
         per_input += [*_fp8_results(x.shape, fmt, rowwise, columnwise),
-                      _sums_result(x.shape, sums_dtype)]
+                      _sums_result(x.shape, sums_dtype), _F32_SCALAR]
     workspace = _workspace([(x.shape, d is not None) for x, d in zip(xs, call.sums_dtypes)],
                            True)
+    state_results = (jax.ShapeDtypeStruct(amax_history.shape, f32),
+                     jax.ShapeDtypeStruct(scale.shape, f32),
+                     jax.ShapeDtypeStruct(seeded.shape, f32)) if call.record else ()
     flags = lambda values: np.asarray(values, dtype=np.int32)  # noqa: E731
     out = jax.ffi.ffi_call(
-        "fp8kit_quantize_delayed_update",
-        (jax.ShapeDtypeStruct(amax_history.shape, f32), jax.ShapeDtypeStruct(scale.shape, f32),
-         jax.ShapeDtypeStruct(seeded.shape, f32), jax.ShapeDtypeStruct((n,), f32), workspace,
-         *per_input),
+        "fp8kit_quantize_delayed_update" if call.record else "fp8kit_quantize_delayed",
+        (*state_results, workspace, *per_input),
         vmap_method="sequential",
-        # The core updates history, scale and seeded in place.
-        input_output_aliases={0: 0, 1: 1, 2: 2},
+        # Recording, the core updates history, scale and seeded in place.
+        input_output_aliases={0: 0, 1: 1, 2: 2} if call.record else {},
     )(amax_history, scale, seeded, _empty(f32) if amax is None else amax, *xs,
-      record=bool(call.record), first_slot=np.int64(call.first_slot),
-      margin=np.int32(call.margin),
+      first_slot=np.int64(call.first_slot), margin=np.int32(call.margin),
       amax_reduction=np.int32(AMAX_REDUCTION_CODES[call.amax_reduction]),
       rowwise=flags([c[0] for c in call.copies]), columnwise=flags([c[1] for c in call.copies]),
       sums=flags([d is not None for d in call.sums_dtypes]))
-    history, scale, seeded, scale_inv, _ = out[:5]
-    outputs = [tuple(out[5 + 3 * i:8 + 3 * i]) for i in range(n)]
-    return history, scale, seeded, scale_inv, outputs
+    if call.record:
+        amax_history, scale, seeded = out[:3]
+    first = len(state_results) + 1  # past the workspace
+    outputs = [tuple(out[first + 4 * i:first + 4 * i + 4]) for i in range(n)]
+    return amax_history, scale, seeded, outputs
 
 
 def linear_plan(tokens: int, in_features: int, out_features: int, dgrad: bool, wgrad: bool,

@@ -190,7 +190,7 @@ def _current_partition(fmt, rowwise, columnwise, amax_epsilon, power_2_scale, su
         call = _ffi.DelayedQuantize(fmts=(fmt,), copies=((rowwise, columnwise),),
                                     sums_dtypes=(_local_sums_dtype(dims, sums_dtype),),
                                     record=False, margin=0, amax_reduction="max")
-        *_, [(data, columnwise_data, sums)] = _ffi.quantize_delayed_update_call(
+        *_, [(data, columnwise_data, sums, _)] = _ffi.quantize_delayed_update_call(
             call, jnp.zeros((1, 1), jnp.float32), scale.reshape(1),
             jnp.ones((1,), jnp.float32), [x])
         return (data, columnwise_data, scale, scale_inv, amax,
@@ -249,11 +249,11 @@ def _delayed_dims(mesh, call: _ffi.DelayedQuantize, xs):
 
 def _delayed_out_shardings(mesh, call: _ffi.DelayedQuantize, dims_per_input):
     rep = sh.replicated(mesh)
-    out = [rep, rep, rep, rep]  # amax_history, scale, seeded, scale_inv
+    out = [rep, rep, rep]  # amax_history, scale, seeded
     for dims, (rowwise, columnwise), sums_dtype in zip(dims_per_input, call.copies,
                                                        call.sums_dtypes):
         out += [*_fp8_result_shardings(mesh, dims, rowwise, columnwise),
-                _sums_sharding(mesh, dims, sums_dtype)]
+                _sums_sharding(mesh, dims, sums_dtype), rep]
     return tuple(out)
 
 
@@ -274,14 +274,14 @@ def _delayed_partition(call: _ffi.DelayedQuantize, mesh, arg_shapes, result_shap
             amax = jnp.stack([
                 jax.lax.pmax(_ffi.amax_call(x), sh.flat_axes(d)) if sh.flat_axes(d)
                 else _ffi.amax_call(x) for x, d in zip(xs, dims_per_input)])
-        history, scale, seeded, scale_inv, outputs = _ffi.quantize_delayed_update_call(
+        history, scale, seeded, outputs = _ffi.quantize_delayed_update_call(
             local, amax_history, scale, seeded, xs, amax)
-        flat = [history, scale, seeded, scale_inv]
-        for (data, columnwise_data, sums), d, sums_dtype in zip(outputs, dims_per_input,
-                                                                call.sums_dtypes):
+        flat = [history, scale, seeded]
+        for (data, columnwise_data, sums, scale_inv), d, sums_dtype in zip(
+                outputs, dims_per_input, call.sums_dtypes):
             if sums_dtype is not None:
                 sums = _psum_sums(sums, d, sums_dtype)
-            flat += [data, columnwise_data, sums]
+            flat += [data, columnwise_data, sums, scale_inv]
         return tuple(flat)
 
     rep = sh.replicated(mesh)
@@ -294,21 +294,30 @@ def _delayed_infer(call: _ffi.DelayedQuantize, mesh, arg_shapes, result_shape):
 
 
 def _delayed_rule(call: _ffi.DelayedQuantize, mesh, operand_types, result_types):
-    operands, results = ["s l", "s", "s"], ["s l", "s", "s", "s"]
+    operands, results = ["s l", "s", "s"], ["s l", "s", "s"]
     for i, (x, (rowwise, columnwise), sums_dtype) in enumerate(
             zip(operand_types[3:], call.copies, call.sums_dtypes)):
         f = sh.factors(sh.rank_of(x), prefix=f"x{i}d")
         operands.append(" ".join(f))
         results += [" ".join(f) if rowwise else f"r{i}",
                     _columnwise_factors(f, str(i)) if columnwise else f"c{i}",
-                    f[-1] if sums_dtype is not None and f else f"s{i}"]
+                    f[-1] if sums_dtype is not None and f else f"s{i}", ""]
     return f"{', '.join(operands)} -> {', '.join(results)}"
 
 
+def flatten_delayed(history, scale, seeded, outputs):
+    """The flat results of the delayed call: the state, then four per input."""
+    return (history, scale, seeded, *[a for out in outputs for a in out])
+
+
+def unflatten_delayed(flat):
+    """(history, scale, seeded, outputs) of flatten_delayed's results."""
+    return (*flat[:3], [tuple(flat[3 + 4 * i:7 + 4 * i]) for i in range((len(flat) - 3) // 4)])
+
+
 def _flat_delayed(call, amax_history, scale, seeded, *xs):
-    history, scale, seeded, scale_inv, outputs = _ffi.quantize_delayed_update_call(
-        call, amax_history, scale, seeded, xs)
-    return (history, scale, seeded, scale_inv, *[a for out in outputs for a in out])
+    return flatten_delayed(*_ffi.quantize_delayed_update_call(call, amax_history, scale,
+                                                              seeded, xs))
 
 
 @functools.partial(custom_partitioning, static_argnums=(0,))
@@ -326,8 +335,5 @@ def quantize_delayed_update(call: _ffi.DelayedQuantize, amax_history, scale, see
     sharded input when a mesh is in context."""
     args = (amax_history, scale, seeded, *xs)
     if sh.use_partitioned(*args):
-        flat = _quantize_delayed_p(call, *args)
-    else:
-        flat = _flat_delayed(call, *args)
-    n = len(xs)
-    return (*flat[:4], [tuple(flat[4 + 3 * i:7 + 3 * i]) for i in range(n)])
+        return unflatten_delayed(_quantize_delayed_p(call, *args))
+    return _ffi.quantize_delayed_update_call(call, *args[:3], xs)

@@ -136,13 +136,13 @@ def quantize_and_record(state: DelayedScalingState, recipe: recipe_lib.DelayedSc
     # The whole state goes through the call, which updates its rows in place:
     # slicing rows out and scattering them back would cost XLA kernels of
     # their own around every call.
-    history, scale, seeded, scale_inv, outputs = _batching.quantize_delayed_update(
+    history, scale, seeded, outputs = _batching.quantize_delayed_update(
         call, state.amax_history, state.scale, state.seeded, list(tensors))
     quantized, sums = [], []
-    for i, ((data, columnwise_data, s), (rowwise, columnwise)) in enumerate(
+    for i, ((data, columnwise_data, s, scale_inv), (rowwise, columnwise)) in enumerate(
             zip(outputs, call.copies)):
         quantized.append(ScaledTensor(
-            data=data if rowwise else None, scale_inv=scale_inv[i],
+            data=data if rowwise else None, scale_inv=scale_inv,
             columnwise_data=columnwise_data if columnwise else None, fp8_dtype=fmts[i]))
         sums.append(s if call.sums_dtypes[i] is not None else None)
     if record:

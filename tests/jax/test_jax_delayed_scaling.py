@@ -121,10 +121,12 @@ def _fused(xs, history, scale, seeded, record, margin=0, sums=None, amax=None,
         fmts=tuple(fmts or ["e4m3"] * n), copies=((True, True),) * n,
         sums_dtypes=tuple(sums or [None] * n), record=record, margin=margin,
         amax_reduction=amax_reduction, first_slot=first_slot)
-    return _ffi.quantize_delayed_update_call(
+    h, s, sd, outs = _ffi.quantize_delayed_update_call(
         call, jnp.asarray(history, jnp.float32), jnp.asarray(scale, jnp.float32),
         jnp.asarray(seeded, jnp.float32), [jnp.asarray(x) for x in xs],
         None if amax is None else jnp.asarray(amax, jnp.float32))
+    # (state, every input's scale_inv, (data, columnwise_data, sums) per input)
+    return h, s, sd, np.float32([o[3] for o in outs]), [o[:3] for o in outs]
 
 
 def _fp8_bits(x, scale, fmt="e4m3"):
