@@ -72,7 +72,7 @@ __device__ __forceinline__ void finish_column_sums(const SumsJob& s, const CastT
       for (int i = 0; i < kChunk; ++i) total = add_rn(total, v[i]);
     }
     for (; r < s.tiles_r; ++r) total = add_rn(total, __ldcg(partial + r * p.cols));
-    store_column_sum(s.out, s.dtype, col, total);
+    store_rounded(s.out, s.dtype, col, total);
   }
   if (threadIdx.x == 0) s.counters[tile_c] = 0u;
 }

@@ -27,7 +27,7 @@ void column_sums_typed(const void* in, int64_t rows, int64_t cols, const fp8kit_
       total[size_t(c)] = add_rn(total[size_t(c)], tile);
     }
   }
-  for (int64_t c = 0; c < cols; ++c) store_column_sum(s.sums, s.dtype, c, total[size_t(c)]);
+  for (int64_t c = 0; c < cols; ++c) store_rounded(s.sums, s.dtype, c, total[size_t(c)]);
 }
 
 }  // namespace

@@ -45,6 +45,20 @@ FP8KIT_HD uint16_t float_to_fp16_bits(float x) {
   return uint16_t(sign | fp8_detail::shift_right_rne(m, shift));
 }
 
+// Writes a float32 value into element `i` of a float32/bfloat16/float16
+// array: RNE, NaN as the dtype's canonical quiet NaN (0x7FC00000 for
+// float32, whose NaN bits otherwise differ between CPU and GPU arithmetic).
+FP8KIT_HD void store_rounded(void* out, fp8kit_dtype dtype, int64_t i, float v) {
+  if (dtype == FP8KIT_FLOAT32) {
+    const bool nan = (float_to_bits(v) & 0x7fffffffu) > 0x7f800000u;
+    static_cast<float*>(out)[i] = nan ? bits_to_float(0x7fc00000u) : v;
+  } else if (dtype == FP8KIT_BFLOAT16) {
+    static_cast<uint16_t*>(out)[i] = float_to_bf16_bits(v);
+  } else {
+    static_cast<uint16_t*>(out)[i] = float_to_fp16_bits(v);
+  }
+}
+
 // The dequantized float32 value of one FP8 byte. NaN comes out as the
 // canonical quiet NaN 0x7FC00000: a GPU multiply returns 0x7FFFFFFF for any
 // NaN while an x86 multiply keeps the input's payload and sign, so without

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "fp8kit/delayed_scaling.h"
 #include "fp8kit/quantize.h"
 #include "fp8kit/tensor.h"
 
@@ -24,6 +25,15 @@ void quantize_delayed_cpu(const fp8kit_tensor& input, fp8kit_tensor& output);
 // amax pass, scale, cast pass.
 void quantize_current_scaling_cpu(const fp8kit_tensor& input, fp8kit_tensor& output,
                                   const fp8kit_current_scaling_config& config);
+
+// fp8kit_quantize_delayed_update on CPU tensors (arguments validated):
+// for each tensor in order, seed scale, quantize, column sums (`sums`:
+// NULL or `count` entries, a NULL `sums` field skipping), then the
+// delayed-scaling update when `record`.
+void quantize_delayed_update_cpu(const fp8kit_tensor* inputs, fp8kit_tensor* outputs,
+                                 const fp8kit_delayed_quantize_state* states,
+                                 const fp8kit_column_sums* sums, int count,
+                                 const fp8kit_delayed_scaling_config& config, bool record);
 
 }  // namespace fp8kit
 

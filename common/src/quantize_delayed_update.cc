@@ -41,13 +41,7 @@ void check_args(const fp8kit_tensor* inputs, const fp8kit_tensor* outputs,
   check_delayed_scaling_config(kOp, config);
   for (int i = 0; i < count; ++i) {
     const fp8kit_delayed_quantize_state& s = states[i];
-    FP8KIT_CHECK(s.amax_history != nullptr && s.amax != nullptr && s.scale != nullptr &&
-                     s.scale_inv != nullptr && s.counter != nullptr,
-                 kOp, ": states[", i, "] has a NULL pointer; amax_history, amax, scale, "
-                 "scale_inv and counter are all required (seeded may be NULL)");
-    FP8KIT_CHECK(s.amax < s.amax_history || s.amax >= s.amax_history + config->history_len, kOp,
-                 ": states[", i, "].amax points into its amax_history; the amax accumulator "
-                 "needs a float of its own");
+    check_delayed_quantize_state(kOp, ("states[" + std::to_string(i) + "]").c_str(), s, *config);
     FP8KIT_CHECK(outputs[i].scale == nullptr && outputs[i].amax == nullptr, kOp, ": outputs[", i,
                  "] has scale or amax set; leave them NULL (the scale is read from and the amax "
                  "accumulated into states[", i, "])");
@@ -83,6 +77,8 @@ float accumulate_amax(float entry, float x_amax) {
   return bits_to_float(std::max(float_to_bits(entry), x_bits));
 }
 
+}  // namespace
+
 void quantize_delayed_update_cpu(const fp8kit_tensor* inputs, fp8kit_tensor* outputs,
                                  const fp8kit_delayed_quantize_state* states,
                                  const fp8kit_column_sums* sums, int count,
@@ -115,7 +111,6 @@ void quantize_delayed_update_cpu(const fp8kit_tensor* inputs, fp8kit_tensor* out
   }
 }
 
-}  // namespace
 }  // namespace fp8kit
 
 extern "C" fp8kit_status fp8kit_quantize_delayed_update(

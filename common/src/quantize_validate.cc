@@ -73,6 +73,18 @@ void check_delayed_scaling_config(const char* op, const fp8kit_delayed_scaling_c
                "] (FP8KIT_MARGIN_MAX; scale = fp8_max / amax / 2**margin)");
 }
 
+void check_delayed_quantize_state(const char* op, const char* arg,
+                                  const fp8kit_delayed_quantize_state& s,
+                                  const fp8kit_delayed_scaling_config& config) {
+  FP8KIT_CHECK(s.amax_history != nullptr && s.amax != nullptr && s.scale != nullptr &&
+                   s.scale_inv != nullptr && s.counter != nullptr,
+               op, ": ", arg, " has a NULL pointer; amax_history, amax, scale, scale_inv and "
+               "counter are all required (seeded may be NULL)");
+  FP8KIT_CHECK(s.amax < s.amax_history || s.amax >= s.amax_history + config.history_len, op,
+               ": ", arg, ".amax points into its amax_history; the amax accumulator needs a "
+               "float of its own");
+}
+
 void check_current_scaling_config(const char* op, const fp8kit_current_scaling_config* config) {
   FP8KIT_CHECK(config != nullptr, op,
                ": config is NULL; pass a fp8kit_current_scaling_config (amax_epsilon = 0 "

@@ -22,6 +22,12 @@ void check_quantize_args(const char* op, const fp8kit_tensor* input, const fp8ki
 // (FP8KIT_AMAX_HISTORY_LEN_MAX, FP8KIT_MARGIN_MAX), a known reduction.
 void check_delayed_scaling_config(const char* op, const fp8kit_delayed_scaling_config* config);
 
+// One slot's fp8kit_delayed_quantize_state (named `arg` in messages): every
+// pointer but `seeded` set, the accumulator outside the history.
+void check_delayed_quantize_state(const char* op, const char* arg,
+                                  const fp8kit_delayed_quantize_state& state,
+                                  const fp8kit_delayed_scaling_config& config);
+
 // amax_epsilon finite and >= 0.
 void check_current_scaling_config(const char* op, const fp8kit_current_scaling_config* config);
 

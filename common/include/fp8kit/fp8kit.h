@@ -6,6 +6,7 @@
 #include "fp8kit/column_sums.h"
 #include "fp8kit/delayed_scaling.h"
 #include "fp8kit/device.h"
+#include "fp8kit/fused_cast.h"
 #include "fp8kit/gemm.h"
 #include "fp8kit/linear.h"
 #include "fp8kit/quantize.h"
