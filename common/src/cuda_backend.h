@@ -7,7 +7,9 @@
 #define FP8KIT_SRC_CUDA_BACKEND_H_
 
 #include "fp8kit/delayed_scaling.h"
+#include "fp8kit/fused_cast.h"
 #include "fp8kit/gemm.h"
+#include "fp8kit/normalization.h"
 #include "fp8kit/quantize.h"
 #include "fp8kit/tensor.h"
 #include "gemm_problem.h"
@@ -40,6 +42,17 @@ void quantize_delayed_update(const fp8kit_tensor* inputs, fp8kit_tensor* outputs
                              const fp8kit_column_sums* sums, int count,
                              const fp8kit_delayed_scaling_config& config, bool record,
                              void* stream);
+
+// Fused ops (common/cuda/norm_*.cu); absent optional
+// tensors are NULL.
+void norm_forward(const fp8kit_norm_config& config, const fp8kit_tensor& x,
+                  const fp8kit_tensor& gamma, const fp8kit_tensor* beta, fp8kit_tensor* y,
+                  fp8kit_tensor& y_fp8, const fp8kit_fused_cast& cast, fp8kit_tensor* mean,
+                  fp8kit_tensor& rsigma, void* stream);
+void norm_backward(const fp8kit_norm_config& config, const fp8kit_tensor& dy,
+                   const fp8kit_tensor& x, const fp8kit_tensor* mean, const fp8kit_tensor& rsigma,
+                   const fp8kit_tensor& gamma, fp8kit_tensor& dx, fp8kit_tensor& dgamma,
+                   fp8kit_tensor* dbeta, float* workspace, void* stream);
 
 // cuBLASLt GEMM (common/cuda/gemm_cublaslt.cc). Takes the problem that
 // make_gemm_problem (common/src/gemm_problem.h) validated and canonicalized.
