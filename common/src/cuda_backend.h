@@ -6,6 +6,7 @@
 #ifndef FP8KIT_SRC_CUDA_BACKEND_H_
 #define FP8KIT_SRC_CUDA_BACKEND_H_
 
+#include "fp8kit/activation.h"
 #include "fp8kit/delayed_scaling.h"
 #include "fp8kit/fused_cast.h"
 #include "fp8kit/gemm.h"
@@ -43,7 +44,7 @@ void quantize_delayed_update(const fp8kit_tensor* inputs, fp8kit_tensor* outputs
                              const fp8kit_delayed_scaling_config& config, bool record,
                              void* stream);
 
-// Fused ops (common/cuda/norm_*.cu); absent optional
+// Fused ops (common/cuda/norm_*.cu, activation.cu); absent optional
 // tensors are NULL.
 void norm_forward(const fp8kit_norm_config& config, const fp8kit_tensor& x,
                   const fp8kit_tensor& gamma, const fp8kit_tensor* beta, fp8kit_tensor* y,
@@ -53,6 +54,11 @@ void norm_backward(const fp8kit_norm_config& config, const fp8kit_tensor& dy,
                    const fp8kit_tensor& x, const fp8kit_tensor* mean, const fp8kit_tensor& rsigma,
                    const fp8kit_tensor& gamma, fp8kit_tensor& dx, fp8kit_tensor& dgamma,
                    fp8kit_tensor* dbeta, float* workspace, void* stream);
+void activation_forward(fp8kit_activation act, const fp8kit_tensor& h, fp8kit_tensor* a,
+                        fp8kit_tensor& a_fp8, const fp8kit_fused_cast& cast, void* stream);
+void activation_backward(fp8kit_activation act, const fp8kit_tensor& d_a, const fp8kit_tensor& h,
+                         fp8kit_tensor* dh, fp8kit_tensor& dh_fp8, const fp8kit_fused_cast& cast,
+                         const fp8kit_column_sums* sums, void* stream);
 
 // cuBLASLt GEMM (common/cuda/gemm_cublaslt.cc). Takes the problem that
 // make_gemm_problem (common/src/gemm_problem.h) validated and canonicalized.

@@ -2,6 +2,7 @@
 #ifndef FP8KIT_FP8KIT_H_
 #define FP8KIT_FP8KIT_H_
 
+#include "fp8kit/activation.h"
 #include "fp8kit/amax.h"
 #include "fp8kit/column_sums.h"
 #include "fp8kit/delayed_scaling.h"
