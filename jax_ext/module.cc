@@ -138,6 +138,10 @@ PYBIND11_MODULE(_jax_ext, m) {
         "Bytes of the uint8 workspace result of a quantize custom call: tensors lists "
         "(rows, cols, column_sums) of each input's 2-D view; with_state for "
         "fp8kit_quantize_delayed_update.");
+  m.def("norm_backward_workspace", &fp8kit_norm_backward_workspace, py::arg("rows"),
+        py::arg("hidden"),
+        "Floats of workspace fp8kit_norm_backward needs for x [rows, hidden] (the "
+        "fp8kit_norm_backward custom call's workspace result).");
   // The C enum values that travel as FFI attributes.
   py::dict dtype_codes;
   dtype_codes["e4m3"] = static_cast<int>(FP8KIT_E4M3);

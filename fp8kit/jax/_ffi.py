@@ -54,14 +54,14 @@ def _register_all() -> tuple[str, ...]:
 
 TARGETS: tuple[str, ...] = _register_all()
 
-_F32_SCALAR = jax.ShapeDtypeStruct((), jnp.float32)
+F32_SCALAR = jax.ShapeDtypeStruct((), jnp.float32)
 # Stands in for an operand or result that is not used (the handler leaves it
 # alone): every call of a target has one fixed signature.
-_PLACEHOLDER = (0,)
+PLACEHOLDER = (0,)
 
 
-def _empty(dtype) -> jax.Array:
-    return jnp.zeros(_PLACEHOLDER, dtype)
+def placeholder(dtype) -> jax.Array:
+    return jnp.zeros(PLACEHOLDER, dtype)
 
 
 def default_device():
@@ -84,15 +84,15 @@ def core_platform(device) -> str:
 
 def amax_call(x: jax.Array) -> jax.Array:
     """fp8kit_amax: max |x| as a float32 scalar."""
-    return jax.ffi.ffi_call("fp8kit_amax", _F32_SCALAR, vmap_method="sequential")(x)
+    return jax.ffi.ffi_call("fp8kit_amax", F32_SCALAR, vmap_method="sequential")(x)
 
 
 # --- quantize ---------------------------------------------------------------------
 
-def _fp8_results(shape, fmt: str, rowwise: bool, columnwise: bool):
+def fp8_results(shape, fmt: str, rowwise: bool, columnwise: bool):
     dt = _checks.FP8_DTYPES[fmt]
-    return (jax.ShapeDtypeStruct(tuple(shape) if rowwise else _PLACEHOLDER, dt),
-            jax.ShapeDtypeStruct(columnwise_shape(shape) if columnwise else _PLACEHOLDER, dt))
+    return (jax.ShapeDtypeStruct(tuple(shape) if rowwise else PLACEHOLDER, dt),
+            jax.ShapeDtypeStruct(columnwise_shape(shape) if columnwise else PLACEHOLDER, dt))
 
 
 def quantize_call(x, scale, fmt: str, rowwise: bool, columnwise: bool):
@@ -100,7 +100,7 @@ def quantize_call(x, scale, fmt: str, rowwise: bool, columnwise: bool):
     amax), a placeholder for a layout not asked for."""
     return jax.ffi.ffi_call(
         "fp8kit_quantize",
-        (*_fp8_results(x.shape, fmt, rowwise, columnwise), _F32_SCALAR, _F32_SCALAR),
+        (*fp8_results(x.shape, fmt, rowwise, columnwise), F32_SCALAR, F32_SCALAR),
         vmap_method="sequential",
     )(x, scale, rowwise=bool(rowwise), columnwise=bool(columnwise))
 
@@ -112,16 +112,16 @@ def view_2d(shape) -> tuple[int, int]:
     return rows, cols
 
 
-def _workspace(tensors, with_state: bool) -> jax.ShapeDtypeStruct:
+def workspace_result(tensors, with_state: bool) -> jax.ShapeDtypeStruct:
     """The uint8 workspace result of a quantize call (jax_ext/scratch.h);
     tensors: (shape, column_sums) per input."""
     views = [(*view_2d(shape), bool(sums)) for shape, sums in tensors]
     return jax.ShapeDtypeStruct((int(ext.workspace_bytes(views, with_state)),), jnp.uint8)
 
 
-def _sums_result(shape, sums_dtype) -> jax.ShapeDtypeStruct:
+def sums_result(shape, sums_dtype) -> jax.ShapeDtypeStruct:
     if sums_dtype is None:
-        return jax.ShapeDtypeStruct(_PLACEHOLDER, jnp.float32)
+        return jax.ShapeDtypeStruct(PLACEHOLDER, jnp.float32)
     return jax.ShapeDtypeStruct((view_2d(shape)[1],), sums_dtype)
 
 
@@ -132,8 +132,8 @@ def quantize_current_scaling_call(x, fmt: str, rowwise: bool, columnwise: bool,
     `sums_dtype`, only when one is given (it needs the columnwise copy)."""
     out = jax.ffi.ffi_call(
         "fp8kit_quantize_current_scaling",
-        (*_fp8_results(x.shape, fmt, rowwise, columnwise), _F32_SCALAR, _F32_SCALAR, _F32_SCALAR,
-         _sums_result(x.shape, sums_dtype), _workspace([(x.shape, sums_dtype is not None)], False)),
+        (*fp8_results(x.shape, fmt, rowwise, columnwise), F32_SCALAR, F32_SCALAR, F32_SCALAR,
+         sums_result(x.shape, sums_dtype), workspace_result([(x.shape, sums_dtype is not None)], False)),
         vmap_method="sequential",
     )(x, rowwise=bool(rowwise), columnwise=bool(columnwise), sums=sums_dtype is not None,
       amax_epsilon=np.float32(amax_epsilon), power_2_scale=bool(power_2_scale))
@@ -142,7 +142,7 @@ def quantize_current_scaling_call(x, fmt: str, rowwise: bool, columnwise: bool,
 
 def compute_scale_call(amax, fmt: str, amax_epsilon: float, power_2_scale: bool):
     """fp8kit_compute_scale: (scale, scale_inv) from an amax."""
-    return jax.ffi.ffi_call("fp8kit_compute_scale", (_F32_SCALAR, _F32_SCALAR),
+    return jax.ffi.ffi_call("fp8kit_compute_scale", (F32_SCALAR, F32_SCALAR),
                             vmap_method="sequential")(
         amax, fp8_dtype=np.int32(FP8_DTYPE_CODES[fmt]), amax_epsilon=np.float32(amax_epsilon),
         power_2_scale=bool(power_2_scale))
@@ -211,9 +211,9 @@ def quantize_delayed_update_call(call: DelayedQuantize, amax_history, scale, see
     per_input = []
     for x, fmt, (rowwise, columnwise), sums_dtype in zip(xs, call.fmts, call.copies,
                                                          call.sums_dtypes):
-        per_input += [*_fp8_results(x.shape, fmt, rowwise, columnwise),
-                      _sums_result(x.shape, sums_dtype), _F32_SCALAR]
-    workspace = _workspace([(x.shape, d is not None) for x, d in zip(xs, call.sums_dtypes)],
+        per_input += [*fp8_results(x.shape, fmt, rowwise, columnwise),
+                      sums_result(x.shape, sums_dtype), F32_SCALAR]
+    workspace = workspace_result([(x.shape, d is not None) for x, d in zip(xs, call.sums_dtypes)],
                            True)
     state_results = (jax.ShapeDtypeStruct(amax_history.shape, f32),
                      jax.ShapeDtypeStruct(scale.shape, f32),
@@ -225,7 +225,7 @@ def quantize_delayed_update_call(call: DelayedQuantize, amax_history, scale, see
         vmap_method="sequential",
         # Recording, the core updates history, scale and seeded in place.
         input_output_aliases={0: 0, 1: 1, 2: 2} if call.record else {},
-    )(amax_history, scale, seeded, _empty(f32) if amax is None else amax, *xs,
+    )(amax_history, scale, seeded, placeholder(f32) if amax is None else amax, *xs,
       first_slot=np.int64(call.first_slot), margin=np.int32(call.margin),
       amax_reduction=np.int32(AMAX_REDUCTION_CODES[call.amax_reduction]),
       rowwise=flags([c[0] for c in call.copies]), columnwise=flags([c[1] for c in call.copies]),
@@ -285,10 +285,10 @@ def gemm_call(layout: GemmLayout, a_buf, a_scale_inv, b_buf, b_scale_inv, bias=N
     """fp8kit_gemm on one device's 2-D buffers: D [M, N]."""
     m = a_buf.shape[1] if layout.a_is_km else a_buf.shape[0]
     n = b_buf.shape[1] if layout.b_is_kn else b_buf.shape[0]
-    a_none, b_none = _empty(a_buf.dtype), _empty(b_buf.dtype)
+    a_none, b_none = placeholder(a_buf.dtype), placeholder(b_buf.dtype)
     a_row, a_col = (a_buf, a_none) if layout.a_rowwise else (a_none, a_buf)
     b_row, b_col = (b_buf, b_none) if layout.b_rowwise else (b_none, b_buf)
-    bias_arg = bias if layout.has_bias else _empty(BIAS_DTYPE[layout.out_dtype])
+    bias_arg = bias if layout.has_bias else placeholder(BIAS_DTYPE[layout.out_dtype])
     # cuBLASLt's workspace is a second, discarded result, so XLA allocates it
     # with the program's temporaries (jax_ext/gemm_ffi.cc says why).
     workspace = jax.ShapeDtypeStruct((gemm_workspace_bytes(),), jnp.uint8)
