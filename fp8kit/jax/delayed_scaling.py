@@ -13,6 +13,10 @@ DelayedScalingState rows, one per slot of fp8kit/linear.h:
     X = 0       the input x              (forward format, E4M3)
     KERNEL = 1  the kernel               (forward format, E4M3)
     GRAD = 2    the output gradient dy   (backward format: E5M2 under HYBRID)
+A layer of n Linears (num_linears; fp8kit.jax.layernorm_mlp has 2) has 3n
+rows: the input and kernel of each Linear in order (forward format), then
+the output gradient of each (backward format); layernorm_mlp's are listed
+in fp8kit/jax/fused_mlp_layer.py.
 
 amax_history[i, 0] is slot i's newest amax; scale[i] the scale its next
 quantization uses; seeded[i] is 0.0 for a fresh slot and 1.0 once a
@@ -66,56 +70,68 @@ NUM_TENSORS = 3
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class DelayedScalingState:
-    """amax_history: float32 [3, history_len]; scale: float32 [3];
-    seeded: float32 [3] (0.0 fresh, 1.0 seeded)."""
+    """amax_history: float32 [slots, history_len]; scale: float32 [slots];
+    seeded: float32 [slots] (0.0 fresh, 1.0 seeded); slots = 3 per Linear."""
 
     amax_history: jax.Array
     scale: jax.Array
     seeded: jax.Array
 
     @classmethod
-    def create(cls, recipe: recipe_lib.DelayedScaling) -> "DelayedScalingState":
-        """Fresh state: empty history, scale 1, every slot unseeded (the
-        first quantization of each slot seeds its scale from its amax)."""
+    def create(cls, recipe: recipe_lib.DelayedScaling,
+               num_linears: int = 1) -> "DelayedScalingState":
+        """Fresh state for a layer of `num_linears` Linears (dense and
+        layernorm_dense: 1, layernorm_mlp: 2): empty history, scale 1,
+        every slot unseeded (the first quantization of each slot seeds its
+        scale from its amax)."""
         if not isinstance(recipe, recipe_lib.DelayedScaling):
             raise TypeError("DelayedScalingState.create: recipe must be an "
                             f"fp8kit.recipe.DelayedScaling, got {type(recipe).__name__}")
-        return cls(amax_history=jnp.zeros((NUM_TENSORS, recipe.amax_history_len), jnp.float32),
-                   scale=jnp.ones((NUM_TENSORS,), jnp.float32),
-                   seeded=jnp.zeros((NUM_TENSORS,), jnp.float32))
+        if num_linears not in (1, 2):
+            raise ValueError(f"DelayedScalingState.create: num_linears={num_linears!r}; fp8kit's "
+                             "layers have 1 (dense, layernorm_dense) or 2 (layernorm_mlp)")
+        slots = NUM_TENSORS * num_linears
+        return cls(amax_history=jnp.zeros((slots, recipe.amax_history_len), jnp.float32),
+                   scale=jnp.ones((slots,), jnp.float32),
+                   seeded=jnp.zeros((slots,), jnp.float32))
 
     @staticmethod
-    def formats(recipe: recipe_lib.DelayedScaling) -> tuple[str, str, str]:
-        """FP8 format of each row under `recipe`."""
+    def formats(recipe: recipe_lib.DelayedScaling, num_linears: int = 1) -> tuple[str, ...]:
+        """FP8 format of each row under `recipe`: forward for the inputs and
+        kernels, backward for the output gradients (the last num_linears)."""
         fmt = recipe.fp8_format
-        return (fmt.forward_dtype, fmt.forward_dtype, fmt.backward_dtype)
+        return ((fmt.forward_dtype,) * (2 * num_linears)
+                + (fmt.backward_dtype,) * num_linears)
 
 
-def check_state(fn: str, recipe: recipe_lib.DelayedScaling, state) -> None:
+def check_state(fn: str, recipe: recipe_lib.DelayedScaling, state,
+                num_linears: int = 1) -> None:
     """state must be a DelayedScalingState whose fields are float32 arrays of
-    the shapes `recipe` needs (checked before anything is lowered)."""
+    the shapes `recipe` and the layer's `num_linears` need (checked before
+    anything is lowered)."""
+    slots = NUM_TENSORS * num_linears
+    create = ("DelayedScalingState.create(recipe)" if num_linears == 1 else
+              f"DelayedScalingState.create(recipe, num_linears={num_linears})")
     if not isinstance(state, DelayedScalingState):
-        raise TypeError(f"{fn}: a DelayedScaling recipe needs state=DelayedScalingState."
-                        f"create(recipe), got {type(state).__name__}")
-    want = {"amax_history": (NUM_TENSORS, recipe.amax_history_len),
-            "scale": (NUM_TENSORS,), "seeded": (NUM_TENSORS,)}
+        raise TypeError(f"{fn}: a DelayedScaling recipe needs state={create}, got "
+                        f"{type(state).__name__}")
+    want = {"amax_history": (slots, recipe.amax_history_len),
+            "scale": (slots,), "seeded": (slots,)}
     for name, shape in want.items():
         a = getattr(state, name)
         if not hasattr(a, "dtype") or not hasattr(a, "shape"):
             raise TypeError(f"{fn}: state.{name} is a {type(a).__name__}; it must be a float32 "
-                            f"array of shape {shape}. Create the state with "
-                            "DelayedScalingState.create(recipe).")
+                            f"array of shape {shape}. Create the state with {create}.")
         if jnp.dtype(a.dtype) != jnp.float32:
             raise TypeError(f"{fn}: state.{name} has dtype {jnp.dtype(a.dtype)}; the state is "
                             f"float32 (seeded too: 0.0 fresh, 1.0 seeded). Pass "
-                            f"state.{name}.astype(jnp.float32) or a fresh "
-                            "DelayedScalingState.create(recipe).")
+                            f"state.{name}.astype(jnp.float32) or a fresh {create}.")
     shapes = tuple(tuple(getattr(state, name).shape) for name in want)
     if shapes != tuple(want.values()):
         raise ValueError(
             f"{fn}: state has amax_history, scale and seeded of shapes {shapes}; the recipe "
-            f"needs (3, {recipe.amax_history_len}), (3,) and (3,). Create it with "
-            "DelayedScalingState.create(recipe).")
+            f"needs ({slots}, {recipe.amax_history_len}), ({slots},) and ({slots},). Create it "
+            f"with {create}.")
 
 
 def quantize_and_record(state: DelayedScalingState, recipe: recipe_lib.DelayedScaling,
@@ -127,7 +143,8 @@ def quantize_and_record(state: DelayedScalingState, recipe: recipe_lib.DelayedSc
     tensor's column sums, or None. Returns (state, ScaledTensors, sums): the
     state with those slots updated (unchanged when not recording).
     """
-    fmts = DelayedScalingState.formats(recipe)[first_slot:first_slot + len(tensors)]
+    num_linears = state.scale.shape[-1] // NUM_TENSORS
+    fmts = DelayedScalingState.formats(recipe, num_linears)[first_slot:first_slot + len(tensors)]
     call = _ffi.DelayedQuantize(
         fmts=fmts, copies=tuple((bool(r), bool(c)) for r, c in copies),
         sums_dtypes=tuple(None if d is None else jnp.dtype(d) for d in sums_dtypes),
