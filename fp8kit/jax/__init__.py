@@ -13,6 +13,13 @@ Importing this package registers fp8kit's FFI handlers with JAX (for the
     supports_non_tn_fp8_gemm(device)
     dense(x, kernel, bias, *, state, recipe)  FP8 dense layer with custom_vjp
     DelayedScalingState.create(recipe)        its delayed-scaling state
+    layernorm_dense(x, gamma, beta, kernel, bias, *, normalization, state, recipe)
+                                              norm + dense, the norm writing the FP8 input
+    layernorm_mlp(x, gamma, beta, kernel_1, kernel_2, bias_1, bias_2, *,
+                  normalization, activation, state, recipe)
+                                              norm + dense + GELU/SwiGLU + dense, fused casts
+                                              (state: DelayedScalingState.create(recipe,
+                                              num_linears=2))
 
 Sharding: under a mesh context (`with jax.set_mesh(mesh):`) the custom
 calls are partitioned instead of gathered; see fp8kit/jax/_sharding.py.
@@ -21,22 +28,29 @@ Modules, in import order (each imports only modules above it, so there
 are no cycles; tests/jax/test_jax_imports.py checks it):
 
     _checks, scaled_tensor   argument checks; the ScaledTensor pytree
-    _ffi                     layer 1: the extension, its constants, and one
-                             `*_call` wrapper per FFI target (jax.ffi.ffi_call)
+    _ffi, _ffi_fused         layer 1: the extension, its constants, and one
+                             `*_call` wrapper per FFI target (jax.ffi.ffi_call);
+                             _ffi_fused for the fused norm and activation ops
     _sharding                the helpers every sharding rule shares
     _sharding_<family>       layer 2: custom_partitioning rules over _ffi,
-                             one module per op family (quantize, gemm)
+                             one module per op family (quantize, gemm, fused)
     _batching                the vmap rule of the fused delayed-scaling call
                              (a shared state records once per batch)
     quantization, matmul,    layer 3: the public functions (checks, then the
     delayed_scaling,         layer 2 call), one module per op family, each
     dense_layer              named for its family and never for a function
                              it exports (fp8kit.jax.gemm is the function)
+    _linear, _fused_steps    the steps of one Linear and the fused norm and
+                             activation casts, which the layers share
+    fused_dense_layer,       layernorm_dense and layernorm_mlp
+    fused_mlp_layer
 """
 
 from fp8kit.jax._ffi import BUILT_WITH_CUDA
 from fp8kit.jax.delayed_scaling import DelayedScalingState, delayed_scaling_update
 from fp8kit.jax.dense_layer import dense
+from fp8kit.jax.fused_dense_layer import layernorm_dense
+from fp8kit.jax.fused_mlp_layer import layernorm_mlp
 from fp8kit.jax.matmul import gemm, supports_non_tn_fp8_gemm
 from fp8kit.jax.quantization import (amax, compute_scale, dequantize, quantize,
                                      quantize_current_scaling)
@@ -44,6 +58,7 @@ from fp8kit.jax.scaled_tensor import ScaledTensor
 
 __all__ = [
     "BUILT_WITH_CUDA", "DelayedScalingState", "ScaledTensor", "amax", "compute_scale",
-    "delayed_scaling_update", "dense", "dequantize", "gemm", "quantize",
+    "delayed_scaling_update", "dense", "dequantize", "gemm", "layernorm_dense", "layernorm_mlp",
+    "quantize",
     "quantize_current_scaling", "supports_non_tn_fp8_gemm",
 ]

@@ -16,9 +16,11 @@ ALLOWED = {
     "_checks": set(),
     "scaled_tensor": {"_checks"},
     "_ffi": {"_checks", "scaled_tensor"},
+    "_ffi_fused": {"_ffi"},
     "_sharding": set(),
     "_sharding_quantize": {"_ffi", "_sharding"},
     "_sharding_gemm": {"_ffi", "_sharding"},
+    "_sharding_fused": {"_ffi", "_ffi_fused", "_sharding"},
     "_batching": {"_ffi", "_sharding_quantize"},
 }
 

@@ -1,0 +1,116 @@
+"""fp8kit.jax.layernorm_dense: y = norm(x) @ kernel + bias in FP8 as a pure
+function with a custom VJP: fp8kit.jax.dense (one Linear of
+common/include/fp8kit/linear.h, the same state of three rows) whose input
+cast is fused into the norm.
+
+Forward:  ln = Q(norm(x))     the norm kernel writes the GEMM's FP8 input
+          y  = ln @ Q(kernel) (+ bias)                      -> x.dtype
+Backward: d_ln = Q(dy) @ Q(kernel)^T, dk = ln^T @ Q(dy), db = sums of dy
+          dx, dgamma, dbeta from the norm backward.
+The forward keeps x, mean, rsigma and the FP8 copies of ln and the kernel
+the plan keeps; no high-precision norm output is written.
+
+Shapes: x [..., hidden], gamma and beta [hidden] (beta None for RMSNorm),
+kernel [hidden, N], bias [N]; hidden and N positive multiples of 16; any
+token count >= 0. State rows as dense's: 0 the norm output (the GEMM's
+input), 1 the kernel, 2 the output gradient. Sharding: data parallel over
+the tokens as fp8kit.jax.layernorm_mlp (fp8kit/jax/fused_mlp_layer.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from fp8kit.jax import _fused_steps as steps
+from fp8kit.jax import _linear, matmul
+from fp8kit.jax._linear import LinearCall
+from fp8kit.jax.delayed_scaling import GRAD, KERNEL, X, DelayedScalingState
+
+_FN = "fp8kit.jax.layernorm_dense"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    """Everything static about one call (custom_vjp's nondiff arg)."""
+
+    linear: LinearCall
+    normalization: str
+    epsilon: float
+    gamma_dtype: jnp.dtype
+    beta_dtype: Optional[jnp.dtype]
+    specs: Optional[tuple]  # the arguments' sharding types (Explicit axes), else None
+
+
+def _forward(cfg: _Config, x, gamma, beta, kernel, bias, state, grads: bool):
+    lin = cfg.linear
+    (m, hidden), n = x.shape, kernel.shape[1]
+    plan = lin.plan(m, hidden, n, grads)
+    gamma, beta = gamma.astype(x.dtype), None if beta is None else beta.astype(x.dtype)
+    state, ln, mean, rsigma = steps.norm_forward(lin, cfg.normalization, cfg.epsilon, x, gamma,
+                                                 beta, state, plan["quantize"][X], grads)
+    state, kq = _linear.quantize_kernel(lin, kernel, state, plan["quantize"][KERNEL], grads)
+    y = steps.retype_rows(_linear.forward_gemm(lin, ln, kq, bias, n), cfg.specs)
+    saved = (x, gamma, mean, rsigma, _linear.keep(ln, plan["saved_input"]),
+             _linear.keep(kq, plan["saved_weight"]), state)
+    return y, saved
+
+
+def _primal(cfg, x, gamma, beta, kernel, bias, state):
+    return _forward(cfg, x, gamma, beta, kernel, bias, state, False)[0]
+
+
+def _fwd(cfg, x, gamma, beta, kernel, bias, state):
+    return _forward(cfg, x, gamma, beta, kernel, bias, state, True)
+
+
+def _bwd(cfg: _Config, res, dy):
+    lin = cfg.linear
+    x, gamma, mean, rsigma, ln, kq, state = res
+    (m, hidden), n = x.shape, dy.shape[1]
+    plan = lin.plan(m, hidden, n, True)
+    state, dq, db = _linear.quantize_grad(lin, dy, state, plan["quantize"][GRAD])
+    d_ln, dk = _linear.grad_gemms(lin, plan, dq, ln, kq)
+    dx, dgamma, dbeta = steps.norm_backward(cfg.normalization, cfg.epsilon, d_ln, x, mean,
+                                            rsigma, gamma, cfg.gamma_dtype)
+    if dbeta is not None:
+        dbeta = dbeta.astype(cfg.beta_dtype)
+    grads = (dx, dgamma, dbeta, dk, db, state if lin.delayed else None)
+    return steps.retype_like(grads, cfg.specs)
+
+
+_layernorm_dense = jax.custom_vjp(_primal, nondiff_argnums=(0,))
+_layernorm_dense.defvjp(_fwd, _bwd)
+
+
+def layernorm_dense(x, gamma, beta, kernel, bias=None, *, normalization: str = "layernorm",
+                    epsilon: float = 1e-5, state: Optional[DelayedScalingState] = None,
+                    recipe):
+    """FP8 norm + dense: y = norm(x) @ kernel (+ bias), differentiable.
+
+    x:           [..., hidden] float32/bfloat16/float16; y has x's dtype, [..., N].
+    gamma, beta: [hidden]; beta None for normalization="rmsnorm".
+    kernel:      [hidden, N]; bias: [N] or None.
+    recipe:      fp8kit.recipe.DelayedScaling (then `state` is required:
+                 DelayedScalingState.create(recipe), updated through its
+                 cotangent) or CurrentScaling (no state).
+    """
+    x, gamma, beta, epsilon = steps.check_norm_args(_FN, x, gamma, beta, normalization, epsilon)
+    _linear.check_recipe_state(_FN, recipe, state)
+    kernel = _linear.check_kernel(_FN, "kernel", kernel, x.shape, "x")
+    bias = _linear.check_bias(_FN, "bias", bias, kernel.shape[1])
+    lead, hidden, n = x.shape[:-1], x.shape[-1], kernel.shape[1]
+    x = x.reshape(math.prod(lead), hidden)
+    dtype = lambda a: None if a is None else jnp.dtype(a.dtype)  # noqa: E731
+    lin = LinearCall(fn=_FN, recipe=recipe, non_tn=matmul.supports_non_tn_fp8_gemm(),
+                     x_dtype=jnp.dtype(x.dtype), kernel_dtype=dtype(kernel),
+                     bias_dtype=dtype(bias), input_slot=X, kernel_slot=KERNEL, grad_slot=GRAD)
+    args = (x, gamma, beta, kernel, bias, state)
+    cfg = _Config(linear=lin, normalization=normalization, epsilon=epsilon,
+                  gamma_dtype=dtype(gamma), beta_dtype=dtype(beta),
+                  specs=steps.explicit_specs(*args))
+    return _layernorm_dense(cfg, *args).reshape(*lead, n)

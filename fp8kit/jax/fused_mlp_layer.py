@@ -1,0 +1,177 @@
+"""fp8kit.jax.layernorm_mlp: a transformer MLP block in FP8,
+y = act(norm(x) @ kernel_1 + bias_1) @ kernel_2 + bias_2, as a pure
+function with a custom VJP. Its two Linears (fc1, fc2) obey the Linear
+layer protocol of common/include/fp8kit/linear.h as fp8kit.jax.dense
+does, with the casts of their inputs fused into the ops that produce them:
+
+Forward:  ln = Q(norm(x))       the norm kernel writes fc1's FP8 input
+          h  = ln @ Q(kernel_1) + bias_1                  -> x.dtype
+          a  = Q(act(h))        the activation kernel writes fc2's FP8 input
+          y  = a @ Q(kernel_2) + bias_2                   -> x.dtype
+Backward: d_a = Q(dy) @ Q(kernel_2)^T, dk_2 = a^T @ Q(dy), db_2 = sums of dy
+          dh  = Q(d_a * act'(h)) (the activation backward casts it, and sums
+                its columns for db_1)
+          d_ln = dh @ Q(kernel_1)^T, dk_1 = ln^T @ dh
+          dx, dgamma, dbeta from the norm backward.
+Every GEMM is an fp8kit custom call on FP8 data. The forward keeps for
+backward x, the norm's mean and rsigma, h (the activation backward reads
+it) and the FP8 copies the plans keep of ln, a and the kernels; no
+high-precision norm or activation output is written at all.
+
+Shapes: x [..., hidden]; gamma, beta [hidden]; kernel_1 [hidden, F]
+(GELU) or [hidden, 2F] = [gate | up] along the last dim (SwiGLU: the gate
+is kernel_1[:, :F], the up projection kernel_1[:, F:]); kernel_2 [F, N];
+bias_1 [kernel_1.shape[1]], bias_2 [N]. hidden, F and N are positive
+multiples of the GEMM alignment (16); the token count may be anything >= 0.
+
+Delayed scaling: one DelayedScalingState of two Linears,
+DelayedScalingState.create(recipe, num_linears=2), rows
+    0 fc1 input (the norm output)   3 fc2 kernel
+    1 fc1 kernel                    4 fc1 output gradient (dh, backward format)
+    2 fc2 input (the activation)    5 fc2 output gradient (dy, backward format)
+updated as dense's (fp8kit/jax/delayed_scaling.py): seeded by the first
+cast, recorded in a differentiated call, the new state returned as the
+state's cotangent.
+
+Sharding (a mesh in context): data parallel over the tokens; the norm and
+activation run on each shard of the rows with the global amax (the state
+stays replicated and equal to the unsharded one), the GEMMs follow
+fp8kit.jax.gemm's rules. The hidden and ffn dimensions of the norm and the
+activation are replicated (no tensor parallelism of the ffn dimension:
+a kernel sharded along it is gathered before the activation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from fp8kit.jax import _fused_steps as steps
+from fp8kit.jax import _linear, matmul
+from fp8kit.jax.delayed_scaling import DelayedScalingState
+from fp8kit.jax._linear import LinearCall
+
+_FN = "fp8kit.jax.layernorm_mlp"
+ACTIVATIONS = ("gelu", "swiglu")
+# Rows of the state (module docstring).
+FC1_INPUT, FC1_KERNEL, FC2_INPUT, FC2_KERNEL, FC1_GRAD, FC2_GRAD = range(6)
+_X, _KERNEL, _GRAD = 0, 1, 2  # the plan's slots
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    """Everything static about one call (custom_vjp's nondiff arg)."""
+
+    fc1: LinearCall
+    fc2: LinearCall
+    normalization: str
+    epsilon: float
+    activation: str
+    gamma_dtype: jnp.dtype
+    beta_dtype: Optional[jnp.dtype]
+    specs: Optional[tuple]  # the arguments' sharding types (Explicit axes), else None
+
+    def plans(self, m: int, hidden: int, n1: int, n2: int, grads: bool):
+        f = n1 // 2 if self.activation == "swiglu" else n1
+        return self.fc1.plan(m, hidden, n1, grads), self.fc2.plan(m, f, n2, grads)
+
+
+def _forward(cfg: _Config, x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, state,
+             grads: bool):
+    (m, hidden), n1, n2 = x.shape, kernel_1.shape[1], kernel_2.shape[1]
+    plan1, plan2 = cfg.plans(m, hidden, n1, n2, grads)
+    gamma, beta = gamma.astype(x.dtype), None if beta is None else beta.astype(x.dtype)
+    state, ln, mean, rsigma = steps.norm_forward(cfg.fc1, cfg.normalization, cfg.epsilon, x,
+                                                 gamma, beta, state, plan1["quantize"][_X],
+                                                 grads)
+    state, k1 = _linear.quantize_kernel(cfg.fc1, kernel_1, state, plan1["quantize"][_KERNEL],
+                                        grads)
+    h = _linear.forward_gemm(cfg.fc1, ln, k1, bias_1, n1)
+    state, a = steps.activation_forward(cfg.fc2, cfg.activation, h, state,
+                                        plan2["quantize"][_X], grads)
+    state, k2 = _linear.quantize_kernel(cfg.fc2, kernel_2, state, plan2["quantize"][_KERNEL],
+                                        grads)
+    y = _linear.forward_gemm(cfg.fc2, a, k2, bias_2, n2)
+    y = steps.retype_rows(y, cfg.specs)
+    saved = (x, gamma, mean, rsigma, _linear.keep(ln, plan1["saved_input"]),
+             _linear.keep(k1, plan1["saved_weight"]), h, _linear.keep(a, plan2["saved_input"]),
+             _linear.keep(k2, plan2["saved_weight"]), state)
+    return y, saved
+
+
+def _primal(cfg, x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, state):
+    return _forward(cfg, x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, state, False)[0]
+
+
+def _fwd(cfg, x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, state):
+    return _forward(cfg, x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, state, True)
+
+
+def _bwd(cfg: _Config, res, dy):
+    x, gamma, mean, rsigma, ln, k1, h, a, k2, state = res
+    (m, hidden), n1, n2 = x.shape, h.shape[1], dy.shape[1]
+    plan1, plan2 = cfg.plans(m, hidden, n1, n2, True)
+    state, dq2, db2 = _linear.quantize_grad(cfg.fc2, dy, state, plan2["quantize"][_GRAD])
+    d_a, dk2 = _linear.grad_gemms(cfg.fc2, plan2, dq2, a, k2)
+    state, dh, db1 = steps.activation_backward(cfg.fc1, cfg.activation, d_a, h, state,
+                                               plan1["quantize"][_GRAD])
+    d_ln, dk1 = _linear.grad_gemms(cfg.fc1, plan1, dh, ln, k1)
+    dx, dgamma, dbeta = steps.norm_backward(cfg.normalization, cfg.epsilon, d_ln, x, mean,
+                                            rsigma, gamma, cfg.gamma_dtype)
+    if dbeta is not None:
+        dbeta = dbeta.astype(cfg.beta_dtype)
+    grads = (dx, dgamma, dbeta, dk1, db1, dk2, db2, state if cfg.fc1.delayed else None)
+    return steps.retype_like(grads, cfg.specs)
+
+
+_mlp = jax.custom_vjp(_primal, nondiff_argnums=(0,))
+_mlp.defvjp(_fwd, _bwd)
+
+
+def layernorm_mlp(x, gamma, beta, kernel_1, kernel_2, bias_1=None, bias_2=None, *,
+                  normalization: str = "layernorm", activation: str = "gelu",
+                  epsilon: float = 1e-5, state: Optional[DelayedScalingState] = None, recipe):
+    """FP8 MLP block: act(norm(x) @ kernel_1 + bias_1) @ kernel_2 + bias_2.
+
+    x:            [..., hidden] float32/bfloat16/float16; y has x's dtype, [..., N].
+    gamma, beta:  [hidden]; beta None for normalization="rmsnorm".
+    kernel_1:     [hidden, F] (activation="gelu", tanh approximation) or
+                  [hidden, 2F] = [gate | up] (activation="swiglu").
+    kernel_2:     [F, N].  bias_1: [kernel_1.shape[1]] or None; bias_2: [N] or None.
+    recipe:       fp8kit.recipe.DelayedScaling (then `state` is required:
+                  DelayedScalingState.create(recipe, num_linears=2), updated
+                  through its cotangent) or CurrentScaling (no state).
+    """
+    x, gamma, beta, epsilon = steps.check_norm_args(_FN, x, gamma, beta, normalization, epsilon)
+    _linear.check_recipe_state(_FN, recipe, state, num_linears=2)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"{_FN}: activation={activation!r}; use 'gelu' or 'swiglu'")
+    swiglu = activation == "swiglu"
+    kernel_1 = _linear.check_kernel(_FN, "kernel_1", kernel_1, x.shape, "x",
+                                    n_multiple=2 if swiglu else 1)
+    f = kernel_1.shape[1] // 2 if swiglu else kernel_1.shape[1]
+    kernel_2 = _linear.check_kernel(_FN, "kernel_2", kernel_2, (f,),
+                                    "the activation (SwiGLU: kernel_1.shape[1] / 2)" if swiglu
+                                    else "the activation (kernel_1.shape[1])")
+    bias_1 = _linear.check_bias(_FN, "bias_1", bias_1, kernel_1.shape[1])
+    bias_2 = _linear.check_bias(_FN, "bias_2", bias_2, kernel_2.shape[1])
+    lead, hidden, n = x.shape[:-1], x.shape[-1], kernel_2.shape[1]
+    x = x.reshape(math.prod(lead), hidden)
+    non_tn = matmul.supports_non_tn_fp8_gemm()
+    dtype = lambda a: None if a is None else jnp.dtype(a.dtype)  # noqa: E731
+    fc1 = LinearCall(fn=_FN, recipe=recipe, non_tn=non_tn, x_dtype=jnp.dtype(x.dtype),
+                     kernel_dtype=dtype(kernel_1), bias_dtype=dtype(bias_1),
+                     input_slot=FC1_INPUT, kernel_slot=FC1_KERNEL, grad_slot=FC1_GRAD)
+    fc2 = LinearCall(fn=_FN, recipe=recipe, non_tn=non_tn, x_dtype=jnp.dtype(x.dtype),
+                     kernel_dtype=dtype(kernel_2), bias_dtype=dtype(bias_2),
+                     input_slot=FC2_INPUT, kernel_slot=FC2_KERNEL, grad_slot=FC2_GRAD)
+    args = (x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, state)
+    cfg = _Config(fc1=fc1, fc2=fc2, normalization=normalization, epsilon=epsilon,
+                  activation=activation, gamma_dtype=dtype(gamma), beta_dtype=dtype(beta),
+                  specs=steps.explicit_specs(*args))
+    y = _mlp(cfg, *args)
+    return y.reshape(*lead, n)
