@@ -15,6 +15,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from fp8kit import recipe as recipe_lib
 from fp8kit.jax import _checks
 from fp8kit.jax import _ffi_fused as fused
 from fp8kit.jax import _sharding as sh
@@ -143,6 +144,19 @@ def check_norm_args(fn: str, x, gamma, beta, normalization, epsilon):
         if beta.shape != (hidden,):
             raise ValueError(f"{fn}: beta has shape {beta.shape}; expected ({hidden},)")
     return x, gamma, beta, _checks.epsilon(fn, "epsilon", epsilon)
+
+
+def refuse_vmapped_state(fn: str, recipe, *args) -> None:
+    """Delayed scaling under jax.vmap is refused: the fused casts have no
+    batching rule that records a shared state once (fp8kit.jax.dense's
+    _batching.py does it for its casts), and per-example recording would
+    sum the state's cotangents. The layers take x [..., hidden], so a batch
+    folds into the token dimensions instead."""
+    if isinstance(recipe, recipe_lib.DelayedScaling) and sh.is_batched(*args):
+        raise NotImplementedError(
+            f"{fn}: DelayedScaling under jax.vmap is not supported; pass the batch as leading "
+            "dimensions of x ([batch, ..., hidden]: every token is one row of the layer) or "
+            "use CurrentScaling")
 
 
 def explicit_specs(*args):

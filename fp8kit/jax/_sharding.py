@@ -62,7 +62,7 @@ def mesh_in_context() -> bool:
         return False
 
 
-def _is_batched(*xs) -> bool:
+def is_batched(*xs) -> bool:
     """Is any argument a vmap tracer (custom_partitioning cannot batch)?"""
     try:
         from jax._src.interpreters import batching  # noqa: PLC0415  (no public tracer type)
@@ -73,7 +73,7 @@ def _is_batched(*xs) -> bool:
 
 def use_partitioned(*xs) -> bool:
     """Run the partitioned primitive (a mesh in context, no vmap)?"""
-    return mesh_in_context() and not _is_batched(*xs)
+    return mesh_in_context() and not is_batched(*xs)
 
 
 def explicit_spec(x):

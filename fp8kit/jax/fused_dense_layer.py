@@ -101,6 +101,7 @@ def layernorm_dense(x, gamma, beta, kernel, bias=None, *, normalization: str = "
     """
     x, gamma, beta, epsilon = steps.check_norm_args(_FN, x, gamma, beta, normalization, epsilon)
     _linear.check_recipe_state(_FN, recipe, state)
+    steps.refuse_vmapped_state(_FN, recipe, x, gamma, beta, kernel, bias, state)
     kernel = _linear.check_kernel(_FN, "kernel", kernel, x.shape, "x")
     bias = _linear.check_bias(_FN, "bias", bias, kernel.shape[1])
     lead, hidden, n = x.shape[:-1], x.shape[-1], kernel.shape[1]

@@ -148,6 +148,8 @@ def layernorm_mlp(x, gamma, beta, kernel_1, kernel_2, bias_1=None, bias_2=None, 
     """
     x, gamma, beta, epsilon = steps.check_norm_args(_FN, x, gamma, beta, normalization, epsilon)
     _linear.check_recipe_state(_FN, recipe, state, num_linears=2)
+    steps.refuse_vmapped_state(_FN, recipe, x, gamma, beta, kernel_1, kernel_2, bias_1, bias_2,
+                               state)
     if activation not in ACTIVATIONS:
         raise ValueError(f"{_FN}: activation={activation!r}; use 'gelu' or 'swiglu'")
     swiglu = activation == "swiglu"

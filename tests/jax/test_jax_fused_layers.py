@@ -246,6 +246,31 @@ def test_fused_equals_the_unfused_composition(norm, act):
             _assert_close(gf, np.asarray(gu, np.float64), f"grad {i}", 0.12)
 
 
+# --- vmap ------------------------------------------------------------------------------
+
+def test_vmap_with_current_scaling_is_one_call_per_example():
+    recipe = CurrentScaling()
+    rng = np.random.default_rng(4)
+    p = _params(rng, "rmsnorm", "swiglu")
+    xs = jnp.asarray(rng.standard_normal((3, 20, HIDDEN)), jnp.bfloat16)
+    f = lambda x: _mlp_call("rmsnorm", "swiglu", recipe)(  # noqa: E731
+        x, p["gamma"], None, p["kernel_1"], p["kernel_2"], p["bias_1"], p["bias_2"], None)
+    got = jax.jit(jax.vmap(f))(xs)
+    for i in range(3):
+        np.testing.assert_array_equal(np.asarray(got[i], np.float32),
+                                      np.asarray(jax.jit(f)(xs[i]), np.float32))
+
+
+def test_vmap_with_delayed_scaling_is_refused():
+    recipe = DelayedScaling()
+    p = _params(np.random.default_rng(0), "rmsnorm", "gelu")
+    state = _state(recipe, 2)
+    f = lambda x: _mlp_call("rmsnorm", "gelu", recipe)(  # noqa: E731
+        x, p["gamma"], None, p["kernel_1"], p["kernel_2"], None, None, state)
+    with pytest.raises(NotImplementedError, match="leading dimensions of x"):
+        jax.vmap(f)(jnp.ones((2, 16, HIDDEN), jnp.bfloat16))
+
+
 # --- errors before lowering ---------------------------------------------------------------
 
 def _good(norm="layernorm", act="gelu"):
