@@ -268,7 +268,8 @@ def test_bad_section_is_reported(tmp_path):
 
 
 @pytest.mark.parametrize("half,group", [("dense_jax", "JAX jit"),
-                                        ("linear_torch", "PyTorch Linear")])
+                                        ("linear_torch", "PyTorch Linear"),
+                                        ("mlp_jax", "JAX jit: MLP block")])
 def test_sections_take_half_of_linear(tmp_path, half, group):
     json_path = tmp_path / "elsewhere" / f"{half}.json"
     rc, out, err = _run(["--quick", "--sections", half, "--rounds", "1",

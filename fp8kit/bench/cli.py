@@ -30,9 +30,11 @@ from fp8kit._source_tree import source_tree_hint
 SECTIONS = ("gemm", "quantize", "linear", "overhead")
 # Sections run in this order; each is a module with cases(ctx).
 _MODULES = {"gemm": ["fp8kit.bench.gemm"], "quantize": ["fp8kit.bench.quantize"],
-            "linear": ["fp8kit.bench.linear_torch", "fp8kit.bench.dense_jax"],
+            "linear": ["fp8kit.bench.linear_torch", "fp8kit.bench.dense_jax",
+                       "fp8kit.bench.mlp_jax"],
             "overhead": ["fp8kit.bench.overhead"]}
-# --sections also takes one module of a section: the PyTorch or the JAX half of "linear".
+# --sections also takes one module of a section: the PyTorch Linear, the JAX dense or the
+# JAX MLP block part of "linear".
 _PARTS = {m.rsplit(".", 1)[1]: (s, m) for s, mods in _MODULES.items() if len(mods) > 1
           for m in mods}
 NOT_A_CLAIM = ("CPU quick mode: this run checks that the suite works end to end. Its numbers "
@@ -50,7 +52,7 @@ def _parser():
     p.add_argument("--json", default=None, help="JSON path (default OUT/bench.json)")
     p.add_argument("--sections", default=",".join(SECTIONS),
                    help=f"comma-separated subset of {','.join(SECTIONS)} (or of "
-                        f"{','.join(_PARTS)}: one half of linear)")
+                        f"{','.join(_PARTS)}: one part of linear)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true",
                       help="tiny sizes, few iterations (the default without a GPU)")
