@@ -1,5 +1,6 @@
 // fp8kit._torch_ext: the pybind11 module behind fp8kit.torch.
 #include "errors.h"
+#include "fused_ops.h"
 #include "linear.h"
 #include "ops.h"
 #include "quantizer.h"
@@ -11,4 +12,7 @@ PYBIND11_MODULE(_torch_ext, m) {
   fp8kit_torch::register_ops(m);
   fp8kit_torch::register_quantizers(m);
   fp8kit_torch::register_linear(m);
+  fp8kit_torch::register_normalization(m);
+  fp8kit_torch::register_activation(m);
+  fp8kit_torch::register_fused_layer_ops(m);
 }

@@ -1,0 +1,207 @@
+"""NumPy reimplementation of the fused ops' documented float32 arithmetic
+(common/include/fp8kit/normalization.h, activation.h, fused_cast.h), for
+bit-exact tests, and a float64 reference of the fused layers. Independent
+of fp8kit: NumPy float32/float64 and ml_dtypes only.
+
+float32 fma has no NumPy primitive: fma32 computes a * b + c exactly in
+float64 (the product of two float32 is exact there), keeps the rounding
+error of the sum (TwoSum) and rounds once to float32, settling the one case
+float64 rounding can spoil (a sum exactly halfway between two float32) by
+the sign of that error.
+"""
+
+import numpy as np
+
+from torch_reference import FP8_MAX
+
+F32 = np.float32
+F64 = np.float64
+
+
+def fma32(a, b, c) -> np.ndarray:
+    a, b, c = (np.asarray(v, F32).astype(F64) for v in (a, b, c))
+    p = a * b
+    s = p + c
+    bb = s - p
+    err = (p - (s - bb)) + (c - bb)
+    r = s.astype(F32)
+    r64 = r.astype(F64)
+    nb = np.where(s > r64, np.nextafter(r, F32(np.inf)), np.nextafter(r, F32(-np.inf)))
+    is_mid = (s != r64) & (s == (r64 + nb.astype(F64)) / 2)
+    toward = np.where(err > 0, np.maximum(r, nb), np.minimum(r, nb))
+    return np.where(is_mid & (err != 0), toward, r).astype(F32)
+
+
+# ------------------------------------------------------------ normalization
+def row_sum(v: np.ndarray) -> np.ndarray:
+    """The documented row sum: chunks of 8 consecutive elements, chunk k to
+    lane k mod 32, lanes add in index order, then the tree o = 16..1."""
+    rows, hidden = v.shape
+    lanes = np.zeros((rows, 32), F32)
+    for i in range(hidden):
+        k = (i // 8) % 32
+        lanes[:, k] = lanes[:, k] + v[:, i]
+    o = 16
+    while o:
+        lanes[:, :o] = lanes[:, :o] + lanes[:, o:2 * o]
+        o //= 2
+    return lanes[:, 0]
+
+
+def norm_forward(x, gamma, beta, layernorm: bool, eps: float):
+    """(y float32, mean or None, rsigma) in the documented order."""
+    x = np.asarray(x, F32)
+    h = F32(x.shape[1])
+    if layernorm:
+        mean = row_sum(x) / h
+        d = x - mean[:, None]
+        var = row_sum(d * d) / h
+    else:
+        mean = None
+        var = row_sum(x * x) / h
+    rsigma = F32(1) / np.sqrt(var + F32(eps))
+    xhat = (x - (mean[:, None] if layernorm else F32(0))) * rsigma[:, None]
+    g = np.asarray(gamma, F32)[None, :]
+    y = fma32(xhat, g, np.asarray(beta, F32)[None, :]) if layernorm else xhat * g
+    return y.astype(F32), mean, rsigma
+
+
+def _tile_sums(v: np.ndarray, tile: int = 32) -> np.ndarray:
+    """Column sums: tiles of `tile` rows add in order to 0, the tile
+    partials add in order to 0 (the norm backward's order)."""
+    total = np.zeros(v.shape[1], F32)
+    for start in range(0, v.shape[0], tile):
+        part = np.zeros(v.shape[1], F32)
+        for row in v[start:start + tile]:
+            part = part + row
+        total = total + part
+    return total
+
+
+def norm_backward(dy, x, mean, rsigma, gamma, layernorm: bool):
+    """(dx, dgamma, dbeta) in float32, the documented order."""
+    dy, x = np.asarray(dy, F32), np.asarray(x, F32)
+    h = F32(x.shape[1])
+    xhat = (x - (mean[:, None] if layernorm else F32(0))) * rsigma[:, None]
+    g = dy * np.asarray(gamma, F32)[None, :]
+    c1 = row_sum(xhat * g) / h
+    if layernorm:
+        c2 = row_sum(g) / h
+        t = fma32(xhat, np.broadcast_to(c1[:, None], xhat.shape),
+                  np.broadcast_to(c2[:, None], xhat.shape))
+    else:
+        t = xhat * c1[:, None]
+    dx = (g - t) * rsigma[:, None]
+    return dx, _tile_sums(dy * xhat), _tile_sums(dy)
+
+
+# ---------------------------------------------------------------- activations
+def _c(hexstr: str):
+    return F32(float.fromhex(hexstr))
+
+
+K0, K1, K1X3 = _c("0x1.988454p-1"), _c("0x1.6e4e26p-5"), _c("0x1.12ba9ep-3")
+_EXP_POLY = [_c(h) for h in ("0x1.a01a02p-16", "0x1.a01a02p-13", "0x1.6c16c2p-10",
+                             "0x1.111112p-7", "0x1.555556p-5", "0x1.555556p-3")]
+_EXPM1_POLY = [_c(h) for h in ("0x1.ae6456p-26", "0x1.27e4fcp-22", "0x1.71de3ap-19",
+                               "0x1.a01a02p-16", "0x1.a01a02p-13", "0x1.6c16c2p-10",
+                               "0x1.111112p-7", "0x1.555556p-5", "0x1.555556p-3")]
+
+
+def _pow2(k) -> np.ndarray:
+    return np.ldexp(F32(1), np.asarray(k, np.int32)).astype(F32)
+
+
+def exp32(x) -> np.ndarray:
+    """fp8kit's exp_f32 (finite x in [-104, 88.8] here; the tests stay inside)."""
+    x = np.asarray(x, F32)
+    k = np.rint(x * _c("0x1.715476p+0")).astype(F32)
+    r = fma32(k, -_c("0x1.62e4p-1"), x)
+    r = fma32(k, -_c("0x1.7f7d1cp-20"), r)
+    p = _EXP_POLY[0]
+    for coef in _EXP_POLY[1:]:
+        p = fma32(p, r, coef)
+    p = fma32(p, r, F32(0.5))
+    p = fma32(p, r, F32(1))
+    e = fma32(p, r, F32(1))
+    ki = k.astype(np.int32)
+    low = (e * _pow2(np.clip(ki + 64, -126, 127))) * _pow2(-64)
+    out = np.where(ki < -126, low, e * _pow2(np.clip(ki, -126, 127)))
+    out = np.where(x > F32(88.8), F32(np.inf), out)
+    return np.where(x < F32(-104), F32(0), out).astype(F32)
+
+
+def _expm1_nonneg(y) -> np.ndarray:
+    p = _EXPM1_POLY[0]
+    for coef in _EXPM1_POLY[1:]:
+        p = fma32(p, y, coef)
+    p = fma32(p, y, F32(0.5))
+    p = fma32(p, y, F32(1))
+    return np.where(y >= F32(1), exp32(y) - F32(1), p * y).astype(F32)
+
+
+def tanh32(x) -> np.ndarray:
+    x = np.asarray(x, F32)
+    a = np.abs(x)
+    t = _expm1_nonneg(np.minimum(a, F32(9.1)) * F32(2))  # the rest is +-1
+    return np.where(a >= F32(9.1), np.copysign(F32(1), x),
+                    np.copysign(t / (t + F32(2)), x)).astype(F32)
+
+
+def sigmoid32(x) -> np.ndarray:
+    x = np.asarray(x, F32)
+    e_neg = exp32(np.minimum(x, F32(0)))  # x < 0 branch
+    e_pos = exp32(-np.maximum(x, F32(0)))
+    return np.where(x < 0, e_neg / (F32(1) + e_neg), F32(1) / (F32(1) + e_pos)).astype(F32)
+
+
+def gelu32(x) -> np.ndarray:
+    x = np.asarray(x, F32)
+    t = tanh32(K0 * fma32(K1, (x * x) * x, x))
+    one_plus_t = F32(1) + t
+    return np.where(one_plus_t == 0, np.copysign(F32(0), x),
+                    (F32(0.5) * x) * one_plus_t).astype(F32)
+
+
+def gelu_grad32(x) -> np.ndarray:
+    x = np.asarray(x, F32)
+    x2 = x * x
+    t = tanh32(K0 * fma32(K1, x2 * x, x))
+    left = F32(0.5) * (F32(1) + t)
+    dt = fma32(-t, t, F32(1))
+    dinner = K0 * fma32(K1X3, x2, F32(1))
+    return np.where(dt == 0, left, fma32((F32(0.5) * x) * dt, dinner, left)).astype(F32)
+
+
+def silu32(g) -> np.ndarray:
+    g = np.asarray(g, F32)
+    return (g * sigmoid32(g)).astype(F32)
+
+
+def silu_grad32(g) -> np.ndarray:
+    s = sigmoid32(g)
+    return (s * fma32(g, F32(1) - s, F32(1))).astype(F32)
+
+
+def activation_forward(h, activation: str) -> np.ndarray:
+    h = np.asarray(h, F32)
+    if activation == "gelu":
+        return gelu32(h)
+    f = h.shape[-1] // 2
+    return (silu32(h[..., :f]) * h[..., f:]).astype(F32)
+
+
+def activation_backward(d_a, h, activation: str) -> np.ndarray:
+    d_a, h = np.asarray(d_a, F32), np.asarray(h, F32)
+    if activation == "gelu":
+        return (d_a * gelu_grad32(h)).astype(F32)
+    f = h.shape[-1] // 2
+    gate, up = h[..., :f], h[..., f:]
+    return np.concatenate([(d_a * up) * silu_grad32(gate), d_a * silu32(gate)], -1).astype(F32)
+
+
+# ------------------------------------------------------------------ the cast
+def seed_scale(amax, fmt: str, margin: int = 0) -> np.float32:
+    """A fresh delayed-scaling slot's scale (and current scaling's without
+    epsilon): (fp8_max / amax) * 2**-margin in float32."""
+    return F32(F32(FP8_MAX[fmt]) / F32(amax)) * F32(2.0 ** -margin)

@@ -1,0 +1,167 @@
+// activation_forward / activation_backward: GELU (tanh) and SwiGLU with the
+// FP8 cast of their outputs fused in (fp8kit/activation.h).
+#include <string>
+#include <vector>
+
+#include "core_calls.h"
+#include "descriptors.h"
+#include "errors.h"
+#include "fused_cast.h"
+#include "fused_ops.h"
+#include "fused_tensors.h"
+#include "py_values.h"
+
+namespace py = pybind11;
+
+namespace fp8kit_torch {
+namespace {
+
+// "gelu" / "swiglu" -> the core's activation.
+fp8kit_activation read_activation(py::handle v, const char* fn) {
+  const std::string name = read_str(v, c10::str(fn, ": activation"));
+  if (name == "gelu") return FP8KIT_GELU;
+  if (name == "swiglu") return FP8KIT_SWIGLU;
+  C10_THROW_ERROR(ValueError,
+                  c10::str(fn, ": activation is '", name, "'; use 'gelu' or 'swiglu'"));
+}
+
+// The shape of a = act(h): h's, with the last dimension halved for
+// SwiGLU ([gate | up] -> F). Checks h's last dimension.
+std::vector<int64_t> output_shape(const char* fn, fp8kit_activation act, const at::Tensor& h) {
+  const int64_t last = h.size(-1);
+  const int64_t multiple = act == FP8KIT_SWIGLU ? 2 * FP8KIT_GEMM_DIM_MULTIPLE
+                                                : FP8KIT_GEMM_DIM_MULTIPLE;
+  FP8KIT_VALUE_CHECK(last > 0 && last % multiple == 0, fn, ": h has last dimension ", last, "; ",
+                     act == FP8KIT_SWIGLU ? "SwiGLU's h is [gate | up], 2F wide"
+                                          : "GELU's h is F wide",
+                     ", with F a positive multiple of ", FP8KIT_GEMM_DIM_MULTIPLE,
+                     " (the inner dimension of the FP8 GEMM that reads the output)");
+  std::vector<int64_t> s = h.sizes().vec();
+  if (act == FP8KIT_SWIGLU) s.back() = last / 2;
+  return s;
+}
+
+py::tuple activation_forward(py::handle h_in, py::handle activation, py::handle state,
+                             py::handle slot_in, py::handle record_in, py::handle rowwise_in,
+                             py::handle columnwise_in, py::handle want_a_in) {
+  FP8KIT_PROFILE_SCOPE("fp8kit::activation_forward");
+  constexpr const char* fn = "fp8kit.torch.activation_forward";
+  const fp8kit_activation act = read_activation(activation, fn);
+  LinearState& st = read_linear_state(state, c10::str(fn, ": state"));
+  const int slot = read_slot(slot_in, c10::str(fn, ": slot"));
+  const bool record = read_bool(record_in, c10::str(fn, ": record"));
+  const bool rowwise = read_bool(rowwise_in, c10::str(fn, ": rowwise"));
+  const bool columnwise = read_bool(columnwise_in, c10::str(fn, ": columnwise"));
+  const bool want_a = read_bool(want_a_in, c10::str(fn, ": want_a"));
+  const at::Tensor h = fused_input(fn, "h", read_tensor(h_in, c10::str(fn, ": h")), st);
+  const std::vector<int64_t> a_shape = output_shape(fn, act, h);
+  check_copies(fn, rowwise, columnwise);
+
+  const at::Tensor a = want_a ? at::empty(a_shape, h.options()) : at::Tensor();
+  const FusedCastOut out = alloc_fused_cast(st, slot, a_shape, rowwise, columnwise);
+  const fp8kit_device_type dev = device_type_of(h, fn, "h");
+  const fp8kit_tensor hd = describe(h, *high_precision_dtype(h.scalar_type()), dev);
+  fp8kit_tensor ad = want_a ? describe(a, hd.dtype, dev) : fp8kit_tensor{};
+  fp8kit_tensor values = hd;  // a's shape: where the cast's values live
+  values.shape[values.rank - 1] = a_shape.back();
+  {
+    DeviceScope scope(st.device);
+    const auto lock = lock_state(st.mu);
+    fp8kit_tensor od;
+    fp8kit_fused_cast cast;
+    describe_fused_cast(st, slot, record, out, values, &od, &cast);
+    void* stream = current_stream(h.device());
+    check_status(call_core(dev == FP8KIT_DEVICE_CPU, [&] {
+      return fp8kit_activation_forward(act, &hd, want_a ? &ad : nullptr, &od, &cast, stream);
+    }));
+    finish_fused_cast(st, slot, record);
+  }
+  return py::make_tuple(optional_tensor(out.data), optional_tensor(out.columnwise_data),
+                        out.scale_inv(), optional_tensor(a));
+}
+
+py::tuple activation_backward(py::handle d_a_in, py::handle h_in, py::handle activation,
+                              py::handle state, py::handle slot_in, py::handle record_in,
+                              py::handle rowwise_in, py::handle columnwise_in,
+                              py::handle sums_dtype, py::handle want_dh_in) {
+  FP8KIT_PROFILE_SCOPE("fp8kit::activation_backward");
+  constexpr const char* fn = "fp8kit.torch.activation_backward";
+  const fp8kit_activation act = read_activation(activation, fn);
+  LinearState& st = read_linear_state(state, c10::str(fn, ": state"));
+  const int slot = read_slot(slot_in, c10::str(fn, ": slot"));
+  const bool record = read_bool(record_in, c10::str(fn, ": record"));
+  const bool rowwise = read_bool(rowwise_in, c10::str(fn, ": rowwise"));
+  const bool columnwise = read_bool(columnwise_in, c10::str(fn, ": columnwise"));
+  const bool want_dh = read_bool(want_dh_in, c10::str(fn, ": want_dh"));
+  const at::Tensor h = fused_input(fn, "h", read_tensor(h_in, c10::str(fn, ": h")), st);
+  const std::vector<int64_t> a_shape = output_shape(fn, act, h);
+  const at::Tensor d_a =
+      fused_like(fn, "d_a", read_tensor(d_a_in, c10::str(fn, ": d_a")), h, "h", a_shape);
+  check_copies(fn, rowwise, columnwise);
+  const int64_t cols = h.size(-1), rows = h.numel() / cols;
+  std::optional<at::ScalarType> sums_type;
+  if (!sums_dtype.is_none()) {
+    FP8KIT_TYPE_CHECK(THPDtype_Check(sums_dtype.ptr()), fn, ": sums_dtype is ",
+                      py::str(sums_dtype).cast<std::string>(),
+                      "; it must be None or a torch.dtype (the bias's)");
+    sums_type = reinterpret_cast<THPDtype*>(sums_dtype.ptr())->scalar_type;
+    FP8KIT_TYPE_CHECK(high_precision_dtype(*sums_type).has_value(), fn, ": sums_dtype is ",
+                      dtype_str(*sums_type),
+                      "; use torch.float32, torch.bfloat16 or torch.float16");
+    FP8KIT_VALUE_CHECK(columnwise && rows > 1 && cols > 1, fn,
+                       ": column sums come out of the cast+transpose pass: they need "
+                       "columnwise=True and h with more than one row and column (sum dh "
+                       "yourself otherwise)");
+  }
+
+  const at::Tensor dh = want_dh ? at::empty_like(h) : at::Tensor();
+  const FusedCastOut out = alloc_fused_cast(st, slot, h.sizes(), rowwise, columnwise);
+  const fp8kit_device_type dev = device_type_of(h, fn, "h");
+  const fp8kit_tensor hd = describe(h, *high_precision_dtype(h.scalar_type()), dev);
+  const fp8kit_tensor dad = describe(d_a, hd.dtype, dev);
+  fp8kit_tensor dhd = want_dh ? describe(dh, hd.dtype, dev) : fp8kit_tensor{};
+  at::Tensor sums;
+  {
+    DeviceScope scope(st.device);
+    const auto lock = lock_state(st.mu);  // the state and the sums' tile counters
+    ColumnSums cs;
+    if (sums_type) {
+      cs = alloc_column_sums(st, rows, cols, *sums_type);
+      sums = cs.sums;
+    }
+    fp8kit_tensor od;
+    fp8kit_fused_cast cast;
+    describe_fused_cast(st, slot, record, out, hd, &od, &cast);
+    void* stream = current_stream(h.device());
+    check_status(call_core(dev == FP8KIT_DEVICE_CPU, [&] {
+      return fp8kit_activation_backward(act, &dad, &hd, want_dh ? &dhd : nullptr, &od, &cast,
+                                        sums_type ? &cs.desc : nullptr, stream);
+    }));
+    finish_fused_cast(st, slot, record);
+  }
+  return py::make_tuple(optional_tensor(out.data), optional_tensor(out.columnwise_data),
+                        out.scale_inv(), optional_tensor(sums), optional_tensor(dh));
+}
+
+}  // namespace
+
+void register_activation(py::module_& m) {
+  m.def("activation_forward", &activation_forward, py::arg("h"), py::arg("activation"),
+        py::arg("state"), py::arg("slot"), py::arg("record"), py::arg("rowwise") = true,
+        py::arg("columnwise") = false, py::arg("want_a") = false,
+        "a = gelu(h) ('gelu', tanh approximation) or silu(gate) * up ('swiglu', h = [gate | up] "
+        "along the last dimension) with the FP8 cast of the float32 a fused in, cast with slot "
+        "`slot` of LinearState `state`. Returns (data, columnwise_data, scale_inv, a): the FP8 "
+        "copies asked for (else None), 1/the scale used (float32[1]), a in h's dtype when "
+        "want_a.");
+  m.def("activation_backward", &activation_backward, py::arg("d_a"), py::arg("h"),
+        py::arg("activation"), py::arg("state"), py::arg("slot"), py::arg("record") = true,
+        py::arg("rowwise") = true, py::arg("columnwise") = false,
+        py::arg("sums_dtype") = py::none(), py::arg("want_dh") = false,
+        "dh = d_a * act'(h) with its FP8 cast fused in (slot `slot` of `state`). Returns "
+        "(data, columnwise_data, scale_inv, sums, dh): sums, when sums_dtype is a dtype, are "
+        "dh's column sums in it (the bias gradient of the Linear that produced h; needs "
+        "columnwise=True), dh in h's dtype when want_dh.");
+}
+
+}  // namespace fp8kit_torch

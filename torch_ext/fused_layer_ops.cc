@@ -1,0 +1,103 @@
+// The Linear pieces the fused layers (fp8kit/torch/layernorm_linear.py,
+// layernorm_mlp.py) use around the fused kernels: quantize_slot casts a
+// weight or an output gradient into a LinearState slot (as the Linear layer
+// casts its own), linear_plan returns the core's plan of which copies each
+// cast writes and which the forward keeps.
+#include <string>
+
+#include "core_calls.h"
+#include "descriptors.h"
+#include "errors.h"
+#include "fused_cast.h"
+#include "fused_ops.h"
+#include "fused_tensors.h"
+#include "linear_autograd.h"
+#include "py_values.h"
+
+namespace py = pybind11;
+
+namespace fp8kit_torch {
+namespace {
+
+py::tuple quantize_slot(py::handle state, py::handle x_in, py::handle slot_in,
+                        py::handle record_in, py::handle rowwise_in, py::handle columnwise_in,
+                        py::handle sums_dtype) {
+  FP8KIT_PROFILE_SCOPE("fp8kit::quantize_slot");
+  constexpr const char* fn = "fp8kit.torch.quantize_slot";
+  LinearState& st = read_linear_state(state, c10::str(fn, ": state"));
+  const int slot = read_slot(slot_in, c10::str(fn, ": slot"));
+  const bool record = read_bool(record_in, c10::str(fn, ": record"));
+  const bool rowwise = read_bool(rowwise_in, c10::str(fn, ": rowwise"));
+  const bool columnwise = read_bool(columnwise_in, c10::str(fn, ": columnwise"));
+  const at::Tensor x = fused_input(fn, "x", read_tensor(x_in, c10::str(fn, ": x")), st);
+  check_copies(fn, rowwise, columnwise);
+  const int64_t cols = x.size(-1), rows = cols ? x.numel() / cols : 0;
+  std::optional<at::ScalarType> sums_type;
+  if (!sums_dtype.is_none()) {
+    FP8KIT_TYPE_CHECK(THPDtype_Check(sums_dtype.ptr()), fn, ": sums_dtype is ",
+                      py::str(sums_dtype).cast<std::string>(),
+                      "; it must be None or a torch.dtype (the bias's)");
+    sums_type = reinterpret_cast<THPDtype*>(sums_dtype.ptr())->scalar_type;
+    FP8KIT_TYPE_CHECK(high_precision_dtype(*sums_type).has_value(), fn, ": sums_dtype is ",
+                      dtype_str(*sums_type),
+                      "; use torch.float32, torch.bfloat16 or torch.float16");
+    FP8KIT_VALUE_CHECK(columnwise && rows > 1 && cols > 1, fn,
+                       ": column sums come out of the cast+transpose pass: they need "
+                       "columnwise=True and x with more than one row and column (sum x "
+                       "yourself otherwise)");
+  }
+  const FusedCastOut out = alloc_fused_cast(st, slot, x.sizes(), rowwise, columnwise);
+  at::Tensor sums;
+  {
+    DeviceScope scope(st.device);
+    const auto lock = lock_state(st.mu);
+    ColumnSums cs;
+    SlotJob job{slot, &x, out.data, out.columnwise_data, out.scalars.data_ptr<float>()};
+    if (sums_type) {
+      cs = alloc_column_sums(st, rows, cols, *sums_type);
+      sums = cs.sums;
+      job.sums = cs.desc;
+    }
+    st.quantize_slots(&job, 1, record);
+  }
+  return py::make_tuple(optional_tensor(out.data), optional_tensor(out.columnwise_data),
+                        out.scale_inv(), optional_tensor(sums));
+}
+
+py::tuple copies(fp8kit_copies c) { return py::make_tuple(c.rowwise != 0, c.columnwise != 0); }
+
+py::tuple plan(int64_t tokens, int64_t in_features, int64_t out_features, bool dgrad, bool wgrad,
+               bool non_tn) {
+  LinearCall call;
+  call.m = tokens;
+  call.k = in_features;
+  call.n = out_features;
+  call.dgrad = dgrad;
+  call.wgrad = wgrad;
+  call.non_tn = non_tn;
+  const fp8kit_linear_plan p = linear_plan(call);
+  return py::make_tuple(copies(p.quantize[kInput]), copies(p.quantize[kWeight]),
+                        copies(p.quantize[kGrad]), copies(p.saved_input),
+                        copies(p.saved_weight), p.wgrad_columnwise != 0, p.wgrad_inner);
+}
+
+}  // namespace
+
+void register_fused_layer_ops(py::module_& m) {
+  m.def("quantize_slot", &quantize_slot, py::arg("state"), py::arg("x"), py::arg("slot"),
+        py::arg("record"), py::arg("rowwise") = true, py::arg("columnwise") = false,
+        py::arg("sums_dtype") = py::none(),
+        "Casts x to FP8 with slot `slot` of LinearState `state`, as the Linear layer casts its "
+        "weight and grad_output (delayed scaling: the slot's scale, seeded from x when fresh; "
+        "record: roll x's amax in). Returns (data, columnwise_data, scale_inv, sums): sums, "
+        "when sums_dtype is a dtype, are x's column sums in it (needs columnwise=True).");
+  m.def("linear_plan", &plan, py::arg("tokens"), py::arg("in_features"),
+        py::arg("out_features"), py::arg("dgrad"), py::arg("wgrad"), py::arg("non_tn"),
+        "The core's plan (fp8kit_linear_plan_make, weight [out, in]) as a tuple: the (rowwise, "
+        "columnwise) copies the input's, the weight's and grad_output's casts write, the "
+        "copies of the input and of the weight the forward keeps, whether wgrad reads "
+        "columnwise copies, and wgrad's inner dimension (tokens, padded to "
+        "GEMM_DIM_MULTIPLE when columnwise).");
+}
+
+}  // namespace fp8kit_torch

@@ -1,0 +1,44 @@
+// Argument checks of the fused-op bindings (normalization.cc,
+// activation.cc, fused_layer_ops.cc): each names the function, the
+// argument and the fix, before a descriptor is made.
+#ifndef FP8KIT_TORCH_EXT_FUSED_TENSORS_H_
+#define FP8KIT_TORCH_EXT_FUSED_TENSORS_H_
+
+#include <cstdint>
+
+#include "linear_state.h"
+#include "torch_includes.h"
+
+namespace fp8kit_torch {
+
+// A fused op's main input: float32 / bfloat16 / float16, rank 1..8, on a
+// CPU or CUDA device (the state's, when given), returned contiguous, with
+// 16-byte aligned data (the kernels' vectors).
+at::Tensor fused_input(const char* fn, const char* arg, const at::Tensor& t);
+at::Tensor fused_input(const char* fn, const char* arg, const at::Tensor& t,
+                       const LinearState& st);
+
+// A tensor of `ref`'s dtype, shape and device (a gradient), returned
+// contiguous and 16-byte aligned. `shape` overrides ref's shape.
+at::Tensor fused_like(const char* fn, const char* arg, const at::Tensor& t, const at::Tensor& ref,
+                      const char* ref_arg);
+at::Tensor fused_like(const char* fn, const char* arg, const at::Tensor& t, const at::Tensor& ref,
+                      const char* ref_arg, at::IntArrayRef shape);
+
+// A norm parameter: x's dtype and device, [hidden], contiguous, aligned.
+void check_param(const char* fn, const char* arg, const at::Tensor& p, const at::Tensor& x,
+                 int64_t hidden);
+
+// mean / rsigma: float32 [rows] on x's device; returned contiguous.
+at::Tensor row_stats(const char* fn, const char* arg, const at::Tensor& t, const at::Tensor& x,
+                     int64_t rows);
+
+// At least one FP8 copy asked for.
+void check_copies(const char* fn, bool rowwise, bool columnwise);
+
+// An undefined tensor as None.
+pybind11::object optional_tensor(const at::Tensor& t);
+
+}  // namespace fp8kit_torch
+
+#endif  // FP8KIT_TORCH_EXT_FUSED_TENSORS_H_
