@@ -4,13 +4,15 @@ Functional ops (fp8kit.torch.ops): amax, quantize, quantize_current_scaling,
 dequantize, delayed_scaling_update, gemm, supports_non_tn_fp8_gemm.
 Quantizers (C++): Float8Quantizer (delayed scaling),
 Float8CurrentScalingQuantizer; calling one returns a Float8Tensor.
-Tensors: QuantizedTensor, Float8Tensor. Modules: Linear, used inside
-autocast(recipe=...).
+Tensors: QuantizedTensor, Float8Tensor. Modules: Linear and the fused
+LayerNormLinear and LayerNormMLP, used inside autocast(recipe=...).
 """
 
 from fp8kit.recipe import AmaxReduction, CurrentScaling, DelayedScaling, Format  # noqa: F401
 from fp8kit.torch.autocast import autocast, current_recipe
 from fp8kit.torch.float8_tensor import Float8Tensor
+from fp8kit.torch.layernorm_linear import LayerNormLinear
+from fp8kit.torch.layernorm_mlp import LayerNormMLP
 from fp8kit.torch.linear import Linear
 from fp8kit.torch.ops import (amax, built_with_cuda, delayed_scaling_update, dequantize, gemm,
                               quantize, quantize_current_scaling, supports_non_tn_fp8_gemm)
@@ -22,8 +24,8 @@ __all__ = [
     "amax", "quantize", "quantize_current_scaling", "dequantize", "delayed_scaling_update",
     "gemm", "supports_non_tn_fp8_gemm", "built_with_cuda", "Quantizer", "Float8Quantizer",
     "Float8CurrentScalingQuantizer", "quantizer_for", "QuantizedTensor", "Float8Tensor",
-    "Linear", "autocast", "current_recipe", "DelayedScaling", "CurrentScaling", "Format",
-    "AmaxReduction",
+    "Linear", "LayerNormLinear", "LayerNormMLP", "autocast", "current_recipe", "DelayedScaling",
+    "CurrentScaling", "Format", "AmaxReduction",
 ]
 
 

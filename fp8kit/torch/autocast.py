@@ -1,12 +1,14 @@
-"""fp8kit.torch.autocast: the context inside which fp8kit.torch.Linear
-layers run their GEMMs in FP8 with a scaling recipe.
+"""fp8kit.torch.autocast: the context inside which fp8kit.torch.Linear,
+LayerNormLinear and LayerNormMLP layers run their GEMMs in FP8 with a
+scaling recipe.
 
     with fp8kit.torch.autocast(recipe=DelayedScaling()):
         y = model(x)
     y.backward(dy)        # backward uses the recipe the forward used
 
 Outside the context (or with enabled=False) the layers compute exactly as
-torch.nn.Linear. The state is per thread; contexts nest.
+torch.nn.Linear (and torch's norm and activation) do. The state is per
+thread; contexts nest.
 """
 
 from __future__ import annotations

@@ -1,0 +1,207 @@
+"""What the fused layers (LayerNormLinear, LayerNormMLP) share: the
+normalization's parameters and high-precision math, the FP8 scaling states
+(one ext.LinearState per GEMM and recipe, as fp8kit.torch.Linear keeps
+one per recipe), their checkpoint form, device moves and pickling, and the
+dtype/device checks of a call.
+
+Extra state (format 1; plain values and tensors only, so it loads with
+torch.load(weights_only=True)):
+    {"format": 1, "layer": "<class name>",
+     "gemms": {"<gemm name>": [one LinearState.get_state() dict per recipe]}}
+with the gemm names of the layer (LayerNormLinear: "linear"; LayerNormMLP:
+"fc1", "fc2").
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from fp8kit.torch._linear_states import RecipeStates
+from fp8kit.torch.linear import _autocast_cast
+
+_EXTRA_STATE_FORMAT = 1
+NORMALIZATIONS = ("LayerNorm", "RMSNorm")
+_any_autocast = torch._C._is_any_autocast_enabled
+
+
+def check_normalization(cls: str, normalization, eps) -> None:
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"fp8kit.torch.{cls}: normalization is {normalization!r}; use "
+                         "'LayerNorm' or 'RMSNorm'")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
+        raise ValueError(f"fp8kit.torch.{cls}: eps is {eps!r}; it must be a finite float >= 0")
+
+
+def check_features(cls: str, name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"fp8kit.torch.{cls}: {name} is {value!r}; it must be a positive int")
+
+
+def init_linear(weight: torch.nn.Parameter, bias) -> None:
+    """torch.nn.Linear's initialization."""
+    torch.nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
+    if bias is not None:
+        bound = 1 / math.sqrt(weight.shape[1]) if weight.shape[1] > 0 else 0
+        torch.nn.init.uniform_(bias, -bound, bound)
+
+
+def read_norm(cls: str, norm) -> tuple:
+    """(normalization, eps, gamma, beta) of a torch.nn.LayerNorm / RMSNorm."""
+    fn = f"fp8kit.torch.{cls}.from_unfused"
+    if isinstance(norm, torch.nn.LayerNorm):
+        kind, beta = "LayerNorm", norm.bias
+    elif isinstance(norm, torch.nn.RMSNorm):
+        kind, beta = "RMSNorm", None
+    else:
+        raise TypeError(f"{fn}: norm must be a torch.nn.LayerNorm or torch.nn.RMSNorm, got "
+                        f"{type(norm).__name__}")
+    if len(norm.normalized_shape) != 1 or norm.weight is None:
+        raise ValueError(f"{fn}: norm must normalize one dimension with elementwise_affine=True "
+                         f"(got normalized_shape={tuple(norm.normalized_shape)}, "
+                         f"weight={'None' if norm.weight is None else 'set'})")
+    eps = norm.eps
+    if eps is None:  # RMSNorm's default: the dtype's machine epsilon
+        eps = torch.finfo(norm.weight.dtype).eps
+    if kind == "LayerNorm" and beta is None:
+        beta = torch.zeros_like(norm.weight)
+    return kind, eps, norm.weight, beta
+
+
+class FusedLayer(torch.nn.Module):
+    """Base of the fused layers: the norm's parameters (layer_norm_weight,
+    layer_norm_bias for LayerNorm) and the per-GEMM FP8 states."""
+
+    _GEMMS: tuple = ()  # the names of the layer's GEMMs, in order
+
+    def _init_norm(self, hidden: int, normalization: str, eps: float, device, dtype) -> None:
+        self.normalization = normalization
+        self.eps = float(eps)
+        kw = {"device": device, "dtype": dtype}
+        self.layer_norm_weight = torch.nn.Parameter(torch.ones(hidden, **kw))
+        if normalization == "LayerNorm":
+            self.layer_norm_bias = torch.nn.Parameter(torch.zeros(hidden, **kw))
+        else:
+            self.register_parameter("layer_norm_bias", None)
+        self._fp8_states = {g: RecipeStates() for g in self._GEMMS}
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        """The normalization in high precision (outside fp8kit autocast)."""
+        shape = (x.shape[-1],)
+        if self.normalization == "LayerNorm":
+            return F.layer_norm(x, shape, self.layer_norm_weight, self.layer_norm_bias, self.eps)
+        return F.rms_norm(x, shape, self.layer_norm_weight, self.eps)
+
+    def _fp8_inputs(self, x: torch.Tensor, params: list) -> tuple:
+        """x and the parameters as the FP8 path takes them: in torch.autocast's
+        dtype when it is on (as fp8kit.torch.Linear casts), one dtype and
+        device for all (RuntimeError / ValueError naming the fix otherwise),
+        x with 16-byte aligned data (the fused kernels' vectors)."""
+        cls = type(self).__name__
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"fp8kit.torch.{cls}: input must be a torch.Tensor, got "
+                            f"{type(x).__name__}")
+        if _any_autocast():
+            params = [_autocast_cast(x, p, None)[1] for p in params]
+            x = _autocast_cast(x, x, None)[0]
+        ref = params[0]
+        for p in params:
+            if p is not None and p.dtype != x.dtype:
+                raise RuntimeError(
+                    f"fp8kit.torch.{cls}: input has dtype {x.dtype} but the layer's parameters "
+                    f"have dtype {p.dtype}; convert the input (input.to({p.dtype})) or the layer "
+                    f"(layer.to({x.dtype})), or run under torch.autocast")
+        if x.device != ref.device:
+            raise ValueError(f"fp8kit.torch.{cls}: input is on {x.device} but the layer is on "
+                             f"{ref.device}; move the input (input.to({str(ref.device)!r})) or "
+                             "the layer (layer.to(device))")
+        if x.dim() < 1 or x.shape[-1] != ref.shape[-1]:
+            raise ValueError(f"fp8kit.torch.{cls}: input has shape {list(x.shape)} but the "
+                             f"layer's hidden size is {ref.shape[-1]}; the last dimension of "
+                             "input must equal it")
+        x = x.reshape(-1, x.shape[-1])
+        if x.data_ptr() % 16:
+            x = x.clone()
+        return x, params
+
+    def _select_states(self, recipe, weights) -> tuple:
+        """(one LinearState per GEMM, forward_fast_accumulation) for `recipe`."""
+        fast = False
+        states = []
+        for g, w in zip(self._GEMMS, weights):
+            st, fast = self._fp8_states[g].select(recipe, w, False)
+            states.append(st)
+        return states, fast
+
+    # ------------------------------------------------------------ FP8 state
+    def fp8_state_for(self, recipe):
+        """The LinearStates (one per GEMM, in _GEMMS order) `recipe` runs
+        with, or None before its first use."""
+        states = tuple(self._fp8_states[g].get(recipe) for g in self._GEMMS)
+        return None if any(s is None for s in states) else states
+
+    @property
+    def fp8_states(self) -> dict:
+        """{gemm name: every recipe's LinearState, in the order first used}."""
+        return {g: self._fp8_states[g].all() for g in self._GEMMS}
+
+    def get_extra_state(self):
+        return {"format": _EXTRA_STATE_FORMAT, "layer": type(self).__name__,
+                "gemms": {g: [st.get_state() for st in self._fp8_states[g].all()]
+                          for g in self._GEMMS}}
+
+    def set_extra_state(self, state) -> None:
+        cls = type(self).__name__
+        where = f"fp8kit.torch.{cls}: " + (getattr(self, "_fp8_loading", None) or "_extra_state")
+        ok = (isinstance(state, dict) and state.get("format") == _EXTRA_STATE_FORMAT
+              and state.get("layer") == cls and isinstance(state.get("gemms"), dict))
+        if not ok:
+            raise ValueError(
+                f"{where} is not an fp8kit {cls} FP8 state of format {_EXTRA_STATE_FORMAT}; it "
+                "was written by another fp8kit version or another layer type. Drop its "
+                "'_extra_state' entries to load the weights with a fresh FP8 state.")
+        device = self.layer_norm_weight.device
+        states = {}
+        for g in self._GEMMS:
+            entries = state["gemms"].get(g, [])
+            states[g] = RecipeStates.from_checkpoint({"states": entries}, device, False,
+                                                     f"{where}['gemms'][{g!r}]")
+        self._fp8_states = states
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        self._fp8_loading = repr(prefix + "_extra_state")
+        try:
+            super()._load_from_state_dict(state_dict, prefix, local_metadata, strict,
+                                          missing_keys, unexpected_keys, error_msgs)
+        finally:
+            del self._fp8_loading
+        key = prefix + "_extra_state"  # a checkpoint without FP8 state starts fresh
+        if key in missing_keys:
+            missing_keys.remove(key)
+
+    def _apply(self, fn, *args, **kwargs):
+        out = super()._apply(fn, *args, **kwargs)
+        device = self.layer_norm_weight.device
+        for g in self._GEMMS:
+            for st in self._fp8_states[g].all():
+                if st.device != device:
+                    st.to(device)
+        return out
+
+    # Pickling (torch.save(module), copy.deepcopy): the C++ states travel as
+    # the extra state.
+    def __getstate__(self):
+        d = self.__dict__.copy()
+        d["_fp8_saved"] = self.get_extra_state()
+        d["_fp8_states"] = None
+        return d
+
+    def __setstate__(self, d):
+        saved = d.pop("_fp8_saved", None)
+        super().__setstate__(d)
+        self._fp8_states = {g: RecipeStates() for g in self._GEMMS}
+        if saved is not None:
+            self.set_extra_state(saved)

@@ -1,0 +1,175 @@
+"""fp8kit.torch.LayerNormLinear: y = Linear(norm(x)) with the FP8 cast of
+the normalized x fused into the normalization.
+
+Inside fp8kit.torch.autocast the normalization kernel (ext.norm_forward)
+writes the FP8 input of the GEMM directly, in the copies the core's plan
+asks for (rowwise for the forward GEMM, columnwise for wgrad on TN-only
+devices); those FP8 copies are what backward keeps, never the
+high-precision normalized x. Backward quantizes dy (its column sums are the
+bias gradient), runs the dgrad and wgrad FP8 GEMMs, then the normalization
+backward for dx, d(layer_norm_weight) and d(layer_norm_bias). Outside
+autocast it computes exactly torch's norm followed by F.linear.
+
+Scaling state: one ext.LinearState per recipe (fp8_state_for(recipe)
+returns it as a 1-tuple), with the three slots of fp8kit/linear.h:
+    0  the normalized x (the GEMM's input)   forward format
+    1  weight                                forward format
+    2  dy, the output gradient               backward format
+seeded and recorded exactly as fp8kit.torch.Linear's (a forward that
+computes no gradient records nothing).
+
+state_dict keys: layer_norm_weight, layer_norm_bias (LayerNorm only),
+weight [out_features, in_features], bias, _extra_state (fp8kit's
+_fused_module docstring describes it).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from fp8kit.torch import _fused_gemm as G
+from fp8kit.torch._ext import ext
+from fp8kit.torch._fused_module import (FusedLayer, check_features, check_normalization,
+                                        init_linear, read_norm)
+from fp8kit.torch.autocast import STATE as _AUTOCAST
+
+_norm_forward = ext.norm_forward
+_norm_backward = ext.norm_backward
+
+
+class LayerNormLinear(FusedLayer):
+    """norm (LayerNorm or RMSNorm over in_features) followed by a Linear,
+    in FP8 inside fp8kit.torch.autocast."""
+
+    _GEMMS = ("linear",)
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 normalization: str = "LayerNorm", eps: float = 1e-5, device=None,
+                 dtype=None) -> None:
+        super().__init__()
+        check_features("LayerNormLinear", "in_features", in_features)
+        check_features("LayerNormLinear", "out_features", out_features)
+        check_normalization("LayerNormLinear", normalization, eps)
+        self.in_features, self.out_features = in_features, out_features
+        self._init_norm(in_features, normalization, eps, device, dtype)
+        kw = {"device": device, "dtype": dtype}
+        self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, **kw))
+        if bias:
+            self.bias = torch.nn.Parameter(torch.empty(out_features, **kw))
+        else:
+            self.register_parameter("bias", None)
+        init_linear(self.weight, self.bias)
+
+    @classmethod
+    def from_unfused(cls, norm: torch.nn.Module, linear: torch.nn.Linear) -> "LayerNormLinear":
+        """The layer computing linear(norm(x)), with copies of their parameters
+        (norm: torch.nn.LayerNorm or torch.nn.RMSNorm over one dimension, with
+        its elementwise affine parameters)."""
+        normalization, eps, gamma, beta = read_norm("LayerNormLinear", norm)
+        if not isinstance(linear, torch.nn.Linear):
+            raise TypeError("fp8kit.torch.LayerNormLinear.from_unfused: linear must be a "
+                            f"torch.nn.Linear, got {type(linear).__name__}")
+        if linear.in_features != gamma.shape[0]:
+            raise ValueError("fp8kit.torch.LayerNormLinear.from_unfused: linear.in_features is "
+                             f"{linear.in_features} but the norm is over {gamma.shape[0]} "
+                             "features; they must match")
+        w = linear.weight
+        layer = cls(linear.in_features, linear.out_features, linear.bias is not None,
+                    normalization, eps, device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            layer.layer_norm_weight.copy_(gamma)
+            if beta is not None:
+                layer.layer_norm_bias.copy_(beta)
+            layer.weight.copy_(w)
+            if linear.bias is not None:
+                layer.bias.copy_(linear.bias)
+        return layer
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        recipe = _AUTOCAST.recipe
+        if recipe is None:
+            return F.linear(self._norm(input), self.weight, self.bias)
+        p = self._parameters
+        params = [p["layer_norm_weight"], p["layer_norm_bias"], p["weight"], p["bias"]]
+        x, (gamma, beta, weight, bias) = self._fp8_inputs(input, params)
+        (state,), fast = self._select_states(recipe, (weight,))
+        call = _Call(state, fast, self.normalization, self.eps)
+        tensors = (x, gamma, beta, weight, bias)
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+            y = _LayerNormLinearFunction.apply(call, *tensors)
+        else:
+            y = _forward(call, x, gamma, beta, weight, bias, None)
+        return y.view(*input.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, normalization={self.normalization}, "
+                f"eps={self.eps}")
+
+
+class _Call:
+    """What one call runs with besides its tensors."""
+    __slots__ = ("state", "fast", "normalization", "eps")
+
+    def __init__(self, state, fast, normalization, eps):
+        self.state, self.fast = state, fast
+        self.normalization, self.eps = normalization, eps
+
+
+def _forward(call, x, gamma, beta, weight, bias, ctx):
+    """The FP8 forward; with ctx (a pass that computes gradients) it records
+    the scaling state and saves the FP8 copies backward reads."""
+    st = call.state
+    m, k = x.shape
+    n = weight.shape[0]
+    record = ctx is not None
+    dgrad = record and any(ctx.needs_input_grad[1:4])
+    wgrad = record and ctx.needs_input_grad[4]
+    p = G.plan(m, k, n, dgrad, wgrad, st.non_tn)
+    x_data, x_cw, x_sinv, mean, rsigma, _ = _norm_forward(
+        x, gamma, beta, call.normalization, call.eps, st, G.INPUT, record, *p.input)
+    w_data, w_cw, w_sinv, _ = G.quantize_slot(st, weight, G.WEIGHT, record, *p.weight)
+    y = G.fprop(x_data, x_sinv, w_data, w_sinv, bias, x.dtype, call.fast)
+    if record:
+        ctx.call, ctx.plan = call, p
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        ctx.save_for_backward(x, mean, rsigma, gamma, G.kept(p.saved_input, x_data, x_cw),
+                              x_sinv, G.kept(p.saved_weight, w_data, w_cw), w_sinv)
+    return y
+
+
+class _LayerNormLinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, call, x, gamma, beta, weight, bias):
+        return _forward(call, x, gamma, beta, weight, bias, ctx)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, mean, rsigma, gamma, x_kept, x_sinv, w_kept, w_sinv = ctx.saved_tensors
+        call, fwd_plan = ctx.call, ctx.plan
+        st = call.state
+        needs = ctx.needs_input_grad
+        m, k = x.shape
+        n = dy.shape[-1]
+        want_dgrad, want_wgrad = any(needs[1:4]), needs[4]
+        bias_dtype = ctx.bias_dtype if needs[5] else None
+        dx = dgamma = dbeta = dw = db = None
+        if m == 0:  # no tokens: every gradient is zero
+            dx = torch.zeros_like(x) if needs[1] else None
+            dgamma = torch.zeros_like(gamma) if needs[2] else None
+            dbeta = torch.zeros_like(gamma) if needs[3] else None
+            dw = torch.zeros((n, k), dtype=x.dtype, device=x.device) if want_wgrad else None
+            db = torch.zeros(n, dtype=bias_dtype, device=x.device) if needs[5] else None
+            return None, dx, dgamma, dbeta, dw, db
+        dy = dy.reshape(m, n).contiguous()
+        # The backward's own plan (only the gradients asked for) picks dy's copies.
+        p = G.plan(m, k, n, want_dgrad, want_wgrad, st.non_tn)
+        dy_data, dy_cw, dy_sinv, db = G.cast_grad_output(st, dy, p, bias_dtype)
+        if want_dgrad:
+            d_norm = G.dgrad(dy_data, dy_sinv, w_kept, w_sinv, fwd_plan, x.dtype)
+            dx, dgamma, dbeta = _norm_backward(d_norm, x, mean, rsigma, gamma,
+                                               call.normalization, call.eps)
+        if want_wgrad:
+            dw = G.wgrad(dy_data, dy_cw, dy_sinv, x_kept, x_sinv, fwd_plan, x.dtype)
+        return None, dx, dgamma, dbeta, dw, db

@@ -1,0 +1,257 @@
+"""fp8kit.torch.LayerNormMLP: y = fc2(act(fc1(norm(x)))) with the FP8
+casts fused into the normalization and the activation.
+
+    fc1_weight  [ffn_hidden_size, hidden_size] for "gelu";
+                [2 * ffn_hidden_size, hidden_size] for "swiglu": the gate
+                rows first, then the up rows ([gate; up]), so that fc1's
+                output is [gate | up] along its last dimension
+    fc2_weight  [hidden_size, ffn_hidden_size]
+    activation  "gelu" (tanh approximation) or "swiglu" (silu(gate) * up)
+
+Inside fp8kit.torch.autocast the normalization kernel writes fc1's FP8
+input and the activation kernel fc2's FP8 input directly, each in the
+copies the core's plan asks for; backward keeps those FP8 copies, the input
+x (for the normalization backward) and fc1's output h (for the activation
+backward). Backward: dy is quantized (its column sums are fc2's bias
+gradient); fc2's dgrad gives d_a in the input's dtype and its wgrad dw2;
+the activation backward casts dh to FP8 (its column sums are fc1's bias
+gradient); fc1's dgrad and wgrad; the normalization backward last. Outside
+autocast it computes exactly torch's norm, F.linear and activation.
+
+Scaling state: per recipe, one ext.LinearState per GEMM
+(fp8_state_for(recipe) returns (fc1's, fc2's)), six slots in all, each
+GEMM's three in the order of fp8kit/linear.h:
+    fc1: 0 its input (the normalized x), 1 fc1_weight, 2 its output
+         gradient dh (backward format)
+    fc2: 0 its input (the activation a), 1 fc2_weight, 2 its output
+         gradient dy (backward format)
+seeded and recorded exactly as fp8kit.torch.Linear's.
+
+state_dict keys: layer_norm_weight, layer_norm_bias (LayerNorm only),
+fc1_weight, fc1_bias, fc2_weight, fc2_bias, _extra_state (the
+_fused_module docstring describes it; gemms "fc1" and "fc2").
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from fp8kit.torch import _fused_gemm as G
+from fp8kit.torch._ext import ext
+from fp8kit.torch._fused_module import (FusedLayer, check_features, check_normalization,
+                                        init_linear, read_norm)
+from fp8kit.torch.autocast import STATE as _AUTOCAST
+
+ACTIVATIONS = ("gelu", "swiglu")
+_norm_forward = ext.norm_forward
+_norm_backward = ext.norm_backward
+_activation_forward = ext.activation_forward
+_activation_backward = ext.activation_backward
+
+
+class LayerNormMLP(FusedLayer):
+    """norm -> fc1 -> activation -> fc2, in FP8 inside fp8kit.torch.autocast."""
+
+    _GEMMS = ("fc1", "fc2")
+
+    def __init__(self, hidden_size: int, ffn_hidden_size: int, bias: bool = True,
+                 normalization: str = "LayerNorm", activation: str = "gelu", eps: float = 1e-5,
+                 device=None, dtype=None) -> None:
+        super().__init__()
+        check_features("LayerNormMLP", "hidden_size", hidden_size)
+        check_features("LayerNormMLP", "ffn_hidden_size", ffn_hidden_size)
+        check_normalization("LayerNormMLP", normalization, eps)
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"fp8kit.torch.LayerNormMLP: activation is {activation!r}; use "
+                             "'gelu' or 'swiglu'")
+        self.hidden_size, self.ffn_hidden_size = hidden_size, ffn_hidden_size
+        self.activation = activation
+        self._init_norm(hidden_size, normalization, eps, device, dtype)
+        kw = {"device": device, "dtype": dtype}
+        fc1_rows = 2 * ffn_hidden_size if activation == "swiglu" else ffn_hidden_size
+        for name, shape in (("fc1", (fc1_rows, hidden_size)), ("fc2", (hidden_size,
+                                                                      ffn_hidden_size))):
+            self.register_parameter(f"{name}_weight", torch.nn.Parameter(torch.empty(shape, **kw)))
+            self.register_parameter(f"{name}_bias", torch.nn.Parameter(torch.empty(shape[0], **kw))
+                                    if bias else None)
+        init_linear(self.fc1_weight, self.fc1_bias)
+        init_linear(self.fc2_weight, self.fc2_bias)
+
+    @classmethod
+    def from_unfused(cls, norm: torch.nn.Module, fc1: torch.nn.Linear, fc2: torch.nn.Linear,
+                     activation: str = "gelu") -> "LayerNormMLP":
+        """The layer computing fc2(act(fc1(norm(x)))), with copies of their
+        parameters. For "swiglu", fc1 has 2 * ffn rows, the gate rows first
+        ([gate; up]), so fc1(x) = [gate | up]."""
+        fn = "fp8kit.torch.LayerNormMLP.from_unfused"
+        normalization, eps, gamma, beta = read_norm("LayerNormMLP", norm)
+        for name, lin in (("fc1", fc1), ("fc2", fc2)):
+            if not isinstance(lin, torch.nn.Linear):
+                raise TypeError(f"{fn}: {name} must be a torch.nn.Linear, got "
+                                f"{type(lin).__name__}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"{fn}: activation is {activation!r}; use 'gelu' or 'swiglu'")
+        hidden = gamma.shape[0]
+        ffn = fc2.in_features
+        fc1_rows = 2 * ffn if activation == "swiglu" else ffn
+        if (fc1.in_features, fc1.out_features, fc2.out_features) != (hidden, fc1_rows, hidden):
+            raise ValueError(
+                f"{fn}: the shapes do not chain: norm over {hidden}, fc1 {fc1.in_features} -> "
+                f"{fc1.out_features}, fc2 {fc2.in_features} -> {fc2.out_features}; with "
+                f"{activation!r} fc1 must be {hidden} -> {fc1_rows} and fc2 {ffn} -> {hidden}")
+        if (fc1.bias is None) != (fc2.bias is None):
+            raise ValueError(f"{fn}: fc1 and fc2 must both have a bias or both have none")
+        w = fc1.weight
+        layer = cls(hidden, ffn, fc1.bias is not None, normalization, activation, eps,
+                    device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            layer.layer_norm_weight.copy_(gamma)
+            if beta is not None:
+                layer.layer_norm_bias.copy_(beta)
+            layer.fc1_weight.copy_(fc1.weight)
+            layer.fc2_weight.copy_(fc2.weight)
+            if fc1.bias is not None:
+                layer.fc1_bias.copy_(fc1.bias)
+                layer.fc2_bias.copy_(fc2.bias)
+        return layer
+
+    def _act(self, h: torch.Tensor) -> torch.Tensor:
+        if self.activation == "gelu":
+            return F.gelu(h, approximate="tanh")
+        gate, up = h.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        recipe = _AUTOCAST.recipe
+        if recipe is None:
+            h = F.linear(self._norm(input), self.fc1_weight, self.fc1_bias)
+            return F.linear(self._act(h), self.fc2_weight, self.fc2_bias)
+        p = self._parameters
+        params = [p["layer_norm_weight"], p["layer_norm_bias"], p["fc1_weight"], p["fc1_bias"],
+                  p["fc2_weight"], p["fc2_bias"]]
+        x, params = self._fp8_inputs(input, params)
+        states, fast = self._select_states(recipe, (params[2], params[4]))
+        call = _Call(states, fast, self.normalization, self.eps, self.activation)
+        tensors = (x, *params)
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+            y = _LayerNormMLPFunction.apply(call, *tensors)
+        else:
+            y = _forward(call, *tensors, None)
+        return y.view(*input.shape[:-1], self.hidden_size)
+
+    def extra_repr(self) -> str:
+        return (f"hidden_size={self.hidden_size}, ffn_hidden_size={self.ffn_hidden_size}, "
+                f"bias={self.fc1_bias is not None}, normalization={self.normalization}, "
+                f"activation={self.activation}, eps={self.eps}")
+
+
+class _Call:
+    """What one call runs with besides its tensors."""
+    __slots__ = ("states", "fast", "normalization", "eps", "activation")
+
+    def __init__(self, states, fast, normalization, eps, activation):
+        self.states, self.fast = states, fast
+        self.normalization, self.eps, self.activation = normalization, eps, activation
+
+
+# needs_input_grad indices of _LayerNormMLPFunction.apply(call, x, gamma,
+# beta, w1, b1, w2, b2).
+_X, _GAMMA, _BETA, _W1, _B1, _W2, _B2 = range(1, 8)
+
+
+def _plans(call, m, k, f1, f, needs):
+    """fc1's and fc2's plans for the gradients `needs` asks for (None: a
+    forward without gradients)."""
+    non_tn = call.states[0].non_tn
+    if needs is None:
+        return G.plan(m, k, f1, False, False, non_tn), G.plan(m, f, k, False, False, non_tn)
+    dgrad1 = any(needs[_X:_BETA + 1])
+    wgrad1 = needs[_W1]
+    dgrad2 = dgrad1 or wgrad1 or needs[_B1]  # anything before fc2 wants d_a
+    return (G.plan(m, k, f1, dgrad1, wgrad1, non_tn),
+            G.plan(m, f, k, dgrad2, needs[_W2], non_tn))
+
+
+def _forward(call, x, gamma, beta, w1, b1, w2, b2, ctx):
+    """The FP8 forward; with ctx (a pass that computes gradients) it records
+    the scaling state and saves what backward reads."""
+    st1, st2 = call.states
+    m, k = x.shape
+    f1, f = w1.shape[0], w2.shape[1]
+    record = ctx is not None
+    p1, p2 = _plans(call, m, k, f1, f, ctx.needs_input_grad if record else None)
+    x_data, x_cw, x_sinv, mean, rsigma, _ = _norm_forward(
+        x, gamma, beta, call.normalization, call.eps, st1, G.INPUT, record, *p1.input)
+    w1_data, w1_cw, w1_sinv, _ = G.quantize_slot(st1, w1, G.WEIGHT, record, *p1.weight)
+    h = G.fprop(x_data, x_sinv, w1_data, w1_sinv, b1, x.dtype, call.fast)
+    a_data, a_cw, a_sinv, _ = _activation_forward(h, call.activation, st2, G.INPUT, record,
+                                                  *p2.input)
+    w2_data, w2_cw, w2_sinv, _ = G.quantize_slot(st2, w2, G.WEIGHT, record, *p2.weight)
+    y = G.fprop(a_data, a_sinv, w2_data, w2_sinv, b2, x.dtype, call.fast)
+    if record:
+        ctx.call, ctx.plans = call, (p1, p2)
+        ctx.bias_dtype = b1.dtype if b1 is not None else None
+        ctx.save_for_backward(
+            x, mean, rsigma, gamma, G.kept(p1.saved_input, x_data, x_cw), x_sinv,
+            G.kept(p1.saved_weight, w1_data, w1_cw), w1_sinv, h,
+            G.kept(p2.saved_input, a_data, a_cw), a_sinv, G.kept(p2.saved_weight, w2_data, w2_cw),
+            w2_sinv)
+    return y
+
+
+class _LayerNormMLPFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, call, x, gamma, beta, w1, b1, w2, b2):
+        return _forward(call, x, gamma, beta, w1, b1, w2, b2, ctx)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x, mean, rsigma, gamma, x_kept, x_sinv, w1_kept, w1_sinv, h, a_kept, a_sinv, w2_kept,
+         w2_sinv) = ctx.saved_tensors
+        call = ctx.call
+        st1, st2 = call.states
+        fwd1, fwd2 = ctx.plans
+        needs = ctx.needs_input_grad
+        m, k = x.shape
+        f1 = h.shape[-1]
+        f = f1 // 2 if call.activation == "swiglu" else f1
+        grads = [None] * 8
+        if m == 0:  # no tokens: every gradient is zero
+            like = {_X: x, _GAMMA: gamma, _BETA: gamma}
+            shapes = {_W1: (f1, k), _B1: (f1,), _W2: (k, f), _B2: (k,)}
+            for i in range(_X, _B2 + 1):
+                if needs[i]:
+                    grads[i] = (torch.zeros_like(like[i]) if i in like else
+                                torch.zeros(shapes[i], dtype=x.dtype, device=x.device))
+            return tuple(grads)
+        dy = dy.reshape(m, k).contiguous()
+        p1, p2 = _plans(call, m, k, f1, f, needs)
+        dgrad1, wgrad1 = any(needs[_X:_BETA + 1]), needs[_W1]
+        dgrad2 = dgrad1 or wgrad1 or needs[_B1]
+        bias_dtype = ctx.bias_dtype
+        # fc2: quantize dy (column sums: fc2's bias gradient), dgrad, wgrad.
+        dy_data, dy_cw, dy_sinv, grads[_B2] = G.cast_grad_output(
+            st2, dy, p2, bias_dtype if needs[_B2] else None)
+        if needs[_W2]:
+            grads[_W2] = G.wgrad(dy_data, dy_cw, dy_sinv, a_kept, a_sinv, fwd2, x.dtype)
+        if not dgrad2:
+            return tuple(grads)
+        d_a = G.dgrad(dy_data, dy_sinv, w2_kept, w2_sinv, fwd2, x.dtype)
+        # The activation backward casts dh for fc1's GEMMs; its column sums
+        # are fc1's bias gradient when that pass is the cast+transpose one.
+        rowwise, columnwise = p1.grad_output
+        sums_in_cast = needs[_B1] and columnwise and m > 1
+        need_dh = needs[_B1] and not sums_in_cast
+        dh_data, dh_cw, dh_sinv, db1, dh = _activation_backward(
+            d_a, h, call.activation, st1, G.GRAD_OUTPUT, True, rowwise or not columnwise,
+            columnwise, bias_dtype if sums_in_cast else None, need_dh)
+        grads[_B1] = dh.sum(0, dtype=bias_dtype) if need_dh else db1
+        if wgrad1:
+            grads[_W1] = G.wgrad(dh_data, dh_cw, dh_sinv, x_kept, x_sinv, fwd1, x.dtype)
+        if dgrad1:
+            d_norm = G.dgrad(dh_data, dh_sinv, w1_kept, w1_sinv, fwd1, x.dtype)
+            grads[_X], grads[_GAMMA], grads[_BETA] = _norm_backward(
+                d_norm, x, mean, rsigma, gamma, call.normalization, call.eps)
+        return tuple(grads)
+
