@@ -22,7 +22,7 @@ from fp8kit import bench  # noqa: E402
 from fp8kit.bench import progress, results, timing  # noqa: E402
 from fp8kit.bench.results import Row  # noqa: E402
 
-SECTIONS = ("gemm", "quantize", "linear", "overhead")
+SECTIONS = ("gemm", "quantize", "linear", "overhead", "fused")
 GPU = torch.cuda.is_available()
 
 
@@ -99,6 +99,27 @@ def test_linear_and_overhead_rows(suite):
     for r in overhead:   # host time per call, next to the device-side time
         assert r["timing"]["fp8kit_host_s"] > 0 and r["timing"]["anchor_host_s"] > 0
         assert "host " in r["note"]
+
+
+def test_fused_rows(suite):
+    """The fused section: the MLP block (SwiGLU and GELU) and the QKV
+    LayerNormLinear in PyTorch, the MLP block under jax.jit, each fp8kit
+    variant checked against bf16 and timed."""
+    _, _, _, d = suite
+    fused = [r for r in json.loads((d / "bench.json").read_text())["rows"]
+             if r["section"] == "fused"]
+    jax_rows = [r for r in fused if r["group"].startswith("JAX jit: MLP block")]
+    assert jax_rows and all(r["error"] is None and r["fp8kit_s"] > 0 for r in jax_rows)
+    rows = [r for r in fused if r not in jax_rows]
+    groups = {r["group"] for r in rows}
+    assert any("LayerNormMLP" in g and "swiglu" in g for g in groups)
+    assert any("LayerNormMLP" in g and "gelu" in g for g in groups)
+    assert any("LayerNormLinear" in g for g in groups)
+    variants = {r["case"].split(" ", 1)[1] for r in rows}
+    assert variants == {"unfused delayed", "unfused current", "fused delayed", "fused current"}
+    for r in rows:
+        assert r["error"] is None and r["check"].startswith("rel err"), r
+        assert r["fp8kit_s"] > 0 and r["anchor_s"] > 0
 
 
 def test_sustained_rows(suite):
@@ -267,10 +288,10 @@ def test_bad_section_is_reported(tmp_path):
     assert rc == 2 and "nope" in err
 
 
-@pytest.mark.parametrize("half,group", [("dense_jax", "JAX jit"),
-                                        ("linear_torch", "PyTorch Linear"),
-                                        ("mlp_jax", "JAX jit: MLP block")])
-def test_sections_take_half_of_linear(tmp_path, half, group):
+@pytest.mark.parametrize("half,group,section", [("dense_jax", "JAX jit", "linear"),
+                                                ("linear_torch", "PyTorch Linear", "linear"),
+                                                ("mlp_jax", "JAX jit: MLP block", "fused")])
+def test_sections_take_half_of_a_section(tmp_path, half, group, section):
     json_path = tmp_path / "elsewhere" / f"{half}.json"
     rc, out, err = _run(["--quick", "--sections", half, "--rounds", "1",
                          "--out", str(tmp_path), "--json", str(json_path), "--plain-progress"])
@@ -278,7 +299,7 @@ def test_sections_take_half_of_linear(tmp_path, half, group):
     doc = json.loads(json_path.read_text())
     assert doc["sections"] == [half] and doc["errors"] == []
     assert doc["rows"] and all(r["group"].startswith(group) for r in doc["rows"])
-    assert (tmp_path / "bench_linear.png").exists()     # plots go to --out
+    assert (tmp_path / f"bench_{section}.png").exists()     # plots go to --out
 
 
 def _python(*args):

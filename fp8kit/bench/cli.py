@@ -5,9 +5,11 @@ compared with) in the same run on the same inputs, after checking that
 fp8kit's output matches the anchor's, and compares the ratio with the
 row's target (P1..P5, docs/benchmarks.md). Sections: gemm (P1),
 quantize (P2), linear (PyTorch Linear P3 and JAX dense P5; fwd and
-fwd+bwd), and overhead (per-call time, P4; with --profile also a
-torch.profiler table of the per-call path). Writes a JSON file and one PNG
-per section.
+fwd+bwd), overhead (per-call time, P4; with --profile also a
+torch.profiler table of the per-call path) and fused (the
+LayerNormMLP / LayerNormLinear blocks of PyTorch and JAX, for
+information). Writes a JSON
+file and one PNG per section.
 
 On a machine without a CUDA GPU it runs a quick mode (tiny sizes, a few
 iterations) that checks the suite works end to end; its numbers come from
@@ -27,14 +29,14 @@ import time
 import traceback
 from fp8kit._source_tree import source_tree_hint
 
-SECTIONS = ("gemm", "quantize", "linear", "overhead")
+SECTIONS = ("gemm", "quantize", "linear", "overhead", "fused")
 # Sections run in this order; each is a module with cases(ctx).
 _MODULES = {"gemm": ["fp8kit.bench.gemm"], "quantize": ["fp8kit.bench.quantize"],
-            "linear": ["fp8kit.bench.linear_torch", "fp8kit.bench.dense_jax",
-                       "fp8kit.bench.mlp_jax"],
-            "overhead": ["fp8kit.bench.overhead"]}
-# --sections also takes one module of a section: the PyTorch Linear, the JAX dense or the
-# JAX MLP block part of "linear".
+            "linear": ["fp8kit.bench.linear_torch", "fp8kit.bench.dense_jax"],
+            "overhead": ["fp8kit.bench.overhead"],
+            "fused": ["fp8kit.bench.fused_torch", "fp8kit.bench.mlp_jax"]}
+# --sections also takes one module of a section with two: the PyTorch or the JAX
+# half of "linear" or of "fused".
 _PARTS = {m.rsplit(".", 1)[1]: (s, m) for s, mods in _MODULES.items() if len(mods) > 1
           for m in mods}
 NOT_A_CLAIM = ("CPU quick mode: this run checks that the suite works end to end. Its numbers "

@@ -1,4 +1,4 @@
-"""MLP block section, JAX (part of "linear"; for information, no target):
+"""MLP block section, JAX (part of "fused"; for information, no target):
 the Llama-3-8B MLP block, RMSNorm -> fc1 -> SwiGLU (or GELU) -> fc2, 8192
 tokens, hidden 4096, ffn 14336, forward and backward (jax.vjp with a random
 cotangent, so every GEMM stays alive) under jax.jit, each row against the
@@ -21,7 +21,7 @@ from fp8kit.bench import checks, timing
 from fp8kit.bench.context import Case, Context
 from fp8kit.bench.results import Row
 
-SECTION = "linear"
+SECTION = "fused"
 # (tokens, hidden, ffn) of the Llama-3-8B MLP block; quick: a tiny one.
 SHAPE = (8192, 4096, 14336)
 QUICK_SHAPE = (64, 64, 128)

@@ -1,0 +1,167 @@
+"""Fused layers section, PyTorch: the Llama-3-8B MLP block (RMSNorm ->
+fc1 -> SwiGLU or GELU -> fc2; 8192 tokens, hidden 4096, ffn 14336) and a
+LayerNormLinear QKV projection (8192 x 4096 -> 3 x 4096), fwd+bwd, bf16
+in and out, eager. For information (no target):
+
+    bf16     torch.nn.RMSNorm + torch.nn.Linear + activation in bf16 (anchor)
+    unfused  the same with fp8kit.torch.Linear for the projections
+    fused    fp8kit.torch.LayerNormMLP / LayerNormLinear (the norm and the
+             activation write the GEMMs' FP8 inputs)
+
+each fp8kit variant under delayed and current scaling, with the same
+weights and inputs, checked against bf16 before it is timed.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from fp8kit.bench import checks, timing
+from fp8kit.bench.context import Case, Context
+from fp8kit.bench.results import Row
+
+SECTION = "fused"
+MLP_SIZE = (8192, 4096, 14336)       # tokens, hidden, ffn (Llama-3-8B)
+QKV_SIZE = (8192, 4096, 3 * 4096)    # tokens, hidden, out_features
+QUICK_MLP_SIZE = (45, 64, 96)    # 45 tokens: wgrad pads the token dimension
+QUICK_QKV_SIZE = (45, 64, 192)
+FWD_TOL = 0.1    # ||fp8 - bf16|| / ||bf16|| of the output (two E4M3 GEMMs)
+BWD_TOL = 0.25   # of dx (E5M2 gradients through two GEMMs and the activation)
+
+
+def _recipes():
+    from fp8kit.recipe import CurrentScaling, DelayedScaling
+    return {"delayed": DelayedScaling(), "current": CurrentScaling()}
+
+
+class _Block:
+    """norm -> fc1 -> activation -> fc2 (or norm -> linear when fc2 is None),
+    from the given modules: the bf16 anchor and the unfused fp8kit layers."""
+
+    def __init__(self, norm, fc1, fc2=None, activation=None):
+        self.norm, self.fc1, self.fc2, self.activation = norm, fc1, fc2, activation
+
+    def parameters(self):
+        mods = [m for m in (self.norm, self.fc1, self.fc2) if m is not None]
+        return [p for m in mods for p in m.parameters()]
+
+    def __call__(self, x):
+        import torch.nn.functional as F
+        h = self.fc1(self.norm(x))
+        if self.fc2 is None:
+            return h
+        if self.activation == "gelu":
+            a = F.gelu(h, approximate="tanh")
+        else:
+            gate, up = h.chunk(2, dim=-1)
+            a = F.silu(gate) * up
+        return self.fc2(a)
+
+
+def make_layers(kind: str, hidden: int, width: int, device: str, seed: int) -> dict:
+    """{'bf16', 'unfused', 'fused'} with equal weights; kind 'gelu' or
+    'swiglu' (an MLP with ffn = width) or 'qkv' (out_features = width)."""
+    import torch
+    import fp8kit.torch as ft
+    torch.manual_seed(seed)
+    kw = {"device": device, "dtype": torch.bfloat16}
+    norm = torch.nn.RMSNorm(hidden, eps=1e-5, **kw)
+    if kind == "qkv":
+        fc1, fc2 = torch.nn.Linear(hidden, width, **kw), None
+    else:
+        fc1 = torch.nn.Linear(hidden, 2 * width if kind == "swiglu" else width, **kw)
+        fc2 = torch.nn.Linear(width, hidden, **kw)
+
+    def kit(lin):
+        out = ft.Linear(lin.in_features, lin.out_features, **kw)
+        out.load_state_dict(lin.state_dict(), strict=False)
+        return out
+
+    act = None if kind == "qkv" else kind
+    unfused = _Block(norm, kit(fc1), kit(fc2) if fc2 is not None else None, act)
+    fused = (ft.LayerNormLinear.from_unfused(norm, fc1) if kind == "qkv"
+             else ft.LayerNormMLP.from_unfused(norm, fc1, fc2, activation=kind))
+    return {"bf16": _Block(norm, fc1, fc2, act), "unfused": unfused, "fused": fused}
+
+
+def _fwd_bwd(layer, data):
+    import torch
+    params = [p for p in layer.parameters() if p.requires_grad]
+
+    def step(i):
+        x, dy = data[i % len(data)]
+        y = layer(x)
+        return (y, *torch.autograd.grad(y, [x, *params], dy))
+    return step
+
+
+def _check(got, want) -> str:
+    ey, edx = checks.norm_rel_err(got[0], want[0]), checks.norm_rel_err(got[1], want[1])
+    checks.within("output", ey, FWD_TOL, "rel err")
+    checks.within("dx", edx, BWD_TOL, "rel err")
+    return f"rel err y {ey:.2g}<={FWD_TOL:g}, dx {edx:.2g}<={BWD_TOL:g}"
+
+
+def run_case(ctx: Context, kind: str, tokens: int, hidden: int, width: int, seed: int):
+    import torch
+    import fp8kit.torch as ft
+
+    dev = ctx.torch_device
+    out_features = width if kind == "qkv" else hidden
+    copies = timing.copies_for_l2(2 * (tokens * hidden + tokens * out_features))
+    g = torch.Generator(device=dev).manual_seed(seed)
+    data = [(torch.randn(tokens, hidden, device=dev, dtype=torch.bfloat16,
+                         generator=g).requires_grad_(),
+             torch.randn(tokens, out_features, device=dev, dtype=torch.bfloat16, generator=g))
+            for _ in range(copies)]
+    layers = make_layers(kind, hidden, width, dev, seed)
+    fns = {"bf16": _fwd_bwd(layers["bf16"], data)}
+    want = fns["bf16"](0)
+    around, found, errors = {}, {}, {}
+    for rname, recipe in _recipes().items():
+        for lname in ("unfused", "fused"):
+            name = f"{lname} {rname}"
+            # Each variant its own layers, hence its own FP8 state.
+            fn = _fwd_bwd(make_layers(kind, hidden, width, dev, seed)[lname], data)
+            try:
+                with ft.autocast(recipe=recipe):
+                    fn(0)  # the first delayed-scaling call seeds the scales
+                    found[name] = _check(fn(0), want)
+                fns[name] = fn
+                around[name] = functools.partial(ft.autocast, recipe=recipe)
+            except checks.Mismatch as e:
+                errors[name] = f"not timed: {e}"
+    t = timing.measure(fns, timing.torch_clock(dev), ctx.settings, around=around)
+    if kind == "qkv":
+        flops = 3 * 2.0 * tokens * hidden * width
+        group = "PyTorch LayerNormLinear fwd+bwd (RMSNorm, QKV), fp8kit vs bf16"
+    else:
+        fc1_out = 2 * width if kind == "swiglu" else width
+        flops = 3 * 2.0 * tokens * hidden * (fc1_out + width)
+        group = f"PyTorch LayerNormMLP fwd+bwd (RMSNorm, {kind}), fp8kit vs bf16"
+    rows = []
+    for name in found.keys() | errors.keys():
+        row = Row(SECTION, group, f"{tokens}x{hidden}x{width} {name}", flops, "TFLOP/s",
+                  "bf16 torch modules", fp8kit_work=flops, anchor_work=flops,
+                  check=found.get(name, ""), error=errors.get(name))
+        if name in t and "bf16" in t:
+            row.fp8kit_s, row.anchor_s = t[name].median_s, t["bf16"].median_s
+            row.timing = {"fp8kit": t[name].to_json(), "anchor": t["bf16"].to_json()}
+        rows.append(row)
+    rows.sort(key=lambda r: r.case)
+    del data, layers
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def cases(ctx: Context) -> list[Case]:
+    mlp = QUICK_MLP_SIZE if ctx.quick else MLP_SIZE
+    qkv = QUICK_QKV_SIZE if ctx.quick else QKV_SIZE
+    out = [Case(SECTION, f"PyTorch LayerNormMLP {kind}", f"torch LayerNormMLP {kind} "
+                f"{'x'.join(map(str, mlp))}", functools.partial(run_case, ctx, kind, *mlp, i))
+           for i, kind in enumerate(("swiglu", "gelu"))]
+    out.append(Case(SECTION, "PyTorch LayerNormLinear", f"torch LayerNormLinear "
+                    f"{'x'.join(map(str, qkv))}", functools.partial(run_case, ctx, "qkv", *qkv,
+                                                                   2)))
+    return out
