@@ -14,14 +14,12 @@ psum adds partial products) and that the compiled program holds no
 all-gather: the operands are never gathered whole.
 """
 
-import functools
-import json
 import os
-import subprocess
 import sys
-import traceback
 
 import pytest
+
+from sharding_child import child_results, gpu_count, run_cases, sum_atol
 
 # The dense layer under each layout, recipe and kind of mesh axes. Layouts
 # of x [4, 16, 64] (tokens, features) and kernel [64, 128]: "dp" shards the
@@ -60,10 +58,6 @@ def _child(platform: str, mesh_shape: tuple[int, int]):  # noqa: C901
     # the shard shape; cuBLASLt may pick another algorithm (and rounding) for
     # another M or N, so on GPUs "exact" means float32-close.
     exact_gemm = platform == "cpu"
-    # Hopper's FP8 tensor cores keep few bits of each partial sum (about
-    # 2^-10 of the largest term), so a sum split another way may differ by
-    # that much of the array's scale, not only of each element.
-    scale_tol = 0.0 if platform == "cpu" else 2.0 ** -10
     rng = np.random.default_rng(0)
     bits = lambda a: np.asarray(a).view(np.uint8)  # noqa: E731
 
@@ -200,8 +194,8 @@ def _child(platform: str, mesh_shape: tuple[int, int]):  # noqa: C901
             if bit_exact and exact_gemm:
                 np.testing.assert_array_equal(a, want, err_msg=name)
             else:
-                atol = max(1e-3, scale_tol * float(np.abs(want).max(initial=0.0)))
-                np.testing.assert_allclose(a, want, rtol=2**-7, atol=atol, err_msg=name)
+                np.testing.assert_allclose(a, want, rtol=2**-7,
+                                           atol=sum_atol(platform, want, 1e-3), err_msg=name)
         if state is not None:
             for a, want in zip(jax.tree_util.tree_leaves(g[3]),
                                jax.tree_util.tree_leaves(ref_g[3])):
@@ -266,77 +260,35 @@ def _child(platform: str, mesh_shape: tuple[int, int]):  # noqa: C901
         assert float(scale) == float(ref_scale)
         np.testing.assert_array_equal(bits(got.data), bits(ref.data))
 
-    results = {}
-    for name in CASES:
-        # Named before it runs: a case that aborts the process (an XLA check
-        # failure) is then named in the parent's failure message.
-        print(f"FP8KIT_SHARDING_CASE {name}", flush=True)
-        try:
-            if name in DENSE_CASES:
-                dense_case(*name[len("dense_"):].rsplit("_", 2))
-            else:
-                locals()[f"case_{name}"]()
-            results[name] = "ok"
-        except Exception:  # report every case, not just the first failure
-            results[name] = traceback.format_exc()
-    print("FP8KIT_SHARDING_RESULTS " + json.dumps(results))
+    cases = {k[len("case_"):]: f for k, f in locals().items() if k.startswith("case_")}
+
+    def run(name):
+        if name in DENSE_CASES:
+            dense_case(*name[len("dense_"):].rsplit("_", 2))
+        else:
+            cases[name]()
+
+    run_cases(CASES, run)
 
 
 # ----------------------------------------------------------------- parent side --
 
-@functools.lru_cache(maxsize=None)
-def _child_results(platform: str = "cpu", mesh_shape: str = "2x4"):
-    env = dict(os.environ)
-    if platform == "cpu":
-        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                            " --xla_force_host_platform_device_count=8").strip()
-        env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), platform, mesh_shape],
-                          env=env, capture_output=True, text=True, timeout=900)
-    for line in proc.stdout.splitlines():
-        if line.startswith("FP8KIT_SHARDING_RESULTS "):
-            return json.loads(line.split(" ", 1)[1]), ""
-    return None, f"child exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_sharded_matches_unsharded(case):
-    results, failure = _child_results()
+    results, failure = child_results(__file__)
     assert results is not None, failure
     assert results[case] == "ok", results[case]
-
-
-def _gpu_count() -> int:
-    # Asked in a child too: this process may already run jax on the CPU only.
-    code = ("import jax, fp8kit.jax as fj\n"
-            "try: print(len(jax.devices('gpu')) if fj.BUILT_WITH_CUDA else 0)\n"
-            "except RuntimeError: print(0)")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    env.pop("JAX_PLATFORMS", None)
-    try:
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                             text=True, timeout=300).stdout.strip().splitlines()
-        return int(out[-1]) if out else 0
-    except (subprocess.SubprocessError, ValueError):
-        return 0
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mesh_shape", ["2x1", "1x2"])
 @pytest.mark.parametrize("case", CASES)
 def test_sharded_on_gpus(case, mesh_shape):
-    if os.environ.get("FP8KIT_SKIP_MULTI_GPU") or _cached_gpu_count() < 2:
+    if os.environ.get("FP8KIT_SKIP_MULTI_GPU") or gpu_count() < 2:
         pytest.skip("needs 2 GPUs and fp8kit built with CUDA")
-    results, failure = _child_results("gpu", mesh_shape)
+    results, failure = child_results(__file__, "gpu", mesh_shape)
     assert results is not None, failure
     assert results[case] == "ok", results[case]
-
-
-@functools.lru_cache(maxsize=None)
-def _cached_gpu_count() -> int:
-    import fp8kit.jax as fj  # a CPU-only build needs no GPU probe
-    return _gpu_count() if fj.BUILT_WITH_CUDA else 0
 
 
 if __name__ == "__main__":
