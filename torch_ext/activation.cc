@@ -47,15 +47,12 @@ py::tuple activation_forward(py::handle h_in, py::handle activation, py::handle 
   FP8KIT_PROFILE_SCOPE("fp8kit::activation_forward");
   constexpr const char* fn = "fp8kit.torch.activation_forward";
   const fp8kit_activation act = read_activation(activation, fn);
-  LinearState& st = read_linear_state(state, c10::str(fn, ": state"));
-  const int slot = read_slot(slot_in, c10::str(fn, ": slot"));
-  const bool record = read_bool(record_in, c10::str(fn, ": record"));
-  const bool rowwise = read_bool(rowwise_in, c10::str(fn, ": rowwise"));
-  const bool columnwise = read_bool(columnwise_in, c10::str(fn, ": columnwise"));
+  const auto [state_ptr, slot, record, rowwise, columnwise] =
+      read_cast_args(fn, state, slot_in, record_in, rowwise_in, columnwise_in);
+  LinearState& st = *state_ptr;
   const bool want_a = read_bool(want_a_in, c10::str(fn, ": want_a"));
   const at::Tensor h = fused_input(fn, "h", read_tensor(h_in, c10::str(fn, ": h")), st);
   const std::vector<int64_t> a_shape = output_shape(fn, act, h);
-  check_copies(fn, rowwise, columnwise);
 
   const at::Tensor a = want_a ? at::empty(a_shape, h.options()) : at::Tensor();
   const FusedCastOut out = alloc_fused_cast(st, slot, a_shape, rowwise, columnwise);
@@ -87,32 +84,17 @@ py::tuple activation_backward(py::handle d_a_in, py::handle h_in, py::handle act
   FP8KIT_PROFILE_SCOPE("fp8kit::activation_backward");
   constexpr const char* fn = "fp8kit.torch.activation_backward";
   const fp8kit_activation act = read_activation(activation, fn);
-  LinearState& st = read_linear_state(state, c10::str(fn, ": state"));
-  const int slot = read_slot(slot_in, c10::str(fn, ": slot"));
-  const bool record = read_bool(record_in, c10::str(fn, ": record"));
-  const bool rowwise = read_bool(rowwise_in, c10::str(fn, ": rowwise"));
-  const bool columnwise = read_bool(columnwise_in, c10::str(fn, ": columnwise"));
+  const auto [state_ptr, slot, record, rowwise, columnwise] =
+      read_cast_args(fn, state, slot_in, record_in, rowwise_in, columnwise_in);
+  LinearState& st = *state_ptr;
   const bool want_dh = read_bool(want_dh_in, c10::str(fn, ": want_dh"));
   const at::Tensor h = fused_input(fn, "h", read_tensor(h_in, c10::str(fn, ": h")), st);
   const std::vector<int64_t> a_shape = output_shape(fn, act, h);
   const at::Tensor d_a =
       fused_like(fn, "d_a", read_tensor(d_a_in, c10::str(fn, ": d_a")), h, "h", a_shape);
-  check_copies(fn, rowwise, columnwise);
   const int64_t cols = h.size(-1), rows = h.numel() / cols;
-  std::optional<at::ScalarType> sums_type;
-  if (!sums_dtype.is_none()) {
-    FP8KIT_TYPE_CHECK(THPDtype_Check(sums_dtype.ptr()), fn, ": sums_dtype is ",
-                      py::str(sums_dtype).cast<std::string>(),
-                      "; it must be None or a torch.dtype (the bias's)");
-    sums_type = reinterpret_cast<THPDtype*>(sums_dtype.ptr())->scalar_type;
-    FP8KIT_TYPE_CHECK(high_precision_dtype(*sums_type).has_value(), fn, ": sums_dtype is ",
-                      dtype_str(*sums_type),
-                      "; use torch.float32, torch.bfloat16 or torch.float16");
-    FP8KIT_VALUE_CHECK(columnwise && rows > 1 && cols > 1, fn,
-                       ": column sums come out of the cast+transpose pass: they need "
-                       "columnwise=True and h with more than one row and column (sum dh "
-                       "yourself otherwise)");
-  }
+  const std::optional<at::ScalarType> sums_type =
+      read_sums_dtype(fn, sums_dtype, columnwise, rows, cols, "dh");
 
   const at::Tensor dh = want_dh ? at::empty_like(h) : at::Tensor();
   const FusedCastOut out = alloc_fused_cast(st, slot, h.sizes(), rowwise, columnwise);

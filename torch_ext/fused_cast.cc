@@ -24,6 +24,17 @@ int read_slot(py::handle slot, const std::string& where) {
   return read_int(slot, where, 0, kSlots - 1);
 }
 
+CastArgs read_cast_args(const char* fn, py::handle state, py::handle slot, py::handle record,
+                        py::handle rowwise, py::handle columnwise) {
+  CastArgs a{&read_linear_state(state, c10::str(fn, ": state")),
+             read_slot(slot, c10::str(fn, ": slot")), read_bool(record, c10::str(fn, ": record")),
+             read_bool(rowwise, c10::str(fn, ": rowwise")),
+             read_bool(columnwise, c10::str(fn, ": columnwise"))};
+  FP8KIT_VALUE_CHECK(a.rowwise || a.columnwise, fn,
+                     ": rowwise and columnwise are both False; ask for at least one FP8 copy");
+  return a;
+}
+
 FusedCastOut alloc_fused_cast(const LinearState& st, int slot, at::IntArrayRef sizes,
                               bool rowwise, bool columnwise) {
   const auto opts = at::TensorOptions().device(st.device);

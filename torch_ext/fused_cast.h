@@ -22,6 +22,20 @@ LinearState& read_linear_state(pybind11::handle state, const std::string& where)
 // A slot index in [0, kSlots) (ValueError naming `where`).
 int read_slot(pybind11::handle slot, const std::string& where);
 
+// The cast arguments every fused binding takes, read and checked (each
+// error names `fn` and the argument): the layer's state, the slot, whether
+// this pass records, and the FP8 copies wanted (at least one).
+struct CastArgs {
+  LinearState* state;
+  int slot;
+  bool record;
+  bool rowwise;
+  bool columnwise;
+};
+CastArgs read_cast_args(const char* fn, pybind11::handle state, pybind11::handle slot,
+                        pybind11::handle record, pybind11::handle rowwise,
+                        pybind11::handle columnwise);
+
 // One fused cast's FP8 outputs: the rowwise copy (the values' shape), the
 // columnwise copy (columnwise_shape), either undefined when not wanted,
 // and this cast's scalars (scale, scale_inv, amax at kScale / kScaleInv /

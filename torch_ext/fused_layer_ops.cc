@@ -24,28 +24,13 @@ py::tuple quantize_slot(py::handle state, py::handle x_in, py::handle slot_in,
                         py::handle sums_dtype) {
   FP8KIT_PROFILE_SCOPE("fp8kit::quantize_slot");
   constexpr const char* fn = "fp8kit.torch.quantize_slot";
-  LinearState& st = read_linear_state(state, c10::str(fn, ": state"));
-  const int slot = read_slot(slot_in, c10::str(fn, ": slot"));
-  const bool record = read_bool(record_in, c10::str(fn, ": record"));
-  const bool rowwise = read_bool(rowwise_in, c10::str(fn, ": rowwise"));
-  const bool columnwise = read_bool(columnwise_in, c10::str(fn, ": columnwise"));
+  const auto [state_ptr, slot, record, rowwise, columnwise] =
+      read_cast_args(fn, state, slot_in, record_in, rowwise_in, columnwise_in);
+  LinearState& st = *state_ptr;
   const at::Tensor x = fused_input(fn, "x", read_tensor(x_in, c10::str(fn, ": x")), st);
-  check_copies(fn, rowwise, columnwise);
   const int64_t cols = x.size(-1), rows = cols ? x.numel() / cols : 0;
-  std::optional<at::ScalarType> sums_type;
-  if (!sums_dtype.is_none()) {
-    FP8KIT_TYPE_CHECK(THPDtype_Check(sums_dtype.ptr()), fn, ": sums_dtype is ",
-                      py::str(sums_dtype).cast<std::string>(),
-                      "; it must be None or a torch.dtype (the bias's)");
-    sums_type = reinterpret_cast<THPDtype*>(sums_dtype.ptr())->scalar_type;
-    FP8KIT_TYPE_CHECK(high_precision_dtype(*sums_type).has_value(), fn, ": sums_dtype is ",
-                      dtype_str(*sums_type),
-                      "; use torch.float32, torch.bfloat16 or torch.float16");
-    FP8KIT_VALUE_CHECK(columnwise && rows > 1 && cols > 1, fn,
-                       ": column sums come out of the cast+transpose pass: they need "
-                       "columnwise=True and x with more than one row and column (sum x "
-                       "yourself otherwise)");
-  }
+  const std::optional<at::ScalarType> sums_type =
+      read_sums_dtype(fn, sums_dtype, columnwise, rows, cols, "x");
   const FusedCastOut out = alloc_fused_cast(st, slot, x.sizes(), rowwise, columnwise);
   at::Tensor sums;
   {

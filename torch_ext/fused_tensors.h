@@ -5,6 +5,7 @@
 #define FP8KIT_TORCH_EXT_FUSED_TENSORS_H_
 
 #include <cstdint>
+#include <optional>
 
 #include "linear_state.h"
 #include "torch_includes.h"
@@ -33,8 +34,12 @@ void check_param(const char* fn, const char* arg, const at::Tensor& p, const at:
 at::Tensor row_stats(const char* fn, const char* arg, const at::Tensor& t, const at::Tensor& x,
                      int64_t rows);
 
-// At least one FP8 copy asked for.
-void check_copies(const char* fn, bool rowwise, bool columnwise);
+// The dtype of a cast's column sums (the bias gradient), None for none:
+// a high-precision torch.dtype, and a cast that can produce them (the
+// columnwise copy of `input`, [rows, cols] with rows > 1 and cols > 1).
+std::optional<at::ScalarType> read_sums_dtype(const char* fn, pybind11::handle sums_dtype,
+                                              bool columnwise, int64_t rows, int64_t cols,
+                                              const char* input);
 
 // An undefined tensor as None.
 pybind11::object optional_tensor(const at::Tensor& t);

@@ -49,11 +49,9 @@ py::tuple norm_forward(py::handle x_in, py::handle gamma_in, py::handle beta_in,
   fp8kit_norm_config config;
   config.type = read_norm_type(normalization, fn);
   config.epsilon = static_cast<float>(read_epsilon(epsilon, c10::str(fn, ": epsilon")));
-  LinearState& st = read_linear_state(state, c10::str(fn, ": state"));
-  const int slot = read_slot(slot_in, c10::str(fn, ": slot"));
-  const bool record = read_bool(record_in, c10::str(fn, ": record"));
-  const bool rowwise = read_bool(rowwise_in, c10::str(fn, ": rowwise"));
-  const bool columnwise = read_bool(columnwise_in, c10::str(fn, ": columnwise"));
+  const auto [state_ptr, slot, record, rowwise, columnwise] =
+      read_cast_args(fn, state, slot_in, record_in, rowwise_in, columnwise_in);
+  LinearState& st = *state_ptr;
   const bool want_y = read_bool(want_y_in, c10::str(fn, ": want_y"));
   const at::Tensor x = fused_input(fn, "x", read_tensor(x_in, c10::str(fn, ": x")), st);
   const at::Tensor gamma = read_tensor(gamma_in, c10::str(fn, ": gamma"));
@@ -64,7 +62,6 @@ py::tuple norm_forward(py::handle x_in, py::handle gamma_in, py::handle beta_in,
                      FP8KIT_GEMM_DIM_MULTIPLE, " (the inner dimension of the FP8 GEMM that reads "
                      "the output): pad the features or run the layer outside fp8kit autocast");
   check_norm_params(fn, config.type, x, gamma, beta);
-  check_copies(fn, rowwise, columnwise);
 
   const int64_t rows = x.numel() / x.size(-1);
   const auto f32 = x.options().dtype(at::kFloat);
