@@ -19,6 +19,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from fp8kit.torch._fp8_extra_state import FP8ExtraState
 from fp8kit.torch._linear_states import RecipeStates
 from fp8kit.torch.linear import _autocast_cast
 
@@ -70,7 +71,7 @@ def read_norm(cls: str, norm) -> tuple:
     return kind, eps, norm.weight, beta
 
 
-class FusedLayer(torch.nn.Module):
+class FusedLayer(FP8ExtraState, torch.nn.Module):
     """Base of the fused layers: the norm's parameters (layer_norm_weight,
     layer_norm_bias for LayerNorm) and the per-GEMM FP8 states."""
 
@@ -85,7 +86,7 @@ class FusedLayer(torch.nn.Module):
             self.layer_norm_bias = torch.nn.Parameter(torch.zeros(hidden, **kw))
         else:
             self.register_parameter("layer_norm_bias", None)
-        self._fp8_states = {g: RecipeStates() for g in self._GEMMS}
+        self._fp8_states = self._fresh_fp8_states()
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         """The normalization in high precision (outside fp8kit autocast)."""
@@ -170,18 +171,6 @@ class FusedLayer(torch.nn.Module):
                                                      f"{where}['gemms'][{g!r}]")
         self._fp8_states = states
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                              unexpected_keys, error_msgs):
-        self._fp8_loading = repr(prefix + "_extra_state")
-        try:
-            super()._load_from_state_dict(state_dict, prefix, local_metadata, strict,
-                                          missing_keys, unexpected_keys, error_msgs)
-        finally:
-            del self._fp8_loading
-        key = prefix + "_extra_state"  # a checkpoint without FP8 state starts fresh
-        if key in missing_keys:
-            missing_keys.remove(key)
-
     def _apply(self, fn, *args, **kwargs):
         out = super()._apply(fn, *args, **kwargs)
         device = self.layer_norm_weight.device
@@ -191,17 +180,5 @@ class FusedLayer(torch.nn.Module):
                     st.to(device)
         return out
 
-    # Pickling (torch.save(module), copy.deepcopy): the C++ states travel as
-    # the extra state.
-    def __getstate__(self):
-        d = self.__dict__.copy()
-        d["_fp8_saved"] = self.get_extra_state()
-        d["_fp8_states"] = None
-        return d
-
-    def __setstate__(self, d):
-        saved = d.pop("_fp8_saved", None)
-        super().__setstate__(d)
-        self._fp8_states = {g: RecipeStates() for g in self._GEMMS}
-        if saved is not None:
-            self.set_extra_state(saved)
+    def _fresh_fp8_states(self):
+        return {g: RecipeStates() for g in self._GEMMS}

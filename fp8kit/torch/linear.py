@@ -56,6 +56,7 @@ import torch
 import torch.nn.functional as F
 
 from fp8kit.torch._ext import ext
+from fp8kit.torch._fp8_extra_state import FP8ExtraState
 from fp8kit.torch._linear_states import RecipeStates
 from fp8kit.torch.autocast import STATE as _AUTOCAST
 
@@ -69,13 +70,13 @@ _EXTRA_STATE_FORMAT = 2
 _any_autocast = torch._C._is_any_autocast_enabled
 
 
-class Linear(torch.nn.Linear):
+class Linear(FP8ExtraState, torch.nn.Linear):
     """torch.nn.Linear with FP8 GEMMs inside fp8kit.torch.autocast."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
                  dtype=None) -> None:
         super().__init__(in_features, out_features, bias, device, dtype)
-        self._fp8_states = RecipeStates()
+        self._fp8_states = self._fresh_fp8_states()
         self._fp8_cache_weight = False  # opt-in: see the module docstring
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
@@ -135,20 +136,6 @@ class Linear(torch.nn.Linear):
         self._fp8_states = RecipeStates.from_checkpoint(
             state, self.weight.device, self._fp8_cache_weight, f"fp8kit.torch.Linear: {where}")
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                              unexpected_keys, error_msgs):
-        # set_extra_state's errors name the checkpoint key they come from.
-        self._fp8_loading = repr(prefix + "_extra_state")
-        try:
-            super()._load_from_state_dict(state_dict, prefix, local_metadata, strict,
-                                          missing_keys, unexpected_keys, error_msgs)
-        finally:
-            del self._fp8_loading
-        # A torch.nn.Linear checkpoint has no FP8 state: start fresh.
-        key = prefix + "_extra_state"
-        if key in missing_keys:
-            missing_keys.remove(key)
-
     def _apply(self, fn, *args, **kwargs):
         out = super()._apply(fn, *args, **kwargs)
         for st in self._fp8_states.all():
@@ -158,20 +145,8 @@ class Linear(torch.nn.Linear):
                 st.clear_weight_cache()
         return out
 
-    # Pickling (torch.save(module), copy.deepcopy): the C++ states travel as
-    # the extra state.
-    def __getstate__(self):
-        d = self.__dict__.copy()
-        d["_fp8_saved"] = self.get_extra_state()
-        d["_fp8_states"] = None
-        return d
-
-    def __setstate__(self, d):
-        saved = d.pop("_fp8_saved", None)
-        super().__setstate__(d)
-        self._fp8_states = RecipeStates()
-        if saved is not None:
-            self.set_extra_state(saved)
+    def _fresh_fp8_states(self):
+        return RecipeStates()
 
 
 def _autocast_cast(input, weight, bias):

@@ -1,0 +1,43 @@
+"""What a layer whose FP8 scaling state lives in C++ objects (RecipeStates)
+needs from torch.nn.Module, written once for Linear and the fused layers:
+the state travels as the module's extra state, in checkpoints and when the
+module is pickled (torch.save(module), copy.deepcopy), and a checkpoint
+without it (a plain torch.nn module's) loads with a fresh state."""
+
+from __future__ import annotations
+
+
+class FP8ExtraState:
+    """Mixin placed before the torch.nn.Module base. Subclasses define
+    get_extra_state, set_extra_state (whose errors may name the checkpoint
+    key in self._fp8_loading while a state_dict loads) and
+    _fresh_fp8_states()."""
+
+    def _fresh_fp8_states(self):
+        raise NotImplementedError
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        # set_extra_state's errors name the checkpoint key they come from.
+        self._fp8_loading = repr(prefix + "_extra_state")
+        try:
+            super()._load_from_state_dict(state_dict, prefix, local_metadata, strict,
+                                          missing_keys, unexpected_keys, error_msgs)
+        finally:
+            del self._fp8_loading
+        key = prefix + "_extra_state"  # a checkpoint without FP8 state starts fresh
+        if key in missing_keys:
+            missing_keys.remove(key)
+
+    def __getstate__(self):
+        d = self.__dict__.copy()
+        d["_fp8_saved"] = self.get_extra_state()
+        d["_fp8_states"] = None
+        return d
+
+    def __setstate__(self, d):
+        saved = d.pop("_fp8_saved", None)
+        super().__setstate__(d)
+        self._fp8_states = self._fresh_fp8_states()
+        if saved is not None:
+            self.set_extra_state(saved)
