@@ -2,7 +2,8 @@
 and in bf16, in JAX and in PyTorch, then compare the losses.
 
 The model is fp8kit.models' decoder (its seven projections per layer in
-FP8, the rest in bf16) learning bytes of Python's own standard-library
+FP8, the q, k, v and the gate, up, down projections fused with the RMSNorm
+before them; the rest in bf16) learning bytes of Python's own standard-library
 source; all four runs start from the same weights and see the same
 batches. Runs on the CPU by default, where FP8 goes through fp8kit's
 reference kernels (written for correctness, slower than bf16 there), and

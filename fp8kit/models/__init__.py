@@ -3,8 +3,10 @@ in JAX: the same architecture, initial weights and arithmetic in both.
 
     config.py       LlamaConfig (frozen) and the named configs
     init.py         the initial weights (NumPy, from a seed) and rotary tables
-    llama_torch.py  the model in PyTorch (fp8kit.torch.Linear projections)
-    llama_jax.py    the model in JAX (fp8kit.jax.dense projections)
+    llama_torch.py  the model in PyTorch (FP8: fp8kit.torch.LayerNormLinear,
+                    Linear and LayerNormMLP per layer)
+    llama_jax.py    the model in JAX (FP8: fp8kit.jax.layernorm_dense, dense
+                    and layernorm_mlp per layer)
     data.py         the corpus (Python's own library source), byte tokenizer, batches
     schedule.py     TrainConfig and the warmup + cosine learning rate
     checkpoint.py   what a checkpoint records besides tensors, checked on load

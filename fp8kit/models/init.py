@@ -9,7 +9,9 @@ variance does not grow with depth; RMSNorm gains at 1.
 
 Layout: JAX's. A kernel is [in, out] (y = x @ kernel); the PyTorch model
 transposes kernels into torch.nn.Linear's [out, in] weight in one place,
-llama_torch.load_params.
+llama_torch.load_params. The FP8 model's fused layers take the q, k, v
+kernels and the gate, up kernels concatenated along their outputs;
+fuse_kernels makes those concatenations for both frameworks.
 
     {"embed": [vocab, hidden],
      "layers": [{"attn_norm": [hidden], "wq": [hidden, hidden],
@@ -28,10 +30,13 @@ import numpy as np
 
 from fp8kit.models.config import LlamaConfig
 
-# The projections of a layer, in the order they run; each is an FP8 layer.
+# The projections of a layer, in the order they run; each runs in FP8 with a
+# recipe (the q, k, v and the gate, up, down ones inside fused layers).
 PROJECTIONS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 # Those that write into the residual stream (scaled down at init).
 RESIDUAL_OUTPUTS = ("wo", "w_down")
+# Those that the FP8 model's fused layers take concatenated (fuse_kernels).
+UNFUSED_KERNELS = ("wq", "wk", "wv", "w_gate", "w_up")
 
 
 def init_params(cfg: LlamaConfig, seed: int) -> dict:
@@ -55,6 +60,18 @@ def init_params(cfg: LlamaConfig, seed: int) -> dict:
     params["final_norm"] = np.ones(d, np.float32)
     params["lm_head"] = normal((d, cfg.vocab))
     return params
+
+
+def fuse_kernels(layer: dict) -> dict:
+    """One layer's weights as the FP8 model's fused layers take them:
+    "wqkv" [hidden, hidden + 2 * kv_width] = [wq | wk | wv] (the
+    LayerNormLinear of the norm and the q, k, v projections) and
+    "w_gate_up" [hidden, 2 * ffn] = [w_gate | w_up] (SwiGLU's fc1 in the
+    LayerNormMLP, the gate first), the other weights as they are."""
+    fused = {k: v for k, v in layer.items() if k not in UNFUSED_KERNELS}
+    fused["wqkv"] = np.concatenate([layer["wq"], layer["wk"], layer["wv"]], axis=1)
+    fused["w_gate_up"] = np.concatenate([layer["w_gate"], layer["w_up"]], axis=1)
+    return fused
 
 
 def rope_tables(cfg: LlamaConfig) -> tuple[np.ndarray, np.ndarray]:

@@ -1,20 +1,25 @@
 """The Llama-style decoder in JAX: pure functions over a params pytree
-(fp8kit/models/init.py's layout) and, under delayed scaling, a pytree of
-fp8kit.jax.DelayedScalingStates, one per FP8 projection.
+(model_params's layout) and, under delayed scaling, a pytree of
+fp8kit.jax.DelayedScalingStates, one per FP8 layer.
 
 The same model as fp8kit/models/llama_torch.py, computed the same way:
 float32 master weights cast to bf16 where a projection reads them, a
 float32 residual stream, norms and rotary rotation in float32, causal
-attention in bf16 (jax.nn.dot_product_attention), the seven projections of
-every layer through fp8kit.jax.dense with a recipe and plain bf16 dots
-with recipe=None (no fp8kit call at all), the output head in bf16.
+attention in bf16 (jax.nn.dot_product_attention), the output head in bf16.
+With recipe=None every projection is a plain bf16 dot (no fp8kit call at
+all). With a recipe each layer makes three FP8 calls:
+    norm_qkv  fp8kit.jax.layernorm_dense: the attention's input RMSNorm
+              and its q, k, v projections, kernel "wqkv" = [wq | wk | wv]
+    wo        fp8kit.jax.dense
+    norm_mlp  fp8kit.jax.layernorm_mlp: the MLP's input RMSNorm and the
+              whole SwiGLU MLP, kernel_1 "w_gate_up" = [w_gate | w_up]
+The two fused calls read the float32 residual stream and the float32
+master weights as they are (as the PyTorch model's fused layers do) and
+return float32; q, k, v then go to bf16.
 
 Delayed scaling's state leaves as its "gradient" (fp8kit.jax.dense's
 convention): differentiate the loss with respect to (params, fp8_states)
 and take the states' cotangent as the next states.
-
-norm_qkv and norm_mlp are the seams for fused layers (LayerNormLinear,
-LayerNormMLP): each is the norm and the projections after it.
 """
 
 from __future__ import annotations
@@ -24,19 +29,32 @@ import jax.numpy as jnp
 
 import fp8kit.jax as fj
 from fp8kit.models.config import LlamaConfig
-from fp8kit.models.init import PROJECTIONS, rope_tables
+from fp8kit.models.init import fuse_kernels, rope_tables
 from fp8kit.recipe import DelayedScaling
 
 BF16, F32 = jnp.bfloat16, jnp.float32
 
 
+def model_params(params: dict, recipe) -> dict:
+    """The model's params from fp8kit/models/init.py's (NumPy, as
+    init_params makes them): the same with recipe=None; with a recipe each
+    layer's kernels concatenated for the fused calls (init.fuse_kernels:
+    "wqkv", "w_gate_up" in place of wq, wk, wv, w_gate, w_up). The one
+    place where the JAX model's weight layout differs from init's."""
+    if recipe is None:
+        return params
+    return {**params, "layers": [fuse_kernels(layer) for layer in params["layers"]]}
+
+
 def create_fp8_states(cfg: LlamaConfig, recipe):
-    """{"layers": [{projection: DelayedScalingState}]} under DelayedScaling;
-    None under CurrentScaling (stateless) or recipe=None."""
+    """{"layers": [{"qkv", "wo", "mlp": DelayedScalingState}]} under
+    DelayedScaling ("mlp" holds layernorm_mlp's two Linears); None under
+    CurrentScaling (stateless) or recipe=None."""
     if not isinstance(recipe, DelayedScaling):
         return None
-    return {"layers": [{name: fj.DelayedScalingState.create(recipe) for name in PROJECTIONS}
-                       for _ in range(cfg.layers)]}
+    create = fj.DelayedScalingState.create
+    return {"layers": [{"qkv": create(recipe), "wo": create(recipe),
+                        "mlp": create(recipe, num_linears=2)} for _ in range(cfg.layers)]}
 
 
 def project(x, kernel, state, recipe):
@@ -66,8 +84,14 @@ def _state(states, name):
 
 
 def norm_qkv(p, states, x, cfg: LlamaConfig, recipe):
-    h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
-    return tuple(project(h, p[n], _state(states, n), recipe) for n in ("wq", "wk", "wv"))
+    """RMSNorm and the q, k, v projections of x (the float32 stream): q, k, v in bf16."""
+    if recipe is None:
+        h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
+        return tuple(project(h, p[n], None, None) for n in ("wq", "wk", "wv"))
+    qkv = fj.layernorm_dense(x, p["attn_norm"], None, p["wqkv"], normalization="rmsnorm",
+                             epsilon=cfg.norm_eps, state=_state(states, "qkv"), recipe=recipe)
+    q, k, v = jnp.split(qkv, [cfg.hidden, cfg.hidden + cfg.kv_width], axis=-1)
+    return q.astype(BF16), k.astype(BF16), v.astype(BF16)
 
 
 def attention(p, states, x, cos, sin, cfg: LlamaConfig, recipe):
@@ -81,15 +105,21 @@ def attention(p, states, x, cos, sin, cfg: LlamaConfig, recipe):
 
 
 def norm_mlp(p, states, x, cfg: LlamaConfig, recipe):
-    h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
-    gate = project(h, p["w_gate"], _state(states, "w_gate"), recipe)
-    up = project(h, p["w_up"], _state(states, "w_up"), recipe)
-    g = jax.nn.silu(gate.astype(F32)) * up.astype(F32)
-    return project(g.astype(BF16), p["w_down"], _state(states, "w_down"), recipe)
+    """RMSNorm and the SwiGLU MLP of x (the float32 stream): bf16 with
+    recipe=None, float32 from the fused FP8 call."""
+    if recipe is None:
+        h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
+        gate, up = project(h, p["w_gate"], None, None), project(h, p["w_up"], None, None)
+        g = jax.nn.silu(gate.astype(F32)) * up.astype(F32)
+        return project(g.astype(BF16), p["w_down"], None, None)
+    return fj.layernorm_mlp(x, p["mlp_norm"], None, p["w_gate_up"], p["w_down"],
+                            normalization="rmsnorm", activation="swiglu", epsilon=cfg.norm_eps,
+                            state=_state(states, "mlp"), recipe=recipe)
 
 
 def forward(params, fp8_states, tokens, cfg: LlamaConfig, recipe):
-    """tokens int32 [batch, seq] -> float32 logits [batch, seq, vocab]."""
+    """tokens int32 [batch, seq] -> float32 logits [batch, seq, vocab];
+    params in model_params(..., recipe)'s layout."""
     s = tokens.shape[1]
     if s > cfg.seq_len:
         raise ValueError(f"llama_jax.forward: sequence of {s} tokens is longer than the "

@@ -6,15 +6,24 @@ Precision: parameters are float32 (the optimizer's master weights); the
 forward computes in bf16 under torch.autocast, which casts each weight to
 bf16 as a projection reads it. The residual stream, the norms' statistics
 and the rotary rotation stay in float32; attention runs in bf16
-(scaled_dot_product_attention, causal). With a recipe, the seven
-projections of every layer (q, k, v, o, gate, up, down) are
-fp8kit.torch.Linear layers run under fp8kit.torch.autocast(recipe); with
-recipe=None they are torch.nn.Linear and the model contains no fp8kit
-layer. fp8kit/models/llama_jax.py is the same model in JAX.
+(scaled_dot_product_attention, causal). fp8kit/models/llama_jax.py is the
+same model in JAX.
 
-Two modules are the seams for fused layers: NormQKV (the attention's
-input norm and its q, k, v projections: a LayerNormLinear) and NormMLP
-(the MLP's input norm and the whole SwiGLU MLP: a LayerNormMLP).
+With recipe=None every projection is a torch.nn.Linear and the model
+contains no fp8kit layer. With a recipe the model runs under
+fp8kit.torch.autocast(recipe) and each layer holds three FP8 layers:
+    FusedNormQKV  the attention's input RMSNorm and its q, k, v
+                  projections: one fp8kit.torch.LayerNormLinear with
+                  hidden + 2 * kv_width outputs, split into q, k, v
+    wo            fp8kit.torch.Linear
+    FusedNormMLP  the MLP's input RMSNorm and the whole SwiGLU MLP: one
+                  fp8kit.torch.LayerNormMLP
+The two fused layers run outside torch.autocast, on the float32 residual
+stream and the float32 master weights: their norm reads the stream itself
+(as the unfused RMSNorm does, instead of a bf16 copy of it), their weights
+are cast to FP8 straight from float32, and their outputs are float32 (q, k,
+v then go to bf16 as the unfused projections' outputs are). Their one
+extra cost is SwiGLU's input kept for backward in float32.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ import torch.nn.functional as F
 
 import fp8kit.torch as ft
 from fp8kit.models.config import LlamaConfig
-from fp8kit.models.init import rope_tables
+from fp8kit.models.init import fuse_kernels, rope_tables
 
 BF16 = torch.bfloat16
 
@@ -59,25 +68,47 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class NormQKV(torch.nn.Module):
-    """RMSNorm, then the q, k and v projections of the normed input."""
+    """RMSNorm, then the q, k and v projections of the normed input (bf16)."""
 
-    def __init__(self, cfg: LlamaConfig, fp8: bool, device=None):
+    def __init__(self, cfg: LlamaConfig, device=None):
         super().__init__()
         self.norm = RMSNorm(cfg.hidden, cfg.norm_eps, device)
-        self.wq = _linear(cfg.hidden, cfg.hidden, fp8, device)
-        self.wk = _linear(cfg.hidden, cfg.kv_width, fp8, device)
-        self.wv = _linear(cfg.hidden, cfg.kv_width, fp8, device)
+        self.wq = torch.nn.Linear(cfg.hidden, cfg.hidden, bias=False, device=device)
+        self.wk = torch.nn.Linear(cfg.hidden, cfg.kv_width, bias=False, device=device)
+        self.wv = torch.nn.Linear(cfg.hidden, cfg.kv_width, bias=False, device=device)
 
     def forward(self, x):
         h = self.norm(x)
         return self.wq(h), self.wk(h), self.wv(h)
 
 
+def _outside_torch_autocast(x: torch.Tensor):
+    """The fused layers' context: their inputs and weights keep their float32."""
+    return torch.autocast(x.device.type, enabled=False)
+
+
+class FusedNormQKV(torch.nn.Module):
+    """NormQKV as one fp8kit.torch.LayerNormLinear (RMSNorm, no bias) whose
+    output features are [q | k | v]; returns q, k, v in bf16."""
+
+    def __init__(self, cfg: LlamaConfig, device=None):
+        super().__init__()
+        self.widths = (cfg.hidden, cfg.kv_width, cfg.kv_width)
+        self.layer = ft.LayerNormLinear(cfg.hidden, sum(self.widths), bias=False,
+                                        normalization="RMSNorm", eps=cfg.norm_eps,
+                                        device=device)
+
+    def forward(self, x):
+        with _outside_torch_autocast(x):
+            qkv = self.layer(x)
+        return tuple(t.to(BF16) for t in qkv.split(self.widths, dim=-1))
+
+
 class Attention(torch.nn.Module):
     def __init__(self, cfg: LlamaConfig, fp8: bool, device=None):
         super().__init__()
         self.cfg = cfg
-        self.qkv = NormQKV(cfg, fp8, device)
+        self.qkv = FusedNormQKV(cfg, device) if fp8 else NormQKV(cfg, device)
         self.wo = _linear(cfg.hidden, cfg.hidden, fp8, device)
 
     def forward(self, x, cos, sin):
@@ -93,14 +124,14 @@ class Attention(torch.nn.Module):
 
 
 class NormMLP(torch.nn.Module):
-    """RMSNorm, then the SwiGLU MLP: down(silu(gate(h)) * up(h))."""
+    """RMSNorm, then the SwiGLU MLP: down(silu(gate(h)) * up(h)) (bf16)."""
 
-    def __init__(self, cfg: LlamaConfig, fp8: bool, device=None):
+    def __init__(self, cfg: LlamaConfig, device=None):
         super().__init__()
         self.norm = RMSNorm(cfg.hidden, cfg.norm_eps, device)
-        self.w_gate = _linear(cfg.hidden, cfg.ffn, fp8, device)
-        self.w_up = _linear(cfg.hidden, cfg.ffn, fp8, device)
-        self.w_down = _linear(cfg.ffn, cfg.hidden, fp8, device)
+        self.w_gate = torch.nn.Linear(cfg.hidden, cfg.ffn, bias=False, device=device)
+        self.w_up = torch.nn.Linear(cfg.hidden, cfg.ffn, bias=False, device=device)
+        self.w_down = torch.nn.Linear(cfg.ffn, cfg.hidden, bias=False, device=device)
 
     def forward(self, x):
         h = self.norm(x)
@@ -108,11 +139,25 @@ class NormMLP(torch.nn.Module):
         return self.w_down(g.to(BF16))
 
 
+class FusedNormMLP(torch.nn.Module):
+    """NormMLP as one fp8kit.torch.LayerNormMLP (RMSNorm, SwiGLU, no bias;
+    fc1's rows are [gate; up]); returns float32."""
+
+    def __init__(self, cfg: LlamaConfig, device=None):
+        super().__init__()
+        self.layer = ft.LayerNormMLP(cfg.hidden, cfg.ffn, bias=False, normalization="RMSNorm",
+                                     activation="swiglu", eps=cfg.norm_eps, device=device)
+
+    def forward(self, x):
+        with _outside_torch_autocast(x):
+            return self.layer(x)
+
+
 class DecoderLayer(torch.nn.Module):
     def __init__(self, cfg: LlamaConfig, fp8: bool, device=None):
         super().__init__()
         self.attention = Attention(cfg, fp8, device)
-        self.mlp = NormMLP(cfg, fp8, device)
+        self.mlp = FusedNormMLP(cfg, device) if fp8 else NormMLP(cfg, device)
 
     def forward(self, x, cos, sin):
         x = x + self.attention(x, cos, sin)   # float32 + bf16: the stream stays float32
@@ -120,7 +165,8 @@ class DecoderLayer(torch.nn.Module):
 
 
 class Llama(torch.nn.Module):
-    """recipe: an fp8kit.recipe (FP8 projections) or None (all bf16)."""
+    """recipe: an fp8kit.recipe (FP8 projections, fused at the norms) or None
+    (all bf16)."""
 
     def __init__(self, cfg: LlamaConfig, recipe=None, device=None):
         super().__init__()
@@ -157,7 +203,9 @@ class Llama(torch.nn.Module):
 
 def load_params(model: Llama, params: dict) -> None:
     """Copies NumPy weights in fp8kit/models/init.py's layout into `model`:
-    the one place where a kernel [in, out] becomes a weight [out, in]."""
+    the one place where a kernel [in, out] becomes a weight [out, in], and
+    where the FP8 model's fused layers get their concatenated kernels
+    (init.fuse_kernels)."""
     def put(param, value, kernel=False):
         value = np.ascontiguousarray(value.T if kernel else value)
         if tuple(param.shape) != value.shape:
@@ -171,11 +219,19 @@ def load_params(model: Llama, params: dict) -> None:
                          f"of {len(model.layers)}")
     put(model.embed.weight, params["embed"])
     for layer, p in zip(model.layers, params["layers"]):
-        attn, mlp = layer.attention, layer.mlp
-        put(attn.qkv.norm.weight, p["attn_norm"])
+        qkv, mlp = layer.attention.qkv, layer.mlp
+        put(layer.attention.wo.weight, p["wo"], kernel=True)
+        if isinstance(qkv, FusedNormQKV):
+            fused = fuse_kernels(p)
+            put(qkv.layer.layer_norm_weight, p["attn_norm"])
+            put(qkv.layer.weight, fused["wqkv"], kernel=True)
+            put(mlp.layer.layer_norm_weight, p["mlp_norm"])
+            put(mlp.layer.fc1_weight, fused["w_gate_up"], kernel=True)
+            put(mlp.layer.fc2_weight, p["w_down"], kernel=True)
+            continue
+        put(qkv.norm.weight, p["attn_norm"])
         for name in ("wq", "wk", "wv"):
-            put(getattr(attn.qkv, name).weight, p[name], kernel=True)
-        put(attn.wo.weight, p["wo"], kernel=True)
+            put(getattr(qkv, name).weight, p[name], kernel=True)
         put(mlp.norm.weight, p["mlp_norm"])
         for name in ("w_gate", "w_up", "w_down"):
             put(getattr(mlp, name).weight, p[name], kernel=True)

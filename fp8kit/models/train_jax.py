@@ -94,6 +94,7 @@ class JaxTrainer:
         self.device = device if device is not None else default_device()
         if params is None:
             params = init_params(model_cfg, train_cfg.seed)
+        params = llama_jax.model_params(params, recipe)
         # Every array committed to the device, as the step's outputs are:
         # otherwise the second step compiles the step once more.
         self.params = jax.device_put(params, self.device)

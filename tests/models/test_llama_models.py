@@ -1,7 +1,8 @@
 """The decoder in PyTorch and in JAX against a float64 NumPy forward
 (llama_reference.py): the same weights and tokens give the reference's
 logits within bf16's precision in both frameworks, and within FP8's with a
-recipe; the bf16 model holds no fp8kit layer and makes no fp8kit call."""
+recipe; the bf16 model holds no fp8kit layer and makes no fp8kit call, the
+FP8 model fuses each norm with the projections after it."""
 
 import collections
 import dataclasses
@@ -52,8 +53,8 @@ def torch_logits(params, tokens, recipe):
 
 def jax_logits(params, tokens, recipe):
     states = llama_jax.create_fp8_states(CFG, recipe)
-    out = llama_jax.forward(jax.tree.map(jnp.asarray, params), states, jnp.asarray(tokens),
-                            CFG, recipe)
+    params = jax.tree.map(jnp.asarray, llama_jax.model_params(params, recipe))
+    out = llama_jax.forward(params, states, jnp.asarray(tokens), CFG, recipe)
     return np.asarray(out, np.float64)
 
 
@@ -98,47 +99,110 @@ def test_torch_and_jax_give_the_same_bf16_loss(params, tokens, reference):
     assert abs(losses["torch"] - losses["jax"]) < 0.01
 
 
-def _count_fp8kit_layers(model):
-    return sum(isinstance(m, ft.Linear) for m in model.modules())
+def _count(model, cls):
+    return sum(type(m) is cls for m in model.modules())
 
 
-def test_torch_bf16_model_has_no_fp8kit_layer():
+def test_torch_fp8_model_fuses_the_norms_and_bf16_has_no_fp8kit_layer():
     bf16 = llama_torch.Llama(SMALL, None)
     fp8 = llama_torch.Llama(SMALL, DelayedScaling())
-    assert _count_fp8kit_layers(bf16) == 0
-    assert _count_fp8kit_layers(fp8) == len(PROJECTIONS) * SMALL.layers
-    assert type(fp8.lm_head) is torch.nn.Linear  # the head stays bf16
-    # Same parameters either way: a bf16 and an FP8 model load one checkpoint.
-    assert ({k for k in bf16.state_dict()} ==
-            {k for k in fp8.state_dict() if not k.endswith("_extra_state")})
+    fp8kit_layers = (ft.Linear, ft.LayerNormLinear, ft.LayerNormMLP)
+    assert not any(isinstance(m, fp8kit_layers) for m in bf16.modules())
+    assert _count(bf16, torch.nn.Linear) == len(PROJECTIONS) * SMALL.layers + 1
+    # FP8: per layer one LayerNormLinear (norm + q, k, v), one Linear (o),
+    # one LayerNormMLP (norm + gate, up, down); the only RMSNorm left is the
+    # final one and the only torch.nn.Linear the bf16 head.
+    for cls, per_layer in ((ft.LayerNormLinear, 1), (ft.Linear, 1), (ft.LayerNormMLP, 1)):
+        assert _count(fp8, cls) == per_layer * SMALL.layers, cls
+    assert _count(fp8, llama_torch.RMSNorm) == 1 and fp8.final_norm in set(fp8.modules())
+    assert _count(fp8, torch.nn.Linear) == 1 and type(fp8.lm_head) is torch.nn.Linear
+    for layer in fp8.layers:
+        qkv, mlp = layer.attention.qkv.layer, layer.mlp.layer
+        assert (qkv.normalization, qkv.bias, qkv.out_features) == (
+            "RMSNorm", None, SMALL.hidden + 2 * SMALL.kv_width)
+        assert (mlp.normalization, mlp.activation, mlp.fc1_bias, mlp.ffn_hidden_size) == (
+            "RMSNorm", "swiglu", None, SMALL.ffn)
+        assert qkv.eps == mlp.eps == SMALL.norm_eps
 
 
-def _primitive_counts(recipe):
+def test_torch_fused_seams_read_float32_and_match_the_unfused_layers(params):
+    """Under the model's torch.autocast the fused layers read the float32
+    stream and weights and give float32; their outputs are the unfused
+    layers' (bf16 model, same weights) up to FP8 rounding."""
+    fused = llama_torch.Llama(CFG, DelayedScaling())
+    unfused = llama_torch.Llama(CFG, None)
+    for model in (fused, unfused):
+        llama_torch.load_params(model, params)
+    x = torch.from_numpy(np.random.default_rng(5).normal(size=(2, 8, CFG.hidden))
+                         .astype(np.float32)).requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16), ft.autocast(recipe=DelayedScaling()):
+        got = [*fused.layers[0].attention.qkv(x), fused.layers[0].mlp(x)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = [*unfused.layers[0].attention.qkv(x), unfused.layers[0].mlp(x)]
+    assert [t.dtype for t in got] == [torch.bfloat16] * 3 + [torch.float32]
+    for g, w in zip(got, want):
+        g, w = g.detach().double().numpy(), w.detach().double().numpy()
+        assert 0 < _relative_rms(g, w) < 0.1   # E4M3's rounding, not a wrong weight
+    sum(t.float().sum() for t in got).backward()
+    assert x.grad.dtype == torch.float32 and torch.isfinite(x.grad).all()
+
+
+def test_load_params_concatenates_the_fused_kernels(params):
+    model = llama_torch.Llama(CFG, DelayedScaling())
+    llama_torch.load_params(model, params)
+    p, layer = params["layers"][1], model.layers[1]
+    np.testing.assert_array_equal(layer.attention.qkv.layer.weight.detach().numpy(),
+                                  np.concatenate([p["wq"], p["wk"], p["wv"]], axis=1).T)
+    np.testing.assert_array_equal(layer.mlp.layer.fc1_weight.detach().numpy(),
+                                  np.concatenate([p["w_gate"], p["w_up"]], axis=1).T)
+    np.testing.assert_array_equal(layer.mlp.layer.fc2_weight.detach().numpy(), p["w_down"].T)
+    np.testing.assert_array_equal(layer.mlp.layer.layer_norm_weight.detach().numpy(),
+                                  p["mlp_norm"])
+    jax_layer = llama_jax.model_params(params, DelayedScaling())["layers"][1]
+    np.testing.assert_array_equal(jax_layer["wqkv"], layer.attention.qkv.layer.weight.numpy(
+        force=True).T)
+    np.testing.assert_array_equal(jax_layer["w_gate_up"], layer.mlp.layer.fc1_weight.numpy(
+        force=True).T)
+    assert not {"wq", "wk", "wv", "w_gate", "w_up"} & set(jax_layer)
+    assert llama_jax.model_params(params, None) is params
+
+
+def _trace(recipe):
+    """(primitive counts, FFI target counts) of the JAX forward."""
     states = llama_jax.create_fp8_states(SMALL, recipe)
-    params = jax.tree.map(jnp.asarray, init_params(SMALL, 0))
+    params = jax.tree.map(jnp.asarray, llama_jax.model_params(init_params(SMALL, 0), recipe))
     tokens = jnp.zeros((1, SMALL.seq_len), jnp.int32)
     jaxpr = jax.make_jaxpr(lambda p, s: llama_jax.forward(p, s, tokens, SMALL, recipe))(
         params, states)
-    counts = collections.Counter()
+    counts, targets = collections.Counter(), collections.Counter()
 
     def walk(j):
         for eqn in j.eqns:
             counts[eqn.primitive.name] += 1
+            if eqn.primitive.name == "ffi_call":
+                targets[eqn.params["target_name"]] += 1
             for sub in jaxprs_in_params(eqn.params):
                 walk(sub)
     walk(jaxpr.jaxpr)
-    return counts
+    return counts, targets
 
 
-def test_jax_bf16_model_makes_no_fp8kit_call():
-    bf16, fp8 = _primitive_counts(None), _primitive_counts(DelayedScaling())
+def test_jax_fp8_model_fuses_the_norms_and_bf16_makes_no_fp8kit_call():
+    (bf16, _), (fp8, targets) = _trace(None), _trace(DelayedScaling())
     assert bf16["ffi_call"] == 0 and bf16["custom_vjp_call"] == 0
-    # Every projection is one fp8kit.jax.dense (a custom_vjp over FFI calls);
-    # the head and attention's two products per layer stay dots.
-    assert fp8["custom_vjp_call"] == len(PROJECTIONS) * SMALL.layers
-    assert fp8["ffi_call"] > 0
+    # Per layer: layernorm_dense (norm + q, k, v), dense (o), layernorm_mlp
+    # (norm + gate, up, down), each a custom_vjp over FFI calls; the head and
+    # attention's two products per layer stay dots.
+    assert fp8["custom_vjp_call"] == 3 * SMALL.layers
     assert fp8["dot_general"] == 1 + 2 * SMALL.layers
     assert bf16["dot_general"] == fp8["dot_general"] + len(PROJECTIONS) * SMALL.layers
+    # The norms are fp8kit's fused norm kernels (two per layer; the final
+    # norm stays jnp) and SwiGLU fp8kit's activation kernel.
+    norm = [t for t in targets if "norm" in t]
+    act = [t for t in targets if "activation" in t]
+    assert len(norm) == 1 and targets[norm[0]] == 2 * SMALL.layers, targets
+    assert len(act) == 1 and targets[act[0]] == SMALL.layers, targets
+    assert fp8["rsqrt"] == 1 and bf16["rsqrt"] == 1 + 2 * SMALL.layers
 
 
 def test_load_params_transposes_kernels_into_weights(params):
