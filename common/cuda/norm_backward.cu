@@ -22,6 +22,7 @@
 #include "dequantize_convert.h"
 #include "fused_cast_device.cuh"
 #include "launch_config.h"
+#include "norm_device.cuh"
 #include "norm_math.h"
 #include "validate.h"
 
@@ -46,14 +47,6 @@ struct NormBackwardParams {
   int64_t hidden;
   bool layernorm;
 };
-
-__device__ __forceinline__ float warp_row_sum(float lane_sum) {
-#pragma unroll
-  for (int o = kNormLanes / 2; o > 0; o >>= 1) {
-    lane_sum = add_rn(lane_sum, __shfl_xor_sync(0xffffffffu, lane_sum, o));
-  }
-  return __shfl_sync(0xffffffffu, lane_sum, 0);
-}
 
 template <int kIn>
 __global__ void __launch_bounds__(kBwdThreads) norm_backward_kernel(const NormBackwardParams p) {

@@ -29,6 +29,7 @@
 #include "fused_cast_device.cuh"
 #include "fused_cast_launch.cuh"
 #include "launch_config.h"
+#include "norm_device.cuh"
 #include "norm_math.h"
 #include "validate.h"
 
@@ -55,16 +56,6 @@ struct NormForwardParams {
   int columnwise_align;  // 16, 8 or 1: alignment of the columnwise row pieces
   FusedCast cast;
 };
-
-// The row sum of fp8kit/normalization.h: `lane_sum` is this lane's
-// in-order sum of its chunks; every lane returns lane 0's total.
-__device__ __forceinline__ float warp_row_sum(float lane_sum) {
-#pragma unroll
-  for (int o = kNormLanes / 2; o > 0; o >>= 1) {
-    lane_sum = add_rn(lane_sum, __shfl_xor_sync(0xffffffffu, lane_sum, o));
-  }
-  return __shfl_sync(0xffffffffu, lane_sum, 0);
-}
 
 // Mean (0 for RMSNorm) and rsigma of one row, by one warp.
 template <int kIn>
