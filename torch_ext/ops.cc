@@ -1,7 +1,8 @@
-// Low-level bindings. Every output is allocated through PyTorch's allocator
-// on the input's device; CUDA work goes to PyTorch's current stream of that
-// device. Inputs that are not contiguous are made contiguous (a copy);
-// outputs passed in (out=, amax_out=, state tensors) must be contiguous.
+// The functional ops (ops.h) and their pybind11 bindings. Every output is
+// allocated through PyTorch's allocator on the input's device; CUDA work
+// goes to PyTorch's current stream of that device. Inputs that are not
+// contiguous are made contiguous (a copy); outputs passed in (out=,
+// amax_out=, state tensors) must be contiguous.
 #include "ops.h"
 
 #include <cmath>
@@ -20,8 +21,6 @@ namespace py = pybind11;
 namespace fp8kit_torch {
 namespace {
 
-using OptTensor = std::optional<at::Tensor>;
-
 // Checks a high-precision input and returns it contiguous.
 at::Tensor hp_input(const char* fn, const char* arg, const at::Tensor& x) {
   check_high_precision(fn, arg, x);
@@ -34,8 +33,54 @@ at::Tensor f32_scalar_out(const at::Tensor& like) {
   return at::empty({1}, like.options().dtype(at::kFloat));
 }
 
-at::Tensor amax(const at::Tensor& x_in) {
-  constexpr const char* fn = "fp8kit.torch.amax";
+// One GEMM operand from its optional rowwise data and optional columnwise
+// data: returns the descriptor with the logical 2-D rowwise shape.
+fp8kit_tensor operand(const char* fn, const char* name, const char* name_cw,
+                      const char* sinv_name, const OptTensor& x, const OptTensor& x_cw,
+                      const at::Tensor& scale_inv, at::Device* device) {
+  FP8KIT_VALUE_CHECK(x || x_cw, fn, ": ", name, " and ", name_cw, " are both None; pass ", name,
+                     "'s rowwise data, its columnwise data, or both");
+  const at::Tensor& ref = x ? *x : *x_cw;
+  const char* ref_name = x ? name : name_cw;
+  fp8kit_dtype f = check_fp8(fn, ref_name, ref);
+  int64_t rows = 0, cols = 0;
+  if (x) {
+    FP8KIT_VALUE_CHECK(x->dim() >= 1, fn, ": ", name, " is 0-d; GEMM operands need rank >= 1");
+    check_contiguous(fn, name, *x);
+    const auto cw = columnwise_shape(x->sizes());
+    rows = cw[1];
+    cols = cw[0];
+  }
+  if (x_cw) {
+    const fp8kit_dtype ft = check_fp8(fn, name_cw, *x_cw);
+    FP8KIT_TYPE_CHECK(ft == f, fn, ": ", name, " is ", fp8_name(f), " but ", name_cw, " is ",
+                      fp8_name(ft), "; both layouts of one operand hold the same FP8 data");
+    FP8KIT_VALUE_CHECK(x_cw->dim() == 2, fn, ": ", name_cw, " has shape ",
+                       shape_str(x_cw->sizes()),
+                       "; columnwise data is 2-D [last dim, prod(leading dims)]");
+    check_contiguous(fn, name_cw, *x_cw);
+    check_same_device(fn, name_cw, *x_cw, ref_name, ref);
+    if (x) {
+      FP8KIT_VALUE_CHECK(x_cw->size(0) == cols && x_cw->size(1) == rows, fn, ": ", name_cw,
+                         " has shape ", shape_str(x_cw->sizes()), " but ", name, " has shape ",
+                         shape_str(x->sizes()), " whose columnwise layout is [", cols, ", ", rows,
+                         "]");
+    } else {
+      rows = x_cw->size(1);
+      cols = x_cw->size(0);
+    }
+  }
+  check_f32_scalar(fn, sinv_name, scale_inv, ref_name, ref);
+  check_contiguous(fn, sinv_name, scale_inv);
+  device_type_of(ref, fn, ref_name);
+  *device = ref.device();
+  return gemm_operand(ref.device(), f, rows, cols, x ? x->data_ptr() : nullptr,
+                      x_cw ? x_cw->data_ptr() : nullptr, scale_inv.data_ptr<float>());
+}
+
+}  // namespace
+
+at::Tensor amax(const char* fn, const at::Tensor& x_in) {
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   const at::Tensor x = hp_input(fn, "x", x_in);
   DeviceScope scope(x.device());
@@ -44,13 +89,11 @@ at::Tensor amax(const at::Tensor& x_in) {
   return out;
 }
 
-std::tuple<OptTensor, OptTensor, at::Tensor> quantize(const at::Tensor& x_in,
-                                                      const at::Tensor& scale,
-                                                      const std::string& fp8_dtype, bool rowwise,
-                                                      bool columnwise, const OptTensor& amax_out) {
-  constexpr const char* fn = "fp8kit.torch.quantize";
+std::tuple<OptTensor, OptTensor, at::Tensor> quantize(const char* fn, const at::Tensor& x_in,
+                                                      const at::Tensor& scale, fp8kit_dtype f,
+                                                      bool rowwise, bool columnwise,
+                                                      const OptTensor& amax_out) {
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  const fp8kit_dtype f = parse_fp8_name(fp8_dtype, fn, "fp8_dtype");
   FP8KIT_VALUE_CHECK(rowwise || columnwise, fn,
                      ": rowwise and columnwise are both False; ask for at least one output");
   const at::Tensor x = hp_input(fn, "x", x_in);
@@ -74,11 +117,9 @@ std::tuple<OptTensor, OptTensor, at::Tensor> quantize(const at::Tensor& x_in,
 }
 
 std::tuple<OptTensor, OptTensor, at::Tensor, at::Tensor, at::Tensor> quantize_current_scaling(
-    const at::Tensor& x_in, const std::string& fp8_dtype, bool rowwise, bool columnwise,
+    const char* fn, const at::Tensor& x_in, fp8kit_dtype f, bool rowwise, bool columnwise,
     double amax_epsilon, bool power_2_scale) {
-  constexpr const char* fn = "fp8kit.torch.quantize_current_scaling";
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  const fp8kit_dtype f = parse_fp8_name(fp8_dtype, fn, "fp8_dtype");
   FP8KIT_VALUE_CHECK(rowwise || columnwise, fn,
                      ": rowwise and columnwise are both False; ask for at least one output");
   FP8KIT_VALUE_CHECK(std::isfinite(amax_epsilon) && amax_epsilon >= 0.0, fn,
@@ -101,10 +142,9 @@ std::tuple<OptTensor, OptTensor, at::Tensor, at::Tensor, at::Tensor> quantize_cu
           columnwise ? OptTensor(columnwise_data) : std::nullopt, scale, scale_inv, amax_t};
 }
 
-at::Tensor dequantize(const at::Tensor& data_in, const at::Tensor& scale_inv,
+at::Tensor dequantize(const char* fn, const at::Tensor& data_in, const at::Tensor& scale_inv,
                       at::ScalarType out_dtype, bool from_columnwise,
                       const std::optional<std::vector<int64_t>>& shape) {
-  constexpr const char* fn = "fp8kit.torch.dequantize";
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   const fp8kit_dtype f = check_fp8(fn, "data", data_in);
   device_type_of(data_in, fn, "data");
@@ -146,13 +186,12 @@ at::Tensor dequantize(const at::Tensor& data_in, const at::Tensor& scale_inv,
   return out;
 }
 
-void delayed_scaling_update(const std::vector<at::Tensor>& histories,
+void delayed_scaling_update(const char* fn, const std::vector<at::Tensor>& histories,
                             const std::vector<at::Tensor>& amaxes,
                             const std::vector<at::Tensor>& scales,
                             const std::vector<at::Tensor>& scale_invs,
                             const std::vector<std::string>& fp8_dtypes, int64_t margin,
                             const std::string& amax_reduction) {
-  constexpr const char* fn = "fp8kit.torch.delayed_scaling_update";
   const size_t n = histories.size();
   FP8KIT_VALUE_CHECK(amaxes.size() == n && scales.size() == n && scale_invs.size() == n &&
                          fp8_dtypes.size() == n,
@@ -202,58 +241,12 @@ void delayed_scaling_update(const std::vector<at::Tensor>& histories,
   delayed_update(states.data(), static_cast<int>(n), cfg, ref.device());
 }
 
-// One GEMM operand from its optional rowwise data and optional columnwise
-// data: returns the descriptor with the logical 2-D rowwise shape.
-fp8kit_tensor operand(const char* fn, const char* name, const char* name_cw,
-                      const char* sinv_name, const OptTensor& x, const OptTensor& x_cw,
-                      const at::Tensor& scale_inv, at::Device* device) {
-  FP8KIT_VALUE_CHECK(x || x_cw, fn, ": ", name, " and ", name_cw, " are both None; pass ", name,
-                     "'s rowwise data, its columnwise data, or both");
-  const at::Tensor& ref = x ? *x : *x_cw;
-  const char* ref_name = x ? name : name_cw;
-  fp8kit_dtype f = check_fp8(fn, ref_name, ref);
-  int64_t rows = 0, cols = 0;
-  if (x) {
-    FP8KIT_VALUE_CHECK(x->dim() >= 1, fn, ": ", name, " is 0-d; GEMM operands need rank >= 1");
-    check_contiguous(fn, name, *x);
-    const auto cw = columnwise_shape(x->sizes());
-    rows = cw[1];
-    cols = cw[0];
-  }
-  if (x_cw) {
-    const fp8kit_dtype ft = check_fp8(fn, name_cw, *x_cw);
-    FP8KIT_TYPE_CHECK(ft == f, fn, ": ", name, " is ", fp8_name(f), " but ", name_cw, " is ",
-                      fp8_name(ft), "; both layouts of one operand hold the same FP8 data");
-    FP8KIT_VALUE_CHECK(x_cw->dim() == 2, fn, ": ", name_cw, " has shape ",
-                       shape_str(x_cw->sizes()),
-                       "; columnwise data is 2-D [last dim, prod(leading dims)]");
-    check_contiguous(fn, name_cw, *x_cw);
-    check_same_device(fn, name_cw, *x_cw, ref_name, ref);
-    if (x) {
-      FP8KIT_VALUE_CHECK(x_cw->size(0) == cols && x_cw->size(1) == rows, fn, ": ", name_cw,
-                         " has shape ", shape_str(x_cw->sizes()), " but ", name, " has shape ",
-                         shape_str(x->sizes()), " whose columnwise layout is [", cols, ", ", rows,
-                         "]");
-    } else {
-      rows = x_cw->size(1);
-      cols = x_cw->size(0);
-    }
-  }
-  check_f32_scalar(fn, sinv_name, scale_inv, ref_name, ref);
-  check_contiguous(fn, sinv_name, scale_inv);
-  device_type_of(ref, fn, ref_name);
-  *device = ref.device();
-  return gemm_operand(ref.device(), f, rows, cols, x ? x->data_ptr() : nullptr,
-                      x_cw ? x_cw->data_ptr() : nullptr, scale_inv.data_ptr<float>());
-}
-
-at::Tensor gemm(const OptTensor& a, const at::Tensor& a_scale_inv,
+at::Tensor gemm(const char* fn, const OptTensor& a, const at::Tensor& a_scale_inv,
                 const OptTensor& a_columnwise, const OptTensor& b, const at::Tensor& b_scale_inv,
                 const OptTensor& b_columnwise, bool trans_a, bool trans_b,
                 at::ScalarType out_dtype, const OptTensor& bias, bool gelu,
                 const OptTensor& gelu_aux, bool accumulate, bool use_split_accumulator,
                 const OptTensor& d_scale, const OptTensor& d_amax, const OptTensor& out) {
-  constexpr const char* fn = "fp8kit.torch.gemm";
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   at::Device dev_a(at::kCPU), dev_b(at::kCPU);
   const fp8kit_tensor da =
@@ -363,6 +356,8 @@ at::Tensor gemm(const OptTensor& a, const at::Tensor& a_scale_inv,
   return d;
 }
 
+namespace {
+
 bool supports_non_tn_fp8_gemm(const at::Device& device_in) {
   constexpr const char* fn = "fp8kit.torch.supports_non_tn_fp8_gemm";
   at::Device device = device_in;
@@ -407,37 +402,80 @@ void register_ops(py::module_& m) {
       "The shape of a tensor's columnwise copy: (shape[-1], prod(shape[:-1])); (1, 1) for a "
       "0-d tensor.");
 
-  m.def("amax", &amax, py::arg("x"),
+  m.def("amax", [](const at::Tensor& x) { return amax("fp8kit.torch.amax", x); }, py::arg("x"),
         "max |x| over the whole tensor as a float32 0-d tensor on x.device (NaN if any NaN).");
-  m.def("quantize", &quantize, py::arg("x"), py::arg("scale"), py::arg("fp8_dtype"),
-        py::arg("rowwise") = true, py::arg("columnwise") = false, py::arg("amax_out") = py::none(),
-        "Per-tensor quantization with a given scale: returns (data or None, columnwise_data or "
-        "None, scale_inv); columnwise_data is the [last dim, prod(leading dims)] transpose. A "
-        "scale that is not finite and > 0 (0, negative, inf, NaN) makes every output element "
-        "NaN and scale_inv NaN (fp8kit's policy: never a plausible result, no device sync).");
-  m.def("quantize_current_scaling", &quantize_current_scaling, py::arg("x"), py::arg("fp8_dtype"),
-        py::arg("rowwise") = true, py::arg("columnwise") = false, py::arg("amax_epsilon") = 0.0,
-        py::arg("power_2_scale") = false,
-        "Current scaling: returns (data or None, columnwise_data or None, scale, scale_inv, "
-        "amax).");
-  m.def("dequantize", &dequantize, py::arg("data"), py::arg("scale_inv"), py::arg("out_dtype"),
-        py::arg("from_columnwise") = false, py::arg("shape") = py::none(),
-        "data * scale_inv in out_dtype; from_columnwise reads [last, prod(leading)] data and "
-        "returns the tensor of `shape` (default: the 2-D transpose).");
-  m.def("delayed_scaling_update", &delayed_scaling_update, py::arg("amax_histories"),
-        py::arg("amaxes"), py::arg("scales"), py::arg("scale_invs"), py::arg("fp8_dtypes"),
-        py::arg("margin") = 0, py::arg("amax_reduction") = "max",
-        "Rolls each amax history, reduces it and recomputes scale and scale_inv, for all tensors "
-        "in one call (see common/include/fp8kit/delayed_scaling.h).");
-  m.def("gemm", &gemm, py::arg("a"), py::arg("a_scale_inv"), py::arg("a_columnwise"),
-        py::arg("b"), py::arg("b_scale_inv"), py::arg("b_columnwise"), py::arg("trans_a") = false,
-        py::arg("trans_b") = false, py::arg("out_dtype") = at::kBFloat16,
-        py::arg("bias") = py::none(), py::arg("gelu") = false, py::arg("gelu_aux") = py::none(),
-        py::arg("accumulate") = false, py::arg("use_split_accumulator") = true,
-        py::arg("d_scale") = py::none(), py::arg("d_amax") = py::none(),
-        py::arg("out") = py::none(),
-        "D = (op(a) * a_scale_inv) @ (op(b) * b_scale_inv) (+ bias) (GELU); TN canonicalization "
-        "by the core (see common/include/fp8kit/gemm.h).");
+  m.def(
+      "quantize",
+      [](const at::Tensor& x, const at::Tensor& scale, const std::string& fp8_dtype, bool rowwise,
+         bool columnwise, const OptTensor& amax_out) {
+        constexpr const char* fn = "fp8kit.torch.quantize";
+        return quantize(fn, x, scale, parse_fp8_name(fp8_dtype, fn, "fp8_dtype"), rowwise,
+                        columnwise, amax_out);
+      },
+      py::arg("x"), py::arg("scale"), py::arg("fp8_dtype"),
+      py::arg("rowwise") = true, py::arg("columnwise") = false, py::arg("amax_out") = py::none(),
+      "Per-tensor quantization with a given scale: returns (data or None, columnwise_data or "
+      "None, scale_inv); columnwise_data is the [last dim, prod(leading dims)] transpose. A "
+      "scale that is not finite and > 0 (0, negative, inf, NaN) makes every output element "
+      "NaN and scale_inv NaN (fp8kit's policy: never a plausible result, no device sync).");
+  m.def(
+      "quantize_current_scaling",
+      [](const at::Tensor& x, const std::string& fp8_dtype, bool rowwise, bool columnwise,
+         double amax_epsilon, bool power_2_scale) {
+        constexpr const char* fn = "fp8kit.torch.quantize_current_scaling";
+        return quantize_current_scaling(fn, x, parse_fp8_name(fp8_dtype, fn, "fp8_dtype"),
+                                        rowwise, columnwise, amax_epsilon, power_2_scale);
+      },
+      py::arg("x"), py::arg("fp8_dtype"),
+      py::arg("rowwise") = true, py::arg("columnwise") = false, py::arg("amax_epsilon") = 0.0,
+      py::arg("power_2_scale") = false,
+      "Current scaling: returns (data or None, columnwise_data or None, scale, scale_inv, "
+      "amax).");
+  m.def(
+      "dequantize",
+      [](const at::Tensor& data, const at::Tensor& scale_inv, at::ScalarType out_dtype,
+         bool from_columnwise, const std::optional<std::vector<int64_t>>& shape) {
+        return dequantize("fp8kit.torch.dequantize", data, scale_inv, out_dtype,
+                          from_columnwise, shape);
+      },
+      py::arg("data"), py::arg("scale_inv"), py::arg("out_dtype"),
+      py::arg("from_columnwise") = false, py::arg("shape") = py::none(),
+      "data * scale_inv in out_dtype; from_columnwise reads [last, prod(leading)] data and "
+      "returns the tensor of `shape` (default: the 2-D transpose).");
+  m.def(
+      "delayed_scaling_update",
+      [](const std::vector<at::Tensor>& histories, const std::vector<at::Tensor>& amaxes,
+         const std::vector<at::Tensor>& scales, const std::vector<at::Tensor>& scale_invs,
+         const std::vector<std::string>& fp8_dtypes, int64_t margin,
+         const std::string& amax_reduction) {
+        delayed_scaling_update("fp8kit.torch.delayed_scaling_update", histories, amaxes, scales,
+                               scale_invs, fp8_dtypes, margin, amax_reduction);
+      },
+      py::arg("amax_histories"),
+      py::arg("amaxes"), py::arg("scales"), py::arg("scale_invs"), py::arg("fp8_dtypes"),
+      py::arg("margin") = 0, py::arg("amax_reduction") = "max",
+      "Rolls each amax history, reduces it and recomputes scale and scale_inv, for all tensors "
+      "in one call (see common/include/fp8kit/delayed_scaling.h).");
+  m.def(
+      "gemm",
+      [](const OptTensor& a, const at::Tensor& a_scale_inv, const OptTensor& a_columnwise,
+         const OptTensor& b, const at::Tensor& b_scale_inv, const OptTensor& b_columnwise,
+         bool trans_a, bool trans_b, at::ScalarType out_dtype, const OptTensor& bias, bool gelu,
+         const OptTensor& gelu_aux, bool accumulate, bool use_split_accumulator,
+         const OptTensor& d_scale, const OptTensor& d_amax, const OptTensor& out) {
+        return gemm("fp8kit.torch.gemm", a, a_scale_inv, a_columnwise, b, b_scale_inv,
+                    b_columnwise, trans_a, trans_b, out_dtype, bias, gelu, gelu_aux, accumulate,
+                    use_split_accumulator, d_scale, d_amax, out);
+      },
+      py::arg("a"), py::arg("a_scale_inv"), py::arg("a_columnwise"),
+      py::arg("b"), py::arg("b_scale_inv"), py::arg("b_columnwise"), py::arg("trans_a") = false,
+      py::arg("trans_b") = false, py::arg("out_dtype") = at::kBFloat16,
+      py::arg("bias") = py::none(), py::arg("gelu") = false, py::arg("gelu_aux") = py::none(),
+      py::arg("accumulate") = false, py::arg("use_split_accumulator") = true,
+      py::arg("d_scale") = py::none(), py::arg("d_amax") = py::none(),
+      py::arg("out") = py::none(),
+      "D = (op(a) * a_scale_inv) @ (op(b) * b_scale_inv) (+ bias) (GELU); TN canonicalization "
+      "by the core (see common/include/fp8kit/gemm.h).");
   m.def("supports_non_tn_fp8_gemm", &supports_non_tn_fp8_gemm, py::arg("device"),
         "Whether FP8 GEMMs on `device` accept non-TN layouts (the core's cached answer).");
   m.def("built_with_cuda", [] {

@@ -6,9 +6,12 @@ Quantizers (C++): Float8Quantizer (delayed scaling),
 Float8CurrentScalingQuantizer; calling one returns a Float8Tensor.
 Tensors: QuantizedTensor, Float8Tensor. Modules: Linear and the fused
 LayerNormLinear and LayerNormMLP, used inside autocast(recipe=...).
+Dispatcher ops (torch.ops.fp8kit.*, what torch.compile traces): see
+fp8kit.torch.ops.
 """
 
 from fp8kit.recipe import AmaxReduction, CurrentScaling, DelayedScaling, Format  # noqa: F401
+from fp8kit.torch import _fake_ops  # noqa: F401  (fake kernels of torch.ops.fp8kit.*)
 from fp8kit.torch.autocast import autocast, current_recipe
 from fp8kit.torch.float8_tensor import Float8Tensor
 from fp8kit.torch.layernorm_linear import LayerNormLinear

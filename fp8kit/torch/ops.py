@@ -6,6 +6,32 @@ Scale convention (common/include/fp8kit/tensor.h):
 Outputs are allocated by PyTorch on the input's device; CUDA work runs on
 PyTorch's current stream. Inputs that are not contiguous are copied to a
 contiguous tensor first.
+
+These functions are pybind11 calls, invisible to PyTorch's dispatcher:
+torch.compile breaks the graph at each. The same kernels are also
+registered with the dispatcher as torch.ops.fp8kit.<op> (available after
+`import fp8kit.torch`), and those are what torch.compile traces, with fake
+kernels in fp8kit.torch._fake_ops:
+    amax(x) -> Tensor
+    quantize(x, scale, fp8_dtype, rowwise, columnwise)
+        -> (data, columnwise_data, scale_inv, amax)
+    quantize_current_scaling(x, fp8_dtype, rowwise, columnwise,
+                             amax_epsilon=0., power_2_scale=False)
+        -> (data, columnwise_data, scale, scale_inv, amax)
+    dequantize(data, scale_inv, out_dtype, from_columnwise=False, shape=None)
+    gemm(a, a_scale_inv, a_columnwise, b, b_scale_inv, b_columnwise, trans_a,
+         trans_b, out_dtype, bias=None, gelu=False, use_split_accumulator=True,
+         d_scale=None) -> Tensor
+    delayed_scaling_update(amax_histories, amaxes, scales, scale_invs,
+                           fp8_dtypes, margin=0, amax_reduction="max") -> None
+They differ from the functions here only where a schema must: fp8_dtype is
+a torch dtype (torch.float8_e4m3fn / torch.float8_e5m2; fp8_dtypes of
+delayed_scaling_update stay "e4m3" / "e5m2"), a layout not asked for is an
+empty tensor of shape [0] in the FP8 dtype instead of None, quantize returns
+the amax (float32 [1]) instead of writing amax_out, gemm has no out,
+accumulate, gelu_aux or d_amax, and scale is a tensor, never a number.
+delayed_scaling_update mutates amax_histories, scales and scale_invs in
+place, and its schema declares it.
 """
 
 from __future__ import annotations

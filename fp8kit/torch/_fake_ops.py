@@ -1,0 +1,91 @@
+"""Fake (meta) kernels of the dispatcher ops torch.ops.fp8kit.* (defined in
+C++, torch_ext/dispatcher_ops.cc): each gives its op's output shapes, dtypes
+and devices without computing anything, so that the ops trace under
+FakeTensorMode and torch.compile. They follow the C++ kernels' rules:
+a layout not asked for is an empty [0] tensor of the FP8 dtype, scales and
+amaxes are float32 [1], and every output is on the input's device.
+tests/torch/test_torch_dispatcher_ops.py checks them against the real kernels
+with torch.library.opcheck.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fp8kit.torch._ext import ext  # noqa: F401  (defines the torch.ops.fp8kit library)
+
+
+def columnwise_shape(shape):
+    """ext.columnwise_shape for symbolic sizes too: (shape[-1],
+    prod(shape[:-1])), (1, 1) for a 0-d tensor."""
+    if len(shape) == 0:
+        return (1, 1)
+    leading = 1
+    for s in shape[:-1]:
+        leading = leading * s
+    return (shape[-1], leading)
+
+
+def _f32_scalar(like: torch.Tensor) -> torch.Tensor:
+    return like.new_empty((1,), dtype=torch.float32)
+
+
+def _fp8_layouts(x: torch.Tensor, fp8_dtype: torch.dtype, rowwise: bool, columnwise: bool):
+    data = x.new_empty(x.shape if rowwise else (0,), dtype=fp8_dtype)
+    columnwise_data = x.new_empty(columnwise_shape(x.shape) if columnwise else (0,),
+                                  dtype=fp8_dtype)
+    return data, columnwise_data
+
+
+@torch.library.register_fake("fp8kit::amax")
+def _amax(x):
+    return x.new_empty((), dtype=torch.float32)
+
+
+@torch.library.register_fake("fp8kit::quantize")
+def _quantize(x, scale, fp8_dtype, rowwise, columnwise):
+    data, columnwise_data = _fp8_layouts(x, fp8_dtype, rowwise, columnwise)
+    return data, columnwise_data, _f32_scalar(x), _f32_scalar(x)
+
+
+@torch.library.register_fake("fp8kit::quantize_current_scaling")
+def _quantize_current_scaling(x, fp8_dtype, rowwise, columnwise, amax_epsilon=0.0,
+                              power_2_scale=False):
+    data, columnwise_data = _fp8_layouts(x, fp8_dtype, rowwise, columnwise)
+    return data, columnwise_data, _f32_scalar(x), _f32_scalar(x), _f32_scalar(x)
+
+
+@torch.library.register_fake("fp8kit::dequantize")
+def _dequantize(data, scale_inv, out_dtype, from_columnwise=False, shape=None):
+    if not from_columnwise:
+        logical = data.shape
+    elif shape is not None:
+        logical = shape
+    else:
+        logical = (data.shape[1], data.shape[0])
+    return data.new_empty(logical, dtype=out_dtype)
+
+
+@torch.library.register_fake("fp8kit::delayed_scaling_update")
+def _delayed_scaling_update(amax_histories, amaxes, scales, scale_invs, fp8_dtypes, margin=0,
+                            amax_reduction="max"):
+    return None
+
+
+def _operand_rows_cols(x, x_columnwise):
+    """The logical 2-D [rows, cols] of a GEMM operand from either layout."""
+    if x is not None:
+        cols, rows = columnwise_shape(x.shape)
+        return rows, cols
+    return x_columnwise.shape[1], x_columnwise.shape[0]
+
+
+@torch.library.register_fake("fp8kit::gemm")
+def _gemm(a, a_scale_inv, a_columnwise, b, b_scale_inv, b_columnwise, trans_a, trans_b,
+          out_dtype, bias=None, gelu=False, use_split_accumulator=True, d_scale=None):
+    a_rows, a_cols = _operand_rows_cols(a, a_columnwise)
+    b_rows, b_cols = _operand_rows_cols(b, b_columnwise)
+    m = a_cols if trans_a else a_rows
+    n = b_rows if trans_b else b_cols
+    like = a if a is not None else a_columnwise
+    return like.new_empty((m, n), dtype=out_dtype)
