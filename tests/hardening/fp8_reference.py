@@ -208,6 +208,23 @@ def rounding_bound(want: np.ndarray, out: str) -> np.ndarray:
     return HALF_ULP[out] * np.abs(want) * 1.0001 + HALF_SUBNORMAL[out]
 
 
+def gemm_reference(p: dict, device: str, bias=None):
+    """(want, bound) of a gemm problem (fp8_strategies.gemm_problems): the
+    float64 product of the decoded, scaled operands, plus `bias` (the values
+    the GEMM received, float64) added in float32, accumulated on `device`
+    and rounded to p["out"]."""
+    av = decode(p["a"], p["fa"]) * np.float64(F32(p["sa"]))
+    bv = decode(p["b"], p["fb"]) * np.float64(F32(p["sb"]))
+    av, bv = (av.T if p["trans_a"] else av), (bv.T if p["trans_b"] else bv)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = av @ bv
+        bound = accumulation_bound(av, bv, device)
+        if bias is not None:
+            want = want + bias
+            bound = bound + (np.abs(want) + np.abs(bias)) * 2.0 ** -23
+        return want, bound + rounding_bound(want, p["out"])
+
+
 def assert_result_close(got, want, bound, out: str, what: str):
     """A GEMM-like result `got` (in the output type `out`) against the
     float64 `want` within `bound`; where `want` rounded to `out` is not

@@ -181,3 +181,31 @@ def delayed_states(draw):
     scale = draw(arrays((n,), st.one_of(any_scale, scales_near_1)))
     fmts = draw(st.lists(fp8_names, min_size=n, max_size=n))
     return hist, new_amax, scale, fmts
+
+
+# ------------------------------------------------------------------ gemm ---
+
+# The output's N alignment (16 bytes) for each output type.
+OUT_N_MULTIPLE = {"float32": 4, "bfloat16": 8, "float16": 8}
+gemm_scale_invs = st.one_of(st.sampled_from([1.0, 2.0 ** -10, 2.0 ** 10, 0.0, float("nan")]),
+                            st.floats(2.0 ** -13, 2.0 ** 13, width=32))
+
+
+@st.composite
+def gemm_problems(draw, token_counts=(0, 1, 2, 5, 16, 33)):
+    """A GEMM problem both front ends' gemm properties draw: FP8 operand
+    bytes (a [M,K] or transposed, b [K,N] or transposed), their scale_invs,
+    the output type and an optional bias (fp8_reference.gemm_reference)."""
+    out = draw(hp_names)
+    m = draw(st.sampled_from(token_counts))
+    k = 16 * draw(st.integers(1, 4))
+    n = OUT_N_MULTIPLE[out] * draw(st.integers(1, 6))
+    fa, fb = draw(st.sampled_from([("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3")]))
+    trans_a, trans_b = draw(st.booleans()), draw(st.booleans())
+    codes = st.integers(0, 255)
+    a = draw(arrays((k, m) if trans_a else (m, k), codes)).astype(np.uint8)
+    b = draw(arrays((n, k) if trans_b else (k, n), codes)).astype(np.uint8)
+    sa, sb = draw(gemm_scale_invs), draw(gemm_scale_invs)
+    bias = draw(st.one_of(st.none(), arrays((n,), moderate_f32)))
+    return dict(out=out, m=m, k=k, n=n, fa=fa, fb=fb, trans_a=trans_a, trans_b=trans_b, a=a,
+                b=b, sa=sa, sb=sb, bias=bias)

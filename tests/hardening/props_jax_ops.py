@@ -13,13 +13,12 @@ from hypothesis import strategies as st
 
 import fp8_reference as ref
 import fp8kit.jax as fj
-from fp8_strategies import (any_scale, arrays, delayed_states, fp8_names, hp_names, laid_out,
-                            moderate_f32, prop, shapes)
+from fp8_strategies import (any_scale, arrays, delayed_states, fp8_names, gemm_problems,
+                            hp_names, laid_out, prop, shapes)
 from fp8kit.recipe import AmaxReduction
 from jax_support import (FP8, HP, device_or_skip, expect_clear_error, fp8_array, layout_op,
                          logical_values, np_bits, source)
 
-F32 = np.float32
 
 
 def _apply(fn, x, jit: bool):
@@ -224,52 +223,23 @@ def check_delayed_scaling_update_rejects(device, case):
 
 # ------------------------------------------------------------------ gemm ---
 
-OUT_N_MULTIPLE = {"float32": 4, "bfloat16": 8, "float16": 8}
-gemm_scale_invs = st.one_of(st.sampled_from([1.0, 2.0 ** -10, 2.0 ** 10, 0.0, float("nan")]),
-                            st.floats(2.0 ** -13, 2.0 ** 13, width=32))
-
-
-@st.composite
-def gemm_problems(draw):
-    out = draw(hp_names)
-    m = draw(st.sampled_from([1, 2, 5, 16, 33]))
-    k = 16 * draw(st.integers(1, 4))
-    n = OUT_N_MULTIPLE[out] * draw(st.integers(1, 6))
-    fa, fb = draw(st.sampled_from([("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3")]))
-    trans_a, trans_b = draw(st.booleans()), draw(st.booleans())
-    codes = st.integers(0, 255)
-    return dict(out=out, m=m, k=k, n=n, fa=fa, fb=fb, trans_a=trans_a, trans_b=trans_b,
-                a=draw(arrays((k, m) if trans_a else (m, k), codes)).astype(np.uint8),
-                b=draw(arrays((n, k) if trans_b else (k, n), codes)).astype(np.uint8),
-                sa=draw(gemm_scale_invs), sb=draw(gemm_scale_invs),
-                bias=draw(st.one_of(st.none(), arrays((n,), moderate_f32))),
-                split=draw(st.booleans()), jit=draw(st.booleans()))
-
-
-@prop(max_examples=60, p=gemm_problems())
-def check_gemm(device, p):
+@prop(max_examples=60, p=gemm_problems(token_counts=(1, 2, 5, 16, 33)), split=st.booleans(),
+      jit=st.booleans())
+def check_gemm(device, p, split, jit):
     dev = device_or_skip(device)
     operand = (lambda b, fmt, s: fj.ScaledTensor(
         data=fp8_array(b, fmt, dev), columnwise_data=fp8_array(ref.columnwise_bits(b), fmt, dev),
         scale_inv=jax.device_put(jnp.float32(s), dev), fp8_dtype=fmt))
     a, b = operand(p["a"], p["fa"], p["sa"]), operand(p["b"], p["fb"], p["sb"])
-    av = ref.decode(p["a"], p["fa"]) * np.float64(F32(p["sa"]))
-    bv = ref.decode(p["b"], p["fb"]) * np.float64(F32(p["sb"]))
-    av, bv = (av.T if p["trans_a"] else av), (bv.T if p["trans_b"] else bv)
-    with np.errstate(invalid="ignore", over="ignore"):
-        want = av @ bv
-        bound = ref.accumulation_bound(av, bv, device)
     bias = None
     if p["bias"] is not None:
         bias_dtype = jnp.float16 if p["out"] == "float16" else jnp.bfloat16
         bias = jax.device_put(jnp.asarray(p["bias"]).astype(bias_dtype), dev)
-        bvals = np.asarray(bias).astype(np.float64)
-        want = want + bvals
-        bound = bound + (np.abs(want) + np.abs(bvals)) * 2.0 ** -23
-    bound = bound + ref.rounding_bound(want, p["out"])
+    want, bound = ref.gemm_reference(p, device,
+                                     None if bias is None else np.asarray(bias, np.float64))
     call = (lambda a_, b_, bias_: fj.gemm(a_, b_, p["trans_a"], p["trans_b"], HP[p["out"]], bias_,
-                                          p["split"], device=dev))
-    d = jax.jit(call)(a, b, bias) if p["jit"] else call(a, b, bias)
+                                          split, device=dev))
+    d = jax.jit(call)(a, b, bias) if jit else call(a, b, bias)
     assert d.dtype == HP[p["out"]] and d.shape == (p["m"], p["n"])
     got = np.asarray(d).astype(np.float64)
     # Past the output type's range the result is +-inf, as a rounding gives.

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 import fp8_reference as ref
 from clear_errors import expect_clear_error
 import fp8kit.torch as ft
-from fp8_strategies import (any_scale, arrays, delayed_states, fp8_names, hp_names, laid_out,
-                            moderate_f32, prop, shapes)
+from fp8_strategies import (any_scale, arrays, delayed_states, fp8_names, gemm_problems,
+                            hp_names, laid_out, prop, shapes)
 from torch_support import (HP, check_quantized, device_or_skip, fp8_tensor, laid_out_tensor,
                            scalar, values)
 
@@ -227,39 +227,6 @@ def check_delayed_scaling_update_rejects(device, case):
 
 # ------------------------------------------------------------------ gemm ---
 
-OUT_N_MULTIPLE = {"float32": 4, "bfloat16": 8, "float16": 8}
-gemm_scale_invs = st.one_of(st.sampled_from([1.0, 2.0 ** -10, 2.0 ** 10, 0.0, float("nan")]),
-                            st.floats(2.0 ** -13, 2.0 ** 13, width=32))
-
-
-@st.composite
-def gemm_problems(draw):
-    out = draw(hp_names)
-    m = draw(st.sampled_from([0, 1, 2, 5, 16, 33]))
-    k = 16 * draw(st.integers(1, 4))
-    n = OUT_N_MULTIPLE[out] * draw(st.integers(1, 6))
-    fa, fb = draw(st.sampled_from([("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3")]))
-    trans_a, trans_b = draw(st.booleans()), draw(st.booleans())
-    codes = st.integers(0, 255)
-    a = draw(arrays((k, m) if trans_a else (m, k), codes)).astype(np.uint8)
-    b = draw(arrays((n, k) if trans_b else (k, n), codes)).astype(np.uint8)
-    sa, sb = draw(gemm_scale_invs), draw(gemm_scale_invs)
-    bias = draw(st.one_of(st.none(), arrays((n,), moderate_f32)))
-    return dict(out=out, m=m, k=k, n=n, fa=fa, fb=fb, trans_a=trans_a, trans_b=trans_b, a=a,
-                b=b, sa=sa, sb=sb, bias=bias)
-
-
-def _gemm_reference(p, device):
-    av = ref.decode(p["a"], p["fa"]) * np.float64(np.float32(p["sa"]))
-    bv = ref.decode(p["b"], p["fb"]) * np.float64(np.float32(p["sb"]))
-    av = av.T if p["trans_a"] else av
-    bv = bv.T if p["trans_b"] else bv
-    with np.errstate(invalid="ignore", over="ignore"):
-        want = av @ bv
-        bound = ref.accumulation_bound(av, bv, device)
-    return want, bound
-
-
 @prop(max_examples=60, p=gemm_problems())
 def check_gemm(device, p):
     dev = device_or_skip(device)
@@ -270,14 +237,11 @@ def check_gemm(device, p):
     sa = torch.tensor([p["sa"]], dtype=torch.float32, device=dev)
     sb = torch.tensor([p["sb"]], dtype=torch.float32, device=dev)
     bias = None
-    want, bound = _gemm_reference(p, device)
     if p["bias"] is not None:
         bias_dtype = torch.float16 if out == torch.float16 else torch.bfloat16
         bias = torch.from_numpy(p["bias"]).to(bias_dtype).to(dev)
-        bv = values(bias).astype(np.float64)
-        want = want + bv
-        bound = bound + (np.abs(want) + np.abs(bv)) * 2.0 ** -23
-    bound = bound + ref.rounding_bound(want, p["out"])
+    want, bound = ref.gemm_reference(p, device,
+                                     None if bias is None else values(bias).astype(np.float64))
     d = ft.gemm(a, sa, a_cw, b, sb, b_cw, p["trans_a"], p["trans_b"], out, bias=bias)
     assert d.dtype == out and tuple(d.shape) == (p["m"], p["n"]), (d.dtype, tuple(d.shape))
     got = values(d).astype(np.float64)
