@@ -7,16 +7,20 @@ in and out, eager. For information (no target):
     unfused  the same with fp8kit.torch.Linear for the projections
     fused    fp8kit.torch.LayerNormMLP / LayerNormLinear (the norm and the
              activation write the GEMMs' FP8 inputs)
+    TE       TransformerEngine's LayerNormMLP / LayerNormLinear, when it is
+             installed (a peer; te_peer.py)
 
-each fp8kit variant under delayed and current scaling, with the same
-weights and inputs, checked against bf16 before it is timed.
+each FP8 variant under delayed and current scaling, with the same weights
+and inputs, checked against bf16 before it is timed, all in one measure()
+(interleaved rounds). With TE present, a second group gives fp8kit's fused
+layer against TE's directly (target P7 for the SwiGLU MLP).
 """
 
 from __future__ import annotations
 
 import functools
 
-from fp8kit.bench import checks, timing
+from fp8kit.bench import checks, te_peer, timing
 from fp8kit.bench.context import Case, Context
 from fp8kit.bench.results import Row
 
@@ -102,6 +106,48 @@ def _check(got, want) -> str:
     return f"rel err y {ey:.2g}<={FWD_TOL:g}, dx {edx:.2g}<={BWD_TOL:g}"
 
 
+def _add_te(layers, data, want, fns, around, found, errors) -> str:
+    """Adds the TE variants ('TE delayed', 'TE current') to fns; returns a
+    note when TE is missing."""
+    te, missing = te_peer.torch_module()
+    if te is None:
+        return missing
+    b = layers["bf16"]
+    for rname in ("delayed", "current"):
+        name = f"TE {rname}"
+        try:
+            fn = _fwd_bwd(te_peer.torch_layer(te, b.norm, b.fc1, b.fc2, b.activation), data)
+            enter = te_peer.torch_autocast(te, rname)
+            with enter():
+                fn(0)
+                found[name] = _check(fn(0), want)
+            fns[name], around[name] = fn, enter
+        except (checks.Mismatch, ValueError, RuntimeError) as e:
+            errors[name] = f"not timed: {e}"
+    return ""
+
+
+def _te_rows(kind, case_size, flops, t, found, errors) -> list:
+    """fp8kit fused vs TE, per recipe (P7 for the SwiGLU MLP)."""
+    layer = "LayerNormLinear (RMSNorm, QKV)" if kind == "qkv" else f"LayerNormMLP ({kind})"
+    group = f"PyTorch {layer} fwd+bwd, fp8kit fused vs TransformerEngine"
+    rows = []
+    for rname in ("delayed", "current"):
+        kit, peer = f"fused {rname}", f"TE {rname}"
+        if peer not in found and peer not in errors:
+            continue
+        row = Row(SECTION, group, f"{case_size} {rname}", flops, "TFLOP/s",
+                  f"TransformerEngine {rname}", fp8kit_work=flops, anchor_work=flops,
+                  target="P7" if kind == "swiglu" else None,
+                  check=f"fp8kit {found.get(kit, '-')}; TE {found.get(peer, '-')}",
+                  error=errors.get(kit) or errors.get(peer))
+        if kit in t and peer in t:
+            row.fp8kit_s, row.anchor_s = t[kit].median_s, t[peer].median_s
+            row.timing = {"fp8kit": t[kit].to_json(), "anchor": t[peer].to_json()}
+        rows.append(row)
+    return rows
+
+
 def run_case(ctx: Context, kind: str, tokens: int, hidden: int, width: int, seed: int):
     import torch
     import fp8kit.torch as ft
@@ -131,6 +177,8 @@ def run_case(ctx: Context, kind: str, tokens: int, hidden: int, width: int, seed
                 around[name] = functools.partial(ft.autocast, recipe=recipe)
             except checks.Mismatch as e:
                 errors[name] = f"not timed: {e}"
+    te_missing = (_add_te(layers, data, want, fns, around, found, errors)
+                  if dev == "cuda" else "TransformerEngine peer needs a GPU")
     t = timing.measure(fns, timing.torch_clock(dev), ctx.settings, around=around)
     if kind == "qkv":
         flops = 3 * 2.0 * tokens * hidden * width
@@ -149,6 +197,9 @@ def run_case(ctx: Context, kind: str, tokens: int, hidden: int, width: int, seed
             row.timing = {"fp8kit": t[name].to_json(), "anchor": t["bf16"].to_json()}
         rows.append(row)
     rows.sort(key=lambda r: r.case)
+    if te_missing:
+        rows[0].note = te_missing
+    rows += _te_rows(kind, f"{tokens}x{hidden}x{width}", flops, t, found, errors)
     del data, layers
     if dev == "cuda":
         torch.cuda.empty_cache()

@@ -8,16 +8,20 @@ same block in bf16 (plain jnp) on the same inputs:
            (each dense casts its input in a pass of its own);
   fused    fp8kit.jax.layernorm_mlp (the norm and the activation write the
            next GEMM's FP8 input themselves);
+  TE       TransformerEngine-JAX's flax LayerNormMLP with the same weights,
+           when it is installed (a peer; te_peer.py);
 each with delayed scaling (a state after one training step: the scales
 training would have) and current scaling. The ratio is bf16 time / fp8kit
-time. The quick mode runs tiny shapes (the CPU smoke run).
+time. With TE present, a second group gives fp8kit's fused block against
+TE's directly (target P7 for SwiGLU). The quick mode runs tiny shapes (the
+CPU smoke run).
 """
 
 from __future__ import annotations
 
 import functools
 
-from fp8kit.bench import checks, timing
+from fp8kit.bench import checks, te_peer, timing
 from fp8kit.bench.context import Case, Context
 from fp8kit.bench.results import Row
 
@@ -28,6 +32,7 @@ QUICK_SHAPE = (64, 64, 128)
 ACTIVATIONS = ("swiglu", "gelu")
 FWD_TOL, BWD_TOL = 0.1, 0.2   # two FP8 GEMMs in series (and SwiGLU's product)
 G_MLP = "JAX jit: MLP block fwd+bwd (RMSNorm, Llama-3-8B), fp8kit vs bf16"
+G_TE = "JAX jit: MLP block fwd+bwd (RMSNorm, Llama-3-8B), fp8kit fused vs TransformerEngine"
 EPS = 1e-5
 
 
@@ -131,24 +136,85 @@ def run_mlp(ctx: Context, act: str) -> list[Row]:
                 if st is not None:  # the state after one training step
                     st = f(x, gamma, k1, k2, st, dy)[1][4]
                 y, g = f(x, gamma, k1, k2, st, dy)
-                e_y = checks.norm_rel_err(y, want_y)
-                e_dx = checks.norm_rel_err(g[0], want_g[0])
-                e_dk1 = checks.norm_rel_err(g[2], want_g[2])
-                checks.within("MLP y", e_y, FWD_TOL, "rel err")
-                checks.within("MLP dx", e_dx, BWD_TOL, "rel err")
-                checks.within("MLP dkernel_1", e_dk1, BWD_TOL, "rel err")
-                row.check = (f"rel err y {e_y:.2g}<={FWD_TOL:g}, dx {e_dx:.2g} dk1 {e_dk1:.2g}"
-                             f"<={BWD_TOL:g}")
+                row.check = _check(y, g[0], g[2], want_y, want_g)
                 fns[name] = functools.partial(
                     lambda i, g, st: g(x, gamma, k1, k2, st, dy), g=f, st=st)
             except checks.Mismatch as e:
                 row.error = f"not timed: {e}"
+    te_missing = _add_te(act, (m, hidden, ffn), (x, gamma, k1, k2, dy), (want_y, want_g),
+                         gemm_flops, fns, rows)
     t = timing.measure(fns, timing.jax_clock(), ctx.settings)
     for name, row in rows.items():
         if name in t:
             row.fp8kit_s, row.anchor_s = t[name].median_s, t["bf16"].median_s
             row.timing = {"fp8kit": t[name].to_json(), "anchor": t["bf16"].to_json()}
-    return list(rows.values())
+    out = list(rows.values())
+    if te_missing:
+        out[0].note += f"; {te_missing}"
+    return out + _te_rows(act, (m, hidden, ffn), gemm_flops, t, rows)
+
+
+def _check(y, dx, dk1, want_y, want_g) -> str:
+    e_y = checks.norm_rel_err(y, want_y)
+    e_dx = checks.norm_rel_err(dx, want_g[0])
+    e_dk1 = checks.norm_rel_err(dk1, want_g[2])
+    checks.within("MLP y", e_y, FWD_TOL, "rel err")
+    checks.within("MLP dx", e_dx, BWD_TOL, "rel err")
+    checks.within("MLP dkernel_1", e_dk1, BWD_TOL, "rel err")
+    return f"rel err y {e_y:.2g}<={FWD_TOL:g}, dx {e_dx:.2g} dk1 {e_dk1:.2g}<={BWD_TOL:g}"
+
+
+def _add_te(act, shape, inputs, want, gemm_flops, fns, rows) -> str:
+    """Adds the TE-JAX variants ('TE delayed', 'TE current') to fns and rows
+    (checked like fp8kit's: y, dx and the first kernel's gradient); returns
+    a note when TE is missing."""
+    import jax
+    tej, missing = te_peer.jax_module()
+    if tej is None:
+        return missing
+    x, gamma, k1, k2, dy = inputs
+    m, hidden, ffn = shape
+    for rname in ("delayed", "current"):
+        name = f"TE {rname}"
+        row = Row(SECTION, G_MLP, f"{act} {m}x{hidden}x{ffn} {name}", gemm_flops, "TFLOP/s",
+                  "bf16 jnp (jax.vjp)", fp8kit_work=3 * gemm_flops, anchor_work=3 * gemm_flops,
+                  note="TransformerEngine-JAX flax LayerNormMLP (its time in the fp8kit column)")
+        rows[name] = row
+        try:
+            block, variables = te_peer.jax_mlp(tej, rname, act, x, gamma, k1, k2, EPS)
+
+            def run(x, variables, dy, block=block):
+                y, vjp = jax.vjp(block, x, variables)
+                return y, vjp(dy)
+            f = jax.jit(run)
+            y, (dx, dvars) = f(x, variables, dy)
+            dk1 = dvars["params"]["wi_kernel"].reshape(k1.shape)
+            row.check = _check(y, dx, dk1, *want)
+            fns[name] = functools.partial(lambda i, f, v: f(x, v, dy), f=f, v=variables)
+        except (checks.Mismatch, ValueError, TypeError, KeyError, RuntimeError) as e:
+            row.error = f"not timed: {type(e).__name__}: {str(e)[:300]}"
+    return ""
+
+
+def _te_rows(act, shape, gemm_flops, t, rows) -> list[Row]:
+    """fp8kit's fused block vs TE's, per recipe (P7 for SwiGLU)."""
+    m, hidden, ffn = shape
+    out = []
+    for rname in ("delayed", "current"):
+        kit, peer = rows.get(f"fused {rname}"), rows.get(f"TE {rname}")
+        if peer is None:
+            continue
+        row = Row(SECTION, G_TE, f"{act} {m}x{hidden}x{ffn} {rname}", gemm_flops, "TFLOP/s",
+                  f"TransformerEngine-JAX {rname}", fp8kit_work=3 * gemm_flops,
+                  anchor_work=3 * gemm_flops, target="P7" if act == "swiglu" else None,
+                  check=f"fp8kit {kit.check or '-'}; TE {peer.check or '-'}",
+                  error=kit.error or peer.error)
+        if f"fused {rname}" in t and f"TE {rname}" in t:
+            a, b = t[f"fused {rname}"], t[f"TE {rname}"]
+            row.fp8kit_s, row.anchor_s = a.median_s, b.median_s
+            row.timing = {"fp8kit": a.to_json(), "anchor": b.to_json()}
+        out.append(row)
+    return out
 
 
 def cases(ctx: Context) -> list[Case]:

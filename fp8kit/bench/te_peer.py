@@ -1,0 +1,122 @@
+"""TransformerEngine as a peer of the fused and model benchmarks, when it is
+installed (it is optional: every function returns the reason instead when
+`import transformer_engine` fails, and the caller notes it on its rows).
+
+The peer layers are built from the same weights as fp8kit's and checked
+against the same bf16 output before they are timed, so a mapping mistake
+shows up as an untimed row, not as a wrong number. Recipes follow fp8kit's
+defaults (E4M3 forward, E5M2 gradients, history 16, max): TE's delayed
+scaling and its current (per-tensor) scaling.
+"""
+
+from __future__ import annotations
+
+
+def torch_module():
+    """(transformer_engine.pytorch, None) or (None, why it is missing)."""
+    try:
+        import transformer_engine.pytorch as te
+    except Exception as e:  # noqa: BLE001  (a missing library or one that fails to load)
+        return None, f"TransformerEngine (PyTorch) not available ({type(e).__name__}: {e})"
+    return te, None
+
+
+def recipe(name: str):
+    """TE's recipe 'delayed' or 'current', with fp8kit's defaults."""
+    from transformer_engine.common import recipe as r
+    if name == "delayed":
+        return r.DelayedScaling(fp8_format=r.Format.HYBRID, amax_history_len=16,
+                                amax_compute_algo="max")
+    return r.Float8CurrentScaling(fp8_format=r.Format.HYBRID)
+
+
+def torch_fp8_autocast(te, te_recipe):
+    """TE's autocast context (te.autocast, or te.fp8_autocast before 2.8)."""
+    if hasattr(te, "autocast"):
+        return te.autocast(enabled=True, recipe=te_recipe)
+    return te.fp8_autocast(enabled=True, fp8_recipe=te_recipe)
+
+
+def torch_autocast(te, recipe_name: str):
+    """A context factory: TE's autocast with its recipe of that name."""
+    te_recipe = recipe(recipe_name)
+    return lambda: torch_fp8_autocast(te, te_recipe)
+
+
+def _copy(dst, src):
+    import torch
+    if tuple(dst.shape) != tuple(src.shape):
+        raise ValueError(f"TE parameter shape {tuple(dst.shape)} != {tuple(src.shape)}")
+    with torch.no_grad():
+        dst.copy_(src)
+
+
+def torch_layer(te, norm, fc1, fc2, activation):
+    """te.LayerNormMLP (fc2 given) or te.LayerNormLinear with the weights of
+    an RMSNorm and nn.Linear modules (bf16, biases)."""
+    import torch
+    dev = fc1.weight.device
+    kw = {"params_dtype": torch.bfloat16, "device": dev, "bias": True,
+          "normalization": "RMSNorm", "eps": norm.eps}
+    if fc2 is None:
+        layer = te.LayerNormLinear(fc1.in_features, fc1.out_features, **kw)
+        _copy(layer.weight, fc1.weight)
+        _copy(layer.bias, fc1.bias)
+    else:
+        layer = te.LayerNormMLP(fc1.in_features, fc2.in_features, activation=activation, **kw)
+        _copy(layer.fc1_weight, fc1.weight)   # swiglu: [gate | up] rows, as fp8kit's
+        _copy(layer.fc1_bias, fc1.bias)
+        _copy(layer.fc2_weight, fc2.weight)
+        _copy(layer.fc2_bias, fc2.bias)
+    _copy(layer.layer_norm_weight, norm.weight)
+    return layer
+
+
+def jax_module():
+    """(transformer_engine.jax, None) or (None, why it is missing)."""
+    try:
+        import transformer_engine.jax as tej
+        import transformer_engine.jax.flax  # noqa: F401
+    except Exception as e:  # noqa: BLE001
+        return None, f"TransformerEngine (JAX) not available ({type(e).__name__}: {e})"
+    return tej, None
+
+
+def jax_autocast(tej, recipe_name: str):
+    te_recipe = recipe(recipe_name)
+    if hasattr(tej, "autocast"):
+        return tej.autocast(enabled=True, recipe=te_recipe)
+    return tej.fp8_autocast(enabled=True, fp8_recipe=te_recipe)
+
+
+def jax_mlp(tej, recipe_name: str, act: str, x, gamma, k1, k2, eps: float):
+    """(block, variables): TE-JAX's flax LayerNormMLP (RMSNorm, no biases)
+    with fp8kit's weights written into its parameters, and
+    block(x, variables) -> y for [tokens, hidden] x. Raises ValueError when
+    the parameter tree is not the one expected (names and shapes)."""
+    import jax
+    import jax.numpy as jnp
+    from flax.core import unfreeze
+
+    hidden, ffn = k2.shape[1], k2.shape[0]
+    acts = ("silu", "linear") if act == "swiglu" else ("gelu",)
+    with jax_autocast(tej, recipe_name):
+        module = tej.flax.LayerNormMLP(intermediate_dim=ffn, activations=acts,
+                                       layernorm_type="rmsnorm", epsilon=eps, use_bias=False,
+                                       intermediate_dropout_rate=0.0, dtype=jnp.bfloat16)
+        variables = unfreeze(module.init(jax.random.PRNGKey(0), x[None]))
+    params = variables["params"]
+    want = {"scale": gamma, "wi_kernel": k1.reshape(hidden, len(acts), ffn), "wo_kernel": k2}
+    if set(params) != set(want):
+        raise ValueError(f"TE-JAX LayerNormMLP parameters {sorted(params)}, expected "
+                         f"{sorted(want)}")
+    for name, value in want.items():
+        if params[name].shape != value.shape:
+            raise ValueError(f"TE-JAX {name} shape {params[name].shape} != {value.shape}")
+        params[name] = value.astype(params[name].dtype)
+
+    def block(x, variables):
+        with jax_autocast(tej, recipe_name):
+            y = module.apply(variables, x[None])
+        return (y[0] if isinstance(y, tuple) else y)[0]   # (out, norm output) in some versions
+    return block, variables
