@@ -9,6 +9,10 @@ Each (framework, recipe) runs in a fresh process (so that one run's
 allocator caches and compiled programs do not count against the next):
 the training step (forward, backward, clipping, AdamW) runs `--warmup`
 times untimed (compilation, autotuning), then `--steps` times timed.
+The recipes te-delayed and te-current (PyTorch only, a CUDA GPU with
+TransformerEngine installed) run the same model with TransformerEngine's
+te.Linear, te.LayerNormLinear and te.LayerNormMLP in place of fp8kit's,
+under te.autocast with the same recipe settings.
 tokens/s = batch x seq_len x steps / their wall time. Peak memory is the
 device allocator's peak over the timed steps (PyTorch on CUDA) or over the
 run (JAX, whose allocator has no reset); a CPU run reports none. On a CPU
@@ -32,6 +36,7 @@ from fp8kit.models.schedule import TrainConfig
 
 FRAMEWORKS = ("torch", "jax")
 RECIPES = ("bf16", "delayed", "current")
+TE_RECIPES = ("te-delayed", "te-current")   # TransformerEngine, PyTorch only
 
 
 def _recipe(name: str):
@@ -39,31 +44,54 @@ def _recipe(name: str):
     return {"bf16": None, "delayed": DelayedScaling(), "current": CurrentScaling()}[name]
 
 
-def _torch_trainer(model_cfg, train_cfg, recipe, params):
+def _te_layers():
+    """(FP8Layers of TransformerEngine's modules, None) or (None, why not)."""
+    from fp8kit.bench import te_peer
+    from fp8kit.models.llama_torch import FP8Layers
+    te, missing = te_peer.torch_module()
+    if te is None:
+        return None, missing
+    return FP8Layers(te.Linear, te.LayerNormLinear, te.LayerNormMLP,
+                     lambda recipe: te_peer.torch_fp8_autocast(te, recipe)), None
+
+
+def _torch_trainer(model_cfg, train_cfg, recipe_name, params):
     import torch
     from fp8kit.models.train_torch import TorchTrainer
-    trainer = TorchTrainer(model_cfg, train_cfg, recipe, params=params)
+    if recipe_name in TE_RECIPES:
+        from fp8kit.bench import te_peer
+        layers, missing = _te_layers()
+        if layers is None:
+            raise RuntimeError(missing)
+        trainer = TorchTrainer(model_cfg, train_cfg, te_peer.recipe(recipe_name[3:]),
+                               params=params, layers=layers)
+    else:
+        trainer = TorchTrainer(model_cfg, train_cfg, _recipe(recipe_name), params=params)
     if trainer.device.type != "cuda":
         return trainer, lambda: None, lambda: None
     return (trainer, lambda: torch.cuda.reset_peak_memory_stats(trainer.device),
             lambda: torch.cuda.max_memory_allocated(trainer.device))
 
 
-def _jax_trainer(model_cfg, train_cfg, recipe, params):
+def _jax_trainer(model_cfg, train_cfg, recipe_name, params):
     from fp8kit.models.train_jax import JaxTrainer
-    trainer = JaxTrainer(model_cfg, train_cfg, recipe, params=params)
+    trainer = JaxTrainer(model_cfg, train_cfg, _recipe(recipe_name), params=params)
     return trainer, lambda: None, lambda: (trainer.device.memory_stats() or {}).get(
         "peak_bytes_in_use")
 
 
 def measure(framework: str, model_cfg, recipe_name: str, batch: int, warmup: int,
             steps: int) -> dict:
-    """One (framework, recipe) run in this process; a dict of plain values."""
+    """One (framework, recipe) run in this process; a dict of plain values
+    (with 'error' instead of the numbers when the run could not be made)."""
     from fp8kit.models.init import init_params
     train_cfg = TrainConfig(steps=warmup + steps, batch=batch, warmup_steps=0)
     make = _torch_trainer if framework == "torch" else _jax_trainer
-    trainer, reset_peak, peak = make(model_cfg, train_cfg, _recipe(recipe_name),
-                                     init_params(model_cfg, train_cfg.seed))
+    try:
+        trainer, reset_peak, peak = make(model_cfg, train_cfg, recipe_name,
+                                         init_params(model_cfg, train_cfg.seed))
+    except RuntimeError as e:
+        return {"framework": framework, "recipe": recipe_name, "error": str(e)}
     for _ in range(warmup):
         trainer.train_step()
     reset_peak()
@@ -92,7 +120,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     p.add_argument("--steps", type=int, default=10, help="timed steps")
     p.add_argument("--frameworks", default=",".join(FRAMEWORKS))
-    p.add_argument("--recipes", default=",".join(RECIPES), help=f"subset of {','.join(RECIPES)}")
+    p.add_argument("--recipes", default=",".join(RECIPES),
+                   help=f"subset of {','.join(RECIPES + TE_RECIPES)}")
     p.add_argument("--json", help="also write the results here")
     return p
 
@@ -106,14 +135,22 @@ def _choices(text: str, allowed, flag: str) -> list[str]:
 
 
 def _table(rows) -> str:
-    header = f"{'framework':<9} {'recipe':<8} {'device':<8} | {'tokens/s':>10} {'step ms':>9} " \
-             f"{'peak GiB':>8} | {'loss':>7}"
+    """One line per run; 'x bf16' is tokens/s over the same framework's bf16."""
+    header = f"{'framework':<9} {'recipe':<10} {'device':<8} | {'tokens/s':>10} {'x bf16':>6} " \
+             f"{'step ms':>9} {'peak GiB':>8} | {'loss':>7}"
     lines = [header, "-" * len(header)]
+    bf16 = {r["framework"]: r["tokens_per_s"] for r in rows
+            if r["recipe"] == "bf16" and "error" not in r}
     for r in rows:
+        if "error" in r:
+            lines.append(f"{r['framework']:<9} {r['recipe']:<10} not run: {r['error']}")
+            continue
         peak = r["peak_memory_bytes"]
         peak = f"{peak / 2**30:8.2f}" if peak is not None else f"{'n/a':>8}"
-        lines.append(f"{r['framework']:<9} {r['recipe']:<8} {r['device']:<8} | "
-                     f"{r['tokens_per_s']:10.0f} {r['step_ms']:9.1f} {peak} | "
+        base = bf16.get(r["framework"])
+        ratio = f"{r['tokens_per_s'] / base:6.2f}" if base else f"{'-':>6}"
+        lines.append(f"{r['framework']:<9} {r['recipe']:<10} {r['device']:<8} | "
+                     f"{r['tokens_per_s']:10.0f} {ratio} {r['step_ms']:9.1f} {peak} | "
                      f"{r['last_loss']:7.3f}")
     return "\n".join(lines)
 
@@ -122,7 +159,7 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
         frameworks = _choices(args.frameworks, FRAMEWORKS, "--frameworks")
-        recipes = _choices(args.recipes, RECIPES, "--recipes")
+        recipes = _choices(args.recipes, RECIPES + TE_RECIPES, "--recipes")
         overrides = {k: v for k, v in (("layers", args.layers), ("seq_len", args.seq_len))
                      if v is not None}
         model_cfg = dataclasses.replace(CONFIGS[args.config], **overrides)
@@ -139,6 +176,8 @@ def main(argv=None) -> int:
     rows = []
     for fw in frameworks:
         for recipe in recipes:
+            if fw != "torch" and recipe in TE_RECIPES:
+                continue   # TransformerEngine's JAX layers do not fit this model's code
             print(f"  {fw} {recipe} ...", flush=True)
             rows.append(_in_fresh_process(fw, model_cfg, recipe, args.batch, args.warmup,
                                           args.steps))

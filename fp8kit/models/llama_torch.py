@@ -11,7 +11,9 @@ same model in JAX.
 
 With recipe=None every projection is a torch.nn.Linear and the model
 contains no fp8kit layer. With a recipe the model runs under
-fp8kit.torch.autocast(recipe) and each layer holds three FP8 layers:
+fp8kit.torch.autocast(recipe) and each layer holds three FP8 layers (the
+classes of an FP8Layers, fp8kit's by default; the models benchmark passes
+TransformerEngine's, whose modules take the same arguments):
     FusedNormQKV  the attention's input RMSNorm and its q, k, v
                   projections: one fp8kit.torch.LayerNormLinear with
                   hidden + 2 * kv_width outputs, split into q, k, v
@@ -29,6 +31,8 @@ extra cost is SwiGLU's input kept for backward in float32.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+from typing import Callable
 
 import numpy as np
 import torch
@@ -41,8 +45,24 @@ from fp8kit.models.init import fuse_kernels, rope_tables
 BF16 = torch.bfloat16
 
 
-def _linear(in_features: int, out_features: int, fp8: bool, device) -> torch.nn.Linear:
-    cls = ft.Linear if fp8 else torch.nn.Linear
+@dataclasses.dataclass(frozen=True)
+class FP8Layers:
+    """The FP8 layer classes the model is built from and the autocast they
+    run under (autocast(recipe) -> a context manager)."""
+
+    linear: type
+    layernorm_linear: type
+    layernorm_mlp: type
+    autocast: Callable
+
+
+FP8KIT_LAYERS = FP8Layers(ft.Linear, ft.LayerNormLinear, ft.LayerNormMLP,
+                          lambda recipe: ft.autocast(recipe=recipe))
+
+
+def _linear(in_features: int, out_features: int, fp8: FP8Layers | None,
+            device) -> torch.nn.Linear:
+    cls = fp8.linear if fp8 is not None else torch.nn.Linear
     return cls(in_features, out_features, bias=False, device=device)
 
 
@@ -91,12 +111,12 @@ class FusedNormQKV(torch.nn.Module):
     """NormQKV as one fp8kit.torch.LayerNormLinear (RMSNorm, no bias) whose
     output features are [q | k | v]; returns q, k, v in bf16."""
 
-    def __init__(self, cfg: LlamaConfig, device=None):
+    def __init__(self, cfg: LlamaConfig, fp8: FP8Layers, device=None):
         super().__init__()
         self.widths = (cfg.hidden, cfg.kv_width, cfg.kv_width)
-        self.layer = ft.LayerNormLinear(cfg.hidden, sum(self.widths), bias=False,
-                                        normalization="RMSNorm", eps=cfg.norm_eps,
-                                        device=device)
+        self.layer = fp8.layernorm_linear(cfg.hidden, sum(self.widths), bias=False,
+                                          normalization="RMSNorm", eps=cfg.norm_eps,
+                                          device=device)
 
     def forward(self, x):
         with _outside_torch_autocast(x):
@@ -105,10 +125,10 @@ class FusedNormQKV(torch.nn.Module):
 
 
 class Attention(torch.nn.Module):
-    def __init__(self, cfg: LlamaConfig, fp8: bool, device=None):
+    def __init__(self, cfg: LlamaConfig, fp8: FP8Layers | None, device=None):
         super().__init__()
         self.cfg = cfg
-        self.qkv = FusedNormQKV(cfg, device) if fp8 else NormQKV(cfg, device)
+        self.qkv = FusedNormQKV(cfg, fp8, device) if fp8 else NormQKV(cfg, device)
         self.wo = _linear(cfg.hidden, cfg.hidden, fp8, device)
 
     def forward(self, x, cos, sin):
@@ -143,10 +163,10 @@ class FusedNormMLP(torch.nn.Module):
     """NormMLP as one fp8kit.torch.LayerNormMLP (RMSNorm, SwiGLU, no bias;
     fc1's rows are [gate; up]); returns float32."""
 
-    def __init__(self, cfg: LlamaConfig, device=None):
+    def __init__(self, cfg: LlamaConfig, fp8: FP8Layers, device=None):
         super().__init__()
-        self.layer = ft.LayerNormMLP(cfg.hidden, cfg.ffn, bias=False, normalization="RMSNorm",
-                                     activation="swiglu", eps=cfg.norm_eps, device=device)
+        self.layer = fp8.layernorm_mlp(cfg.hidden, cfg.ffn, bias=False, normalization="RMSNorm",
+                                       activation="swiglu", eps=cfg.norm_eps, device=device)
 
     def forward(self, x):
         with _outside_torch_autocast(x):
@@ -154,10 +174,10 @@ class FusedNormMLP(torch.nn.Module):
 
 
 class DecoderLayer(torch.nn.Module):
-    def __init__(self, cfg: LlamaConfig, fp8: bool, device=None):
+    def __init__(self, cfg: LlamaConfig, fp8: FP8Layers | None, device=None):
         super().__init__()
         self.attention = Attention(cfg, fp8, device)
-        self.mlp = FusedNormMLP(cfg, device) if fp8 else NormMLP(cfg, device)
+        self.mlp = FusedNormMLP(cfg, fp8, device) if fp8 else NormMLP(cfg, device)
 
     def forward(self, x, cos, sin):
         x = x + self.attention(x, cos, sin)   # float32 + bf16: the stream stays float32
@@ -166,12 +186,14 @@ class DecoderLayer(torch.nn.Module):
 
 class Llama(torch.nn.Module):
     """recipe: an fp8kit.recipe (FP8 projections, fused at the norms) or None
-    (all bf16)."""
+    (all bf16); layers: the FP8 layers' classes (a recipe of their library)."""
 
-    def __init__(self, cfg: LlamaConfig, recipe=None, device=None):
+    def __init__(self, cfg: LlamaConfig, recipe=None, device=None,
+                 layers: FP8Layers = FP8KIT_LAYERS):
         super().__init__()
         self.cfg, self.recipe = cfg, recipe
-        fp8 = recipe is not None
+        fp8 = layers if recipe is not None else None
+        self.fp8_autocast = layers.autocast
         self.embed = torch.nn.Embedding(cfg.vocab, cfg.hidden, device=device)
         self.layers = torch.nn.ModuleList(DecoderLayer(cfg, fp8, device)
                                           for _ in range(cfg.layers))
@@ -192,7 +214,7 @@ class Llama(torch.nn.Module):
             raise ValueError(f"Llama: sequence of {s} tokens is longer than the config's "
                              f"seq_len={self.cfg.seq_len}")
         cos, sin = self.rope_cos[:s], self.rope_sin[:s]
-        fp8 = (ft.autocast(recipe=self.recipe) if self.recipe is not None
+        fp8 = (self.fp8_autocast(self.recipe) if self.recipe is not None
                else contextlib.nullcontext())
         with torch.autocast(tokens.device.type, dtype=BF16), fp8:
             x = self.embed(tokens)

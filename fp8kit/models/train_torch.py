@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from fp8kit.models import checkpoint, data
 from fp8kit.models.config import LlamaConfig
 from fp8kit.models.init import init_params
-from fp8kit.models.llama_torch import Llama, load_params
+from fp8kit.models.llama_torch import FP8KIT_LAYERS, FP8Layers, Llama, load_params
 from fp8kit.models.schedule import TrainConfig, decays, learning_rate
 
 
@@ -33,15 +33,17 @@ def default_device() -> torch.device:
 
 class TorchTrainer:
     """One training run. recipe None trains in bf16; params (NumPy, as
-    init_params makes them) default to init_params(model_cfg, train_cfg.seed)."""
+    init_params makes them) default to init_params(model_cfg, train_cfg.seed);
+    layers: the FP8 layer classes (fp8kit's; the benchmark's TE peer swaps
+    in TransformerEngine's with a TE recipe)."""
 
     framework = "torch"
 
     def __init__(self, model_cfg: LlamaConfig, train_cfg: TrainConfig, recipe=None,
-                 params: dict | None = None, device=None):
+                 params: dict | None = None, device=None, layers: FP8Layers = FP8KIT_LAYERS):
         self.model_cfg, self.train_cfg, self.recipe = model_cfg, train_cfg, recipe
         self.device = torch.device(device) if device is not None else default_device()
-        self.model = Llama(model_cfg, recipe, self.device)
+        self.model = Llama(model_cfg, recipe, self.device, layers)
         load_params(self.model, params if params is not None
                     else init_params(model_cfg, train_cfg.seed))
         params = list(self.model.parameters())

@@ -147,6 +147,38 @@ def test_torch_fused_seams_read_float32_and_match_the_unfused_layers(params):
     assert x.grad.dtype == torch.float32 and torch.isfinite(x.grad).all()
 
 
+def test_torch_model_builds_from_the_given_fp8_layer_classes(params, tokens):
+    """Another library's layers (the benchmark's TransformerEngine peer)
+    swap in through FP8Layers: every FP8 projection is built from its
+    classes, the forward runs under its autocast with the model's recipe,
+    and the logits are fp8kit's own when the classes are fp8kit's."""
+    class Linear(ft.Linear):
+        pass
+
+    class LayerNormLinear(ft.LayerNormLinear):
+        pass
+
+    class LayerNormMLP(ft.LayerNormMLP):
+        pass
+
+    entered = []
+
+    def autocast(recipe):
+        entered.append(recipe)
+        return ft.autocast(recipe=recipe)
+
+    recipe = DelayedScaling()
+    layers = llama_torch.FP8Layers(Linear, LayerNormLinear, LayerNormMLP, autocast)
+    model = llama_torch.Llama(CFG, recipe, layers=layers)
+    llama_torch.load_params(model, params)
+    kinds = collections.Counter(type(m) for m in model.modules())
+    assert (kinds[Linear], kinds[LayerNormLinear], kinds[LayerNormMLP]) == (CFG.layers,) * 3
+    with torch.no_grad():
+        got = model(torch.from_numpy(tokens).long()).numpy()
+    assert entered == [recipe]
+    np.testing.assert_array_equal(got, torch_logits(params, tokens, recipe).astype(np.float32))
+
+
 def test_load_params_concatenates_the_fused_kernels(params):
     model = llama_torch.Llama(CFG, DelayedScaling())
     llama_torch.load_params(model, params)

@@ -1,6 +1,7 @@
 """python -m fp8kit.models.bench on the CPU with the tiny config: every
 (framework, recipe) run trains, in its own process, and reports."""
 
+import importlib.util
 import json
 
 import pytest
@@ -23,8 +24,20 @@ def test_smoke_run_reports_every_framework_and_recipe(tmp_path, capsys):
         assert r["tokens_per_s"] > 0 and r["step_ms"] > 0
         assert 3.0 < r["last_loss"] < 6.0             # trained from ln(256) = 5.5
         assert r["peak_memory_bytes"] is None          # no device allocator on a CPU
-        assert f"{r['framework']:<9} {r['recipe']:<8}" in stdout
+        assert f"{r['framework']:<9} {r['recipe']:<10}" in stdout
     assert doc["model"]["layers"] == 1 and doc["model"]["hidden"] == 128
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is not None,
+                    reason="TransformerEngine is installed: its rows would run")
+def test_transformer_engine_rows_say_why_they_did_not_run(capsys):
+    """The TE peer recipes are optional: without TransformerEngine each one
+    reports why in the table (the other runs go on); JAX has no TE row."""
+    assert bench.main(SMOKE + ["--recipes", "bf16,te-current"]) == 0
+    out = capsys.readouterr().out
+    assert "torch     te-current not run: TransformerEngine (PyTorch) not available" in out
+    assert "jax       te-current" not in out
+    assert out.count("  1.00 ") == 2   # each framework's bf16 against itself
 
 
 @pytest.mark.parametrize("args,message", [
