@@ -3,6 +3,7 @@ and bf16 in both frameworks, prints progress and the table, writes the PNG
 and the JSON, and the FP8 runs learn as the bf16 runs do."""
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -86,6 +87,15 @@ def test_bad_arguments_are_reported(capsys):
     assert demo.main(["--batch", "0", "--steps", "1"]) == 2
     assert "batch must be an int >= 1" in capsys.readouterr().err
     assert demo.main(["--frameworks", "mxnet", "--steps", "1"]) == 2
+
+
+def test_config_gives_the_model_and_flags_override_its_sizes():
+    from fp8kit.demo import cli
+    from fp8kit.models.config import CONFIGS
+    model, _ = cli._configs(cli._parser().parse_args(["--config", "1b", "--layers", "2"]))
+    assert model == dataclasses.replace(CONFIGS["1b"], layers=2)
+    model, _ = cli._configs(cli._parser().parse_args([]))
+    assert model == CONFIGS["tiny"]
 
 
 def test_module_entry_point():

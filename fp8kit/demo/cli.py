@@ -32,16 +32,19 @@ DEMO_TRAIN = TrainConfig(steps=300, batch=4, lr=3e-3, warmup_steps=30)
 
 
 def _parser() -> argparse.ArgumentParser:
-    m, t = CONFIGS["tiny"], DEMO_TRAIN
+    t = DEMO_TRAIN
     p = argparse.ArgumentParser(prog="python -m fp8kit.demo",
                                 description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+    p.add_argument("--config", choices=sorted(CONFIGS), default="tiny",
+                   help="the model (fp8kit.models.config); the flags below override its sizes "
+                        "(1b: the GPU convergence run)")
     p.add_argument("--steps", type=int, default=t.steps, help="training steps per run")
     p.add_argument("--batch", type=int, default=t.batch, help="sequences per step")
-    p.add_argument("--seq-len", type=int, default=m.seq_len, help="tokens per sequence")
-    p.add_argument("--hidden", type=int, default=m.hidden, help="model width (multiple of 16)")
-    p.add_argument("--layers", type=int, default=m.layers)
-    p.add_argument("--heads", type=int, default=m.heads)
-    p.add_argument("--ffn", type=int, default=m.ffn, help="MLP width (multiple of 16)")
+    p.add_argument("--seq-len", type=int, help="tokens per sequence (default: the config's)")
+    p.add_argument("--hidden", type=int, help="model width (multiple of 16)")
+    p.add_argument("--layers", type=int)
+    p.add_argument("--heads", type=int)
+    p.add_argument("--ffn", type=int, help="MLP width (multiple of 16)")
     p.add_argument("--lr", type=float, default=t.lr, help="peak AdamW learning rate")
     p.add_argument("--seed", type=int, default=t.seed)
     p.add_argument("--frameworks", default=",".join(FRAMEWORKS),
@@ -91,8 +94,9 @@ def _load_trainers(names, cpu: bool):
 
 def _configs(args):
     """(LlamaConfig, TrainConfig) from the arguments; ValueError names a bad one."""
-    model_cfg = dataclasses.replace(CONFIGS["tiny"], hidden=args.hidden, layers=args.layers,
-                                    heads=args.heads, ffn=args.ffn, seq_len=args.seq_len)
+    sizes = {k: getattr(args, k) for k in ("hidden", "layers", "heads", "ffn", "seq_len")}
+    model_cfg = dataclasses.replace(CONFIGS[args.config],
+                                    **{k: v for k, v in sizes.items() if v is not None})
     train_cfg = dataclasses.replace(DEMO_TRAIN, steps=args.steps, batch=args.batch, lr=args.lr,
                                     seed=args.seed, warmup_steps=max(1, args.steps // 10))
     return model_cfg, train_cfg
