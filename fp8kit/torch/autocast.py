@@ -23,7 +23,12 @@ DEFAULT_RECIPE = DelayedScaling()
 
 
 class _State(threading.local):
-    recipe = None  # the active recipe, None when FP8 is off (class default: fast reads)
+    def __init__(self) -> None:
+        # The active recipe, None when FP8 is off. An instance attribute (set
+        # in each thread on its first read), not a class default: dynamo reads
+        # a threading.local's attributes through the thread's own dict, and
+        # guards on them, only when the class has no attribute of that name.
+        self.recipe = None
 
 
 STATE = _State()
