@@ -10,12 +10,15 @@
 //     amax_out) are returned instead, and gemm has no out / accumulate /
 //     gelu_aux / d_amax (each would make it a mutating op);
 //   - delayed_scaling_update mutates its state, and its schema says so.
+// linear_forward and linear_backward, the FP8 Linear's two steps, have their
+// kernels in linear_dispatcher_ops.cc (which says what they take).
 // The fake (meta) kernels are in fp8kit/torch/_fake_ops.py, the module named
 // by set_python_module below.
 #include <torch/library.h>
 
 #include "descriptors.h"
 #include "errors.h"
+#include "linear_dispatcher_ops.h"
 #include "ops.h"
 
 namespace fp8kit_torch {
@@ -100,6 +103,7 @@ void register_kernels(torch::Library& m) {
   m.impl("dequantize", &dequantize_op);
   m.impl("delayed_scaling_update", &delayed_scaling_update_op);
   m.impl("gemm", &gemm_op);
+  register_linear_kernels(m);
 }
 
 }  // namespace
@@ -127,6 +131,22 @@ TORCH_LIBRARY(fp8kit, m) {
       "Tensor? b_columnwise, bool trans_a, bool trans_b, ScalarType out_dtype, Tensor? "
       "bias=None, bool gelu=False, bool use_split_accumulator=True, Tensor? d_scale=None) -> "
       "Tensor");
+  // The recipe's arguments are LinearState.recipe's plain values (the
+  // delayed ones are ignored under current scaling and the other way round).
+  m.def(
+      "linear_forward(Tensor input, Tensor weight, Tensor? bias, Tensor(a!) amax_history, "
+      "Tensor(b!) amax, Tensor(c!) scale, Tensor(d!) scale_inv, Tensor(e!) counters, Tensor(f!) "
+      "seeded, str scaling, str fwd_dtype, str bwd_dtype, int margin, str amax_reduction, float "
+      "amax_epsilon, bool power_2_scale, bool fast_accumulation, bool dgrad, bool wgrad, bool "
+      "bgrad) -> (Tensor out, Tensor input_fp8, Tensor input_scalars, Tensor weight_fp8, Tensor "
+      "weight_scalars)");
+  m.def(
+      "linear_backward(Tensor grad_output, Tensor input_fp8, Tensor input_scalars, Tensor "
+      "weight_fp8, Tensor weight_scalars, Tensor(a!) amax_history, Tensor(b!) amax, Tensor(c!) "
+      "scale, Tensor(d!) scale_inv, Tensor(e!) counters, Tensor(f!) seeded, str scaling, str "
+      "fwd_dtype, str bwd_dtype, int margin, str amax_reduction, float amax_epsilon, bool "
+      "power_2_scale, int[] input_shape, bool forward_dgrad, bool forward_wgrad, bool dgrad, "
+      "bool wgrad, bool bgrad) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
 }
 
 TORCH_LIBRARY_IMPL(fp8kit, CPU, m) { fp8kit_torch::register_kernels(m); }

@@ -93,6 +93,17 @@ void register_linear(py::module_& m) {
             return copy_out(s, s.scale_inv);
           },
           "A copy of the scale inverses [3].")
+      .def_property_readonly(
+          "tensors",
+          [](py::handle self) {
+            LinearState& s = state_self(self);
+            const auto lock = lock_state(s.mu);
+            return py::make_tuple(s.history, s.amax, s.scale, s.scale_inv, s.counters,
+                                  s.seeded_flags);
+          },
+          "The state tensors themselves, not copies: (amax_history, amax, scale, scale_inv, "
+          "counters, seeded), the arguments torch.ops.fp8kit.linear_forward and linear_backward "
+          "update in place. A move to another device replaces them.")
       .def_property_readonly("seeded",
                              [](py::handle self) {
                                LinearState& s = state_self(self);

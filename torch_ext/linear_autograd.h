@@ -1,5 +1,6 @@
 // The FP8 Linear's forward and backward (linear_forward.cc,
-// linear_backward.cc) and the autograd node that connects them.
+// linear_backward.cc), the autograd node that connects them, and the same
+// two steps below autograd for the dispatcher ops (linear_dispatcher_ops.cc).
 #ifndef FP8KIT_TORCH_EXT_LINEAR_AUTOGRAD_H_
 #define FP8KIT_TORCH_EXT_LINEAR_AUTOGRAD_H_
 
@@ -28,6 +29,28 @@ struct LinearCall {
 // torch's [out_features, in_features]).
 fp8kit_linear_plan linear_plan(const LinearCall& call);
 
+// Checks one call's tensors against each other and the layer's state (each
+// error names `fn`) and returns what the call computes: the gradients asked
+// for, its sizes and the core's plan. b may be undefined (no bias).
+LinearCall linear_call(const char* fn, const LinearState& st, const at::Tensor& x,
+                       const at::Tensor& w, const at::Tensor& b, bool dgrad, bool wgrad,
+                       bool bgrad, bool fast_accumulation);
+
+// The FP8 copies (and their scalars blocks) a forward keeps for backward.
+struct LinearSaved {
+  at::Tensor x_q, x_scalars, w_q, w_scalars;
+  // Each in a buffer of its own, rather than all four in one (a dispatcher
+  // op's outputs must not alias each other).
+  bool own_buffers = false;
+};
+
+// The forward below autograd for a checked `call`: y, and, when `saved` is
+// given, the copies backward reads (and the delayed-scaling amaxes
+// recorded); saved == nullptr: a forward that computes no gradient.
+at::Tensor linear_forward_below_autograd(LinearState& st, const at::Tensor& x,
+                                         const at::Tensor& w, const at::Tensor& b,
+                                         const LinearCall& call, LinearSaved* saved);
+
 // Everything backward needs besides the saved tensors.
 struct BackwardInfo {
   c10::intrusive_ptr<LinearState> st;
@@ -50,6 +73,13 @@ struct LinearBackward : public torch::autograd::Node {
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override;
   void release_variables() override;
 };
+
+// The backward below autograd: (dx, dw, db), each undefined when `call`
+// (info.call narrowed to the gradients asked for, with its plan) does not
+// compute it; `saved` is (x_q, x_scalars, w_q, w_scalars).
+torch::autograd::variable_list linear_backward_below_autograd(
+    const BackwardInfo& info, const LinearCall& call, const torch::autograd::variable_list& saved,
+    const at::Tensor& dy);
 
 // FP8 y = x @ w.T + bias with autograd (FP8 dgrad and wgrad), per `st`,
 // with the forward GEMM's fast accumulation when `fast_accumulation`.

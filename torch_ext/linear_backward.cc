@@ -24,11 +24,14 @@ at::Tensor pad_columns(const at::Tensor& t, int64_t cols_padded) {
   return p.view(t.scalar_type());
 }
 
+}  // namespace
+
 // `p`: info.call narrowed to the gradients this backward computes, with
 // the plan for those (which copies dy's cast writes); the saved copies are
 // those of forward's plan, info.call.plan.
-variable_list backward_impl(const BackwardInfo& info, const LinearCall& p,
-                            const variable_list& saved, const at::Tensor& dy_in) {
+variable_list linear_backward_below_autograd(const BackwardInfo& info, const LinearCall& p,
+                                             const variable_list& saved,
+                                             const at::Tensor& dy_in) {
   LinearState& st = *info.st;
   const fp8kit_linear_plan& fwd_plan = info.call.plan;
   const at::Tensor& x_q = saved[0];
@@ -134,8 +137,6 @@ variable_list backward_impl(const BackwardInfo& info, const LinearCall& p,
   return {dx, dw, db};
 }
 
-}  // namespace
-
 variable_list LinearBackward::apply(variable_list&& grads) {
   FP8KIT_PROFILE_SCOPE("fp8kit::linear_backward");
   if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};  // y unused
@@ -148,7 +149,7 @@ variable_list LinearBackward::apply(variable_list&& grads) {
     call.plan = linear_plan(call);
   }
   at::NoGradGuard no_grad;
-  return backward_impl(info, call, saved, grads[0]);
+  return linear_backward_below_autograd(info, call, saved, grads[0]);
 }
 
 void LinearBackward::release_variables() {

@@ -16,10 +16,6 @@ namespace {
 
 constexpr const char* kFn = "fp8kit.torch.Linear";
 
-struct Saved {
-  at::Tensor x_q, x_scalars, w_q, w_scalars;
-};
-
 std::vector<int64_t> out_sizes(const at::Tensor& x, int64_t n) {
   std::vector<int64_t> s = x.sizes().vec();
   s.back() = n;
@@ -34,10 +30,13 @@ at::Tensor kept_copy(fp8kit_copies keep, const at::Tensor& rowwise,
   return at::Tensor();
 }
 
+}  // namespace
+
 // saved == nullptr: a forward that computes no gradient (casts with the
 // current scales and records nothing).
-at::Tensor forward_impl(LinearState& st, const at::Tensor& x_in, const at::Tensor& w_in,
-                        const at::Tensor& b, const LinearCall& p, Saved* saved) {
+at::Tensor linear_forward_below_autograd(LinearState& st, const at::Tensor& x_in,
+                                         const at::Tensor& w_in, const at::Tensor& b,
+                                         const LinearCall& p, LinearSaved* saved) {
   const at::Tensor x = x_in.contiguous();
   const fp8kit_linear_plan& plan = p.plan;
   const fp8kit_copies x_cast = plan.quantize[kInput], w_cast = plan.quantize[kWeight];
@@ -63,19 +62,33 @@ at::Tensor forward_impl(LinearState& st, const at::Tensor& x_in, const at::Tenso
     const std::vector<int64_t> w_cw =
         w_columnwise_cast ? columnwise_shape(w.sizes()) : std::vector<int64_t>();
     const int64_t scalars_shape[1] = {kScalars};
-    enum { kUsedHere, kSaved, kCached };  // lifetimes
-    auto w_life = [&](bool kept) { return cache_w ? kCached : kept ? kSaved : kUsedHere; };
-    const int x_scalars_life = save ? kSaved : kUsedHere;
+    // Lifetimes. The saved pieces share one buffer, or with
+    // saved->own_buffers get one each (kOwnBuffer + the piece's index).
+    enum { kUsedHere, kSaved, kCached, kOwnBuffer };
+    const bool own = save && saved->own_buffers;
+    auto kept_life = [&](bool kept, int piece) {
+      return !kept ? kUsedHere : own ? kOwnBuffer + piece : kSaved;
+    };
+    auto w_life = [&](bool kept, int piece) {
+      return cache_w ? kCached : kept_life(kept, piece);
+    };
     const Piece pieces[6] = {
-        {x_cast.rowwise != 0, fp8, x.sizes(), x_keep.rowwise ? kSaved : kUsedHere},
-        {x_cast.columnwise != 0, fp8, x_cw, x_keep.columnwise ? kSaved : kUsedHere},
-        {true, at::kFloat, scalars_shape, x_scalars_life},
+        {x_cast.rowwise != 0, fp8, x.sizes(), kept_life(x_keep.rowwise != 0, 0)},
+        {x_cast.columnwise != 0, fp8, x_cw, kept_life(x_keep.columnwise != 0, 1)},
+        {true, at::kFloat, scalars_shape, kept_life(save, 2)},
         {requant && w_cast.rowwise, fp8, requant ? w.sizes() : at::IntArrayRef(),
-         w_life(w_keep.rowwise != 0)},
-        {w_columnwise_cast, fp8, w_cw, w_life(w_keep.columnwise != 0)},
-        {requant, at::kFloat, scalars_shape, cache_w ? kCached : x_scalars_life}};
+         w_life(w_keep.rowwise != 0, 3)},
+        {w_columnwise_cast, fp8, w_cw, w_life(w_keep.columnwise != 0, 4)},
+        {requant, at::kFloat, scalars_shape, w_life(save, 5)}};
     at::Tensor t[6];
     carve(x.device(), pieces, 6, t);
+    if (own) {
+      // Outputs of a dispatcher op: no uninitialised floats between the
+      // scalars the quantization writes (the scalars block's padding, and
+      // the scale and amax that delayed scaling keeps in the state).
+      t[2].zero_();
+      if (t[5].defined()) t[5].zero_();
+    }
     x_data = t[0];
     x_columnwise = t[1];
     x_scalars = t[2];
@@ -139,14 +152,16 @@ at::Tensor forward_impl(LinearState& st, const at::Tensor& x_in, const at::Tenso
   return y;
 }
 
+namespace {
+
 // Forward with autograd: the FP8 forward below autograd, then the node.
 at::Tensor forward_with_grad(LinearState& st, const at::Tensor& x, const at::Tensor& w,
                              const at::Tensor& b, const LinearCall& p) {
-  Saved saved;
+  LinearSaved saved;
   at::Tensor y;
   {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    y = forward_impl(st, x, w, b, p, &saved);
+    y = linear_forward_below_autograd(st, x, w, b, p, &saved);
   }
   auto node = NodeMaker<LinearBackward>::make();
   node->set_next_edges(torch::autograd::collect_next_edges(x, w, b));
@@ -174,68 +189,76 @@ fp8kit_linear_plan linear_plan(const LinearCall& call) {
   return plan;
 }
 
-at::Tensor linear_forward(LinearState& st, const at::Tensor& x, const at::Tensor& w,
-                          const std::optional<at::Tensor>& bias, bool fast_accumulation) {
-  FP8KIT_PROFILE_SCOPE("fp8kit::linear_forward");
-  check_high_precision(kFn, "input", x);
-  check_high_precision(kFn, "weight", w);
+LinearCall linear_call(const char* fn, const LinearState& st, const at::Tensor& x,
+                       const at::Tensor& w, const at::Tensor& b, bool dgrad, bool wgrad,
+                       bool bgrad, bool fast_accumulation) {
+  check_high_precision(fn, "input", x);
+  check_high_precision(fn, "weight", w);
   // torch.nn.Linear's rule (and its exception type, RuntimeError): one
   // dtype for input, weight and bias.
-  TORCH_CHECK(x.scalar_type() == w.scalar_type(), kFn, ": input has dtype ",
+  TORCH_CHECK(x.scalar_type() == w.scalar_type(), fn, ": input has dtype ",
               dtype_str(x.scalar_type()), " but weight has dtype ", dtype_str(w.scalar_type()),
               "; as in torch.nn.Linear they must match: convert the input (input.to(",
               dtype_str(w.scalar_type()), ")) or the layer (layer.to(", dtype_str(x.scalar_type()),
               ")), or run under torch.autocast");
-  FP8KIT_VALUE_CHECK(w.dim() == 2, kFn, ": weight has shape ", shape_str(w.sizes()),
+  FP8KIT_VALUE_CHECK(w.dim() == 2, fn, ": weight has shape ", shape_str(w.sizes()),
                      "; it must be [out_features, in_features]");
   const int64_t n = w.size(0), k = w.size(1);
-  FP8KIT_VALUE_CHECK(n > 0 && k > 0, kFn, ": weight has shape ", shape_str(w.sizes()),
+  FP8KIT_VALUE_CHECK(n > 0 && k > 0, fn, ": weight has shape ", shape_str(w.sizes()),
                      "; an FP8 Linear needs in_features > 0 and out_features > 0");
-  FP8KIT_VALUE_CHECK(x.dim() >= 1 && x.size(-1) == k, kFn, ": input has shape ",
+  FP8KIT_VALUE_CHECK(x.dim() >= 1 && x.size(-1) == k, fn, ": input has shape ",
                      shape_str(x.sizes()), " but in_features is ", k,
                      "; the last dimension of input must equal in_features");
-  check_rank(kFn, "input", x);
-  check_same_device(kFn, "input", x, "weight", w);
-  FP8KIT_VALUE_CHECK(st.device == w.device(), kFn, ": the layer's FP8 scaling state is on ",
+  check_rank(fn, "input", x);
+  check_same_device(fn, "input", x, "weight", w);
+  FP8KIT_VALUE_CHECK(st.device == w.device(), fn, ": the layer's FP8 scaling state is on ",
                      device_str(st.device), " but weight is on ", device_str(w.device()),
                      "; move the whole module with .to(device)");
-  device_type_of(x, kFn, "input");
-  FP8KIT_VALUE_CHECK(k % FP8KIT_GEMM_DIM_MULTIPLE == 0, kFn, ": in_features is ", k,
+  device_type_of(x, fn, "input");
+  FP8KIT_VALUE_CHECK(k % FP8KIT_GEMM_DIM_MULTIPLE == 0, fn, ": in_features is ", k,
                      " but the FP8 GEMM needs in_features to be a multiple of ",
                      FP8KIT_GEMM_DIM_MULTIPLE,
                      " (cuBLASLt's K alignment); pad the layer or run it outside "
                      "fp8kit.torch.autocast");
-  FP8KIT_VALUE_CHECK(n % FP8KIT_GEMM_DIM_MULTIPLE == 0, kFn, ": out_features is ", n,
+  FP8KIT_VALUE_CHECK(n % FP8KIT_GEMM_DIM_MULTIPLE == 0, fn, ": out_features is ", n,
                      " but the FP8 backward GEMM needs out_features to be a multiple of ",
                      FP8KIT_GEMM_DIM_MULTIPLE,
                      " (cuBLASLt's K alignment for dgrad); pad the layer or run it outside "
                      "fp8kit.torch.autocast");
-  at::Tensor b;
-  if (bias && bias->defined()) {
-    b = *bias;
-    check_high_precision(kFn, "bias", b);
-    TORCH_CHECK(b.scalar_type() == w.scalar_type(), kFn, ": bias has dtype ",
+  if (b.defined()) {
+    check_high_precision(fn, "bias", b);
+    TORCH_CHECK(b.scalar_type() == w.scalar_type(), fn, ": bias has dtype ",
                 dtype_str(b.scalar_type()), " but weight has dtype ", dtype_str(w.scalar_type()),
                 "; as in torch.nn.Linear they must match (convert the layer with layer.to(dtype))");
-    FP8KIT_VALUE_CHECK(b.dim() == 1 && b.size(0) == n, kFn, ": bias has shape ",
+    FP8KIT_VALUE_CHECK(b.dim() == 1 && b.size(0) == n, fn, ": bias has shape ",
                        shape_str(b.sizes()), " but out_features is ", n);
-    check_same_device(kFn, "bias", b, "weight", w);
+    check_same_device(fn, "bias", b, "weight", w);
   }
   LinearCall p;
   p.k = k;
   p.n = n;
   p.m = x.numel() / k;
-  const bool grad = at::GradMode::is_enabled();
-  p.dgrad = grad && x.requires_grad();
-  p.wgrad = grad && w.requires_grad();
-  p.bgrad = grad && b.defined() && b.requires_grad();
+  p.dgrad = dgrad;
+  p.wgrad = wgrad;
+  p.bgrad = bgrad && b.defined();
   p.non_tn = st.non_tn;
   p.fast_accumulation = fast_accumulation;
   p.plan = linear_plan(p);
+  return p;
+}
+
+at::Tensor linear_forward(LinearState& st, const at::Tensor& x, const at::Tensor& w,
+                          const std::optional<at::Tensor>& bias, bool fast_accumulation) {
+  FP8KIT_PROFILE_SCOPE("fp8kit::linear_forward");
+  const at::Tensor b = bias && bias->defined() ? *bias : at::Tensor();
+  const bool grad = at::GradMode::is_enabled();
+  const LinearCall p =
+      linear_call(kFn, st, x, w, b, grad && x.requires_grad(), grad && w.requires_grad(),
+                  grad && b.defined() && b.requires_grad(), fast_accumulation);
   DeviceScope scope(st.device);
   if (!p.dgrad && !p.wgrad && !p.bgrad) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return forward_impl(st, x, w, b, p, nullptr);
+    return linear_forward_below_autograd(st, x, w, b, p, nullptr);
   }
   return forward_with_grad(st, x, w, b, p);
 }

@@ -36,6 +36,20 @@ LinearState::LinearState(const LinearRecipe& recipe_, const at::Device& device_)
   seeded_flags = at::zeros({kSlots}, opts);
 }
 
+LinearState::LinearState(const LinearRecipe& recipe_, const at::Tensor& history_,
+                         const at::Tensor& amax_, const at::Tensor& scale_,
+                         const at::Tensor& scale_inv_, const at::Tensor& counters_,
+                         const at::Tensor& seeded_flags_)
+    : recipe(recipe_),
+      device(history_.device()),
+      non_tn(supports_non_tn(history_.device())),
+      history(history_),
+      amax(amax_),
+      scale(scale_),
+      scale_inv(scale_inv_),
+      counters(counters_),
+      seeded_flags(seeded_flags_) {}
+
 void LinearState::quantize_slots(const SlotJob* jobs, int n, bool record) {
   if (!recipe.delayed) {
     fp8kit_current_scaling_config cfg;

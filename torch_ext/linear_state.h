@@ -46,6 +46,14 @@ std::unique_lock<std::mutex> lock_state(std::mutex& mu);
 
 struct LinearState : torch::CustomClassHolder {
   LinearState(const LinearRecipe& recipe, const at::Device& device);
+  // A state over the given tensors (the dispatcher ops' arguments, checked
+  // by the caller): quantizations read and write them. Its seeded mirror
+  // starts all unseeded, so every delayed-scaling quantization hands the
+  // core the device flags, which tell it the slots already seeded (the same
+  // bits as the mirror's shortcut); it caches no weight.
+  LinearState(const LinearRecipe& recipe, const at::Tensor& history, const at::Tensor& amax,
+              const at::Tensor& scale, const at::Tensor& scale_inv, const at::Tensor& counters,
+              const at::Tensor& seeded_flags);
 
   fp8kit_dtype slot_dtype(int slot) const {
     return slot == kGrad ? recipe.bwd_fp8 : recipe.fwd_fp8;

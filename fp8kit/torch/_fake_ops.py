@@ -12,7 +12,13 @@ from __future__ import annotations
 
 import torch
 
-from fp8kit.torch._ext import ext  # noqa: F401  (defines the torch.ops.fp8kit library)
+from fp8kit.torch._checks import TORCH_FP8
+from fp8kit.torch._ext import ext  # also defines the torch.ops.fp8kit library
+
+# The floats of one quantization's scalars block (torch_ext/linear_state.h:
+# scale, scale_inv and amax at 16-byte aligned offsets), which linear_forward
+# returns for backward.
+_SCALARS = 12
 
 
 def columnwise_shape(shape):
@@ -28,6 +34,10 @@ def columnwise_shape(shape):
 
 def _f32_scalar(like: torch.Tensor) -> torch.Tensor:
     return like.new_empty((1,), dtype=torch.float32)
+
+
+def _f32_empty(like: torch.Tensor, numel: int) -> torch.Tensor:
+    return like.new_empty((numel,), dtype=torch.float32)
 
 
 def _fp8_layouts(x: torch.Tensor, fp8_dtype: torch.dtype, rowwise: bool, columnwise: bool):
@@ -89,3 +99,48 @@ def _gemm(a, a_scale_inv, a_columnwise, b, b_scale_inv, b_columnwise, trans_a, t
     n = b_rows if trans_b else b_cols
     like = a if a is not None else a_columnwise
     return like.new_empty((m, n), dtype=out_dtype)
+
+
+def _linear_plan(input, weight, dgrad, wgrad):
+    """ext.linear_plan for a call, on symbolic token counts too: the copies
+    it names depend on the token count only through its remainder modulo
+    GEMM_DIM_MULTIPLE (wgrad's inner dimension, which does, shapes no output)."""
+    n, k = weight.shape
+    tokens = input.numel() // k
+    return ext.linear_plan(int(tokens % ext.GEMM_DIM_MULTIPLE), k, n, dgrad, wgrad,
+                           ext.supports_non_tn_fp8_gemm(input.device))
+
+
+def _kept(like, copies, shape, fp8_dtype):
+    """The copy of a tensor of `shape` that (rowwise, columnwise) `copies`
+    names, or the empty stand-in."""
+    rowwise, columnwise = copies
+    if rowwise:
+        return like.new_empty(shape, dtype=fp8_dtype)
+    if columnwise:
+        return like.new_empty(columnwise_shape(shape), dtype=fp8_dtype)
+    return like.new_empty((0,), dtype=fp8_dtype)
+
+
+@torch.library.register_fake("fp8kit::linear_forward")
+def _linear_forward(input, weight, bias, amax_history, amax, scale, scale_inv, counters, seeded,
+                    scaling, fwd_dtype, bwd_dtype, margin, amax_reduction, amax_epsilon,
+                    power_2_scale, fast_accumulation, dgrad, wgrad, bgrad):
+    out = input.new_empty((*input.shape[:-1], weight.shape[0]))
+    fp8 = TORCH_FP8[fwd_dtype]
+    if not (dgrad or wgrad or (bgrad and bias is not None)):
+        empty_fp8, empty_f32 = input.new_empty((0,), dtype=fp8), _f32_empty(input, 0)
+        return out, empty_fp8, empty_f32, empty_fp8, empty_f32
+    _, _, _, saved_input, saved_weight, _, _ = _linear_plan(input, weight, dgrad, wgrad)
+    return (out, _kept(input, saved_input, input.shape, fp8), _f32_empty(input, _SCALARS),
+            _kept(input, saved_weight, weight.shape, fp8), _f32_empty(input, _SCALARS))
+
+
+@torch.library.register_fake("fp8kit::linear_backward")
+def _linear_backward(grad_output, input_fp8, input_scalars, weight_fp8, weight_scalars,
+                     amax_history, amax, scale, scale_inv, counters, seeded, scaling, fwd_dtype,
+                     bwd_dtype, margin, amax_reduction, amax_epsilon, power_2_scale, input_shape,
+                     forward_dgrad, forward_wgrad, dgrad, wgrad, bgrad):
+    n, k = grad_output.shape[-1], input_shape[-1]
+    grad = (lambda wanted, shape: grad_output.new_empty(shape if wanted else (0,)))
+    return grad(dgrad, input_shape), grad(wgrad, (n, k)), grad(bgrad, (n,))

@@ -34,6 +34,11 @@ recipes, or running one layer from several threads under different
 recipes, never discards or mixes up recorded state: each call picks the
 state of its own thread's recipe and uses that one throughout.
 
+Under torch.compile (and torch.export with strict=True) forward goes through
+the dispatcher ops torch.ops.fp8kit.linear_forward / linear_backward instead
+(fp8kit.torch._traced_linear): the same C++ steps and bits, traced forward
+and backward with no graph break, the scaling state updated in the graph.
+
 As torch.nn.Linear, the input, the weight and the bias must have one dtype
 (RuntimeError otherwise); under torch.autocast they are cast to its dtype
 first, as torch.nn.Linear's are (the cast weight is a new tensor each
@@ -58,6 +63,7 @@ import torch.nn.functional as F
 from fp8kit.torch._ext import ext
 from fp8kit.torch._fp8_extra_state import FP8ExtraState
 from fp8kit.torch._linear_states import RecipeStates
+from fp8kit.torch._traced_linear import traced_linear
 from fp8kit.torch.autocast import STATE as _AUTOCAST
 
 _linear_forward = ext.linear_forward
@@ -68,6 +74,8 @@ _EXTRA_STATE_FORMAT = 2
 # Whether any torch.autocast is on: a fast test before the per-device one
 # (torch.is_autocast_enabled(device) costs ~1 us a call).
 _any_autocast = torch._C._is_any_autocast_enabled
+# False in eager mode, True while dynamo traces (torch.compile, torch.export).
+_compiling = torch.compiler.is_dynamo_compiling
 
 
 class Linear(FP8ExtraState, torch.nn.Linear):
@@ -89,6 +97,9 @@ class Linear(FP8ExtraState, torch.nn.Linear):
         weight, bias = params["weight"], params["bias"]
         if _any_autocast() and isinstance(input, torch.Tensor):
             input, weight, bias = _autocast_cast(input, weight, bias)
+        if _compiling():  # dynamo traces dispatcher ops, not the pybind11 call
+            return traced_linear(self._fp8_states, recipe, input, weight, bias,
+                                 self._fp8_cache_weight)
         # One selection per call, held in locals: another thread switching
         # this layer to another recipe cannot change the state this call uses.
         state, fast = self._fp8_states.select(recipe, weight, self._fp8_cache_weight)

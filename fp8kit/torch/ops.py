@@ -31,7 +31,9 @@ empty tensor of shape [0] in the FP8 dtype instead of None, quantize returns
 the amax (float32 [1]) instead of writing amax_out, gemm has no out,
 accumulate, gelu_aux or d_amax, and scale is a tensor, never a number.
 delayed_scaling_update mutates amax_histories, scales and scale_invs in
-place, and its schema declares it.
+place, and its schema declares it. fp8kit.torch.Linear's two steps are
+dispatcher ops too, linear_forward and linear_backward (what torch.compile
+traces of the layer: see fp8kit.torch._traced_linear).
 """
 
 from __future__ import annotations

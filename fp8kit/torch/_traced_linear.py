@@ -1,0 +1,81 @@
+"""fp8kit.torch.Linear's forward as torch.compile traces it.
+
+The eager layer is one pybind11 call (ext.linear_forward) that records a C++
+autograd node: fast, but opaque to dynamo. Under torch.compile, Linear.forward
+calls traced_linear instead, which runs the same C++ steps as the dispatcher
+ops torch.ops.fp8kit.linear_forward and linear_backward (same kernels, same
+bits) inside an autograd.Function, so that dynamo traces forward and backward
+into one graph each, with no graph break.
+
+The layer's scaling state enters the graph as its LinearState's own tensors
+(LinearState.tensors), which the two ops update in place and whose schemas
+say so: a training step's delayed-scaling updates are graph mutations, and
+the next step reuses the same compiled graph. Which state a call uses
+(RecipeStates.select: the recipe's state, made on first use) is decided at
+trace time, where select runs as plain Python: dynamo guards on the layer's
+RecipeStates object, the recipe object and the weight, so a new recipe object
+(or loading a checkpoint, which replaces the states) compiles again, and
+nothing else does. The weight cache (cache_fp8_weight) is an eager
+optimization; compiled calls quantize the weight every time.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_ops = torch.ops.fp8kit
+
+
+@torch.compiler.assume_constant_result
+def _selection(states, recipe, weight, cache_weight: bool):
+    """(the state's tensors, its recipe as linear_forward's recipe
+    arguments, forward_fast_accumulation) for `recipe`, run at trace time."""
+    state, fast = states.select(recipe, weight, cache_weight)
+    r = state.recipe
+    recipe_args = (r["scaling"], r["fwd_dtype"], r["bwd_dtype"], r.get("margin", 0),
+                   r.get("amax_reduction", "max"), r.get("amax_epsilon", 0.0),
+                   r.get("power_2_scale", False))
+    return state.tensors, recipe_args, fast
+
+
+class _LinearFunction(torch.autograd.Function):
+    """The FP8 Linear with autograd over the two dispatcher ops."""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias, state, recipe_args, fast, dgrad, wgrad, bgrad):
+        out, x_q, x_scalars, w_q, w_scalars = _ops.linear_forward(
+            input, weight, bias, *state, *recipe_args, fast, dgrad, wgrad, bgrad)
+        ctx.save_for_backward(x_q, x_scalars, w_q, w_scalars)
+        # The state is not saved: forward and backward update it in place.
+        ctx.state = state
+        ctx.recipe_args = recipe_args
+        ctx.input_shape = list(input.shape)
+        ctx.forward_grads = (dgrad, wgrad)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x_q, x_scalars, w_q, w_scalars = ctx.saved_tensors
+        forward_dgrad, forward_wgrad = ctx.forward_grads
+        need_input, need_weight, need_bias = ctx.needs_input_grad[:3]
+        dgrad, wgrad = forward_dgrad and need_input, forward_wgrad and need_weight
+        dx, dw, db = _ops.linear_backward(
+            grad_output, x_q, x_scalars, w_q, w_scalars, *ctx.state, *ctx.recipe_args,
+            ctx.input_shape, forward_dgrad, forward_wgrad, dgrad, wgrad, need_bias)
+        return (dx if dgrad else None, dw if wgrad else None, db if need_bias else None,
+                None, None, None, None, None, None)
+
+
+def traced_linear(states, recipe, input, weight, bias, cache_weight: bool):
+    """y = input @ weight.T + bias in FP8 with `recipe`, as ext.linear_forward
+    computes it (same state, same bits), through dispatcher ops."""
+    state, recipe_args, fast = _selection(states, recipe, weight, cache_weight)
+    grad = torch.is_grad_enabled()
+    dgrad = grad and input.requires_grad
+    wgrad = grad and weight.requires_grad
+    bgrad = grad and bias is not None and bias.requires_grad
+    if not (dgrad or wgrad or bgrad):
+        return _ops.linear_forward(input, weight, bias, *state, *recipe_args, fast, False, False,
+                                   False)[0]
+    return _LinearFunction.apply(input, weight, bias, state, recipe_args, fast, dgrad, wgrad,
+                                 bgrad)
