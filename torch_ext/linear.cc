@@ -24,6 +24,22 @@ constexpr ClassHint kStateHint{
 
 LinearState& state_self(py::handle self) { return initialised<LinearState>(self, kStateHint); }
 
+// linear_forward's fp8_weight argument: (data, columnwise_data, scale_inv),
+// data or columnwise_data None where absent.
+FP8Weight read_fp8_weight(py::handle t) {
+  constexpr const char* fn = "fp8kit.torch.Linear: fp8_weight";
+  FP8KIT_TYPE_CHECK(PyTuple_Check(t.ptr()) && PyTuple_GET_SIZE(t.ptr()) == 3, fn, " is ",
+                    value_str(t), "; pass (data, columnwise_data, scale_inv)");
+  auto item = [&](int i, const char* name) {
+    py::handle v = PyTuple_GET_ITEM(t.ptr(), i);
+    return v.is_none() ? at::Tensor() : read_tensor(v, c10::str(fn, "'s ", name));
+  };
+  FP8Weight w{item(0, "data"), item(1, "columnwise_data"), item(2, "scale_inv")};
+  FP8KIT_TYPE_CHECK(w.scale_inv.defined(), fn, "'s scale_inv is None; pass the float32 [1] "
+                    "scale_inv of the FP8 weight");
+  return w;
+}
+
 // A state tensor for Python: a copy, so that resizing or re-typing it
 // cannot corrupt the layer's state (which the core writes in place).
 at::Tensor copy_out(LinearState& s, const at::Tensor& t) {
@@ -156,7 +172,7 @@ void register_linear(py::module_& m) {
   m.def(
       "linear_forward",
       [](py::handle state, py::handle input, py::handle weight, py::handle bias,
-         py::handle fast_accumulation) {
+         py::handle fast_accumulation, py::handle fp8_weight) {
         constexpr const char* fn = "fp8kit.torch.Linear";
         LinearState& st = state_self(state);
         const at::Tensor x = read_tensor(input, c10::str(fn, ": input"));
@@ -165,12 +181,18 @@ void register_linear(py::module_& m) {
         if (!bias.is_none()) b = read_tensor(bias, c10::str(fn, ": bias"));
         const bool fast =
             read_bool(fast_accumulation, c10::str(fn, ": recipe.forward_fast_accumulation"));
-        return linear_forward(st, x, w, b, fast);
+        if (fp8_weight.is_none()) return linear_forward(st, x, w, b, fast);
+        const FP8Weight fw = read_fp8_weight(fp8_weight);
+        return linear_forward(st, x, w, b, fast, &fw);
       },
       py::arg("state"), py::arg("input"), py::arg("weight"), py::arg("bias") = py::none(),
-      py::arg("fast_accumulation") = false,
+      py::arg("fast_accumulation") = false, py::arg("fp8_weight") = py::none(),
       "FP8 y = input @ weight.T + bias with autograd (FP8 dgrad and wgrad), per `state`; "
-      "fast_accumulation: the forward GEMM's (the recipe's forward_fast_accumulation).");
+      "fast_accumulation: the forward GEMM's (the recipe's forward_fast_accumulation). "
+      "fp8_weight: None, or (data, columnwise_data, scale_inv) of the weight already in FP8 "
+      "(data or columnwise_data None where the call reads no such copy); the GEMMs read it, "
+      "`weight` then gives only the shape, dtype and autograd edge, and the weight's scaling "
+      "slot records nothing.");
 }
 
 }  // namespace fp8kit_torch

@@ -36,6 +36,19 @@ LinearCall linear_call(const char* fn, const LinearState& st, const at::Tensor& 
                        const at::Tensor& w, const at::Tensor& b, bool dgrad, bool wgrad,
                        bool bgrad, bool fast_accumulation);
 
+// A weight already in FP8 (the FP8 all-gather of a sharded weight): its
+// rowwise [N, K] and columnwise [K, N] copies (either may be undefined when
+// the call's plan does not read it) in the recipe's forward format, and its
+// scale_inv (float32, one element).
+struct FP8Weight {
+  at::Tensor data, columnwise_data, scale_inv;
+};
+
+// A checked FP8Weight with its scale_inv in a scalars block (kScaleInv).
+struct GivenWeight {
+  at::Tensor data, columnwise_data, scalars;
+};
+
 // The FP8 copies (and their scalars blocks) a forward keeps for backward.
 struct LinearSaved {
   at::Tensor x_q, x_scalars, w_q, w_scalars;
@@ -46,10 +59,12 @@ struct LinearSaved {
 
 // The forward below autograd for a checked `call`: y, and, when `saved` is
 // given, the copies backward reads (and the delayed-scaling amaxes
-// recorded); saved == nullptr: a forward that computes no gradient.
+// recorded); saved == nullptr: a forward that computes no gradient;
+// given: a weight already in FP8, read instead of quantizing w.
 at::Tensor linear_forward_below_autograd(LinearState& st, const at::Tensor& x,
                                          const at::Tensor& w, const at::Tensor& b,
-                                         const LinearCall& call, LinearSaved* saved);
+                                         const LinearCall& call, LinearSaved* saved,
+                                         const GivenWeight* given = nullptr);
 
 // Everything backward needs besides the saved tensors.
 struct BackwardInfo {
@@ -83,8 +98,12 @@ torch::autograd::variable_list linear_backward_below_autograd(
 
 // FP8 y = x @ w.T + bias with autograd (FP8 dgrad and wgrad), per `st`,
 // with the forward GEMM's fast accumulation when `fast_accumulation`.
+// With `fp8_weight`, the GEMMs read it instead of quantizing `w` (which
+// then only gives the weight's shape, dtype and autograd edge) and the
+// weight's scaling slot records nothing: whoever cast the weight owns it.
 at::Tensor linear_forward(LinearState& st, const at::Tensor& x, const at::Tensor& w,
-                          const std::optional<at::Tensor>& bias, bool fast_accumulation);
+                          const std::optional<at::Tensor>& bias, bool fast_accumulation,
+                          const FP8Weight* fp8_weight = nullptr);
 
 }  // namespace fp8kit_torch
 

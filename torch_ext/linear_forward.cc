@@ -33,10 +33,12 @@ at::Tensor kept_copy(fp8kit_copies keep, const at::Tensor& rowwise,
 }  // namespace
 
 // saved == nullptr: a forward that computes no gradient (casts with the
-// current scales and records nothing).
+// current scales and records nothing). given != nullptr: the weight is
+// already FP8 (its scalars block holds its scale_inv).
 at::Tensor linear_forward_below_autograd(LinearState& st, const at::Tensor& x_in,
                                          const at::Tensor& w_in, const at::Tensor& b,
-                                         const LinearCall& p, LinearSaved* saved) {
+                                         const LinearCall& p, LinearSaved* saved,
+                                         const GivenWeight* given) {
   const at::Tensor x = x_in.contiguous();
   const fp8kit_linear_plan& plan = p.plan;
   const fp8kit_copies x_cast = plan.quantize[kInput], w_cast = plan.quantize[kWeight];
@@ -46,7 +48,7 @@ at::Tensor linear_forward_below_autograd(LinearState& st, const at::Tensor& x_in
   at::Tensor x_data, x_columnwise, x_scalars, w, w_data, w_columnwise, w_scalars;
   {
     const auto lock = lock_state(st.mu);
-    const bool requant = !st.weight_cached(w_in, w_cast);
+    const bool requant = given == nullptr && !st.weight_cached(w_in, w_cast);
     // The cache keeps the weight's pieces across calls: their own buffer.
     const bool cache_w = requant && st.cache_weight && !w_in.is_inference();
     if (requant) {
@@ -100,6 +102,10 @@ at::Tensor linear_forward_below_autograd(LinearState& st, const at::Tensor& x_in
       w_scalars = t[5];
       jobs[n++] = SlotJob{kWeight, &w, w_data, w_columnwise, w_scalars.data_ptr<float>()};
       if (cache_w) st.keep_weight(w_in, w_data, w_columnwise, w_scalars);
+    } else if (given != nullptr) {
+      w_data = given->data;
+      w_columnwise = given->columnwise_data;
+      w_scalars = given->scalars;
     } else {
       w_data = st.w_data;
       w_columnwise = st.w_columnwise;
@@ -156,12 +162,12 @@ namespace {
 
 // Forward with autograd: the FP8 forward below autograd, then the node.
 at::Tensor forward_with_grad(LinearState& st, const at::Tensor& x, const at::Tensor& w,
-                             const at::Tensor& b, const LinearCall& p) {
+                             const at::Tensor& b, const LinearCall& p, const GivenWeight* given) {
   LinearSaved saved;
   at::Tensor y;
   {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    y = linear_forward_below_autograd(st, x, w, b, p, &saved);
+    y = linear_forward_below_autograd(st, x, w, b, p, &saved, given);
   }
   auto node = NodeMaker<LinearBackward>::make();
   node->set_next_edges(torch::autograd::collect_next_edges(x, w, b));
@@ -177,6 +183,41 @@ at::Tensor forward_with_grad(LinearState& st, const at::Tensor& x, const at::Ten
   node->w_scalars = torch::autograd::SavedVariable(saved.w_scalars, false);
   torch::autograd::set_history(y, NodePtr(node));
   return y;
+}
+
+// `fw` checked against the weight `w` stands for and the copies `plan`
+// reads, with its scale_inv copied into a scalars block of its own.
+GivenWeight checked_fp8_weight(const LinearState& st, const FP8Weight& fw, const at::Tensor& w,
+                             const fp8kit_linear_plan& plan) {
+  const at::ScalarType fp8 = torch_fp8_type(st.recipe.fwd_fp8);
+  const int64_t n = w.size(0), k = w.size(1);
+  auto check_copy = [&](const at::Tensor& t, const char* arg, int64_t rows, int64_t cols,
+                        bool needed, const char* fix) {
+    if (!t.defined()) {
+      FP8KIT_VALUE_CHECK(!needed, kFn, ": the FP8 weight has no ", arg, ", which this call's ",
+                         "GEMMs read on ", device_str(st.device), "; ", fix);
+      return;
+    }
+    check_dense(kFn, arg, t);
+    FP8KIT_TYPE_CHECK(t.scalar_type() == fp8, kFn, ": the FP8 weight's ", arg, " is ",
+                      dtype_str(t.scalar_type()), " but the recipe's forward format is ",
+                      dtype_str(fp8), "; cast the weight with the recipe's forward format");
+    FP8KIT_VALUE_CHECK(t.dim() == 2 && t.size(0) == rows && t.size(1) == cols, kFn,
+                       ": the FP8 weight's ", arg, " has shape ", shape_str(t.sizes()),
+                       " but a weight of shape ", shape_str(w.sizes()), " needs [", rows, ", ",
+                       cols, "]");
+    check_contiguous(kFn, arg, t);
+    check_same_device(kFn, arg, t, "weight", w);
+  };
+  const fp8kit_copies need = plan.quantize[kWeight];
+  check_copy(fw.data, "rowwise data", n, k, need.rowwise != 0,
+             "make it with weight.update_usage(rowwise=True)");
+  check_copy(fw.columnwise_data, "columnwise data", k, n, need.columnwise != 0,
+             "make it with weight.update_usage(columnwise=True)");
+  check_f32_scalar(kFn, "the FP8 weight's scale_inv", fw.scale_inv, "weight", w);
+  GivenWeight out{fw.data, fw.columnwise_data, at::zeros({kScalars}, fw.scale_inv.options())};
+  out.scalars.narrow(0, kScaleInv, 1).copy_(fw.scale_inv.reshape({1}));
+  return out;
 }
 
 }  // namespace
@@ -248,7 +289,8 @@ LinearCall linear_call(const char* fn, const LinearState& st, const at::Tensor& 
 }
 
 at::Tensor linear_forward(LinearState& st, const at::Tensor& x, const at::Tensor& w,
-                          const std::optional<at::Tensor>& bias, bool fast_accumulation) {
+                          const std::optional<at::Tensor>& bias, bool fast_accumulation,
+                          const FP8Weight* fp8_weight) {
   FP8KIT_PROFILE_SCOPE("fp8kit::linear_forward");
   const at::Tensor b = bias && bias->defined() ? *bias : at::Tensor();
   const bool grad = at::GradMode::is_enabled();
@@ -256,11 +298,14 @@ at::Tensor linear_forward(LinearState& st, const at::Tensor& x, const at::Tensor
       linear_call(kFn, st, x, w, b, grad && x.requires_grad(), grad && w.requires_grad(),
                   grad && b.defined() && b.requires_grad(), fast_accumulation);
   DeviceScope scope(st.device);
+  GivenWeight given;
+  if (fp8_weight != nullptr) given = checked_fp8_weight(st, *fp8_weight, w, p.plan);
+  const GivenWeight* given_ptr = fp8_weight != nullptr ? &given : nullptr;
   if (!p.dgrad && !p.wgrad && !p.bgrad) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return linear_forward_below_autograd(st, x, w, b, p, nullptr);
+    return linear_forward_below_autograd(st, x, w, b, p, nullptr, given_ptr);
   }
-  return forward_with_grad(st, x, w, b, p);
+  return forward_with_grad(st, x, w, b, p, given_ptr);
 }
 
 }  // namespace fp8kit_torch

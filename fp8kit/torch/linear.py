@@ -47,6 +47,11 @@ call, so cache_fp8_weight does not apply there).
 FP8 GEMMs need in_features and out_features to be multiples of the
 extension's GEMM_DIM_MULTIPLE (cuBLASLt's FP8 alignment).
 
+A weight that is already a Float8Tensor (what FSDP2's FP8 all-gather of
+fp8kit.torch.distributed gives the layer) is read as it is: its FP8 copies
+go to the GEMMs, its gradient reaches it as a plain tensor, and the
+weight's scaling slot records nothing (fp8kit.torch._fp8_weight).
+
 The extra state (format 2) holds plain values and tensors only, so it
 loads with torch.load(weights_only=True): {"format": 2, "states": [...]},
 one entry per recipe, each with the recipe's scaling parameters as a dict
@@ -62,9 +67,11 @@ import torch.nn.functional as F
 
 from fp8kit.torch._ext import ext
 from fp8kit.torch._fp8_extra_state import FP8ExtraState
+from fp8kit.torch._fp8_weight import linear_with_fp8_weight
 from fp8kit.torch._linear_states import RecipeStates
 from fp8kit.torch._traced_linear import traced_linear
 from fp8kit.torch.autocast import STATE as _AUTOCAST
+from fp8kit.torch.float8_tensor import Float8Tensor
 
 _linear_forward = ext.linear_forward
 # 2: {"states": [one dict per recipe]}, each recipe a dict of named plain
@@ -95,6 +102,11 @@ class Linear(FP8ExtraState, torch.nn.Linear):
         # Module.__getattr__ is a visible share of a small layer's call.
         params = self._parameters
         weight, bias = params["weight"], params["bias"]
+        if isinstance(weight, Float8Tensor):  # already FP8 (an FSDP2 FP8 all-gather)
+            if _any_autocast() and isinstance(input, torch.Tensor):
+                input, _, bias = _autocast_cast(input, None, bias)
+            return linear_with_fp8_weight(self._fp8_states, recipe, input, weight, bias,
+                                          self._fp8_cache_weight)
         if _any_autocast() and isinstance(input, torch.Tensor):
             input, weight, bias = _autocast_cast(input, weight, bias)
         if _compiling():  # dynamo traces dispatcher ops, not the pybind11 call

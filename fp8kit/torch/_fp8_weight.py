@@ -1,0 +1,49 @@
+"""fp8kit.torch.Linear with a weight that is already FP8: the Float8Tensor
+that an FSDP2 FP8 all-gather builds (fp8kit.torch.distributed.fsdp).
+
+The C++ forward takes the FP8 copies of such a weight instead of casting it
+(torch_ext/linear_autograd.h, FP8Weight) and a plain stand-in tensor as
+`weight`, which gives the call the weight's shape, dtype and autograd edge:
+the weight gradient reaches the Float8Tensor parameter as a plain
+high-precision tensor, which FSDP2 reduce-scatters. The weight's scaling
+slot records nothing here: whoever cast the weight owns its scale.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fp8kit.torch._ext import ext
+
+_linear_forward = ext.linear_forward
+
+
+class _WeightStandIn(torch.autograd.Function):
+    """A plain tensor with an FP8 weight's shape and dtype (one element,
+    expanded: the C++ forward never reads its values); its gradient goes
+    straight to the weight."""
+
+    @staticmethod
+    def forward(ctx, weight):
+        return torch.empty((), dtype=weight.dtype, device=weight.device).expand(weight.shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def linear_with_fp8_weight(states, recipe, input, weight, bias, cache_weight: bool):
+    """y = input @ weight.T + bias in FP8 with a Float8Tensor `weight`
+    (2-D, in the recipe's forward format), the layer's `states`
+    (RecipeStates) giving the input's and the gradient's scaling."""
+    state, fast = states.select(recipe, weight, cache_weight)
+    # The dgrad GEMM reads the weight's columnwise copy on devices whose FP8
+    # GEMMs take the TN layout only: the weight's own, or a transpose of its
+    # FP8 bits (exact), which backward keeps and frees.
+    columnwise = None
+    if not state.non_tn and torch.is_grad_enabled():
+        columnwise = weight.columnwise_data
+    data = weight.rowwise_data
+    stand_in = _WeightStandIn.apply(weight)
+    return _linear_forward(state, input, stand_in, bias, fast,
+                           (data, columnwise, weight.scale_inv))
