@@ -4,8 +4,12 @@
   (MAX) of every fp8kit layer's delayed-scaling amax history over the
   data-parallel group, after which every rank holds bit-identical scales
   (DistributedDataParallel and FSDP2 alike).
+- enable_fp8_all_gather(model): before torch.distributed.fsdp.fully_shard,
+  makes FSDP2 all-gather the weights of fp8kit.torch.Linear layers in FP8
+  (through its fsdp_pre_all_gather / fsdp_post_all_gather extension points).
 """
 
 from fp8kit.torch.distributed.amax_sync import AmaxSync, PendingAmaxSync
+from fp8kit.torch.distributed.fsdp import FP8AllGatherWeight, enable_fp8_all_gather
 
-__all__ = ["AmaxSync", "PendingAmaxSync"]
+__all__ = ["AmaxSync", "PendingAmaxSync", "FP8AllGatherWeight", "enable_fp8_all_gather"]
