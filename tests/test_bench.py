@@ -334,7 +334,7 @@ def test_every_tool_is_documented():
 
 
 @pytest.mark.parametrize("tool", ["accumulation_error.py", "kernel_profile.py",
-                                  "power_cap.py"])
+                                  "power_cap.py", "fsdp_bench.py"])
 def test_tool_starts(tool):
     """--help imports everything the tool takes from fp8kit (the bench's
     helpers, the front ends), so a renamed helper fails here."""
@@ -350,3 +350,17 @@ def test_accumulation_error_on_the_cpu():
     # 2 weight kinds x bias or not x split or fast
     assert len(lines) == 8 and all(float(ln.rsplit(" ", 1)[1]) < 1e-2 for ln in lines), r.stdout
     assert "bf16 rounding of the exact product" in r.stdout
+
+
+def test_fsdp_bench_on_the_cpu(tmp_path):
+    out = tmp_path / "fsdp.json"
+    r = _tool("fsdp_bench.py", "--cpu", "--variants", "bf16,fp8kit,fp8kit-cs",
+              "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert sorted(rows) == ["bf16", "fp8kit", "fp8kit-cs"]
+    assert all(row["output_check"] == "ok" for row in rows.values()), rows
+    # No biases: the FP8 all-gathers move half of bf16's bytes.
+    for fp8 in ("fp8kit", "fp8kit-cs"):
+        assert 2 * rows[fp8]["all_gather_bytes_per_step"] == \
+            rows["bf16"]["all_gather_bytes_per_step"]
