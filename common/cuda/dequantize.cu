@@ -1,11 +1,13 @@
 // fp8kit::cuda::dequantize: output = q * scale_inv, rowwise (elementwise) or
 // from the columnwise copy (transposed back through a 32x32 shared-memory
-// tile). The arithmetic is dequantize_convert.h's, shared with the CPU
-// reference, so both give the same bits. Not a performance target.
+// tile), with the tensor's scale_inv or each element's block's. The
+// arithmetic is dequantize_convert.h's, shared with the CPU reference, so
+// both give the same bits. Not a performance target.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "block_scale_layout.h"
 #include "cuda_backend.h"
 #include "cuda_check.h"
 #include "dequantize_convert.h"
@@ -30,13 +32,26 @@ __device__ __forceinline__ void store_value(void* out, int64_t i, float v) {
   }
 }
 
+// The scale_inv of stored element (r, c) of the copy read: the tensor's one
+// float, or its block's.
+struct Scales {
+  const float* scale_inv;
+  bool block;
+  BlockScaleLayout layout;  // of the copy as stored (block scaling only)
+
+  __device__ __forceinline__ float at(int64_t r, int64_t c) const {
+    return block ? scale_inv[layout.index(r, c)] : *scale_inv;
+  }
+};
+
+// `cols`: row length of the stored copy (block scaling only).
 template <int kOut>
 __global__ void __launch_bounds__(kDqThreads)
-    dequantize_rowwise_kernel(const uint8_t* __restrict__ q, void* out, int64_t n,
-                              const float* scale_inv, fp8kit_dtype fp8_dtype) {
-  const float s = *scale_inv;
+    dequantize_rowwise_kernel(const uint8_t* __restrict__ q, void* out, int64_t n, int64_t cols,
+                              const Scales scales, fp8kit_dtype fp8_dtype) {
   const int64_t stride = int64_t(gridDim.x) * kDqThreads;
   for (int64_t i = int64_t(blockIdx.x) * kDqThreads + threadIdx.x; i < n; i += stride) {
+    const float s = scales.block ? scales.at(i / cols, i % cols) : *scales.scale_inv;
     store_value<kOut>(out, i, dequantize_value(q[i], fp8_dtype, s));
   }
 }
@@ -46,10 +61,9 @@ __global__ void __launch_bounds__(kDqThreads)
 template <int kOut>
 __global__ void __launch_bounds__(kDqTile * 8)
     dequantize_columnwise_kernel(const uint8_t* __restrict__ columnwise, void* out, int64_t rows,
-                                 int64_t cols, int64_t tiles_c, const float* scale_inv,
+                                 int64_t cols, int64_t tiles_c, const Scales scales,
                                  fp8kit_dtype fp8_dtype) {
   __shared__ uint8_t tile[kDqTile][kDqTile + 1];
-  const float s = *scale_inv;
   const int64_t r0 = (int64_t(blockIdx.x) / tiles_c) * kDqTile;
   const int64_t c0 = (int64_t(blockIdx.x) % tiles_c) * kDqTile;
   const int tx = threadIdx.x % kDqTile;
@@ -62,7 +76,9 @@ __global__ void __launch_bounds__(kDqTile * 8)
   for (int i = ty; i < kDqTile; i += 8) {
     const int64_t r = r0 + i, c = c0 + tx;
     if (r < rows && c < cols) {
-      store_value<kOut>(out, r * cols + c, dequantize_value(tile[tx][i], fp8_dtype, s));
+      // Stored element (c, r) of the columnwise copy.
+      store_value<kOut>(out, r * cols + c,
+                        dequantize_value(tile[tx][i], fp8_dtype, scales.at(c, r)));
     }
   }
 }
@@ -73,15 +89,23 @@ void launch_dequantize(const fp8kit_tensor& input, fp8kit_tensor& output, bool f
   int64_t rows = 0, cols = 0;
   flatten_2d(input, &rows, &cols);
   const int64_t n = rows * cols;
-  if (!from_columnwise || rows == 1 || cols == 1) {
-    // One row or one column: the columnwise copy has the row-major layout.
+  Scales scales;
+  scales.block = is_block_scaling(input.scaling_mode);
+  scales.scale_inv = !scales.block     ? input.scale_inv
+                     : from_columnwise ? input.columnwise_block_scale_inv
+                                       : input.block_scale_inv;
+  scales.layout = from_columnwise ? BlockScaleLayout::of(input.scaling_mode, cols, rows)
+                                  : BlockScaleLayout::of(input.scaling_mode, rows, cols);
+  if (!from_columnwise || (!scales.block && (rows == 1 || cols == 1))) {
+    // One row or one column: the columnwise copy has the row-major layout
+    // (its per-tensor scale does not care which).
     const uint8_t* q =
         static_cast<const uint8_t*>(from_columnwise ? input.columnwise_data : input.data);
     int64_t blocks = ceil_div(n, kDqThreads);
     const int64_t max_blocks = int64_t(sm_count(op)) * 8;
     if (blocks > max_blocks) blocks = max_blocks;
     dequantize_rowwise_kernel<kOut><<<unsigned(blocks), kDqThreads, 0, stream>>>(
-        q, output.data, n, input.scale_inv, input.dtype);
+        q, output.data, n, cols, scales, input.dtype);
     check_launch(op, "launching the dequantize kernel");
     return;
   }
@@ -89,7 +113,7 @@ void launch_dequantize(const fp8kit_tensor& input, fp8kit_tensor& output, bool f
   const int64_t blocks = ceil_div(rows, kDqTile) * tiles_c;
   dequantize_columnwise_kernel<kOut><<<unsigned(blocks), kDqTile * 8, 0, stream>>>(
       static_cast<const uint8_t*>(input.columnwise_data), output.data, rows, cols, tiles_c,
-      input.scale_inv, input.dtype);
+      scales, input.dtype);
   check_launch(op, "launching the columnwise dequantize kernel");
 }
 

@@ -30,6 +30,8 @@ void quantize(const fp8kit_tensor& input, fp8kit_tensor& output, void* stream);
 void quantize_current_scaling(const fp8kit_tensor& input, fp8kit_tensor& output,
                               const fp8kit_current_scaling_config& config,
                               const fp8kit_column_sums* sums, void* stream);
+void quantize_block_scaling(const fp8kit_tensor& input, fp8kit_tensor& output,
+                            const fp8kit_current_scaling_config& config, void* stream);
 void compute_scale(const float* amax, float* scale, float* scale_inv, float fp8_max,
                    const fp8kit_current_scaling_config& config, int device_index, void* stream);
 void dequantize(const fp8kit_tensor& input, fp8kit_tensor& output, bool from_columnwise,

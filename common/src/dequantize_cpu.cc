@@ -2,6 +2,7 @@
 
 #include <cstdint>
 
+#include "block_scale_layout.h"
 #include "dequantize_convert.h"
 #include "validate.h"
 
@@ -22,13 +23,21 @@ void dequantize_cpu(const fp8kit_tensor& input, fp8kit_tensor& output, bool from
   int64_t rows = 0, cols = 0;
   flatten_2d(input, &rows, &cols);
   if (rows == 0 || cols == 0) return;
-  const float scale_inv = *input.scale_inv;
   const uint8_t* q =
       static_cast<const uint8_t*>(from_columnwise ? input.columnwise_data : input.data);
+  const bool block = is_block_scaling(input.scaling_mode);
+  const float* block_scales =
+      from_columnwise ? input.columnwise_block_scale_inv : input.block_scale_inv;
+  // Blocks are laid out over the copy as stored: [rows, cols] or [cols, rows].
+  const BlockScaleLayout layout = from_columnwise
+                                      ? BlockScaleLayout::of(input.scaling_mode, cols, rows)
+                                      : BlockScaleLayout::of(input.scaling_mode, rows, cols);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < cols; ++c) {
-      // Columnwise data is row-major [cols, rows].
       const uint8_t b = from_columnwise ? q[c * rows + r] : q[r * cols + c];
+      const float scale_inv =
+          !block ? *input.scale_inv
+                 : block_scales[from_columnwise ? layout.index(c, r) : layout.index(r, c)];
       store(output.data, output.dtype, r * cols + c, dequantize_value(b, input.dtype, scale_inv));
     }
   }

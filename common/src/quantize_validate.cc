@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "block_scale_layout.h"
 #include "error.h"
 #include "validate.h"
 
@@ -15,9 +16,79 @@ void check_per_tensor_mode(const char* op, const char* arg, const fp8kit_tensor&
       fail(FP8KIT_INVALID_ARGUMENT, op, ": ", arg,
            " has scaling_mode FP8KIT_SCALING_NONE; an FP8 tensor needs "
            "FP8KIT_SCALING_PER_TENSOR with its scale pointers");
+    case FP8KIT_SCALING_BLOCK_1X128:
+    case FP8KIT_SCALING_BLOCK_128X128:
+      fail(FP8KIT_INVALID_ARGUMENT, op, ": ", arg, " has block scaling (",
+           scaling_mode_name(t.scaling_mode), ") but ", op,
+           " takes per-tensor scaling only (FP8KIT_SCALING_PER_TENSOR); block-scaled "
+           "tensors are made by fp8kit_quantize_block_scaling");
   }
   fail(FP8KIT_INVALID_ARGUMENT, op, ": ", arg, " has unknown scaling_mode ",
        int(t.scaling_mode), "; use FP8KIT_SCALING_PER_TENSOR");
+}
+
+const char* scaling_mode_name(fp8kit_scaling_mode mode) {
+  switch (mode) {
+    case FP8KIT_SCALING_NONE: return "FP8KIT_SCALING_NONE";
+    case FP8KIT_SCALING_PER_TENSOR: return "FP8KIT_SCALING_PER_TENSOR";
+    case FP8KIT_SCALING_BLOCK_1X128: return "FP8KIT_SCALING_BLOCK_1X128";
+    case FP8KIT_SCALING_BLOCK_128X128: return "FP8KIT_SCALING_BLOCK_128X128";
+  }
+  return "an unknown scaling_mode";
+}
+
+void check_block_mode(const char* op, const char* arg, const fp8kit_tensor& t) {
+  FP8KIT_CHECK(is_block_scaling(t.scaling_mode), op, ": ", arg, " has ",
+               scaling_mode_name(t.scaling_mode), " (", int(t.scaling_mode),
+               "); use FP8KIT_SCALING_BLOCK_1X128 (activations, gradients) or "
+               "FP8KIT_SCALING_BLOCK_128X128 (weights)");
+}
+
+void check_block_scales_aligned(const char* op, const char* arg, const char* field,
+                                const float* p) {
+  FP8KIT_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0, op, ": ", arg, "->", field, " (", p,
+               ") is not 16-byte aligned; cuBLASLt reads block scales with 16-byte accesses, "
+               "so give the scales an allocation of their own");
+}
+
+void check_block_quantize_args(const char* op, const fp8kit_tensor* input,
+                               const fp8kit_tensor* output) {
+  check_tensor(op, "input", input);
+  check_high_precision(op, "input", *input);
+  check_element_aligned(op, "input", *input);
+  check_tensor(op, "output", output, /*allow_null_data=*/true);
+  check_fp8(op, "output", *output);
+  check_block_mode(op, "output", *output);
+  check_same_device(op, "input", *input, "output", *output);
+  check_same_shape(op, "input", *input, "output", *output);
+  FP8KIT_CHECK(output->scale == nullptr && output->scale_inv == nullptr &&
+                   output->amax == nullptr,
+               op, ": output has a per-tensor scale, scale_inv or amax pointer, but a "
+               "block-scaled tensor keeps its scales in block_scale_inv and "
+               "columnwise_block_scale_inv only; set scale, scale_inv and amax to NULL");
+  FP8KIT_CHECK((output->data == nullptr) == (output->block_scale_inv == nullptr), op,
+               output->data ? ": output->data is set but output->block_scale_inv is NULL"
+                            : ": output->block_scale_inv is set but output->data is NULL",
+               "; the rowwise copy and its scales go together (fp8kit_block_scale_inv_shape "
+               "gives the scales' size)");
+  FP8KIT_CHECK((output->columnwise_data == nullptr) ==
+                   (output->columnwise_block_scale_inv == nullptr),
+               op,
+               output->columnwise_data
+                   ? ": output->columnwise_data is set but output->columnwise_block_scale_inv "
+                     "is NULL"
+                   : ": output->columnwise_block_scale_inv is set but output->columnwise_data "
+                     "is NULL",
+               "; the columnwise copy and its scales go together (fp8kit_block_scale_inv_shape "
+               "gives the scales' size)");
+  FP8KIT_CHECK(fp8kit_tensor_numel(output) == 0 || output->data != nullptr ||
+                   output->columnwise_data != nullptr,
+               op, ": output has neither data nor columnwise_data; set at least one of them "
+               "(data for the rowwise copy, columnwise_data for the transposed copy), each "
+               "with its block scales");
+  check_block_scales_aligned(op, "output", "block_scale_inv", output->block_scale_inv);
+  check_block_scales_aligned(op, "output", "columnwise_block_scale_inv",
+                             output->columnwise_block_scale_inv);
 }
 
 void check_element_aligned(const char* op, const char* arg, const fp8kit_tensor& t) {
@@ -99,15 +170,26 @@ void check_dequantize_args(const fp8kit_tensor* input, const fp8kit_tensor* outp
   const char* op = "dequantize";
   check_tensor(op, "input", input, /*allow_null_data=*/true);
   check_fp8(op, "input", *input);
-  check_per_tensor_mode(op, "input", *input);
+  const bool block = is_block_scaling(input->scaling_mode);
+  if (!block) check_per_tensor_mode(op, "input", *input);
   check_tensor(op, "output", output);
   check_high_precision(op, "output", *output);
   check_element_aligned(op, "output", *output);
   check_same_device(op, "input", *input, "output", *output);
   check_same_shape(op, "input", *input, "output", *output);
-  FP8KIT_CHECK(input->scale_inv != nullptr, op,
-               ": input->scale_inv is NULL; dequantize multiplies by it, so pass the "
-               "tensor's scale_inv");
+  if (block) {
+    const char* field = from_columnwise ? "columnwise_block_scale_inv" : "block_scale_inv";
+    const float* scales =
+        from_columnwise ? input->columnwise_block_scale_inv : input->block_scale_inv;
+    FP8KIT_CHECK(fp8kit_tensor_numel(input) == 0 || scales != nullptr, op, ": input->", field,
+                 " is NULL; a block-scaled tensor is dequantized with the scales of the copy "
+                 "it is read from");
+    check_block_scales_aligned(op, "input", field, scales);
+  } else {
+    FP8KIT_CHECK(input->scale_inv != nullptr, op,
+                 ": input->scale_inv is NULL; dequantize multiplies by it, so pass the "
+                 "tensor's scale_inv");
+  }
   if (fp8kit_tensor_numel(input) > 0) {
     if (from_columnwise) {
       FP8KIT_CHECK(input->columnwise_data != nullptr, op,

@@ -31,9 +31,9 @@ void check_delayed_quantize_state(const char* op, const char* arg,
 // amax_epsilon finite and >= 0.
 void check_current_scaling_config(const char* op, const fp8kit_current_scaling_config* config);
 
-// input: FP8 per-tensor with scale_inv and the data selected by
-// from_columnwise; output: float32/bfloat16/float16 of the same shape and
-// device.
+// input: FP8, per-tensor with scale_inv or block-scaled with the scales of
+// the copy selected by from_columnwise, and that copy's data; output:
+// float32/bfloat16/float16 of the same shape and device.
 void check_dequantize_args(const fp8kit_tensor* input, const fp8kit_tensor* output,
                            int from_columnwise);
 
@@ -43,6 +43,23 @@ void check_element_aligned(const char* op, const char* arg, const fp8kit_tensor&
 
 // scaling_mode must be PER_TENSOR.
 void check_per_tensor_mode(const char* op, const char* arg, const fp8kit_tensor& t);
+
+// "FP8KIT_SCALING_BLOCK_1X128" etc., for messages.
+const char* scaling_mode_name(fp8kit_scaling_mode mode);
+
+// scaling_mode must be BLOCK_1X128 or BLOCK_128X128.
+void check_block_mode(const char* op, const char* arg, const fp8kit_tensor& t);
+
+// A block-scale array (`arg`->`field`) is 16-byte aligned (NULL passes).
+void check_block_scales_aligned(const char* op, const char* arg, const char* field,
+                                const float* p);
+
+// The output descriptor of a block-scaled quantize: FP8 dtype, a block
+// scaling mode, same shape and device as `input`, each copy with its
+// scales (at least one copy when there are elements), no per-tensor scale
+// pointers.
+void check_block_quantize_args(const char* op, const fp8kit_tensor* input,
+                               const fp8kit_tensor* output);
 
 }  // namespace fp8kit
 

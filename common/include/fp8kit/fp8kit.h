@@ -4,6 +4,7 @@
 
 #include "fp8kit/activation.h"
 #include "fp8kit/amax.h"
+#include "fp8kit/block_scaling.h"
 #include "fp8kit/column_sums.h"
 #include "fp8kit/delayed_scaling.h"
 #include "fp8kit/device.h"

@@ -1,4 +1,5 @@
-/* Per-tensor FP8 quantization and dequantization.
+/* Per-tensor FP8 quantization, and dequantization of per-tensor and
+ * block-scaled tensors (block-scaled quantization: fp8kit/block_scaling.h).
  *
  * Scale convention: see fp8kit/tensor.h. Rounding is round-to-nearest-even;
  * finite values beyond the format's largest finite value saturate to it
@@ -75,9 +76,12 @@ FP8KIT_API fp8kit_status fp8kit_compute_scale(const float* amax, float* scale, f
                                               fp8kit_device_type device_type, int device_index,
                                               void* stream);
 
-/* Dequantize: output = q * scale_inv.
- *   input:  E4M3 or E5M2 per-tensor tensor with scale_inv, and data (rowwise)
- *           or, when from_columnwise != 0, columnwise_data.
+/* Dequantize: output = q * scale_inv (one float32 multiply).
+ *   input:  E4M3 or E5M2 with data (rowwise) or, when from_columnwise != 0,
+ *           columnwise_data, and its scales: scale_inv for PER_TENSOR;
+ *           block_scale_inv or columnwise_block_scale_inv, each element
+ *           multiplied by its block's, for BLOCK_1X128 and BLOCK_128X128
+ *           (fp8kit/block_scaling.h).
  *   output: float32/bfloat16/float16 with the input's logical shape (the
  *           columnwise copy is transposed back). */
 FP8KIT_API fp8kit_status fp8kit_dequantize(const fp8kit_tensor* input, fp8kit_tensor* output,

@@ -7,7 +7,9 @@
  * Scale convention (the only place it is written down for the C API):
  *   q = saturate(round_to_nearest_even(x * scale))   in the FP8 format
  *   x ~= q * scale_inv,  scale_inv = 1 / scale
- * GEMMs read scale_inv (dequantization factors); quantizers read scale. */
+ * GEMMs read scale_inv (dequantization factors); quantizers read scale.
+ * Block-scaled tensors (fp8kit/block_scaling.h) follow the same convention
+ * with one scale per block, and keep only the scale_inv of each block. */
 #ifndef FP8KIT_TENSOR_H_
 #define FP8KIT_TENSOR_H_
 
@@ -36,10 +38,13 @@ typedef enum fp8kit_dtype {
   FP8KIT_E5M2 = 4  /* float8_e5m2: IEEE-like, max 57344 */
 } fp8kit_dtype;
 
-/* How `scale` and `scale_inv` are to be read. */
+/* How the scale fields are to be read. Values 4 and up are kept for the
+ * Blackwell formats (MXFP8, NVFP4). */
 typedef enum fp8kit_scaling_mode {
-  FP8KIT_SCALING_NONE = 0,       /* high-precision tensor, no scales */
-  FP8KIT_SCALING_PER_TENSOR = 1  /* one float scale / scale_inv (delayed and current) */
+  FP8KIT_SCALING_NONE = 0,          /* high-precision tensor, no scales */
+  FP8KIT_SCALING_PER_TENSOR = 1,    /* one float scale / scale_inv (delayed and current) */
+  FP8KIT_SCALING_BLOCK_1X128 = 2,   /* one scale per 1x128 tile of each stored copy */
+  FP8KIT_SCALING_BLOCK_128X128 = 3  /* one scale per 128x128 block */
 } fp8kit_scaling_mode;
 
 typedef struct fp8kit_tensor {
@@ -57,6 +62,13 @@ typedef struct fp8kit_tensor {
   float* scale;       /* per-tensor quantization scale (1 float) or NULL */
   float* scale_inv;   /* per-tensor dequantization factor (1 float) or NULL */
   float* amax;        /* max |x| of the high-precision source (1 float) or NULL */
+  /* Block scaling only (scaling_mode BLOCK_1X128 or BLOCK_128X128; NULL
+   * otherwise): the scale_inv of every block of `data` and of
+   * `columnwise_data`, float32, each in the layout cuBLASLt reads (shape:
+   * fp8kit_block_scale_inv_shape; rule and layout: fp8kit/block_scaling.h).
+   * Each is needed exactly when its data is. */
+  float* block_scale_inv;
+  float* columnwise_block_scale_inv;
 } fp8kit_tensor;
 
 /* A descriptor with every field zero/NULL except the ones given. */

@@ -1,0 +1,275 @@
+// fp8kit::cuda::quantize_block_scaling: block-scaled quantization
+// (fp8kit/block_scaling.h) in one pass over the input.
+//
+// One thread block per 128x128 tile of the [rows, cols] input: the tile is
+// read once into shared memory (as float32, exact for every input dtype),
+// then cast from there into the rowwise copy, the columnwise copy, or both.
+// The tile is exactly one 128x128 block, or 128 rowwise 1x128 tiles and 128
+// columnwise ones, so every scale is computed inside one thread block and no
+// second pass or grid-wide reduction is needed. Each of the 256 threads
+// owns half of one tile row (rowwise) or half of one tile column
+// (columnwise): 64 elements, cast 8 at a time into one 8-byte store.
+//
+// The scale and the cast are the CPU reference's (compute_scale.h and the
+// conversion cvt4 checks against fp8_convert.h), so both give the same bits.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "block_scale_layout.h"
+#include "compute_scale.h"
+#include "cuda_backend.h"
+#include "cuda_check.h"
+#include "launch_config.h"
+#include "quantize_device.cuh"
+#include "validate.h"
+
+namespace fp8kit {
+namespace cuda {
+namespace {
+
+constexpr int kTile = 128;           // = kBlockLen
+constexpr int kPitch = kTile + 1;    // floats per shared row: column reads hit distinct banks
+constexpr int kThreads = 2 * kTile;  // two threads per tile row or column
+constexpr int kHalf = kTile / 2;     // elements per thread and pass
+constexpr size_t kSmemBytes = size_t(kTile) * kPitch * sizeof(float);
+
+struct BlockCastParams {
+  const void* in;
+  int64_t rows, cols;
+  int64_t tiles_r, tiles_c;
+  uint8_t* data;  // rowwise copy [rows, cols] or NULL
+  float* scales;  // its block scales
+  BlockScaleLayout layout;
+  uint8_t* columnwise;  // columnwise copy [cols, rows] or NULL
+  float* columnwise_scales;
+  BlockScaleLayout columnwise_layout;
+  bool vector_data, vector_columnwise;  // 8-byte stores are aligned
+  float fp8_max;
+  float amax_epsilon;
+  bool power_2_scale;
+};
+
+// Tile elements into shared memory as float32; outside the input: 0, which
+// leaves every amax as it is.
+template <int kIn>
+__device__ void load_tile(const BlockCastParams& p, int64_t r0, int64_t c0, float* tile) {
+  for (int i = threadIdx.x; i < kTile * kTile; i += kThreads) {
+    const int r = i / kTile, c = i % kTile;
+    float x = 0.0f;
+    if (r0 + r < p.rows && c0 + c < p.cols) {
+      const uint32_t bits = load_bits<kIn>(p.in, (r0 + r) * p.cols + c0 + c);
+      if constexpr (kIn == FP8KIT_FLOAT32) {
+        x = __uint_as_float(bits);
+      } else if constexpr (kIn == FP8KIT_BFLOAT16) {
+        x = __uint_as_float(bits << 16);
+      } else {
+        x = __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+      }
+    }
+    tile[r * kPitch + c] = x;
+  }
+}
+
+// Element k (0..63) of this thread's half line: along a row of the tile
+// (rowwise) or down a column (columnwise).
+template <bool kColumn>
+__device__ __forceinline__ float line_at(const float* tile, int line, int half, int k) {
+  const int along = half * kHalf + k;
+  return kColumn ? tile[along * kPitch + line] : tile[line * kPitch + along];
+}
+
+template <bool kColumn>
+__device__ uint32_t half_line_amax_bits(const float* tile, int line, int half) {
+  uint32_t amax_bits = 0;
+#pragma unroll 8
+  for (int k = 0; k < kHalf; ++k) {
+    const float x = line_at<kColumn>(tile, line, half, k);
+    amax_bits = max(amax_bits, __float_as_uint(x) & 0x7fffffffu);
+  }
+  return amax_bits;
+}
+
+__device__ __forceinline__ float scale_from_amax_bits(const BlockCastParams& p, uint32_t bits) {
+  return current_scale_from_amax(__uint_as_float(bits), p.fp8_max, p.amax_epsilon,
+                                 p.power_2_scale);
+}
+
+// Casts this thread's 64 elements with `scale` into out[0 .. valid), 8 per
+// store (`vector`: out is 8-byte aligned and all 64 are valid).
+template <bool kE4M3, bool kColumn>
+__device__ void cast_half_line(const float* tile, int line, int half, float scale, uint8_t* out,
+                               int valid, bool vector) {
+#pragma unroll
+  for (int k0 = 0; k0 < kHalf; k0 += 8) {
+    float y[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) y[j] = __fmul_rn(line_at<kColumn>(tile, line, half, k0 + j), scale);
+    const uint2 q = make_uint2(cvt4<kE4M3>(y[0], y[1], y[2], y[3]),
+                               cvt4<kE4M3>(y[4], y[5], y[6], y[7]));
+    if (vector) {
+      *reinterpret_cast<uint2*>(out + k0) = q;
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if (k0 + j < valid) out[k0 + j] = uint8_t((j < 4 ? q.x : q.y) >> (8 * (j % 4)));
+      }
+    }
+  }
+}
+
+// One copy (rowwise: kColumn false) of the tile at (r0, c0): each thread casts
+// half of tile line `line` (a row, or a column for the columnwise copy) into
+// the copy's stored row r0 + line (c0 + line) at column c0 (r0). `block_scale`
+// is the 128x128 block's scale; 1x128 tiles compute their own from
+// `line_amax`, the line's amax bits.
+template <bool kE4M3, bool kColumn, bool k128x128>
+__device__ void cast_copy(const BlockCastParams& p, const float* tile, int64_t r0, int64_t c0,
+                          float block_scale, const uint32_t* line_amax) {
+  const int line = threadIdx.x % kTile, half = threadIdx.x / kTile;
+  // The copy as stored, [stored_rows, stored_cols]: this thread writes its
+  // row s from column t0 + half * kHalf on.
+  const int64_t stored_rows = kColumn ? p.cols : p.rows;
+  const int64_t stored_cols = kColumn ? p.rows : p.cols;
+  const int64_t s = (kColumn ? c0 : r0) + line, t0 = kColumn ? r0 : c0;
+  uint8_t* copy = kColumn ? p.columnwise : p.data;
+  float* scales = kColumn ? p.columnwise_scales : p.scales;
+  const BlockScaleLayout& layout = kColumn ? p.columnwise_layout : p.layout;
+  const float scale = k128x128 ? block_scale : scale_from_amax_bits(p, line_amax[line]);
+  if (s < stored_rows) {
+    const int64_t t = t0 + half * kHalf;
+    const int valid = int(min(int64_t(kHalf), max(int64_t(0), stored_cols - t)));
+    const bool vector = (kColumn ? p.vector_columnwise : p.vector_data) && valid == kHalf;
+    if (valid > 0) {
+      cast_half_line<kE4M3, kColumn>(tile, line, half, scale, copy + s * stored_cols + t, valid,
+                                     vector);
+    }
+    if (!k128x128 && half == 0) scales[layout.index(s, t0)] = reciprocal(scale);
+  } else if (!k128x128 && half == 0 && s < layout.inner) {
+    scales[layout.index(s, t0)] = 0.0f;  // padding of the last tile row
+  }
+  if (k128x128 && threadIdx.x < 4) {
+    // This block's scale_inv, then (last block of a scale row) the padding.
+    const int64_t outer = (kColumn ? c0 : r0) / kTile;
+    const int64_t j = t0 / kTile;
+    if (threadIdx.x == 0) scales[outer * layout.inner + j] = reciprocal(scale);
+    if (j == layout.used_inner - 1) {
+      for (int64_t pad = layout.used_inner + threadIdx.x; pad < layout.inner; pad += 4) {
+        scales[outer * layout.inner + pad] = 0.0f;
+      }
+    }
+  }
+}
+
+template <int kIn, bool kE4M3, bool k128x128>
+__global__ void __launch_bounds__(kThreads) block_cast_kernel(const BlockCastParams p) {
+  extern __shared__ float tile[];
+  __shared__ uint32_t half_amax[2][kTile];  // per half line, then per line in [0]
+  __shared__ uint32_t warp_amax[kThreads / 32];
+  const int64_t r0 = (int64_t(blockIdx.x) / p.tiles_c) * kTile;
+  const int64_t c0 = (int64_t(blockIdx.x) % p.tiles_c) * kTile;
+  const int line = threadIdx.x % kTile, half = threadIdx.x / kTile;
+  load_tile<kIn>(p, r0, c0, tile);
+  __syncthreads();
+
+  float block_scale = 1.0f;
+  if constexpr (k128x128) {
+    // max |x| of the whole block: per half row, per warp, then across warps.
+    uint32_t bits = half_line_amax_bits<false>(tile, line, half);
+    for (int offset = 16; offset > 0; offset /= 2) {
+      bits = max(bits, __shfl_xor_sync(0xffffffffu, bits, offset));
+    }
+    if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = bits;
+    __syncthreads();
+    bits = 0;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; ++w) bits = max(bits, warp_amax[w]);
+    block_scale = scale_from_amax_bits(p, bits);
+  }
+  if (p.data != nullptr) {
+    if constexpr (!k128x128) {
+      half_amax[half][line] = half_line_amax_bits<false>(tile, line, half);
+      __syncthreads();
+      if (half == 0) half_amax[0][line] = max(half_amax[0][line], half_amax[1][line]);
+      __syncthreads();
+    }
+    cast_copy<kE4M3, false, k128x128>(p, tile, r0, c0, block_scale, half_amax[0]);
+    __syncthreads();  // half_amax is reused below
+  }
+  if (p.columnwise != nullptr) {
+    if constexpr (!k128x128) {
+      half_amax[half][line] = half_line_amax_bits<true>(tile, line, half);
+      __syncthreads();
+      if (half == 0) half_amax[0][line] = max(half_amax[0][line], half_amax[1][line]);
+      __syncthreads();
+    }
+    cast_copy<kE4M3, true, k128x128>(p, tile, r0, c0, block_scale, half_amax[0]);
+  }
+}
+
+template <int kIn, bool kE4M3, bool k128x128>
+void launch_typed(const BlockCastParams& p, cudaStream_t stream, const char* op) {
+  auto* kernel = block_cast_kernel<kIn, kE4M3, k128x128>;
+  // The tile needs more than the default 48 KiB of dynamic shared memory.
+  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  int(kSmemBytes)),
+             op, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  kernel<<<unsigned(p.tiles_r * p.tiles_c), kThreads, kSmemBytes, stream>>>(p);
+  check_launch(op, "launching the block-scaled cast kernel");
+}
+
+template <int kIn>
+void launch_for_input(const BlockCastParams& p, fp8kit_dtype fp8, fp8kit_scaling_mode mode,
+                      cudaStream_t stream, const char* op) {
+  const bool blocks = mode == FP8KIT_SCALING_BLOCK_128X128;
+  if (fp8 == FP8KIT_E4M3) {
+    blocks ? launch_typed<kIn, true, true>(p, stream, op)
+           : launch_typed<kIn, true, false>(p, stream, op);
+  } else {
+    blocks ? launch_typed<kIn, false, true>(p, stream, op)
+           : launch_typed<kIn, false, false>(p, stream, op);
+  }
+}
+
+}  // namespace
+
+void quantize_block_scaling(const fp8kit_tensor& input, fp8kit_tensor& output,
+                            const fp8kit_current_scaling_config& config, void* stream_ptr) {
+  const char* op = "quantize_block_scaling";
+  int64_t rows = 0, cols = 0;
+  flatten_2d(input, &rows, &cols);
+  if (rows == 0 || cols == 0) return;
+  ScopedDevice device(input.device_index, op);
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  BlockCastParams p;
+  p.in = input.data;
+  p.rows = rows;
+  p.cols = cols;
+  p.tiles_r = ceil_div(rows, kTile);
+  p.tiles_c = ceil_div(cols, kTile);
+  p.data = static_cast<uint8_t*>(output.data);
+  p.scales = output.block_scale_inv;
+  p.layout = BlockScaleLayout::of(output.scaling_mode, rows, cols);
+  p.columnwise = static_cast<uint8_t*>(output.columnwise_data);
+  p.columnwise_scales = output.columnwise_block_scale_inv;
+  p.columnwise_layout = BlockScaleLayout::of(output.scaling_mode, cols, rows);
+  p.vector_data = cols % 8 == 0 && is_aligned(output.data, 8);
+  p.vector_columnwise = rows % 8 == 0 && is_aligned(output.columnwise_data, 8);
+  p.fp8_max = fp8kit_fp8_max(output.dtype);
+  p.amax_epsilon = config.amax_epsilon;
+  p.power_2_scale = config.power_2_scale != 0;
+  switch (input.dtype) {
+    case FP8KIT_FLOAT32:
+      launch_for_input<FP8KIT_FLOAT32>(p, output.dtype, output.scaling_mode, stream, op);
+      break;
+    case FP8KIT_BFLOAT16:
+      launch_for_input<FP8KIT_BFLOAT16>(p, output.dtype, output.scaling_mode, stream, op);
+      break;
+    default:
+      launch_for_input<FP8KIT_FLOAT16>(p, output.dtype, output.scaling_mode, stream, op);
+      break;
+  }
+}
+
+}  // namespace cuda
+}  // namespace fp8kit
