@@ -1,10 +1,13 @@
 // CUDA device queries behind fp8kit/device.h: the device count, compute
-// capabilities and the "non-TN FP8 GEMM" capability, each computed once per
-// device (std::call_once per ordinal) so the GEMM may ask on every call.
+// capabilities and the "non-TN FP8 GEMM" and "block-scaled FP8 GEMM"
+// capabilities, each computed once per device (std::call_once per ordinal)
+// so the GEMM may ask on every call.
+#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "cuda_backend.h"
 #include "error.h"
@@ -20,9 +23,39 @@ bool non_tn_fp8_gemm_rule(int capability) {
   return (capability >= 100 && capability < 120) || capability >= 130;
 }
 
+// The cuBLASLt release that added the Hopper block-scaled FP8 GEMMs
+// (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F and BLK128x128_32F), in
+// CUBLAS_VERSION's encoding.
+constexpr int kBlockScaledCublasLtVersion = 120900;
+
+std::string cublaslt_version_string(size_t v) {
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
+         std::to_string(v % 100);
+}
+
+// Empty when the device runs block-scaled FP8 GEMMs, else what it lacks.
+std::string block_scaled_rule(int device_index, int capability) {
+  std::string missing;
+  if (capability != 90) {
+    missing = "CUDA device " + std::to_string(device_index) + " has compute capability " +
+              std::to_string(capability / 10) + "." + std::to_string(capability % 10);
+  }
+  if (CUBLAS_VERSION < kBlockScaledCublasLtVersion) {
+    if (!missing.empty()) missing += " and ";
+    missing += "fp8kit was built against cuBLASLt " + cublaslt_version_string(CUBLAS_VERSION);
+  }
+  const size_t runtime = cublasLtGetVersion();
+  if (runtime < size_t(kBlockScaledCublasLtVersion)) {
+    if (!missing.empty()) missing += " and ";
+    missing += "the cuBLASLt loaded is " + cublaslt_version_string(runtime);
+  }
+  return missing;
+}
+
 struct DeviceInfo {
   int capability = 0;
   bool non_tn_fp8_gemm = false;
+  std::string block_scaled_missing;
 };
 
 // Sized by the device count, which is fixed for the life of the process.
@@ -69,6 +102,7 @@ const DeviceInfo& device_info(int device_index) {
     DeviceInfo& info = t.info[device_index];
     info.capability = major * 10 + minor;
     info.non_tn_fp8_gemm = non_tn_fp8_gemm_rule(info.capability);
+    info.block_scaled_missing = block_scaled_rule(device_index, info.capability);
   });
   return t.info[device_index];
 }
@@ -81,6 +115,10 @@ int compute_capability(int device_index) { return device_info(device_index).capa
 
 bool supports_non_tn_fp8_gemm(int device_index) {
   return device_info(device_index).non_tn_fp8_gemm;
+}
+
+const std::string& block_scaled_fp8_gemm_missing(int device_index) {
+  return device_info(device_index).block_scaled_missing;
 }
 
 }  // namespace cuda

@@ -6,6 +6,7 @@
 #include <tuple>
 #include <vector>
 
+#include "block_scale_layout.h"
 #include "gemm_autotune.h"
 #include "gemm_check.h"
 #include "validate.h"
@@ -77,6 +78,27 @@ void set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttribute
   cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)), what);
 }
 
+// Block-scaled operands: cuBLASLt's A is our B, its B our A (the mapping of
+// gemm_plan.h). Only reached where fp8kit_supports_block_scaled_fp8_gemm
+// holds, which needs a cuBLASLt that has these modes.
+void set_block_scale_modes(cublasLtMatmulDesc_t desc, const GemmPlanKey& key) {
+#if CUBLAS_VERSION >= 120900
+  auto mode = [](int32_t scaling_mode) -> int32_t {
+    return scaling_mode == FP8KIT_SCALING_BLOCK_1X128 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+                                                      : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+  };
+  set_desc(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, mode(key.b_scaling_mode),
+           "setting A_SCALE_MODE");
+  set_desc(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, mode(key.a_scaling_mode),
+           "setting B_SCALE_MODE");
+#else
+  (void)desc;
+  (void)key;
+  fail(FP8KIT_UNSUPPORTED, "gemm: this fp8kit was built against a cuBLASLt without block-scaled "
+       "FP8 GEMMs (they need 12.9 or newer)");
+#endif
+}
+
 bool autotune_enabled() {
   static const bool enabled = [] {
     const char* v = std::getenv("FP8KIT_GEMM_AUTOTUNE");
@@ -99,7 +121,8 @@ bool stream_is_capturing(cudaStream_t stream) {
 bool GemmPlanKey::operator==(const GemmPlanKey& o) const {
   auto tie = [](const GemmPlanKey& k) {
     return std::tie(k.device, k.m, k.n, k.k, k.a_dtype, k.b_dtype, k.d_dtype, k.c_dtype,
-                    k.bias_dtype, k.a_k_major, k.b_k_major, k.epilogue, k.has_bias,
+                    k.bias_dtype, k.a_k_major, k.b_k_major, k.a_scaling_mode,
+                    k.b_scaling_mode, k.epilogue, k.has_bias,
                     k.has_gelu_aux, k.has_amax, k.align_a, k.align_b, k.align_d,
                     k.fast_accumulation, k.beta_nonzero, k.workspace_bytes);
   };
@@ -119,6 +142,7 @@ size_t GemmPlanKeyHash::operator()(const GemmPlanKey& k) const {
       uint64_t(k.has_gelu_aux) << 3 | uint64_t(k.has_amax) << 4 |
       uint64_t(k.fast_accumulation) << 5 | uint64_t(k.beta_nonzero) << 6);
   mix(uint64_t(k.align_a) | uint64_t(k.align_b) << 16 | uint64_t(k.align_d) << 32);
+  mix(uint64_t(k.a_scaling_mode) | uint64_t(k.b_scaling_mode) << 8);
   mix(uint64_t(k.workspace_bytes));
   return h;
 }
@@ -141,6 +165,8 @@ GemmPlanKey make_plan_key(const GemmProblem& p, size_t workspace_bytes) {
   key.bias_dtype = key.has_bias ? cuda_dtype(p.bias_dtype) : 0;
   key.a_k_major = p.a.k_major;
   key.b_k_major = p.b.k_major;
+  key.a_scaling_mode = int32_t(p.a.scaling_mode);
+  key.b_scaling_mode = int32_t(p.b.scaling_mode);
   key.epilogue = int32_t(p.epilogue);
   key.has_gelu_aux = p.gelu_aux != nullptr;
   key.has_amax = d_fp8 && p.d_amax != nullptr;
@@ -169,6 +195,7 @@ void init_matmul_desc(const GemmProblem& p, const GemmPlanKey& key,
   const void* b_scale = p.a.scale_inv;
   set_desc(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, a_scale, "setting A_SCALE_POINTER");
   set_desc(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, b_scale, "setting B_SCALE_POINTER");
+  if (is_block_scaling(p.a.scaling_mode)) set_block_scale_modes(desc, key);
   if (is_fp8(p.d_dtype)) {
     const void* d_scale = p.d_scale;
     set_desc(desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, d_scale, "setting D_SCALE_POINTER");

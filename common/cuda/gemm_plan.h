@@ -14,7 +14,10 @@
 // What goes into a plan and what does not. Everything that changes which
 // kernel can run (shapes, dtypes, layouts, epilogue, whether amax is
 // written, pointer alignment, accumulation mode, beta != 0, workspace size)
-// is in GemmPlanKey. Per-call pointers (scales, bias, aux, amax) are not:
+// is in GemmPlanKey, the operands' scaling modes included (block-scaled
+// operands set cuBLASLt's A/B scale modes to VEC128_32F or BLK128x128_32F,
+// and the scale pointers then point at the block scales). Per-call
+// pointers (scales, bias, aux, amax) are not:
 // the matmul descriptor that carries them is rebuilt on the stack for every
 // call (cublasLtMatmulDescInit, no allocation), so threads sharing a plan
 // never write to shared state.
@@ -38,6 +41,7 @@ struct GemmPlanKey {
   int64_t m, n, k;
   int32_t a_dtype, b_dtype, d_dtype, c_dtype, bias_dtype;  // cudaDataType values
   bool a_k_major, b_k_major;
+  int32_t a_scaling_mode, b_scaling_mode;  // fp8kit_scaling_mode
   int32_t epilogue;  // fp8kit_epilogue
   bool has_bias, has_gelu_aux, has_amax;
   uint32_t align_a, align_b, align_d;  // bytes, power of two up to 256

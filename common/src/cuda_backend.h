@@ -6,6 +6,8 @@
 #ifndef FP8KIT_SRC_CUDA_BACKEND_H_
 #define FP8KIT_SRC_CUDA_BACKEND_H_
 
+#include <string>
+
 #include "fp8kit/activation.h"
 #include "fp8kit/delayed_scaling.h"
 #include "fp8kit/fused_cast.h"
@@ -22,6 +24,9 @@ namespace cuda {
 int device_count();
 int compute_capability(int device_index);
 bool supports_non_tn_fp8_gemm(int device_index);
+// Empty when the device runs block-scaled FP8 GEMMs; otherwise what it
+// lacks, e.g. "CUDA device 0 has compute capability 10.0".
+const std::string& block_scaled_fp8_gemm_missing(int device_index);
 
 // Kernels (common/cuda/*.cu). `stream` is a cudaStream_t.
 void amax(const fp8kit_tensor& input, float* amax_out, void* stream);

@@ -25,6 +25,22 @@ fp8kit_status fp8kit_supports_non_tn_fp8_gemm(fp8kit_device_type device_type, in
   });
 }
 
+fp8kit_status fp8kit_supports_block_scaled_fp8_gemm(fp8kit_device_type device_type,
+                                                   int device_index, int* supported) {
+  return fp8kit::guard([&] {
+    const char* op = "supports_block_scaled_fp8_gemm";
+    fp8kit::check_not_null(op, "supported", supported);
+    fp8kit::check_device_usable(op, device_type, device_index);
+    if (device_type == FP8KIT_DEVICE_CPU) {
+      *supported = 1;  // the CPU reference
+      return;
+    }
+#ifdef FP8KIT_WITH_CUDA
+    *supported = fp8kit::cuda::block_scaled_fp8_gemm_missing(device_index).empty() ? 1 : 0;
+#endif
+  });
+}
+
 fp8kit_status fp8kit_cuda_compute_capability(int device_index, int* capability) {
   return fp8kit::guard([&] {
     fp8kit::check_not_null("cuda_compute_capability", "capability", capability);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "amax_cpu.h"
+#include "block_scale_layout.h"
 #include "float_bits.h"
 #include "fp8_convert.h"
 
@@ -58,19 +59,28 @@ double gelu_tanh(double x) {
   return 0.5 * x * (1.0 + std::tanh(kSqrt2OverPi * (x + 0.044715 * x * x * x)));
 }
 
-// The operand decoded to float as row-major [rows, K], whichever layout it
-// is stored in.
-std::vector<float> decode_k_major(const GemmOperand& op, int64_t rows, int64_t k) {
-  float lut[256];
+// The operand decoded as row-major [rows, K], whichever layout it is stored
+// in; a block-scaled operand (always K-major) times its blocks' scale_inv,
+// exact in double (a 4-bit significand times a 24-bit one). A per-tensor
+// scale_inv is applied to the dot products instead.
+std::vector<double> decode_k_major(const GemmOperand& op, int64_t rows, int64_t k) {
+  double lut[256];
   for (int v = 0; v < 256; ++v) lut[v] = fp8_bits_to_float(uint8_t(v), op.dtype);
   const uint8_t* q = static_cast<const uint8_t*>(op.data);
-  std::vector<float> out(size_t(rows * k));
+  const bool block = is_block_scaling(op.scaling_mode);
+  const BlockScaleLayout blocks = BlockScaleLayout::of(op.scaling_mode, rows, k);
+  std::vector<double> out(size_t(rows * k));
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < k; ++c) {
-      out[size_t(r * k + c)] = lut[op.k_major ? q[r * k + c] : q[c * rows + r]];
+      const double v = lut[op.k_major ? q[r * k + c] : q[c * rows + r]];
+      out[size_t(r * k + c)] = block ? v * double(op.scale_inv[blocks.index(r, c)]) : v;
     }
   }
   return out;
+}
+
+double per_tensor_scale_inv(const GemmOperand& op) {
+  return is_block_scaling(op.scaling_mode) ? 1.0 : double(*op.scale_inv);
 }
 
 }  // namespace
@@ -80,16 +90,17 @@ void gemm_cpu(const GemmProblem& p) {
   const bool d_fp8 = p.d_dtype == FP8KIT_E4M3 || p.d_dtype == FP8KIT_E5M2;
   float amax = 0.0f;
   if (m > 0 && n > 0) {
-    const std::vector<float> a = decode_k_major(p.a, m, k);
-    const std::vector<float> b = decode_k_major(p.b, n, k);
-    const double scale_ab = double(p.alpha) * double(*p.a.scale_inv) * double(*p.b.scale_inv);
+    const std::vector<double> a = decode_k_major(p.a, m, k);
+    const std::vector<double> b = decode_k_major(p.b, n, k);
+    const double scale_ab =
+        double(p.alpha) * per_tensor_scale_inv(p.a) * per_tensor_scale_inv(p.b);
     const float d_scale = d_fp8 ? *p.d_scale : 1.0f;
     for (int64_t i = 0; i < m; ++i) {
-      const float* ai = &a[size_t(i * k)];
+      const double* ai = &a[size_t(i * k)];
       for (int64_t j = 0; j < n; ++j) {
-        const float* bj = &b[size_t(j * k)];
+        const double* bj = &b[size_t(j * k)];
         double acc = 0.0;
-        for (int64_t kk = 0; kk < k; ++kk) acc += double(ai[kk]) * double(bj[kk]);
+        for (int64_t kk = 0; kk < k; ++kk) acc += ai[kk] * bj[kk];
         const int64_t idx = i * n + j;
         double x = scale_ab * acc;
         // beta == 0 never reads D, which may hold garbage (NaN) as with cuBLASLt.

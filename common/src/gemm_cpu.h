@@ -1,7 +1,8 @@
-// CPU reference GEMM: dequantize, multiply with a double accumulator, apply
-// alpha/beta, bias and GELU, then write D (quantizing an FP8 D with the
-// shared conversion of fp8_convert.h). Slow and simple on purpose: it is the
-// reference the CUDA GEMM is tested against.
+// CPU reference GEMM, per-tensor or block-scaled: dequantize, multiply with
+// a double accumulator, apply alpha/beta, bias and GELU, then write D
+// (quantizing an FP8 D with the shared conversion of fp8_convert.h). Slow
+// and simple on purpose: it is the reference the CUDA GEMM is tested
+// against.
 #ifndef FP8KIT_SRC_GEMM_CPU_H_
 #define FP8KIT_SRC_GEMM_CPU_H_
 

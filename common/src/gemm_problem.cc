@@ -4,10 +4,13 @@
 #include <cstdint>
 #include <string>
 
+#include "block_scale_layout.h"
 #include "error.h"
+#include "gemm_block_rules.h"
 #include "fp8kit/device.h"
 #include "fp8kit/linear.h"
 #include "fp8kit/status.h"
+#include "quantize_validate.h"
 #include "validate.h"
 
 namespace fp8kit {
@@ -45,12 +48,11 @@ bool device_runs_non_tn(fp8kit_device_type type, int index) {
 // Picks rowwise or columnwise data of one operand. `rowwise_k_major` says
 // whether the rowwise data is already [rows, K] (A with trans_a=0, B with
 // trans_b=1); the columnwise copy always has the other orientation.
-GemmOperand pick_operand(const char* name, const char* trans_name, int trans,
-                         const fp8kit_tensor& t, bool rowwise_k_major, bool non_tn,
-                         int64_t rows, int64_t k, const char* rows_name) {
+GemmOperand pick_data(const char* name, const char* trans_name, int trans,
+                      const fp8kit_tensor& t, bool rowwise_k_major, bool non_tn, int64_t rows,
+                      int64_t k, const char* rows_name) {
   GemmOperand op;
   op.dtype = t.dtype;
-  op.scale_inv = t.scale_inv;
   const bool has_row = t.data != nullptr;
   const bool has_col = t.columnwise_data != nullptr;
   if (rows == 0 || k == 0) {  // nothing is read
@@ -97,16 +99,33 @@ GemmOperand pick_operand(const char* name, const char* trans_name, int trans,
   return op;
 }
 
+// Block-scaled operands are always read K-contiguous (`non_tn` false) and
+// come with the block scales of the copy read.
+GemmOperand pick_operand(const char* name, const char* trans_name, int trans,
+                         const fp8kit_tensor& t, bool rowwise_k_major, bool non_tn,
+                         int64_t rows, int64_t k, const char* rows_name) {
+  GemmOperand op = pick_data(name, trans_name, trans, t, rowwise_k_major, non_tn, rows, k,
+                             rows_name);
+  op.scaling_mode = t.scaling_mode;
+  op.scale_inv = t.scale_inv;
+  if (is_block_scaling(t.scaling_mode)) {
+    op.scale_inv = rows == 0 ? nullptr : block_scales_of(name, t, op.from_columnwise);
+  }
+  return op;
+}
+
 void check_operand_descriptor(const char* name, const fp8kit_tensor& t) {
   FP8KIT_CHECK(is_fp8(t.dtype), "gemm: ", name, " has dtype ", fp8kit_dtype_name(t.dtype),
                "; FP8 GEMM operands must be e4m3 or e5m2 (quantize ", name, " first)");
-  FP8KIT_CHECK(t.scaling_mode == FP8KIT_SCALING_PER_TENSOR, "gemm: ", name,
-               " has scaling mode ", int(t.scaling_mode),
-               "; FP8 GEMM operands need per-tensor scaling (FP8KIT_SCALING_PER_TENSOR) with scale_inv");
+  FP8KIT_CHECK(t.rank >= 1, "gemm: ", name, " has rank 0; GEMM operands need rank >= 1");
+  if (is_block_scaling(t.scaling_mode)) return;  // scales checked with the copy read
+  FP8KIT_CHECK(t.scaling_mode == FP8KIT_SCALING_PER_TENSOR, "gemm: ", name, " has ",
+               scaling_mode_name(t.scaling_mode), " (", int(t.scaling_mode),
+               "); FP8 GEMM operands need per-tensor scaling (FP8KIT_SCALING_PER_TENSOR) with "
+               "scale_inv, or block scaling (FP8KIT_SCALING_BLOCK_1X128 / _128X128)");
   FP8KIT_CHECK(t.scale_inv != nullptr, "gemm: ", name,
                " has no scale_inv; the GEMM dequantizes with it (x = q * scale_inv)");
   check_scalar_aligned16(name, "scale_inv", t.scale_inv);
-  FP8KIT_CHECK(t.rank >= 1, "gemm: ", name, " has rank 0; GEMM operands need rank >= 1");
 }
 
 // Bias dtypes cuBLASLt accepts for each D dtype (its FP8 type table).
@@ -239,8 +258,12 @@ GemmProblem make_gemm_problem(const fp8kit_tensor* a, const fp8kit_tensor* b,
                  " is not 256-byte aligned, which cuBLASLt requires");
   }
 
+  // Block scaling's own rules; its kernels read both operands K-contiguous.
+  const bool block = gemm_is_block_scaled(*a, *b);
+  if (block) check_block_scaled_gemm(*a, *b, *d, *config, m, n);
+
   // TN canonicalization: pick the data each operand is read from.
-  const bool non_tn = device_runs_non_tn(d->device_type, d->device_index);
+  const bool non_tn = !block && device_runs_non_tn(d->device_type, d->device_index);
   GemmProblem p;
   p.device_type = d->device_type;
   p.device_index = d->device_type == FP8KIT_DEVICE_CUDA ? d->device_index : 0;

@@ -19,7 +19,11 @@ namespace fp8kit {
 struct GemmOperand {
   const void* data;
   fp8kit_dtype dtype;
-  const float* scale_inv;  // dequantization factor, one float on the device
+  fp8kit_scaling_mode scaling_mode;  // PER_TENSOR, BLOCK_1X128 or BLOCK_128X128
+  // Dequantization factors on the device: one float (PER_TENSOR), or the
+  // block scales of the copy in `data` (block scaling; always K-major then,
+  // in the layout of fp8kit/block_scaling.h for the copy [rows, K]).
+  const float* scale_inv;
   bool k_major;
   bool from_columnwise;    // data is the tensor's columnwise copy
 };
@@ -58,7 +62,9 @@ inline bool epilogue_has_gelu(fp8kit_epilogue e) {
 // and picks, for each operand, the copy of its data the device can read:
 // where fp8kit_supports_non_tn_fp8_gemm says the device is TN-only (Hopper,
 // Ada, and the CPU reference), an operand whose rowwise data is not
-// K-contiguous is read from its columnwise data.
+// K-contiguous is read from its columnwise data. Block-scaled operands are
+// always read K-contiguous, each copy with its own block scales, and only
+// where fp8kit_supports_block_scaled_fp8_gemm says so (gemm_block_rules.h).
 GemmProblem make_gemm_problem(const fp8kit_tensor* a, const fp8kit_tensor* b,
                               const fp8kit_tensor* d, const fp8kit_gemm_config* config);
 

@@ -48,8 +48,8 @@ const RejectCase kRejects[] = {
     {"NonFp8Operand", nullptr, [](CpuCase& cc) { cc.args.a.dtype = FP8KIT_BFLOAT16; },
      "A has dtype bfloat16; FP8 GEMM operands must be e4m3"},
     {"UnknownScalingMode", nullptr,
-     [](CpuCase& cc) { cc.args.b.scaling_mode = fp8kit_scaling_mode(3); },
-     "B has scaling mode 3"},
+     [](CpuCase& cc) { cc.args.b.scaling_mode = fp8kit_scaling_mode(7); },
+     "B has an unknown scaling_mode (7)"},
     // Scales.
     {"OperandWithoutScaleInv", nullptr, [](CpuCase& cc) { cc.args.a.scale_inv = nullptr; },
      "A has no scale_inv"},

@@ -31,6 +31,17 @@ extern "C" {
 FP8KIT_API fp8kit_status fp8kit_supports_non_tn_fp8_gemm(fp8kit_device_type device_type,
                                                          int device_index, int* supported);
 
+/* *supported = 1 if (device_type, device_index) runs block-scaled FP8 GEMMs
+ * (fp8kit/block_scaling.h), else 0. cuBLASLt has them on Hopper only
+ * (compute capability 9.0; Blackwell uses the MX formats instead) from
+ * cuBLASLt 12.9 on, so a CUDA device answers 1 when its compute capability
+ * is 9.0 and fp8kit was both built against and is running with cuBLASLt
+ * 12.9 or newer. The CPU reference answers 1. Cached per device like the
+ * non-TN answer; fp8kit_gemm refuses block-scaled operands where this is 0,
+ * with a message naming the device's capability and cuBLASLt version. */
+FP8KIT_API fp8kit_status fp8kit_supports_block_scaled_fp8_gemm(fp8kit_device_type device_type,
+                                                               int device_index, int* supported);
+
 /* Compute capability of a CUDA device as major*10+minor (90 for H100/H200). */
 FP8KIT_API fp8kit_status fp8kit_cuda_compute_capability(int device_index, int* capability);
 

@@ -1,4 +1,4 @@
-/* FP8 GEMM with per-tensor scaling.
+/* FP8 GEMM with per-tensor or block scaling.
  *
  * Row-major semantics, as in NumPy and PyTorch:
  *   D[M,N] = alpha * (op(A) * a.scale_inv) @ (op(B) * b.scale_inv)
@@ -28,7 +28,25 @@
  *
  * Type combinations are cuBLASLt's: E4M3 x E4M3, E4M3 x E5M2, E5M2 x E4M3;
  * an E5M2 D needs one E5M2 operand. Bias dtype by D dtype: bf16 D -> bf16,
- * fp16 D -> fp16, fp32 D -> bf16, FP8 D -> bf16 or fp16. */
+ * fp16 D -> fp16, fp32 D -> bf16, FP8 D -> bf16 or fp16.
+ *
+ * Block scaling (fp8kit/block_scaling.h): when A and B are both
+ * block-scaled, each element is dequantized with its block's scale_inv,
+ *   D[i,j] = alpha * sum_k (op(A)[i,k] * sa(i,k)) (op(B)[k,j] * sb(k,j)) (+ ...)
+ * on cuBLASLt's Hopper kernels (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F for
+ * 1x128, BLK128x128_32F for 128x128). Both operands are always read
+ * K-contiguous, from the copy TN canonicalization picks, with that copy's
+ * block scales (block_scale_inv or columnwise_block_scale_inv), so a
+ * Linear layer quantizes x and dy 1x128 with both copies and w 128x128:
+ *   forward  y  = x @ w^T   A = x  1x128 rowwise,    B = w  128x128 rowwise
+ *   dgrad    dx = dy @ w    A = dy 1x128 rowwise,    B = w  128x128 columnwise
+ *   wgrad    dw = dy^T @ x  A = dy 1x128 columnwise, B = x  1x128 columnwise
+ * Rules on top of the ones above, enforced on the CPU too: both operands
+ * block-scaled (not one per-tensor), not both 128x128; D bf16 or fp32; the
+ * DEFAULT or BIAS epilogue; use_split_accumulator = 1; N a multiple of 8,
+ * and M too when A is 1x128; block scales 16-byte aligned; and a device
+ * where fp8kit_supports_block_scaled_fp8_gemm answers 1 (else
+ * FP8KIT_UNSUPPORTED naming the device's capability and cuBLASLt version). */
 #ifndef FP8KIT_GEMM_H_
 #define FP8KIT_GEMM_H_
 
@@ -82,8 +100,9 @@ FP8KIT_API fp8kit_gemm_config fp8kit_gemm_config_default(void);
 /* Recommended workspace size in bytes for the CUDA GEMM (0 on CPU). */
 FP8KIT_API size_t fp8kit_gemm_workspace_size(fp8kit_device_type device_type);
 
-/* a, b: E4M3 or E5M2 (mixed allowed except E5M2 x E5M2), PER_TENSOR, with
- *       scale_inv and the data the layout needs (see TN canonicalization).
+/* a, b: E4M3 or E5M2 (mixed allowed except E5M2 x E5M2), PER_TENSOR with
+ *       scale_inv, or both block-scaled with the block scales of the copies
+ *       read, and the data the layout needs (see TN canonicalization).
  * d:    [M,N] bf16, fp16 or fp32; or E4M3/E5M2 with d->scale (read) and, when
  *       non-NULL, d->amax (written: max |D| before quantization) and
  *       d->scale_inv (written).
