@@ -7,9 +7,11 @@ written once, in common/include/fp8kit/tensor.h:
     q = saturate(round_to_nearest_even(x * scale)),  x ~= q * scale_inv,
     scale_inv = 1 / scale.
 
-Both recipes' forward_fast_accumulation picks the forward GEMM's
+The per-tensor recipes' forward_fast_accumulation picks the forward GEMM's
 accumulation: the tensor cores' fast (native-precision) accumulation, or
-FP32-promoted ("split") accumulation, which the gradient GEMMs always use.
+FP32-promoted ("split") accumulation, which the gradient GEMMs always use
+(as BlockScaling's GEMMs all do: cuBLASLt's block-scaled GEMM has no fast
+mode).
 Fast is TransformerEngine's and torchao's default for the forward GEMM;
 fp8kit keeps it off by default because it doubled the forward output's
 error against bf16 without a measurable end-to-end gain (docs/benchmarks.md
@@ -60,6 +62,9 @@ AMAX_HISTORY_LEN_MAX = 1 << 20   # far beyond any useful history
 # amax_epsilon is a float32 in the core (fp8kit_current_scaling_config):
 # finite there means at most the largest float32.
 AMAX_EPSILON_MAX = 3.4028234663852886e38
+# BlockScaling's block side: 1 x BLOCK_LEN tiles, BLOCK_LEN x BLOCK_LEN blocks
+# (FP8KIT_BLOCK_LEN in common/include/fp8kit/block_scaling.h).
+BLOCK_LEN = 128
 
 
 def _bad(recipe, field: str, value, requirement: str) -> str:
@@ -148,6 +153,44 @@ class CurrentScaling:
         _check_epsilon(self, "amax_epsilon", self.amax_epsilon)
         _check_bool(self, "power_2_scale", self.power_2_scale)
         _check_bool(self, "forward_fast_accumulation", self.forward_fast_accumulation)
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockScaling:
+    """A scale per block, from that block's own amax (no state, no history).
+
+    Activations and gradients get one scale per 1 x BLOCK_LEN tile (along
+    the dimension each GEMM contracts, so the transposed copy has tiles and
+    scales of its own), weights one per BLOCK_LEN x BLOCK_LEN block; an
+    outlier costs precision only in its own block. Per block, as current
+    scaling per tensor: scale = fp8_max / max(amax, amax_epsilon), rounded
+    down to a power of two when power_2_scale; a block of zeros or one
+    holding a NaN or inf gets scale 1 (common/include/fp8kit/block_scaling.h
+    states the rule exactly). The GEMMs run on cuBLASLt's block-scaled
+    Hopper kernels, always with split accumulation.
+
+    E4M3 for every tensor by default: with a scale per block, gradients need
+    E5M2's range less than they need E4M3's extra mantissa bit.
+    power_2_scale defaults to True, which makes every scale_inv exact (as
+    TransformerEngine's Float8BlockScaling does).
+
+    Every field is checked here, at construction, as in CurrentScaling.
+    """
+
+    fp8_format: Format = Format.E4M3
+    amax_epsilon: float = 0.0
+    power_2_scale: bool = True
+
+    def __post_init__(self):
+        _check_enum(self, "fp8_format", self.fp8_format, Format)
+        _check_epsilon(self, "amax_epsilon", self.amax_epsilon)
+        _check_bool(self, "power_2_scale", self.power_2_scale)
+
+    @property
+    def forward_fast_accumulation(self) -> bool:
+        """False: cuBLASLt's block-scaled GEMM has no fast-accumulation mode
+        (read like the per-tensor recipes' field; not settable)."""
+        return False
 
 
 Recipe = DelayedScaling | CurrentScaling

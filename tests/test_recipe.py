@@ -17,10 +17,11 @@ import re
 import numpy as np
 import pytest
 
-from fp8kit.recipe import (AMAX_EPSILON_MAX, AMAX_HISTORY_LEN_MAX, MARGIN_MAX, AmaxReduction,
-                           CurrentScaling, DelayedScaling, Format)
+from fp8kit.recipe import (AMAX_EPSILON_MAX, AMAX_HISTORY_LEN_MAX, BLOCK_LEN, MARGIN_MAX,
+                           AmaxReduction, BlockScaling, CurrentScaling, DelayedScaling, Format)
 
-HEADER = pathlib.Path(__file__).resolve().parents[1] / "common/include/fp8kit/delayed_scaling.h"
+HEADERS = pathlib.Path(__file__).resolve().parents[1] / "common/include/fp8kit"
+HEADER = HEADERS / "delayed_scaling.h"
 
 
 class _IntLike:
@@ -88,6 +89,21 @@ CURRENT_BAD = [
 ]
 
 
+BLOCK_BAD = [
+    ("fp8_format", "e4m3", TypeError),
+    ("fp8_format", Format, TypeError),
+    ("amax_epsilon", True, TypeError),
+    ("amax_epsilon", "0", TypeError),
+    ("amax_epsilon", np.float32(0.1), TypeError),
+    ("amax_epsilon", -1e-30, ValueError),
+    ("amax_epsilon", math.nan, ValueError),
+    ("amax_epsilon", 1e39, ValueError),
+    ("power_2_scale", 1, TypeError),
+    ("power_2_scale", np.bool_(True), TypeError),
+    ("power_2_scale", None, TypeError),
+]
+
+
 def _case_id(case):
     field, value, exc = case
     return f"{field}={value!r}-{exc.__name__}"
@@ -128,6 +144,41 @@ def test_messages_give_the_range():
     with pytest.raises(TypeError, match=r"^CurrentScaling.power_2_scale must be a bool "
                                         r"\(True or False\), got 1 \(int\)$"):
         CurrentScaling(power_2_scale=1)
+
+
+@pytest.mark.parametrize("case", BLOCK_BAD, ids=_case_id)
+def test_block_scaling_refuses_bad_fields(case):
+    field, value, exc = case
+    with pytest.raises(exc) as info:
+        BlockScaling(**{field: value})
+    assert f"BlockScaling.{field} must be " in str(info.value)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {},
+    {"fp8_format": Format.HYBRID},
+    {"amax_epsilon": 1e-12},
+    {"amax_epsilon": AMAX_EPSILON_MAX},
+    {"power_2_scale": False},
+], ids=repr)
+def test_block_scaling_accepts_good_fields(kwargs):
+    r = BlockScaling(**kwargs)
+    for field, value in kwargs.items():
+        assert getattr(r, field) is value or getattr(r, field) == value
+    assert dataclasses.replace(r) == r
+
+
+def test_block_scaling_defaults():
+    # E4M3 for every tensor and power-of-two scales, as the docstring says.
+    r = BlockScaling()
+    assert r.fp8_format is Format.E4M3
+    assert r.power_2_scale is True
+    assert r.amax_epsilon == 0.0
+    assert hash(r) == hash(BlockScaling())
+    # Read like the per-tensor recipes' field, but fixed: no fast mode exists.
+    assert r.forward_fast_accumulation is False
+    with pytest.raises(TypeError):
+        BlockScaling(forward_fast_accumulation=True)
 
 
 @pytest.mark.parametrize("kwargs", [
@@ -180,9 +231,10 @@ def test_epsilon_bound_is_the_largest_float32():
     assert AMAX_EPSILON_MAX == float(np.finfo(np.float32).max)
 
 
-def _header_define(name):
-    m = re.search(rf"^#define {name} (\d+)$", HEADER.read_text(), re.MULTILINE)
-    assert m, f"{HEADER.name} no longer defines {name} as a plain integer"
+def _header_define(name, header="delayed_scaling.h"):
+    path = HEADERS / header
+    m = re.search(rf"^#define {name} (\d+)$", path.read_text(), re.MULTILINE)
+    assert m, f"{path.name} no longer defines {name} as a plain integer"
     return int(m.group(1))
 
 
@@ -191,6 +243,7 @@ def test_bounds_equal_the_core_header():
         pytest.skip("the core's headers are not beside this test (not run from the source tree)")
     assert _header_define("FP8KIT_MARGIN_MAX") == MARGIN_MAX
     assert _header_define("FP8KIT_AMAX_HISTORY_LEN_MAX") == AMAX_HISTORY_LEN_MAX
+    assert _header_define("FP8KIT_BLOCK_LEN", "block_scaling.h") == BLOCK_LEN
 
 
 @pytest.mark.parametrize("framework, module", [("torch", "fp8kit._torch_ext"),
