@@ -256,7 +256,7 @@ def test_cuda_matches_cpu(kind, recipe):
     x = torch.randn(3, 37, 256, dtype=torch.bfloat16)
     outs = []
     for m, d in ((cpu, "cpu"), (gpu, dev)):
-        xd = x.to(d).requires_grad_()
+        xd = x.detach().to(d).requires_grad_()  # a leaf on each device
         with ft.autocast(recipe=recipe):
             y = m(xd)
         y.float().square().mean().backward()
