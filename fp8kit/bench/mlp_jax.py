@@ -191,7 +191,7 @@ def _add_te(act, shape, inputs, want, gemm_flops, fns, rows) -> str:
             dk1 = dvars["params"]["wi_kernel"].reshape(k1.shape)
             row.check = _check(y, dx, dk1, *want)
             fns[name] = functools.partial(lambda i, f, v: f(x, v, dy), f=f, v=variables)
-        except (checks.Mismatch, ValueError, TypeError, KeyError, RuntimeError) as e:
+        except Exception as e:  # noqa: BLE001  (a failing peer must not cost fp8kit's rows)
             row.error = f"not timed: {type(e).__name__}: {str(e)[:300]}"
     return ""
 

@@ -96,7 +96,7 @@ def jax_mlp(tej, recipe_name: str, act: str, x, gamma, k1, k2, eps: float):
     the parameter tree is not the one expected (names and shapes)."""
     import jax
     import jax.numpy as jnp
-    from flax.core import unfreeze
+    from flax.core import meta, unfreeze
 
     hidden, ffn = k2.shape[1], k2.shape[0]
     acts = ("silu", "linear") if act == "swiglu" else ("gelu",)
@@ -104,7 +104,9 @@ def jax_mlp(tej, recipe_name: str, act: str, x, gamma, k1, k2, eps: float):
         module = tej.flax.LayerNormMLP(intermediate_dim=ffn, activations=acts,
                                        layernorm_type="rmsnorm", epsilon=eps, use_bias=False,
                                        intermediate_dropout_rate=0.0, dtype=jnp.bfloat16)
-        variables = unfreeze(module.init(jax.random.PRNGKey(0), x[None]))
+        # Plain arrays: init returns its parameters boxed with their
+        # logical sharding axes (flax's LogicallyPartitioned).
+        variables = meta.unbox(unfreeze(module.init(jax.random.PRNGKey(0), x[None])))
     params = variables["params"]
     want = {"scale": gamma, "wi_kernel": k1.reshape(hidden, len(acts), ffn), "wo_kernel": k2}
     if set(params) != set(want):

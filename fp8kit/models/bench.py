@@ -52,7 +52,8 @@ def _te_layers():
     if te is None:
         return None, missing
     return FP8Layers(te.Linear, te.LayerNormLinear, te.LayerNormMLP,
-                     lambda recipe: te_peer.torch_fp8_autocast(te, recipe)), None
+                     lambda recipe: te_peer.torch_fp8_autocast(te, recipe),
+                     float32_seams=False), None
 
 
 def _torch_trainer(model_cfg, train_cfg, recipe_name, params):

@@ -48,12 +48,17 @@ BF16 = torch.bfloat16
 @dataclasses.dataclass(frozen=True)
 class FP8Layers:
     """The FP8 layer classes the model is built from and the autocast they
-    run under (autocast(recipe) -> a context manager)."""
+    run under (autocast(recipe) -> a context manager). float32_seams: the
+    fused layers run outside torch.autocast on the float32 stream and
+    weights (fp8kit's, which cast float32 straight to FP8); False keeps
+    them under torch.autocast like the other projections (TransformerEngine's,
+    whose non-GEMM work would otherwise run in float32)."""
 
     linear: type
     layernorm_linear: type
     layernorm_mlp: type
     autocast: Callable
+    float32_seams: bool = True
 
 
 FP8KIT_LAYERS = FP8Layers(ft.Linear, ft.LayerNormLinear, ft.LayerNormMLP,
@@ -102,9 +107,12 @@ class NormQKV(torch.nn.Module):
         return self.wq(h), self.wk(h), self.wv(h)
 
 
-def _outside_torch_autocast(x: torch.Tensor):
-    """The fused layers' context: their inputs and weights keep their float32."""
-    return torch.autocast(x.device.type, enabled=False)
+def _fused_context(x: torch.Tensor, fp8: FP8Layers):
+    """The fused layers' context: with float32 seams their inputs and
+    weights keep their float32 (outside torch.autocast)."""
+    if fp8.float32_seams:
+        return torch.autocast(x.device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 class FusedNormQKV(torch.nn.Module):
@@ -113,13 +121,13 @@ class FusedNormQKV(torch.nn.Module):
 
     def __init__(self, cfg: LlamaConfig, fp8: FP8Layers, device=None):
         super().__init__()
-        self.widths = (cfg.hidden, cfg.kv_width, cfg.kv_width)
+        self.widths, self.fp8 = (cfg.hidden, cfg.kv_width, cfg.kv_width), fp8
         self.layer = fp8.layernorm_linear(cfg.hidden, sum(self.widths), bias=False,
                                           normalization="RMSNorm", eps=cfg.norm_eps,
                                           device=device)
 
     def forward(self, x):
-        with _outside_torch_autocast(x):
+        with _fused_context(x, self.fp8):
             qkv = self.layer(x)
         return tuple(t.to(BF16) for t in qkv.split(self.widths, dim=-1))
 
@@ -165,11 +173,12 @@ class FusedNormMLP(torch.nn.Module):
 
     def __init__(self, cfg: LlamaConfig, fp8: FP8Layers, device=None):
         super().__init__()
+        self.fp8 = fp8
         self.layer = fp8.layernorm_mlp(cfg.hidden, cfg.ffn, bias=False, normalization="RMSNorm",
                                        activation="swiglu", eps=cfg.norm_eps, device=device)
 
     def forward(self, x):
-        with _outside_torch_autocast(x):
+        with _fused_context(x, self.fp8):
             return self.layer(x)
 
 
