@@ -26,20 +26,8 @@ from torch.profiler import ProfilerActivity, profile
 
 import fp8kit.torch as ft
 from fp8kit.bench import torch_layers
+from fp8kit.bench.kernel_times import busy_and_span
 from fp8kit.recipe import DelayedScaling
-
-
-def busy_and_span(intervals) -> tuple:
-    """(time covered by the union of [start, end) intervals, last end - first
-    start): the GPU's busy time and the window it was measured in."""
-    busy, span_start, reach = 0.0, None, None
-    for start, end in sorted(intervals):
-        if span_start is None:
-            span_start, reach = start, start
-        if end > reach:
-            busy += end - max(start, reach)
-            reach = end
-    return busy, (0.0 if span_start is None else reach - span_start)
 
 
 def kernel_table(fn, iters: int, sync) -> str:

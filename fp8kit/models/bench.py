@@ -56,7 +56,10 @@ def _te_layers():
                      float32_seams=False), None
 
 
-def _torch_trainer(model_cfg, train_cfg, recipe_name, params):
+def torch_trainer(model_cfg, train_cfg, recipe_name, params):
+    """(TorchTrainer for the recipe named (RECIPES or TE_RECIPES), reset the
+    peak-memory counter, read it); RuntimeError when TE is asked for but
+    missing."""
     import torch
     from fp8kit.models.train_torch import TorchTrainer
     if recipe_name in TE_RECIPES:
@@ -74,7 +77,8 @@ def _torch_trainer(model_cfg, train_cfg, recipe_name, params):
             lambda: torch.cuda.max_memory_allocated(trainer.device))
 
 
-def _jax_trainer(model_cfg, train_cfg, recipe_name, params):
+def jax_trainer(model_cfg, train_cfg, recipe_name, params):
+    """As torch_trainer, for JAX (whose allocator's peak has no reset)."""
     from fp8kit.models.train_jax import JaxTrainer
     trainer = JaxTrainer(model_cfg, train_cfg, _recipe(recipe_name), params=params)
     return trainer, lambda: None, lambda: (trainer.device.memory_stats() or {}).get(
@@ -87,7 +91,7 @@ def measure(framework: str, model_cfg, recipe_name: str, batch: int, warmup: int
     (with 'error' instead of the numbers when the run could not be made)."""
     from fp8kit.models.init import init_params
     train_cfg = TrainConfig(steps=warmup + steps, batch=batch, warmup_steps=0)
-    make = _torch_trainer if framework == "torch" else _jax_trainer
+    make = torch_trainer if framework == "torch" else jax_trainer
     try:
         trainer, reset_peak, peak = make(model_cfg, train_cfg, recipe_name,
                                          init_params(model_cfg, train_cfg.seed))
@@ -127,7 +131,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _choices(text: str, allowed, flag: str) -> list[str]:
+def choices(text: str, allowed, flag: str) -> list[str]:
+    """The comma-separated names of `text`; ValueError naming `flag` for
+    an unknown one."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     bad = [n for n in names if n not in allowed]
     if bad or not names:
@@ -159,8 +165,8 @@ def _table(rows) -> str:
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
-        frameworks = _choices(args.frameworks, FRAMEWORKS, "--frameworks")
-        recipes = _choices(args.recipes, RECIPES + TE_RECIPES, "--recipes")
+        frameworks = choices(args.frameworks, FRAMEWORKS, "--frameworks")
+        recipes = choices(args.recipes, RECIPES + TE_RECIPES, "--recipes")
         overrides = {k: v for k, v in (("layers", args.layers), ("seq_len", args.seq_len))
                      if v is not None}
         model_cfg = dataclasses.replace(CONFIGS[args.config], **overrides)
