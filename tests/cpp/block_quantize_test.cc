@@ -40,11 +40,7 @@ void expect_matches_model(const Spec& s, const std::vector<uint8_t>& input) {
 // tiles among them), and the [128, 512] arrangement puts them down the
 // columns instead.
 TEST(BlockScalingQuantize, AllBf16PatternsMatchModel) {
-  std::vector<uint8_t> input(65536 * 2);
-  for (uint32_t i = 0; i < 65536; ++i) {
-    input[2 * i] = uint8_t(i & 0xff);
-    input[2 * i + 1] = uint8_t(i >> 8);
-  }
+  const std::vector<uint8_t> input = blocktest::all_bf16_patterns();
   for (const std::vector<int64_t>& shape : {std::vector<int64_t>{512, 128}, {128, 512}}) {
     for (fp8kit_scaling_mode mode : kModes) {
       for (fp8kit_dtype fp8 : {FP8KIT_E4M3, FP8KIT_E5M2}) {

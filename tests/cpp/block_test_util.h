@@ -189,6 +189,16 @@ inline std::string spec_name(const Spec& s) {
          (s.config.amax_epsilon > 0 ? " eps=" + std::to_string(s.config.amax_epsilon) : "");
 }
 
+// All 65,536 bf16 bit patterns in order, as little-endian bytes.
+inline std::vector<uint8_t> all_bf16_patterns() {
+  std::vector<uint8_t> input(65536 * 2);
+  for (uint32_t i = 0; i < 65536; ++i) {
+    input[2 * i] = uint8_t(i & 0xff);
+    input[2 * i + 1] = uint8_t(i >> 8);
+  }
+  return input;
+}
+
 }  // namespace blocktest
 
 #endif  // FP8KIT_TESTS_CPP_BLOCK_TEST_UTIL_H_
