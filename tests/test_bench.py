@@ -22,7 +22,7 @@ from fp8kit import bench  # noqa: E402
 from fp8kit.bench import progress, results, timing  # noqa: E402
 from fp8kit.bench.results import Row  # noqa: E402
 
-SECTIONS = ("gemm", "quantize", "linear", "overhead", "fused")
+SECTIONS = ("gemm", "quantize", "linear", "overhead", "fused", "compile")
 GPU = torch.cuda.is_available()
 
 
@@ -69,7 +69,9 @@ def test_rows_are_checked_and_measured_side_by_side(suite):
     checks = " ".join(r["check"] for r in doc["rows"])
     assert "bit-exact" in checks                     # quantization, bit for bit
     # Every target has rows (quick sizes stand in for the real ones).
-    assert set(doc["targets"]) == {"P1", "P2", "P3", "P4", "P5-gemm", "P5-fwd", "P5-fwd+bwd"}
+    # P7 and P10 need TransformerEngine or torchao beside fp8kit: not in a CPU run.
+    assert set(doc["targets"]) == {"P1", "P2", "P3", "P4", "P5-gemm", "P5-fwd", "P5-fwd+bwd",
+                                   "P10-eager"}
     assert all(t["met"] is None and t["complete"] for t in doc["targets"].values())
     assert "torch._scaled_mm" in out and "lax.dot_general e4m3" in out
     # P5-gemm is the [K, N]-layout lax.dot row (the plain lax.dot(a, b) call).
@@ -120,6 +122,23 @@ def test_fused_rows(suite):
     for r in rows:
         assert r["error"] is None and r["check"].startswith("rel err"), r
         assert r["fp8kit_s"] > 0 and r["anchor_s"] > 0
+
+
+def test_compile_rows(suite):
+    """The compile section: fp8kit's Linear under torch.compile(fullgraph=True)
+    against its eager self (P10-eager) and compiled bf16, checked against
+    eager bf16 and timed; torchao's rows only where torchao runs."""
+    _, _, _, d = suite
+    rows = [r for r in json.loads((d / "bench.json").read_text())["rows"]
+            if r["section"] == "compile"]
+    anchors = {r["anchor"] for r in rows}
+    assert {"fp8kit eager", "bf16 compiled"} <= anchors
+    for r in rows:
+        assert r["error"] is None and r["check"].startswith("rel err"), r
+        assert r["fp8kit_s"] > 0 and r["anchor_s"] > 0
+    assert [r["target"] for r in rows if r["anchor"] == "fp8kit eager"] == ["P10-eager"]
+    if not GPU:
+        assert "torchao" not in " ".join(anchors) and "needs a GPU" in rows[0]["note"]
 
 
 def test_sustained_rows(suite):

@@ -29,12 +29,13 @@ import time
 import traceback
 from fp8kit._source_tree import source_tree_hint
 
-SECTIONS = ("gemm", "quantize", "linear", "overhead", "fused")
+SECTIONS = ("gemm", "quantize", "linear", "overhead", "fused", "compile")
 # Sections run in this order; each is a module with cases(ctx).
 _MODULES = {"gemm": ["fp8kit.bench.gemm"], "quantize": ["fp8kit.bench.quantize"],
             "linear": ["fp8kit.bench.linear_torch", "fp8kit.bench.dense_jax"],
             "overhead": ["fp8kit.bench.overhead"],
-            "fused": ["fp8kit.bench.fused_torch", "fp8kit.bench.mlp_jax"]}
+            "fused": ["fp8kit.bench.fused_torch", "fp8kit.bench.mlp_jax"],
+            "compile": ["fp8kit.bench.compile_torch"]}
 # --sections also takes one module of a section with two: the PyTorch or the JAX
 # half of "linear" or of "fused".
 _PARTS = {m.rsplit(".", 1)[1]: (s, m) for s, mods in _MODULES.items() if len(mods) > 1

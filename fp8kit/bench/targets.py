@@ -39,4 +39,8 @@ TARGETS = {t.id: t for t in (
            1.85),
     Target("P7", "fused LayerNormMLP (RMSNorm, SwiGLU, Llama-3-8B block) fwd+bwd >= 1.05x "
            "TransformerEngine's LayerNormMLP in the same run, same recipe", 1.05),
+    Target("P10", "torch.compile(fullgraph=True) fp8kit Linear fwd+bwd 8192^3 >= 1.10x "
+           "torchao's compiled Float8Linear (tensorwise)", 1.10),
+    Target("P10-eager", "torch.compile(fullgraph=True) fp8kit Linear fwd+bwd >= eager "
+           "fp8kit.torch.Linear", 1.00),
 )}
