@@ -1,5 +1,7 @@
 // FFI handler for fp8kit_dequantize: FP8 (rowwise, or columnwise read back
 // into the logical layout) times scale_inv, to float32/bfloat16/float16.
+// A per-tensor `data` has one scale_inv; a block-scaled one the scales of
+// the copy passed (fp8kit/block_scaling.h's layout).
 #include <string>
 #include <utility>
 
@@ -11,9 +13,9 @@ namespace {
 
 constexpr char kOp[] = "fp8kit_dequantize";
 
-ffi::Error DequantizeImpl(const Device& device, ffi::AnyBuffer data,
-                          ffi::Buffer<ffi::F32> scale_inv, ffi::Result<ffi::AnyBuffer> out,
-                          bool from_columnwise) {
+ffi::Error DequantizeImpl(const Device& device, ffi::AnyBuffer data, ffi::AnyBuffer scale_inv,
+                          ffi::Result<ffi::AnyBuffer> out, bool from_columnwise,
+                          int32_t scaling_mode) {
   // The output has the logical shape; the FP8 input is described with it
   // and its bytes go to `data` or `columnwise_data`.
   auto output = Describe(kOp, "output", *out, device);
@@ -25,18 +27,26 @@ ffi::Error DequantizeImpl(const Device& device, ffi::AnyBuffer data,
                             " elements but the output has " +
                             std::to_string(fp8kit_tensor_numel(&*output)));
   }
-  if (scale_inv.element_count() != 1) {
-    return Invalid(kOp, "scale_inv must hold exactly one float32");
-  }
   fp8kit_tensor input = fp8kit_tensor_make(device.type, device.index, fp8->dtype, output->rank,
                                            output->shape, nullptr);
-  input.scaling_mode = FP8KIT_SCALING_PER_TENSOR;
+  input.scaling_mode = static_cast<fp8kit_scaling_mode>(scaling_mode);
   if (from_columnwise) {
     input.columnwise_data = data.untyped_data();
   } else {
     input.data = data.untyped_data();
   }
-  input.scale_inv = const_cast<float*>(scale_inv.typed_data());  // read only
+  if (input.scaling_mode != FP8KIT_SCALING_PER_TENSOR) {
+    // The core refuses a mode that is not a block mode either.
+    if (auto err = AttachBlockScales(kOp, "scale_inv", &input, from_columnwise, scale_inv);
+        err.failure()) {
+      return err;
+    }
+  } else if (scale_inv.element_type() != ffi::DataType::F32 ||
+             scale_inv.element_count() != 1) {
+    return Invalid(kOp, "scale_inv must hold exactly one float32");
+  } else {
+    input.scale_inv = static_cast<float*>(scale_inv.untyped_data());  // read only
+  }
   return FromStatus(fp8kit_dequantize(&input, &*output, from_columnwise ? 1 : 0, device.stream));
 }
 
@@ -44,9 +54,10 @@ template <typename Binding>
 auto BindDequantize(Binding binding) {
   return std::move(binding)
       .template Arg<ffi::AnyBuffer>()         // data: FP8 rowwise, or columnwise (2-D)
-      .template Arg<ffi::Buffer<ffi::F32>>()  // scale_inv: dequantization factor, one float32
+      .template Arg<ffi::AnyBuffer>()         // scale_inv: float32, one or the copy's block scales
       .template Ret<ffi::AnyBuffer>()         // out: float32/bfloat16/float16, logical shape
-      .template Attr<bool>("from_columnwise");  // from_columnwise: `data` is the columnwise copy
+      .template Attr<bool>("from_columnwise")  // from_columnwise: `data` is the columnwise copy
+      .template Attr<int32_t>("scaling_mode");  // scaling_mode: fp8kit_scaling_mode code
 }
 
 }  // namespace

@@ -63,6 +63,29 @@ ffi::Error Invalid(const char* op, const std::string& message) {
   return ffi::Error::InvalidArgument(std::string(op) + ": " + message);
 }
 
+ffi::Error AttachBlockScales(const char* op, const char* arg, fp8kit_tensor* t, bool columnwise,
+                             ffi::AnyBuffer scales) {
+  int64_t shape[2] = {0, 0};
+  if (auto err = FromStatus(fp8kit_block_scale_inv_shape(t, columnwise ? 1 : 0, shape));
+      err.failure()) {
+    return err;
+  }
+  if (scales.element_type() != ffi::DataType::F32 ||
+      NumElements(scales.dimensions()) != shape[0] * shape[1]) {
+    return Invalid(op, std::string(arg) + " must be float32 [" + std::to_string(shape[0]) +
+                           ", " + std::to_string(shape[1]) + "] (fp8kit_block_scale_inv_shape), "
+                           "got " + XlaTypeName(scales.element_type()) + " with " +
+                           std::to_string(NumElements(scales.dimensions())) + " elements");
+  }
+  float* data = static_cast<float*>(scales.untyped_data());
+  if (columnwise) {
+    t->columnwise_block_scale_inv = data;
+  } else {
+    t->block_scale_inv = data;
+  }
+  return ffi::Error::Success();
+}
+
 int64_t NumElements(ffi::AnyBuffer::Dimensions dims) {
   int64_t n = 1;
   for (int64_t d : dims) n *= d;

@@ -59,6 +59,14 @@ ffi::ErrorOr<fp8kit_tensor> DescribeFp8Output(const char* op, const fp8kit_tenso
                                               ffi::AnyBuffer data, ffi::AnyBuffer columnwise,
                                               bool rowwise, bool want_columnwise);
 
+// Points the copy of `t` (columnwise or not) at its block scales in
+// `scales`, after checking that t's scaling mode is a block mode and that
+// `scales` is float32 with exactly fp8kit_block_scale_inv_shape elements
+// (the core trusts the pointer; XLA's buffers carry the size). `arg` names
+// the buffer in the error message.
+ffi::Error AttachBlockScales(const char* op, const char* arg, fp8kit_tensor* t, bool columnwise,
+                             ffi::AnyBuffer scales);
+
 // Element count of a dims span (1 for rank 0).
 int64_t NumElements(ffi::AnyBuffer::Dimensions dims);
 

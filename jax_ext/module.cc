@@ -95,6 +95,22 @@ py::dict LinearPlan(int64_t tokens, int64_t in_features, int64_t out_features,
   return out;
 }
 
+// fp8kit_block_scale_inv_shape for a tensor of `shape`: (outer, inner) of
+// the block scales of its rowwise or columnwise copy.
+py::tuple BlockScaleInvShape(int scaling_mode, const std::vector<int64_t>& shape,
+                             bool columnwise) {
+  if (shape.size() > FP8KIT_MAX_RANK) {
+    throw py::value_error("fp8kit: block_scale_inv_shape takes ranks up to " +
+                          std::to_string(FP8KIT_MAX_RANK));
+  }
+  fp8kit_tensor t = fp8kit_tensor_make(FP8KIT_DEVICE_CPU, 0, FP8KIT_E4M3,
+                                       static_cast<int>(shape.size()), shape.data(), nullptr);
+  t.scaling_mode = static_cast<fp8kit_scaling_mode>(scaling_mode);
+  int64_t out[2] = {0, 0};
+  Check(fp8kit_block_scale_inv_shape(&t, columnwise ? 1 : 0, out));
+  return py::make_tuple(out[0], out[1]);
+}
+
 // Bytes of the workspace result of a quantize call (jax_ext/scratch.h):
 // one (rows, cols, sums) per input; with_state for the fused delayed call.
 size_t WorkspaceBytes(const std::vector<std::tuple<int64_t, int64_t, bool>>& tensors,
@@ -122,6 +138,20 @@ PYBIND11_MODULE(_jax_ext, m) {
       py::arg("platform"), py::arg("index"),
       "The core's cached answer: can FP8 GEMMs on this device read operands in "
       "non-TN layouts? (False on CPU, Ada and Hopper.)");
+  m.def(
+      "supports_block_scaled_fp8_gemm",
+      [](const std::string& platform, int index) {
+        int supported = 0;
+        Check(fp8kit_supports_block_scaled_fp8_gemm(DeviceType(platform), index, &supported));
+        return supported != 0;
+      },
+      py::arg("platform"), py::arg("index"),
+      "The core's cached answer: does this device run block-scaled FP8 GEMMs? (True on the "
+      "CPU reference and on Hopper with cuBLASLt 12.9+.)");
+  m.def("block_scale_inv_shape", &BlockScaleInvShape, py::arg("scaling_mode"), py::arg("shape"),
+        py::arg("columnwise"),
+        "fp8kit_block_scale_inv_shape: (outer, inner) of the float32 block scales of the "
+        "rowwise or columnwise copy of a tensor of `shape` (fp8kit/block_scaling.h).");
   m.def(
       "gemm_workspace_size",
       [](const std::string& platform) {
@@ -151,6 +181,13 @@ PYBIND11_MODULE(_jax_ext, m) {
   reduction_codes["max"] = static_cast<int>(FP8KIT_AMAX_MAX);
   reduction_codes["most_recent"] = static_cast<int>(FP8KIT_AMAX_MOST_RECENT);
   m.attr("AMAX_REDUCTION_CODES") = reduction_codes;
+  py::dict scaling_mode_codes;  // the names fp8kit.jax uses for fp8kit_scaling_mode
+  scaling_mode_codes["per_tensor"] = static_cast<int>(FP8KIT_SCALING_PER_TENSOR);
+  scaling_mode_codes["block_1x128"] = static_cast<int>(FP8KIT_SCALING_BLOCK_1X128);
+  scaling_mode_codes["block_128x128"] = static_cast<int>(FP8KIT_SCALING_BLOCK_128X128);
+  m.attr("SCALING_MODE_CODES") = scaling_mode_codes;
+  // Elements along a block side (1 x BLOCK_LEN tiles, BLOCK_LEN^2 blocks).
+  m.attr("BLOCK_LEN") = FP8KIT_BLOCK_LEN;
   // The largest finite value of each FP8 format (the core's fp8kit_fp8_max).
   py::dict fp8_max;
   fp8_max["e4m3"] = fp8kit_fp8_max(FP8KIT_E4M3);

@@ -7,10 +7,13 @@ Importing this package registers fp8kit's FFI handlers with JAX (for the
     quantize(x, scale, fp8_dtype, rowwise, columnwise) -> ScaledTensor
     quantize_current_scaling(x, fp8_dtype, ...) -> (ScaledTensor, scale)
     compute_scale(amax, fp8_dtype, ...)       -> (scale, scale_inv)
+    quantize_block_scaling(x, fp8_dtype, rowwise, columnwise, scaling_mode, ...)
+                                              -> ScaledTensor with a scale per 1x128
+                                              tile or 128x128 block
     dequantize(st, dtype, from_columnwise)
     delayed_scaling_update(history, amax, scale, fp8_dtypes, margin, amax_reduction)
     gemm(a, b, trans_a, trans_b, out_dtype, bias)
-    supports_non_tn_fp8_gemm(device)
+    supports_non_tn_fp8_gemm(device), supports_block_scaled_fp8_gemm(device)
     dense(x, kernel, bias, *, state, recipe)  FP8 dense layer with custom_vjp
     DelayedScalingState.create(recipe)        its delayed-scaling state
     layernorm_dense(x, gamma, beta, kernel, bias, *, normalization, state, recipe)
@@ -33,13 +36,14 @@ are no cycles; tests/jax/test_jax_imports.py checks it):
                              _ffi_fused for the fused norm and activation ops
     _sharding                the helpers every sharding rule shares
     _sharding_<family>       layer 2: custom_partitioning rules over _ffi,
-                             one module per op family (quantize, gemm, fused)
+                             one module per op family (quantize, block, gemm,
+                             fused)
     _batching                the vmap rule of the fused delayed-scaling call
                              (a shared state records once per batch)
-    quantization, matmul,    layer 3: the public functions (checks, then the
-    delayed_scaling,         layer 2 call), one module per op family, each
-    dense_layer              named for its family and never for a function
-                             it exports (fp8kit.jax.gemm is the function)
+    block_quantization,      layer 3: the public functions (checks, then the
+    quantization, matmul,    layer 2 call), one module per op family, each
+    delayed_scaling,         named for its family and never for a function
+    dense_layer              it exports (fp8kit.jax.gemm is the function)
     _linear, _fused_steps    the steps of one Linear and the fused norm and
                              activation casts, which the layers share
     fused_dense_layer,       layernorm_dense and layernorm_mlp
@@ -51,7 +55,8 @@ from fp8kit.jax.delayed_scaling import DelayedScalingState, delayed_scaling_upda
 from fp8kit.jax.dense_layer import dense
 from fp8kit.jax.fused_dense_layer import layernorm_dense
 from fp8kit.jax.fused_mlp_layer import layernorm_mlp
-from fp8kit.jax.matmul import gemm, supports_non_tn_fp8_gemm
+from fp8kit.jax.block_quantization import quantize_block_scaling
+from fp8kit.jax.matmul import gemm, supports_block_scaled_fp8_gemm, supports_non_tn_fp8_gemm
 from fp8kit.jax.quantization import (amax, compute_scale, dequantize, quantize,
                                      quantize_current_scaling)
 from fp8kit.jax.scaled_tensor import ScaledTensor
@@ -59,6 +64,6 @@ from fp8kit.jax.scaled_tensor import ScaledTensor
 __all__ = [
     "BUILT_WITH_CUDA", "DelayedScalingState", "ScaledTensor", "amax", "compute_scale",
     "delayed_scaling_update", "dense", "dequantize", "gemm", "layernorm_dense", "layernorm_mlp",
-    "quantize",
-    "quantize_current_scaling", "supports_non_tn_fp8_gemm",
+    "quantize", "quantize_block_scaling",
+    "quantize_current_scaling", "supports_block_scaled_fp8_gemm", "supports_non_tn_fp8_gemm",
 ]

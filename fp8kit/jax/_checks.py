@@ -15,6 +15,9 @@ HIGH_PRECISION = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp
 FP8_DTYPES = {"e4m3": jnp.dtype(jnp.float8_e4m3fn), "e5m2": jnp.dtype(jnp.float8_e5m2)}
 FP8_NAMES = {v: k for k, v in FP8_DTYPES.items()}
 MAX_RANK = 8
+# ScaledTensor's scaling modes; the core's codes for them are
+# _ffi.SCALING_MODE_CODES (the same keys; tests/jax check it).
+SCALING_MODES = ("per_tensor", "block_1x128", "block_128x128")
 
 
 def _dtype_of(x):

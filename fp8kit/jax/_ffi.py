@@ -10,13 +10,15 @@ _sharding_* modules wrap these calls). The handlers' operand lists are in
 jax_ext/*_ffi.cc; keep the two in step.
 
 The core's constants come from the extension, not from copies here:
-FP8_MAX, GEMM_DIM_MULTIPLE, FP8_DTYPE_CODES, AMAX_REDUCTION_CODES and the
-delayed-scaling ranges MARGIN_MAX, AMAX_HISTORY_LEN_MAX.
+FP8_MAX, GEMM_DIM_MULTIPLE, FP8_DTYPE_CODES, AMAX_REDUCTION_CODES, the
+delayed-scaling ranges MARGIN_MAX, AMAX_HISTORY_LEN_MAX, and block scaling's
+SCALING_MODE_CODES, BLOCK_LEN and block_scale_inv_shape.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Optional, Sequence
 
 import jax
@@ -41,6 +43,8 @@ FP8_DTYPE_CODES: dict[str, int] = dict(ext.FP8_DTYPE_CODES)
 AMAX_REDUCTION_CODES: dict[str, int] = dict(ext.AMAX_REDUCTION_CODES)
 MARGIN_MAX: int = int(ext.MARGIN_MAX)
 AMAX_HISTORY_LEN_MAX: int = int(ext.AMAX_HISTORY_LEN_MAX)
+SCALING_MODE_CODES: dict[str, int] = dict(ext.SCALING_MODE_CODES)
+BLOCK_LEN: int = int(ext.BLOCK_LEN)
 
 
 def _register_all() -> tuple[str, ...]:
@@ -148,12 +152,44 @@ def compute_scale_call(amax, fmt: str, amax_epsilon: float, power_2_scale: bool)
         power_2_scale=bool(power_2_scale))
 
 
-def dequantize_call(data, scale_inv, shape, dtype, from_columnwise: bool):
+def dequantize_call(data, scale_inv, shape, dtype, from_columnwise: bool,
+                    scaling_mode: str = "per_tensor"):
     """fp8kit_dequantize: `data` (rowwise, or the columnwise copy) times
-    scale_inv, in the logical `shape`."""
+    scale_inv (one float32, or that copy's block scales), in the logical
+    `shape`."""
     return jax.ffi.ffi_call("fp8kit_dequantize", jax.ShapeDtypeStruct(tuple(shape), dtype),
                             vmap_method="sequential")(
-        data, scale_inv, from_columnwise=bool(from_columnwise))
+        data, scale_inv, from_columnwise=bool(from_columnwise),
+        scaling_mode=np.int32(SCALING_MODE_CODES[scaling_mode]))
+
+
+# --- block scaling -----------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def block_scale_inv_shape(scaling_mode: str, shape: tuple[int, ...],
+                          columnwise: bool) -> tuple[int, int]:
+    """The core's (outer, inner) of the float32 block scales of the rowwise
+    or columnwise copy of a tensor of logical `shape` (the 2-D view of the
+    columnwise-only ScaledTensor gives the same answer)."""
+    return tuple(ext.block_scale_inv_shape(SCALING_MODE_CODES[scaling_mode], tuple(shape),
+                                           bool(columnwise)))
+
+
+def quantize_block_scaling_call(x, fmt: str, rowwise: bool, columnwise: bool, scaling_mode: str,
+                                amax_epsilon: float, power_2_scale: bool):
+    """fp8kit_quantize_block_scaling: (data, columnwise_data,
+    block_scale_inv, columnwise_block_scale_inv), placeholders for a copy
+    not asked for."""
+    scales = [jax.ShapeDtypeStruct(
+        block_scale_inv_shape(scaling_mode, x.shape, cw) if wanted else PLACEHOLDER, jnp.float32)
+        for cw, wanted in ((False, rowwise), (True, columnwise))]
+    return jax.ffi.ffi_call(
+        "fp8kit_quantize_block_scaling",
+        (*fp8_results(x.shape, fmt, rowwise, columnwise), *scales),
+        vmap_method="sequential",
+    )(x, rowwise=bool(rowwise), columnwise=bool(columnwise),
+      scaling_mode=np.int32(SCALING_MODE_CODES[scaling_mode]),
+      amax_epsilon=np.float32(amax_epsilon), power_2_scale=bool(power_2_scale))
 
 
 # --- delayed scaling ------------------------------------------------------------------
@@ -264,6 +300,14 @@ class GemmLayout:
     out_dtype: jnp.dtype
     has_bias: bool
     use_split_accumulator: bool
+    # "per_tensor" (a and b scale_inv one float32 each) or a block mode (the
+    # scale_inv arguments are the block scales of the buffers passed).
+    a_scaling_mode: str = "per_tensor"
+    b_scaling_mode: str = "per_tensor"
+
+    @property
+    def block_scaled(self) -> bool:
+        return self.a_scaling_mode != "per_tensor"
 
     @property
     def a_is_km(self) -> bool:
@@ -282,7 +326,8 @@ def gemm_workspace_bytes() -> int:
 
 
 def gemm_call(layout: GemmLayout, a_buf, a_scale_inv, b_buf, b_scale_inv, bias=None):
-    """fp8kit_gemm on one device's 2-D buffers: D [M, N]."""
+    """fp8kit_gemm on one device's 2-D buffers: D [M, N]. Per-tensor scales
+    are float32 scalars; block scales are passed as they are."""
     m = a_buf.shape[1] if layout.a_is_km else a_buf.shape[0]
     n = b_buf.shape[1] if layout.b_is_kn else b_buf.shape[0]
     a_none, b_none = placeholder(a_buf.dtype), placeholder(b_buf.dtype)
@@ -295,9 +340,11 @@ def gemm_call(layout: GemmLayout, a_buf, a_scale_inv, b_buf, b_scale_inv, bias=N
     d, _ = jax.ffi.ffi_call("fp8kit_gemm",
                             (jax.ShapeDtypeStruct((m, n), layout.out_dtype), workspace),
                             vmap_method="sequential")(
-        a_row, a_col, jnp.reshape(a_scale_inv, ()), b_row, b_col, jnp.reshape(b_scale_inv, ()),
-        bias_arg, trans_a=layout.trans_a, trans_b=layout.trans_b, a_rowwise=layout.a_rowwise,
+        a_row, a_col, a_scale_inv, b_row, b_col, b_scale_inv, bias_arg,
+        trans_a=layout.trans_a, trans_b=layout.trans_b, a_rowwise=layout.a_rowwise,
         a_columnwise=not layout.a_rowwise, b_rowwise=layout.b_rowwise,
         b_columnwise=not layout.b_rowwise, has_bias=layout.has_bias,
-        use_split_accumulator=layout.use_split_accumulator)
+        use_split_accumulator=layout.use_split_accumulator,
+        a_scaling_mode=np.int32(SCALING_MODE_CODES[layout.a_scaling_mode]),
+        b_scaling_mode=np.int32(SCALING_MODE_CODES[layout.b_scaling_mode]))
     return d

@@ -4,7 +4,7 @@ bookkeeping of custom_partitioning callbacks.
 fp8kit's custom calls are partitioned (jax.experimental.custom_partitioning)
 instead of gathered when a mesh of more than one device is in context
 (`with jax.set_mesh(mesh):` or `with mesh:`); the rules themselves are in
-_sharding_quantize.py and _sharding_gemm.py:
+_sharding_quantize.py, _sharding_block.py and _sharding_gemm.py:
 
   amax, quantize   run on each shard; the amax is reduced with pmax over the
                    mesh axes the tensor is sharded on, so every device sees
@@ -17,6 +17,9 @@ _sharding_quantize.py and _sharding_gemm.py:
                    sharded are summed across the shards in float32 (psum),
                    then rounded: exact when the rows are not sharded, within
                    float32 rounding of the unsharded sums when they are.
+  quantize_block_scaling (_sharding_block.py)
+                   each device quantizes whole blocks; a layout that would
+                   split a block across devices is refused, naming the axis.
   gemm             D[M,N] = A @ B with M, K and N sharded as the operands are:
                    M (data parallel) and N (kernel sharded along N) pass
                    through; a sharded K gives a local float32 partial

@@ -5,12 +5,18 @@ one buffer is [m,k]/[k,m] or [k,n]/[n,k] depending on its layout
 (GemmLayout.a_is_km / b_is_kn). m and n shardings pass through to D; a
 sharded k makes every device multiply its K-slice in float32, then psum,
 then add the bias once and round to the output type.
+
+Block-scaled operands (always read K-contiguous: A [m,k], B [n,k]) bring
+their block scales, sharded with them: a factor is sharded only when every
+device keeps whole blocks and whole units of the scale layout's padding
+(_sharding_block.shard_multiples), else it is replicated.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +24,7 @@ from jax.experimental.custom_partitioning import custom_partitioning
 
 from fp8kit.jax import _ffi
 from fp8kit.jax import _sharding as sh
+from fp8kit.jax import _sharding_block as shb
 from fp8kit.jax._ffi import GemmLayout
 
 
@@ -28,20 +35,31 @@ def _dims(layout: GemmLayout):
     return a_m, a_k, b_k, b_n
 
 
+def _multiples(layout: GemmLayout) -> tuple[int, int, int]:
+    """What each shard of m, k and n must hold a multiple of: the FP8 GEMM
+    alignment (K, and 16-byte output rows) and, block-scaled, whole blocks
+    of both operands (whose buffers are [m,k] and [n,k]) and the block
+    GEMM's multiples of 8."""
+    m, k, n = 1, _ffi.GEMM_DIM_MULTIPLE, 16 // jnp.dtype(layout.out_dtype).itemsize
+    if layout.block_scaled:
+        m_a, k_a = shb.shard_multiples(layout.a_scaling_mode, True, False)
+        n_b, k_b = shb.shard_multiples(layout.b_scaling_mode, True, False)
+        m, n = math.lcm(m, m_a, 8), math.lcm(n, n_b, 8)
+        k = math.lcm(k, k_a, k_b)
+    return m, k, n
+
+
 def _plan(layout: GemmLayout, mesh, arg_shapes):
     """Mesh axes for m, k, n: disjoint, even, alignment-preserving."""
     a, b = arg_shapes[0], arg_shapes[2]
     sa, sb = sh.spec(a), sh.spec(b)
     a_m, a_k, b_k, b_n = _dims(layout)
     m_size, k_size, n_size = a.shape[a_m], a.shape[a_k], b.shape[b_n]
-    m_axes = sh.even(mesh, m_size, sa[a_m])
-    # K shards must stay multiples of the FP8 GEMM alignment.
-    align = _ffi.GEMM_DIM_MULTIPLE
-    k_axes = sh.even(mesh, k_size, sa[a_k], align) or sh.even(mesh, k_size, sb[b_k], align)
+    m_align, k_align, n_align = _multiples(layout)
+    m_axes = sh.even(mesh, m_size, sa[a_m], m_align)
+    k_axes = sh.even(mesh, k_size, sa[a_k], k_align) or sh.even(mesh, k_size, sb[b_k], k_align)
     if set(k_axes) & set(m_axes):
         k_axes = ()
-    # Output rows of a shard must stay multiples of 16 bytes.
-    n_align = 16 // jnp.dtype(layout.out_dtype).itemsize
     n_axes = sh.even(mesh, n_size, sb[b_n], n_align)
     if set(n_axes) & (set(m_axes) | set(k_axes)):
         n_axes = ()
@@ -54,7 +72,11 @@ def _arg_shardings(layout, mesh, m_axes, k_axes, n_axes, has_bias):
     a_dims[a_m], a_dims[a_k] = m_axes, k_axes
     b_dims[b_k], b_dims[b_n] = k_axes, n_axes
     rep = sh.replicated(mesh)
-    shardings = [sh.named(mesh, a_dims), rep, sh.named(mesh, b_dims), rep]
+    a_scales, b_scales = rep, rep
+    if layout.block_scaled:  # scale arrays laid out as their buffers' blocks
+        a_scales = sh.named(mesh, shb.scale_dims(layout.a_scaling_mode, [m_axes, k_axes], False))
+        b_scales = sh.named(mesh, shb.scale_dims(layout.b_scaling_mode, [n_axes, k_axes], False))
+    shardings = [sh.named(mesh, a_dims), a_scales, sh.named(mesh, b_dims), b_scales]
     if has_bias:
         shardings.append(sh.named(mesh, [n_axes]))
     return tuple(shardings)
@@ -85,7 +107,8 @@ def _infer(layout: GemmLayout, mesh, arg_shapes, result_shape):
 def _rule(layout: GemmLayout, mesh, operand_types, result_types):
     a = "k m" if layout.a_is_km else "m k"
     b = "k n" if layout.b_is_kn else "n k"
-    operands = [a, "", b, ""] + (["n"] if layout.has_bias else [])
+    scales = ("sa0 sa1", "sb0 sb1") if layout.block_scaled else ("", "")
+    operands = [a, scales[0], b, scales[1]] + (["n"] if layout.has_bias else [])
     return f"{', '.join(operands)} -> m n", {"reduction_factors": ("k",)}
 
 
@@ -105,9 +128,11 @@ for _f in (_gemm_p, _gemm_bias_p):
 
 
 def gemm(layout: GemmLayout, a_buf, a_scale_inv, b_buf, b_scale_inv, bias=None):
-    """D for one GEMM; partitioned when a mesh is in context."""
-    a_scale_inv = jnp.reshape(a_scale_inv, ())
-    b_scale_inv = jnp.reshape(b_scale_inv, ())
+    """D for one GEMM; partitioned when a mesh is in context. Per-tensor
+    scales are scalars; block scales are passed as they are."""
+    if not layout.block_scaled:
+        a_scale_inv = jnp.reshape(a_scale_inv, ())
+        b_scale_inv = jnp.reshape(b_scale_inv, ())
     args = (a_buf, a_scale_inv, b_buf, b_scale_inv) + (() if bias is None else (bias,))
     if not sh.use_partitioned(*args):
         return _ffi.gemm_call(layout, *args)

@@ -63,7 +63,7 @@ def _columnwise_factors(f: list[str], tag: str = "") -> str:
     return f"{f[-1]} {leading}"
 
 
-def _quantize_rule_text(rank: int, rowwise: bool, columnwise: bool, n_scalars_out: int,
+def quantize_rule_text(rank: int, rowwise: bool, columnwise: bool, n_scalars_out: int,
                         scale_arg: bool):
     f = sh.factors(rank)
     x = " ".join(f)
@@ -74,7 +74,7 @@ def _quantize_rule_text(rank: int, rowwise: bool, columnwise: bool, n_scalars_ou
     return f"{args} -> {results}"
 
 
-def _x_dims(mesh, x, columnwise: bool):
+def x_dims(mesh, x, columnwise: bool):
     """Mesh axes per dim of x. With a columnwise copy only the first and the
     last dim stay sharded: the copy's prod(leading) dim is then split in
     the blocks of the first dim (a sharded middle dim would interleave)."""
@@ -85,13 +85,13 @@ def _x_dims(mesh, x, columnwise: bool):
 
 
 def _columnwise_dims(dims):
-    """Mesh axes of the columnwise copy [last, prod(leading)] (see _x_dims)."""
+    """Mesh axes of the columnwise copy [last, prod(leading)] (see x_dims)."""
     if not dims:
         return [(), ()]
     return [dims[-1], dims[0] if len(dims) > 1 else ()]
 
 
-def _fp8_result_shardings(mesh, dims, rowwise, columnwise):
+def fp8_result_shardings(mesh, dims, rowwise, columnwise):
     rep1 = NamedSharding(mesh, P(None))
     data = sh.named(mesh, dims) if rowwise else rep1
     columnwise_data = sh.named(mesh, _columnwise_dims(dims)) if columnwise else rep1
@@ -100,7 +100,7 @@ def _fp8_result_shardings(mesh, dims, rowwise, columnwise):
 
 def _quantize_partition(fmt, rowwise, columnwise, mesh, arg_shapes, result_shape):
     x = arg_shapes[0]
-    dims = _x_dims(mesh, x, columnwise)
+    dims = x_dims(mesh, x, columnwise)
     axes = sh.flat_axes(dims)
 
     @sh.per_shard
@@ -111,15 +111,15 @@ def _quantize_partition(fmt, rowwise, columnwise, mesh, arg_shapes, result_shape
             amax = jax.lax.pmax(amax, axes)
         return data, columnwise_data, scale_inv, amax
 
-    data_sharding, columnwise_sharding = _fp8_result_shardings(mesh, dims, rowwise, columnwise)
+    data_sharding, columnwise_sharding = fp8_result_shardings(mesh, dims, rowwise, columnwise)
     rep = sh.replicated(mesh)
     return (mesh, lower, (data_sharding, columnwise_sharding, rep, rep),
             (sh.named(mesh, dims), rep))
 
 
 def _quantize_infer(fmt, rowwise, columnwise, mesh, arg_shapes, result_shape):
-    dims = _x_dims(mesh, arg_shapes[0], columnwise)
-    data_sharding, columnwise_sharding = _fp8_result_shardings(mesh, dims, rowwise, columnwise)
+    dims = x_dims(mesh, arg_shapes[0], columnwise)
+    data_sharding, columnwise_sharding = fp8_result_shardings(mesh, dims, rowwise, columnwise)
     rep = sh.replicated(mesh)
     return data_sharding, columnwise_sharding, rep, rep
 
@@ -131,7 +131,7 @@ def _quantize_p(x, scale, fmt, rowwise, columnwise):
 
 _quantize_p.def_partition(
     partition=_quantize_partition, infer_sharding_from_operands=_quantize_infer,
-    sharding_rule=lambda fmt, rowwise, columnwise, mesh, ops, res: _quantize_rule_text(
+    sharding_rule=lambda fmt, rowwise, columnwise, mesh, ops, res: quantize_rule_text(
         sh.rank_of(ops[0]), rowwise, columnwise, 2, True))
 
 
@@ -170,7 +170,7 @@ def _sums_sharding(mesh, dims, sums_dtype):
 def _current_partition(fmt, rowwise, columnwise, amax_epsilon, power_2_scale, sums_dtype, mesh,
                        arg_shapes, result_shape):
     x = arg_shapes[0]
-    dims = _x_dims(mesh, x, columnwise)
+    dims = x_dims(mesh, x, columnwise)
     axes = sh.flat_axes(dims)
 
     @sh.per_shard
@@ -196,7 +196,7 @@ def _current_partition(fmt, rowwise, columnwise, amax_epsilon, power_2_scale, su
         return (data, columnwise_data, scale, scale_inv, amax,
                 _psum_sums(sums, dims, sums_dtype))
 
-    data, columnwise_data = _fp8_result_shardings(mesh, dims, rowwise, columnwise)
+    data, columnwise_data = fp8_result_shardings(mesh, dims, rowwise, columnwise)
     rep = sh.replicated(mesh)
     return (mesh, lower,
             (data, columnwise_data, rep, rep, rep, _sums_sharding(mesh, dims, sums_dtype)),
@@ -205,8 +205,8 @@ def _current_partition(fmt, rowwise, columnwise, amax_epsilon, power_2_scale, su
 
 def _current_infer(fmt, rowwise, columnwise, amax_epsilon, power_2_scale, sums_dtype, mesh,
                    arg_shapes, result_shape):
-    dims = _x_dims(mesh, arg_shapes[0], columnwise)
-    data, columnwise_data = _fp8_result_shardings(mesh, dims, rowwise, columnwise)
+    dims = x_dims(mesh, arg_shapes[0], columnwise)
+    data, columnwise_data = fp8_result_shardings(mesh, dims, rowwise, columnwise)
     rep = sh.replicated(mesh)
     return data, columnwise_data, rep, rep, rep, _sums_sharding(mesh, dims, sums_dtype)
 
@@ -214,7 +214,7 @@ def _current_infer(fmt, rowwise, columnwise, amax_epsilon, power_2_scale, sums_d
 def _current_rule(fmt, rowwise, columnwise, amax_epsilon, power_2_scale, sums_dtype, mesh, ops,
                   res):
     rank = sh.rank_of(ops[0])
-    text = _quantize_rule_text(rank, rowwise, columnwise, 3, False)
+    text = quantize_rule_text(rank, rowwise, columnwise, 3, False)
     return text + (f", d{rank - 1}" if sums_dtype is not None else ", ps")
 
 
@@ -244,7 +244,7 @@ def quantize_current_scaling(x, fmt, rowwise, columnwise, amax_epsilon, power_2_
 # --- delayed scaling: quantize, seed and record in one call ---------------------------------
 
 def _delayed_dims(mesh, call: _ffi.DelayedQuantize, xs):
-    return [_x_dims(mesh, x, columnwise) for x, (_, columnwise) in zip(xs, call.copies)]
+    return [x_dims(mesh, x, columnwise) for x, (_, columnwise) in zip(xs, call.copies)]
 
 
 def _delayed_out_shardings(mesh, call: _ffi.DelayedQuantize, dims_per_input):
@@ -252,7 +252,7 @@ def _delayed_out_shardings(mesh, call: _ffi.DelayedQuantize, dims_per_input):
     out = [rep, rep, rep]  # amax_history, scale, seeded
     for dims, (rowwise, columnwise), sums_dtype in zip(dims_per_input, call.copies,
                                                        call.sums_dtypes):
-        out += [*_fp8_result_shardings(mesh, dims, rowwise, columnwise),
+        out += [*fp8_result_shardings(mesh, dims, rowwise, columnwise),
                 _sums_sharding(mesh, dims, sums_dtype), rep]
     return tuple(out)
 

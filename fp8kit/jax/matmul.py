@@ -5,6 +5,9 @@ Row-major semantics as in fp8kit/gemm.h:
     D[M,N] = (op(A) * a.scale_inv) @ (op(B) * b.scale_inv) (+ bias[N])
     op(A) = A [M,K] (trans_a=False) or A^T (A's data is [K,M], trans_a=True)
     op(B) = B [K,N] (trans_b=False) or B^T (B's data is [N,K], trans_b=True)
+With block-scaled operands (both, from quantize_block_scaling) each element
+is multiplied by its block's scale_inv instead; cuBLASLt runs that on
+Hopper (supports_block_scaled_fp8_gemm), the CPU reference everywhere.
 
 Layout (TN canonicalization): whether a device's FP8 GEMM can read an
 operand that is not K-contiguous is the core's answer
@@ -13,7 +16,8 @@ Hopper); this module keeps no copy of that rule. When the answer is False
 each operand is passed in its K-contiguous layout - A's rowwise data when
 trans_a is False, else its columnwise data; B's columnwise data when
 trans_b is False, else its rowwise data - and a missing layout is reported
-here, before lowering.
+here, before lowering. Block-scaled operands are always read K-contiguous
+(the block-scaled kernels are TN only), each with the scales of that copy.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import jax.numpy as jnp
 from fp8kit.jax import _checks, _ffi
 from fp8kit.jax import _sharding_gemm as shg
 from fp8kit.jax._ffi import BIAS_DTYPE, GemmLayout
+from fp8kit.jax.block_quantization import check_block_scales
 from fp8kit.jax.scaled_tensor import ScaledTensor
 
 _OUT_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
@@ -37,18 +42,31 @@ def supports_non_tn_fp8_gemm(device=None) -> bool:
     the default device; run FP8 GEMMs on another kind of device inside
     `with jax.default_device(that_device):` (a wrong answer is not silent:
     the core then refuses the layout with an error naming the operand)."""
+    # The core caches its answer per device (std::call_once); no copy here.
+    return _ffi.ext.supports_non_tn_fp8_gemm(*_device_index(device))
+
+
+def _device_index(device) -> tuple[str, int]:
     if device is None:
         device = _ffi.default_device()
     platform = _ffi.core_platform(device)
-    index = 0 if platform == "cpu" else int(getattr(device, "local_hardware_id", device.id))
-    # The core caches its answer per device (std::call_once); no copy here.
-    return _ffi.ext.supports_non_tn_fp8_gemm(platform, index)
+    return platform, 0 if platform == "cpu" else int(getattr(device, "local_hardware_id",
+                                                             device.id))
+
+
+def supports_block_scaled_fp8_gemm(device=None) -> bool:
+    """The core's answer for `device` (default: default_device()): does it
+    run block-scaled FP8 GEMMs? True on the CPU reference and on Hopper with
+    cuBLASLt 12.9+; elsewhere fp8kit_gemm refuses them with a message naming
+    the device's capability and cuBLASLt version."""
+    return _ffi.ext.supports_block_scaled_fp8_gemm(*_device_index(device))
 
 
 def _operand_buffer(fn: str, name: str, st: ScaledTensor, k_contiguous_is_rowwise: bool,
                     non_tn: bool):
-    """(buffer, is_rowwise): the one layout of an operand the GEMM reads."""
-    if non_tn:
+    """(buffer, scales, is_rowwise): the one layout of an operand the GEMM
+    reads, with its scales (the copy's block scales, or scale_inv)."""
+    if non_tn and not st.block_scaled:
         use_rowwise = st.has_rowwise
     else:
         use_rowwise = k_contiguous_is_rowwise
@@ -60,18 +78,39 @@ def _operand_buffer(fn: str, name: str, st: ScaledTensor, k_contiguous_is_rowwis
                 f"{fn}: operand {name} must be read K-contiguous on this device (its FP8 GEMM "
                 f"runs the TN layout only) and that is {name}'s {need} data, which it does not "
                 f"hold. Quantize {name} with {flag}.")
-    return (st.data, True) if use_rowwise else (st.columnwise_data, False)
+    if not st.block_scaled:
+        scales = st.scale_inv
+    else:
+        scales = st.block_scale_inv if use_rowwise else st.columnwise_block_scale_inv
+    return (st.data, scales, True) if use_rowwise else (st.columnwise_data, scales, False)
 
 
 def gemm_scaled(a: ScaledTensor, b: ScaledTensor, trans_a: bool, trans_b: bool, out_dtype,
                 bias, use_split_accumulator: bool, non_tn: bool, fn: str = "fp8kit.jax.gemm"):
     """The GEMM on 2-D ScaledTensors after the argument checks; sharded (see
     _sharding.py) when a mesh is in context."""
-    a_buf, a_rowwise = _operand_buffer(fn, "a", a, not trans_a, non_tn)
-    b_buf, b_rowwise = _operand_buffer(fn, "b", b, trans_b, non_tn)
+    a_buf, a_scales, a_rowwise = _operand_buffer(fn, "a", a, not trans_a, non_tn)
+    b_buf, b_scales, b_rowwise = _operand_buffer(fn, "b", b, trans_b, non_tn)
     layout = GemmLayout(bool(trans_a), bool(trans_b), a_rowwise, b_rowwise, jnp.dtype(out_dtype),
-                        bias is not None, bool(use_split_accumulator))
-    return shg.gemm(layout, a_buf, a.scale_inv, b_buf, b.scale_inv, bias)
+                        bias is not None, bool(use_split_accumulator), a.scaling_mode,
+                        b.scaling_mode)
+    return shg.gemm(layout, a_buf, a_scales, b_buf, b_scales, bias)
+
+
+def _check_block_gemm(fn, a, b, trans_a, trans_b, out_dtype, use_split_accumulator) -> None:
+    """What cuBLASLt's block-scaled GEMM refuses, said before lowering (the
+    core says it again, on the CPU too)."""
+    if out_dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)):
+        raise TypeError(f"{fn}: out_dtype={out_dtype} but a block-scaled FP8 GEMM writes "
+                        "bfloat16 or float32; pass out_dtype=jnp.bfloat16 or jnp.float32.")
+    if not use_split_accumulator:
+        raise ValueError(f"{fn}: use_split_accumulator=False but cuBLASLt's block-scaled FP8 "
+                         "GEMM has no fast-accumulation mode; pass True.")
+    m = a.shape[1] if trans_a else a.shape[0]
+    n = b.shape[0] if trans_b else b.shape[1]
+    if n % 8 or (a.scaling_mode == "block_1x128" and m % 8):
+        raise ValueError(f"{fn}: M={m}, N={n}; a block-scaled FP8 GEMM needs N (and M when a "
+                         "is block_1x128) to be a multiple of 8. Pad them.")
 
 
 def gemm(a: ScaledTensor, b: ScaledTensor, trans_a: bool = False, trans_b: bool = False,
@@ -84,6 +123,9 @@ def gemm(a: ScaledTensor, b: ScaledTensor, trans_a: bool = False, trans_b: bool 
     b:  [K,N] (or [N,K] with trans_b).
     out_dtype: bfloat16, float16 or float32.
     bias: [N], bfloat16 for bf16/fp32 output, float16 for fp16 output.
+    Block-scaled a and b (one block_128x128 at most): out_dtype bfloat16 or
+    float32, use_split_accumulator True, N (and M for a 1x128 a) a multiple
+    of 8.
     use_split_accumulator: promote partial sums to FP32 (accurate); False
         uses the tensor cores' fast accumulation.
     device: whose layout rules apply (default: the default device, see
@@ -98,6 +140,17 @@ def gemm(a: ScaledTensor, b: ScaledTensor, trans_a: bool = False, trans_b: bool 
             raise TypeError(f"{fn}: {name} must be an fp8kit.jax.ScaledTensor (from "
                             f"fp8kit.jax.quantize), got {type(st).__name__}")
         st.check(fn, name)
+        if st.block_scaled:
+            check_block_scales(fn, name, st)
+    if a.block_scaled != b.block_scaled:
+        per_tensor = "b" if a.block_scaled else "a"
+        raise ValueError(f"{fn}: a is {a.scaling_mode} but b is {b.scaling_mode}; block-scaled "
+                         f"operands multiply only block-scaled operands. Quantize {per_tensor} "
+                         "with fp8kit.jax.quantize_block_scaling too.")
+    if a.scaling_mode == b.scaling_mode == "block_128x128":
+        raise ValueError(f"{fn}: a and b are both block_128x128; cuBLASLt multiplies 1x128 x "
+                         "1x128, 1x128 x 128x128 and 128x128 x 1x128 only. Quantize the "
+                         "activation or gradient operand with scaling_mode='block_1x128'.")
     trans_a = _checks.flag(fn, "trans_a", trans_a)
     trans_b = _checks.flag(fn, "trans_b", trans_b)
     use_split_accumulator = _checks.flag(fn, "use_split_accumulator", use_split_accumulator)
@@ -134,6 +187,8 @@ def gemm(a: ScaledTensor, b: ScaledTensor, trans_a: bool = False, trans_b: bool 
         if jnp.dtype(bias.dtype) != want or tuple(bias.shape) != (n,):
             raise ValueError(f"{fn}: bias must be {want} of shape ({n},) for {out_dtype} "
                              f"output; got {jnp.dtype(bias.dtype)} {tuple(bias.shape)}")
+    if a.block_scaled:
+        _check_block_gemm(fn, a, b, trans_a, trans_b, out_dtype, use_split_accumulator)
     non_tn = supports_non_tn_fp8_gemm(device)
     d = gemm_scaled(a, b, trans_a, trans_b, out_dtype, bias, use_split_accumulator, non_tn, fn)
     if lead:

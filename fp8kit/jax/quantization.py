@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from fp8kit.jax import _checks, _ffi
 from fp8kit.jax import _sharding_quantize as shq
+from fp8kit.jax.block_quantization import check_block_scales
 from fp8kit.jax.scaled_tensor import ScaledTensor
 
 
@@ -117,17 +118,23 @@ def compute_scale(amax, fp8_dtype="e4m3", amax_epsilon: float = 0.0,
 def dequantize(st: ScaledTensor, dtype=jnp.float32, from_columnwise: bool = False) -> jax.Array:
     """data * scale_inv in float32, rounded once to `dtype` (float32/bfloat16/
     float16); from_columnwise reads the transposed copy (result in the
-    logical layout either way)."""
+    logical layout either way). A block-scaled st multiplies each element
+    by its block's scale_inv, from the scales of the copy read."""
     fn = "fp8kit.jax.dequantize"
     if not isinstance(st, ScaledTensor):
         raise TypeError(f"{fn}: st must be an fp8kit.jax.ScaledTensor, got {type(st).__name__}")
     dtype = _checks.high_precision_dtype(fn, "dtype", dtype)
     from_columnwise = _checks.flag(fn, "from_columnwise", from_columnwise)
     st.check(fn, "st")
+    if st.block_scaled:
+        check_block_scales(fn, "st", st)
     src = st.columnwise_data if from_columnwise else st.data
     if src is None:
         which = "columnwise" if from_columnwise else "rowwise"
         raise ValueError(f"{fn}: st holds no {which} data; quantize with {which}=True or pass "
                          f"from_columnwise={not from_columnwise}")
-    return _ffi.dequantize_call(src, jnp.reshape(st.scale_inv, ()), st.shape, dtype,
-                                from_columnwise)
+    if st.block_scaled:
+        scales = st.columnwise_block_scale_inv if from_columnwise else st.block_scale_inv
+    else:
+        scales = jnp.reshape(st.scale_inv, ())
+    return _ffi.dequantize_call(src, scales, st.shape, dtype, from_columnwise, st.scaling_mode)

@@ -1,6 +1,15 @@
-"""ScaledTensor: an FP8 tensor with its per-tensor dequantization factor.
+"""ScaledTensor: an FP8 tensor with its dequantization factors.
 
     x ~= data.astype(float32) * scale_inv          (fp8kit's scale convention)
+
+Per-tensor scaling ("per_tensor") keeps one float32 scale_inv. Block
+scaling ("block_1x128", "block_128x128": common/include/fp8kit/block_scaling.h
+states the rule and the layout) keeps one per block instead, for each
+stored copy: block_scale_inv for `data`, columnwise_block_scale_inv for
+`columnwise_data` (the columnwise copy's 1x128 tiles run down the tensor's
+columns, so its scales are its own); scale_inv is then None. The scale
+arrays are 2-D float32 in the layout cuBLASLt reads, shaped by the core
+(fp8kit.jax's quantize_block_scaling makes them).
 
 A pytree (jax.tree_util), so it passes through jit, vmap, grad's residuals
 and sharding like any array container. Children: the FP8 data (rowwise,
@@ -27,6 +36,8 @@ import jax.numpy as jnp
 
 from fp8kit.jax import _checks
 
+PER_TENSOR = "per_tensor"
+
 
 def columnwise_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     """Shape of the columnwise copy of a tensor of logical `shape`:
@@ -39,14 +50,18 @@ def columnwise_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class ScaledTensor:
-    """FP8 data + float32 scale_inv (+ optional transposed data and amax)."""
+    """FP8 data + float32 scales (+ optional transposed data and amax)."""
 
     data: Optional[jax.Array]
-    scale_inv: jax.Array
+    scale_inv: Optional[jax.Array]   # per-tensor scaling; None under block scaling
     columnwise_data: Optional[jax.Array] = None
     amax: Optional[jax.Array] = None
     # "e4m3" or "e5m2"; None: taken from the data's dtype.
     fp8_dtype: Optional[str] = dataclasses.field(default=None, metadata=dict(static=True))
+    # "per_tensor", "block_1x128" or "block_128x128" (_checks.SCALING_MODES).
+    scaling_mode: str = dataclasses.field(default=PER_TENSOR, metadata=dict(static=True))
+    block_scale_inv: Optional[jax.Array] = None              # scales of `data`
+    columnwise_block_scale_inv: Optional[jax.Array] = None   # scales of `columnwise_data`
 
     def __post_init__(self):
         # The FP8 dtype of the held data, when the leaves are FP8 arrays (JAX
@@ -77,9 +92,16 @@ class ScaledTensor:
                 raise TypeError(f"ScaledTensor: {name} has dtype {jnp.dtype(a.dtype)}; it holds "
                                 "FP8 data (jnp.float8_e4m3fn or jnp.float8_e5m2). Make it "
                                 "with fp8kit.jax.quantize.")
-        if hasattr(self.scale_inv, "dtype") and jnp.dtype(self.scale_inv.dtype) != jnp.float32:
-            raise TypeError(f"ScaledTensor: scale_inv has dtype {jnp.dtype(self.scale_inv.dtype)};"
-                            " it is float32 (pass jnp.float32(value)).")
+        if self.scaling_mode not in _checks.SCALING_MODES:
+            raise ValueError(f"ScaledTensor: scaling_mode must be one of "
+                             f"{', '.join(map(repr, _checks.SCALING_MODES))}, got "
+                             f"{self.scaling_mode!r}")
+        for name in ("scale_inv", "block_scale_inv", "columnwise_block_scale_inv"):
+            a = getattr(self, name)
+            if hasattr(a, "dtype") and jnp.dtype(a.dtype) not in (jnp.float32,
+                                                                  jax.dtypes.float0):
+                raise TypeError(f"ScaledTensor: {name} has dtype {jnp.dtype(a.dtype)}; it is "
+                                "float32 (pass jnp.float32(value) or .astype(jnp.float32)).")
 
     def check(self, fn: str, arg: str) -> None:
         """What an op needs of this tensor, checked before anything is
@@ -87,8 +109,13 @@ class ScaledTensor:
         one float32 scale_inv (a Python float is taken as one)."""
         if self.data is None and self.columnwise_data is None:
             raise ValueError(f"{fn}: {arg} holds neither rowwise nor columnwise data")
-        if not isinstance(self.scale_inv, float):
+        if self.block_scaled:
+            self._check_block_fields(fn, arg)
+        elif not isinstance(self.scale_inv, float):
             _checks.scalar_f32(fn, f"{arg}.scale_inv", self.scale_inv)
+            if self.block_scale_inv is not None or self.columnwise_block_scale_inv is not None:
+                raise ValueError(f"{fn}: {arg} is per-tensor scaled but holds block scales; "
+                                 "set scaling_mode to the block mode they were made with")
         for name in ("data", "columnwise_data"):
             a = getattr(self, name)
             if a is not None and not hasattr(a, "dtype"):
@@ -101,6 +128,30 @@ class ScaledTensor:
                     f"{fn}: {arg}.columnwise_data has shape {tuple(self.columnwise_data.shape)} "
                     f"but data {tuple(self.data.shape)} needs {want} (its 2-D view "
                     "transposed); quantize once with rowwise=True, columnwise=True.")
+
+    def _check_block_fields(self, fn: str, arg: str) -> None:
+        """A block-scaled tensor: no per-tensor scale_inv, and the block
+        scales of each copy held, 2-D (their exact shape is the core's:
+        fp8kit.jax checks it where it has the core at hand)."""
+        if self.scale_inv is not None:
+            raise ValueError(f"{fn}: {arg} is {self.scaling_mode} but has a per-tensor "
+                             "scale_inv; block-scaled tensors keep block_scale_inv and "
+                             "columnwise_block_scale_inv only (set scale_inv=None)")
+        for copy, scales in (("data", "block_scale_inv"),
+                             ("columnwise_data", "columnwise_block_scale_inv")):
+            held, s = getattr(self, copy) is not None, getattr(self, scales)
+            if held and s is None:
+                raise ValueError(f"{fn}: {arg}.{copy} is held but {arg}.{scales} is None; each "
+                                 "copy of a block-scaled tensor comes with its scales "
+                                 "(fp8kit.jax.quantize_block_scaling makes both)")
+            if held and (not hasattr(s, "dtype") or len(s.shape) != 2):
+                raise ValueError(f"{fn}: {arg}.{scales} must be a 2-D float32 array, got "
+                                 f"{getattr(s, 'shape', type(s).__name__)}")
+
+    @property
+    def block_scaled(self) -> bool:
+        """Block scaling (one scale per 1x128 tile or 128x128 block)?"""
+        return self.scaling_mode != PER_TENSOR
 
     @property
     def has_rowwise(self) -> bool:
@@ -139,7 +190,7 @@ class ScaledTensor:
         return dataclasses.replace(self, data=self.data.reshape(rows, cols))
 
     def rowwise_only(self) -> "ScaledTensor":
-        return dataclasses.replace(self, columnwise_data=None)
+        return dataclasses.replace(self, columnwise_data=None, columnwise_block_scale_inv=None)
 
     def columnwise_only(self) -> "ScaledTensor":
-        return dataclasses.replace(self, data=None)
+        return dataclasses.replace(self, data=None, block_scale_inv=None)

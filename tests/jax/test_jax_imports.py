@@ -19,7 +19,8 @@ ALLOWED = {
     "_ffi_fused": {"_ffi"},
     "_sharding": set(),
     "_sharding_quantize": {"_ffi", "_sharding"},
-    "_sharding_gemm": {"_ffi", "_sharding"},
+    "_sharding_block": {"_ffi", "_sharding", "_sharding_quantize"},
+    "_sharding_gemm": {"_ffi", "_sharding", "_sharding_block"},
     "_sharding_fused": {"_ffi", "_ffi_fused", "_sharding"},
     "_batching": {"_ffi", "_sharding_quantize"},
 }
