@@ -15,6 +15,7 @@ Importing this package registers fp8kit's FFI handlers with JAX (for the
     gemm(a, b, trans_a, trans_b, out_dtype, bias)
     supports_non_tn_fp8_gemm(device), supports_block_scaled_fp8_gemm(device)
     dense(x, kernel, bias, *, state, recipe)  FP8 dense layer with custom_vjp
+                                              (DelayedScaling, CurrentScaling, BlockScaling)
     DelayedScalingState.create(recipe)        its delayed-scaling state
     layernorm_dense(x, gamma, beta, kernel, bias, *, normalization, state, recipe)
                                               norm + dense, the norm writing the FP8 input

@@ -6,6 +6,16 @@ the output gradient with the bias gradient, and the two gradient GEMMs.
 A `LinearCall` is what is static about one Linear of a layer: the recipe,
 the device's GEMM layouts, the dtypes, and its rows of the delayed-scaling
 state (input, kernel, output gradient).
+
+BlockScaling: x and dy are quantized 1x128 and the kernel 128x128, each
+block with its own current scale (no state), and the GEMMs read the copies
+the plan of a TN device names (block-scaled GEMMs are TN only). cuBLASLt's
+block-scaled GEMM writes bfloat16 or float32 (a float16 layer computes in
+float32 and rounds once) and needs the token count M to be a multiple of
+8: a layer pads x and dy with zero token rows to the next one (zero rows
+are whole 1x128 tiles of their own in the rowwise copies and add nothing
+to an amax in the columnwise ones, so every real scale is unchanged) and
+slices y and dx back.
 """
 
 from __future__ import annotations
@@ -17,10 +27,14 @@ import jax.numpy as jnp
 
 from fp8kit import recipe as recipe_lib
 from fp8kit.jax import _checks, _ffi
+from fp8kit.jax import _sharding_block as shb
 from fp8kit.jax import _sharding_quantize as shq
 from fp8kit.jax import matmul
 from fp8kit.jax.delayed_scaling import check_state, quantize_and_record
 from fp8kit.jax.scaled_tensor import ScaledTensor
+
+# cuBLASLt's block-scaled GEMM with a 1x128 A needs M (tokens) a multiple of this.
+BLOCK_GEMM_M_MULTIPLE = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +42,7 @@ class LinearCall:
     """Static facts of one Linear: recipe, layouts, dtypes, state rows."""
 
     fn: str                       # the public function, for error messages
-    recipe: recipe_lib.DelayedScaling | recipe_lib.CurrentScaling
+    recipe: recipe_lib.DelayedScaling | recipe_lib.CurrentScaling | recipe_lib.BlockScaling
     non_tn: bool                  # the device's FP8 GEMM reads non-K-contiguous operands
     x_dtype: jnp.dtype            # the input's dtype: y, dx and the GEMM outputs have it
     kernel_dtype: jnp.dtype
@@ -40,6 +54,21 @@ class LinearCall:
     @property
     def delayed(self) -> bool:
         return isinstance(self.recipe, recipe_lib.DelayedScaling)
+
+    @property
+    def block(self) -> bool:
+        return isinstance(self.recipe, recipe_lib.BlockScaling)
+
+    @property
+    def token_multiple(self) -> int:
+        """M is padded to a multiple of this (1: not padded)."""
+        return BLOCK_GEMM_M_MULTIPLE if self.block else 1
+
+    def gemm_dtype(self, dtype) -> jnp.dtype:
+        """The dtype a GEMM writes for a result of `dtype`."""
+        if self.block and jnp.dtype(dtype) == jnp.float16:
+            return jnp.dtype(jnp.float32)
+        return jnp.dtype(dtype)
 
     @property
     def forward_fmt(self) -> str:
@@ -57,7 +86,7 @@ class LinearCall:
 
     def plan(self, m: int, k: int, n: int, grads: bool) -> dict:
         """The core's copy plan for [M, K] @ [K, N] (grads: dgrad and wgrad)."""
-        return _ffi.linear_plan(m, k, n, grads, grads, self.non_tn)
+        return _ffi.linear_plan(m, k, n, grads, grads, self.non_tn and not self.block)
 
 
 def keep(st: ScaledTensor, copies) -> ScaledTensor:
@@ -78,8 +107,39 @@ def quantize_current(recipe: recipe_lib.CurrentScaling, t, fmt: str, copies, sum
     return st, (sums if sums_dtype is not None else None)
 
 
+def quantize_block(recipe: recipe_lib.BlockScaling, t, fmt: str, copies,
+                   scaling_mode: str) -> ScaledTensor:
+    """One block-scaled cast with the recipe's settings."""
+    rowwise, columnwise = copies
+    data, columnwise_data, scales, columnwise_scales = shb.quantize_block_scaling(
+        t, fmt, rowwise, columnwise, scaling_mode, recipe.amax_epsilon, recipe.power_2_scale)
+    return ScaledTensor(data=data if rowwise else None, scale_inv=None,
+                        columnwise_data=columnwise_data if columnwise else None, fp8_dtype=fmt,
+                        scaling_mode=scaling_mode, block_scale_inv=scales if rowwise else None,
+                        columnwise_block_scale_inv=columnwise_scales if columnwise else None)
+
+
+def pad_token_rows(lin: LinearCall, t):
+    """t [M, ...] with zero rows up to lin.token_multiple."""
+    m = t.shape[0]
+    padded = -(-m // lin.token_multiple) * lin.token_multiple
+    if padded == m:
+        return t
+    return jnp.pad(t, [(0, padded - m)] + [(0, 0)] * (t.ndim - 1))
+
+
+def quantize_input(lin: LinearCall, x, copies) -> ScaledTensor:
+    """Q(x) by a stateless recipe (current or block scaling)."""
+    if lin.block:
+        return quantize_block(lin.recipe, x, lin.forward_fmt, copies, "block_1x128")
+    return quantize_current(lin.recipe, x, lin.forward_fmt, copies)[0]
+
+
 def quantize_kernel(lin: LinearCall, kernel, state, copies, record: bool):
     """Q(kernel) by the recipe: (state, ScaledTensor)."""
+    if lin.block:
+        return state, quantize_block(lin.recipe, kernel, lin.forward_fmt, copies,
+                                     "block_128x128")
     if lin.delayed:
         state, (kq,), _ = quantize_and_record(state, lin.recipe, lin.kernel_slot, (kernel,),
                                               (copies,), (None,), record)
@@ -89,9 +149,9 @@ def quantize_kernel(lin: LinearCall, kernel, state, copies, record: bool):
 
 def forward_gemm(lin: LinearCall, xq: ScaledTensor, kq: ScaledTensor, bias, n: int):
     """y = Q(x) @ Q(kernel) (+ bias) in x's dtype; M = 0 gives an empty y."""
-    out = lin.x_dtype
+    out = lin.gemm_dtype(lin.x_dtype)
     if xq.shape[0] == 0:  # M = 0: nothing to multiply
-        return jnp.zeros((0, n), out)
+        return jnp.zeros((0, n), lin.x_dtype)
     # The GEMM epilogue adds a bias of the output's 16-bit type; a float32
     # output gets its bias added outside, in float32, to lose nothing.
     in_epilogue = bias is not None and out != jnp.float32
@@ -99,7 +159,7 @@ def forward_gemm(lin: LinearCall, xq: ScaledTensor, kq: ScaledTensor, bias, n: i
                            lin.fwd_split_accumulator, lin.non_tn, lin.fn)
     if bias is not None and not in_epilogue:
         y = y + bias.astype(out)
-    return y
+    return y.astype(lin.x_dtype)
 
 
 def quantize_grad(lin: LinearCall, dy, state, copies):
@@ -107,6 +167,9 @@ def quantize_grad(lin: LinearCall, dy, state, copies):
     cast+transpose pass computes them, so a bias asks for the columnwise
     copy, and a single token row is summed here). Returns (state, dq, db)."""
     m, n = dy.shape
+    if lin.block:  # the block cast writes no column sums
+        dq = quantize_block(lin.recipe, dy, lin.backward_fmt, copies, "block_1x128")
+        return state, dq, bias_grad_of_one_row(lin, dy, None, None)
     sums_dtype = lin.bias_dtype if lin.bias_dtype is not None and m > 1 else None
     if sums_dtype is not None:
         copies = (copies[0], True)
@@ -120,7 +183,7 @@ def quantize_grad(lin: LinearCall, dy, state, copies):
 
 def bias_grad_of_one_row(lin: LinearCall, dy, db, sums_dtype):
     """db as the cast left it, or summed here when the cast could not (no
-    bias: None)."""
+    bias: None). Zero token rows of a padded dy add nothing."""
     if lin.bias_dtype is not None and sums_dtype is None:
         return jnp.sum(dy.astype(jnp.float32), axis=0).astype(lin.bias_dtype)
     return db
@@ -133,7 +196,8 @@ def _pad_tokens(st: ScaledTensor, inner: int) -> ScaledTensor:
     if inner == m:
         return st
     padded = jnp.pad(st.columnwise_data, ((0, 0), (0, inner - m)))
-    return dataclasses.replace(st, data=None, columnwise_data=padded)
+    # Block scales stay as they are: M and inner have the same 128-row tiles.
+    return dataclasses.replace(st.columnwise_only(), columnwise_data=padded)
 
 
 def grad_gemms(lin: LinearCall, plan: dict, dq: ScaledTensor, x_saved: ScaledTensor,
@@ -144,30 +208,39 @@ def grad_gemms(lin: LinearCall, plan: dict, dq: ScaledTensor, x_saved: ScaledTen
     k = k_saved.shape[0]
     if m == 0:
         return jnp.zeros((0, k), lin.x_dtype), jnp.zeros((k, n), lin.kernel_dtype)
-    dx = matmul.gemm_scaled(dq, k_saved, False, True, lin.x_dtype, None, True, lin.non_tn,
-                            lin.fn)
+    dx = matmul.gemm_scaled(dq, k_saved, False, True, lin.gemm_dtype(lin.x_dtype), None, True,
+                            lin.non_tn, lin.fn).astype(lin.x_dtype)
     x_w, dq_w = x_saved, dq
     if plan["wgrad_columnwise"]:
         inner = plan["wgrad_inner"]
         x_w, dq_w = _pad_tokens(x_saved, inner), _pad_tokens(dq, inner)
-    dk = matmul.gemm_scaled(x_w, dq_w, True, False, lin.kernel_dtype, None, True, lin.non_tn,
-                            lin.fn)
+    dk = matmul.gemm_scaled(x_w, dq_w, True, False, lin.gemm_dtype(lin.kernel_dtype), None, True,
+                            lin.non_tn, lin.fn).astype(lin.kernel_dtype)
     return dx, dk
 
 
 # --- argument checks (before anything is lowered) ------------------------------------------
 
-def check_recipe_state(fn: str, recipe, state, num_linears: int = 1) -> None:
+def check_recipe_state(fn: str, recipe, state, num_linears: int = 1,
+                       block_scaling: bool = True) -> None:
     """recipe is DelayedScaling with a state for num_linears Linears, or
-    CurrentScaling with none."""
+    CurrentScaling or BlockScaling (where the layer takes it) with none."""
+    stateless = (recipe_lib.CurrentScaling, recipe_lib.BlockScaling)
+    names = "DelayedScaling, CurrentScaling or BlockScaling"
+    if not block_scaling:
+        stateless, names = stateless[:1], "DelayedScaling or CurrentScaling"
+        if isinstance(recipe, recipe_lib.BlockScaling):
+            raise TypeError(f"{fn}: does not take fp8kit.recipe.BlockScaling yet; use "
+                            "DelayedScaling or CurrentScaling, or fp8kit.jax.dense with "
+                            "BlockScaling")
     if isinstance(recipe, recipe_lib.DelayedScaling):
         check_state(fn, recipe, state, num_linears)
-    elif isinstance(recipe, recipe_lib.CurrentScaling):
+    elif isinstance(recipe, stateless):
         if state is not None:
-            raise TypeError(f"{fn}: CurrentScaling is stateless; pass state=None")
+            raise TypeError(f"{fn}: {type(recipe).__name__} is stateless; pass state=None")
     else:
-        raise TypeError(f"{fn}: recipe must be fp8kit.recipe.DelayedScaling or CurrentScaling, "
-                        f"got {type(recipe).__name__}")
+        raise TypeError(f"{fn}: recipe must be fp8kit.recipe.{names}, got "
+                        f"{type(recipe).__name__}")
 
 
 def check_kernel(fn: str, arg: str, kernel, x_shape, x_arg: str, n_multiple: int = 1):

@@ -8,9 +8,11 @@ Backward: dx = Q(dy) @ Q(kernel)^T                 (E5M2 under HYBRID) -> x.dtyp
           db = column sums of dy                   (from dy's cast, bias.dtype)
 Every GEMM is an fp8kit custom call on FP8 data (no dequantize-then-dot).
 Q is the recipe's quantizer: CurrentScaling quantizes each tensor with a
-scale from its own amax (stateless); DelayedScaling seeds, casts and
-records through the state (fp8kit/jax/delayed_scaling.py says how, and
-how the updated state leaves as the state's cotangent).
+scale from its own amax (stateless); BlockScaling gives each 1x128 tile of
+x and dy and each 128x128 block of the kernel a scale from its own amax
+(stateless; _linear.py says how the tokens are padded); DelayedScaling
+seeds, casts and records through the state (fp8kit/jax/delayed_scaling.py
+says how, and how the updated state leaves as the state's cotangent).
 
 Which copies (rowwise, columnwise) each cast writes and what the forward
 keeps for backward is the core's plan (fp8kit_linear_plan_make), asked
@@ -89,18 +91,19 @@ def _quantize_forward(lin: _linear.LinearCall, x, kernel, state, plan: dict, rec
         state, (xq, kq), _ = quantize_and_record(state, lin.recipe, X, (x, kernel),
                                                  (copies[X], copies[KERNEL]), (None, None), record)
         return state, xq, kq
-    return (state, _linear.quantize_current(lin.recipe, x, lin.forward_fmt, copies[X])[0],
-            _linear.quantize_current(lin.recipe, kernel, lin.forward_fmt, copies[KERNEL])[0])
+    state, kq = _linear.quantize_kernel(lin, kernel, state, copies[KERNEL], record)
+    return state, _linear.quantize_input(lin, x, copies[X]), kq
 
 
 def _forward(cfg: _Config, x, kernel, bias, state, grads: bool):
     """y, and the forward's state and plan; not differentiating, a delayed
     state is read (a fresh slot seeded from its tensor) but not recorded."""
     lin = cfg.linear
-    (m, k), n = x.shape, kernel.shape[1]
-    plan = lin.plan(m, k, n, grads)
+    m, n = x.shape[0], kernel.shape[1]
+    x = _linear.pad_token_rows(lin, x)
+    plan = lin.plan(*x.shape, n, grads)
     state, xq, kq = _quantize_forward(lin, x, kernel, state, plan, record=grads)
-    y = _linear.forward_gemm(lin, xq, kq, bias, n)
+    y = _linear.forward_gemm(lin, xq, kq, bias, n)[:m]
     y = y if cfg.types is None else sh.retype(y, cfg.types.y)
     return y, state, plan, xq, kq
 
@@ -119,10 +122,12 @@ def _dense_fwd(cfg: _Config, x, kernel, bias, state):
 def _dense_bwd(cfg: _Config, res, dy):
     lin = cfg.linear
     x_saved, k_saved, state = res
-    (m, n), k = dy.shape, k_saved.shape[0]
-    plan = lin.plan(m, k, n, grads=True)
+    m, (k, n) = dy.shape[0], k_saved.shape
+    dy = _linear.pad_token_rows(lin, dy)
+    plan = lin.plan(dy.shape[0], k, n, grads=True)
     state, dq, db = _linear.quantize_grad(lin, dy, state, plan["quantize"][GRAD])
     dx, dk = _linear.grad_gemms(lin, plan, dq, x_saved, k_saved)
+    dx = dx[:m]
     if cfg.types is not None:  # each cotangent with its primal's sharding type
         t = cfg.types
         dx, dk = sh.retype(dx, t.x), sh.retype(dk, t.kernel)
@@ -145,8 +150,9 @@ def dense(x, kernel, bias=None, *, state: Optional[DelayedScalingState] = None, 
     bias:   [N] or None.
     recipe: fp8kit.recipe.DelayedScaling (then `state` is required: a
             DelayedScalingState.create(recipe), updated through its
-            cotangent - see fp8kit/jax/delayed_scaling.py) or CurrentScaling
-            (no state).
+            cotangent - see fp8kit/jax/delayed_scaling.py), CurrentScaling
+            or BlockScaling (no state; block-scaled GEMMs need a device
+            where supports_block_scaled_fp8_gemm: Hopper, or the CPU).
     """
     _linear.check_recipe_state(_FN, recipe, state)
     _checks.high_precision(_FN, "x", x)

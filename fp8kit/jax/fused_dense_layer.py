@@ -100,7 +100,7 @@ def layernorm_dense(x, gamma, beta, kernel, bias=None, *, normalization: str = "
                  cotangent) or CurrentScaling (no state).
     """
     x, gamma, beta, epsilon = steps.check_norm_args(_FN, x, gamma, beta, normalization, epsilon)
-    _linear.check_recipe_state(_FN, recipe, state)
+    _linear.check_recipe_state(_FN, recipe, state, block_scaling=False)
     steps.refuse_vmapped_state(_FN, recipe, x, gamma, beta, kernel, bias, state)
     kernel = _linear.check_kernel(_FN, "kernel", kernel, x.shape, "x")
     bias = _linear.check_bias(_FN, "bias", bias, kernel.shape[1])

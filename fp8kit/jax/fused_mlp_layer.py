@@ -147,7 +147,7 @@ def layernorm_mlp(x, gamma, beta, kernel_1, kernel_2, bias_1=None, bias_2=None, 
                   through its cotangent) or CurrentScaling (no state).
     """
     x, gamma, beta, epsilon = steps.check_norm_args(_FN, x, gamma, beta, normalization, epsilon)
-    _linear.check_recipe_state(_FN, recipe, state, num_linears=2)
+    _linear.check_recipe_state(_FN, recipe, state, num_linears=2, block_scaling=False)
     steps.refuse_vmapped_state(_FN, recipe, x, gamma, beta, kernel_1, kernel_2, bias_1, bias_2,
                                state)
     if activation not in ACTIVATIONS:

@@ -5,8 +5,8 @@ block, refused by name (on 2 GPUs too when there are).
 As in test_jax_sharding.py, the cases run in a child process started with
 XLA_FLAGS=--xla_force_host_platform_device_count=8 (this file run as a
 script); each parametrized test asserts one case. Quantization and the
-GEMMs whose reduction is not split come out bit for bit; a split K to
-float32 rounding.
+GEMMs whose reduction is not split come out bit for bit; a split K (or the
+dense layer's wgrad, summed over sharded tokens) to float32 rounding.
 """
 
 import os
@@ -18,7 +18,7 @@ from sharding_child import child_results, gpu_count, run_cases, sum_atol
 
 CASES = ["quantize_1x128_dp_tp", "quantize_128x128_tp", "quantize_rank3_dp",
          "refused_auto_axes", "refused_explicit_axes", "refused_128x128_padding",
-         "gemm_dp", "gemm_tp_n", "gemm_tp_k"]
+         "gemm_dp", "gemm_tp_n", "gemm_tp_k", "dense_dp", "dense_tp_n", "dense_dp_explicit"]
 
 
 # ------------------------------------------------------------------ child side --
@@ -31,6 +31,7 @@ def _child(platform: str, mesh_shape: tuple[int, int]):  # noqa: C901
     from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
     import fp8kit.jax as fj
+    from fp8kit.recipe import BlockScaling
 
     devices = jax.devices(platform)[:mesh_shape[0] * mesh_shape[1]]
     mesh = Mesh(np.array(devices).reshape(mesh_shape), ("dp", "tp"))  # Auto axes
@@ -132,6 +133,45 @@ def _child(platform: str, mesh_shape: tuple[int, int]):  # noqa: C901
 
     def case_gemm_tp_k():
         gemm(64, 2048, 128, P(None, "tp"), P("tp", None), exact=False)
+
+    def dense(x_spec, w_spec, b_spec, y_spec, exact, on=mesh, n=256):
+        x = jnp.asarray(rng.standard_normal((256, 256)), jnp.bfloat16)
+        w = jnp.asarray(rng.standard_normal((256, n)) * 0.05, jnp.float32)
+        b = jnp.asarray(rng.standard_normal(n) * 0.1, jnp.float32)
+        dy = jnp.asarray(rng.standard_normal((256, n)), jnp.bfloat16)
+
+        @jax.jit
+        def fwd_bwd(x, w, b, dy):
+            y, vjp = jax.vjp(lambda x, w, b: fj.dense(x, w, b, recipe=BlockScaling()), x, w, b)
+            return y, vjp(dy)
+
+        want = fwd_bwd(x, w, b, dy)
+        y, g = sharded(fwd_bwd, put(x, x_spec, on), put(w, w_spec, on), put(b, b_spec, on),
+                       put(dy, y_spec, on), on=on)
+        for name, a, ref, bit_exact in zip(("y", "dx", "dk", "db"), (y, *g), (want[0], *want[1]),
+                                           exact):
+            a, ref = np.asarray(a, np.float32), np.asarray(ref, np.float32)
+            if bit_exact and exact_gemm:
+                np.testing.assert_array_equal(a, ref, err_msg=name)
+            else:
+                np.testing.assert_allclose(a, ref, rtol=2**-7,
+                                           atol=sum_atol(platform, ref, 1e-3), err_msg=name)
+        return y, g
+
+    def case_dense_dp():
+        # 128 tokens per device: whole 128-row tiles of the columnwise copies.
+        dense(P("dp", None), P(None, None), P(None), P("dp", None), (True, True, False, False))
+
+    def case_dense_tp_n():
+        # 512 kernel columns per device: whole 128x128 blocks and scale padding.
+        dense(P(None, None), P(None, "tp"), P("tp"), P(None, "tp"), (True, False, True, True),
+              n=2048)
+
+    def case_dense_dp_explicit():
+        y, (dx, dw, db) = dense(P("dp", None), P(None, None), P(None), P("dp", None),
+                                (True, True, False, False), on=explicit_mesh)
+        assert jax.typeof(y).sharding.spec == P("dp", None), jax.typeof(y)
+        assert jax.typeof(dx).sharding.spec == P("dp", None), jax.typeof(dx)
 
     cases = {k[len("case_"):]: f for k, f in locals().items() if k.startswith("case_")}
     run_cases(CASES, lambda name: cases[name]())
