@@ -1,11 +1,7 @@
-// Builds fp8kit.torch.float8_tensor.Float8Tensor objects from C++.
-//
-// The Python class and the helpers it needs (torch.Tensor's
-// _make_wrapper_subclass, torch.Size, the attribute names) are looked up
-// once, thread-safely (pybind11's gil_safe_call_once_and_store), and every
-// Python C-API call is checked; references are owned by py::object so none
-// leak on any path. The attribute names must match Float8Tensor._FIELDS and
-// QuantizedTensor._CACHED in fp8kit/torch (a test compares the two paths).
+// Builds fp8kit.torch.float8_tensor.Float8Tensor objects from C++ (the
+// wrapper and its cached properties: py_wrapper.h). The attribute names must
+// match Float8Tensor._FIELDS in fp8kit/torch (a test compares the two
+// paths).
 #ifndef FP8KIT_TORCH_EXT_PY_FLOAT8_TENSOR_H_
 #define FP8KIT_TORCH_EXT_PY_FLOAT8_TENSOR_H_
 

@@ -54,7 +54,7 @@ class QuantizedTensor(torch.Tensor):
     """Base of fp8kit's quantized tensor subclasses (see the module doc)."""
 
     # Names of the cached properties' attributes, in the order the C++
-    # builder (torch_ext/py_float8_tensor.cc) sets them.
+    # builders (torch_ext/py_wrapper.cc) set them.
     _CACHED = ("_dtype", "_shape", "_device", "_is_cuda", "_requires_grad")
     # {aten OpOverload or ANY_VIEW: handler(func, args, kwargs)}; each
     # subclass has its own.
