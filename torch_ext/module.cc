@@ -1,4 +1,6 @@
 // fp8kit._torch_ext: the pybind11 module behind fp8kit.torch.
+#include "block_ops.h"
+#include "block_quantizer.h"
 #include "errors.h"
 #include "fused_ops.h"
 #include "linear.h"
@@ -11,6 +13,8 @@ PYBIND11_MODULE(_torch_ext, m) {
   fp8kit_torch::register_exception_translator();
   fp8kit_torch::register_ops(m);
   fp8kit_torch::register_quantizers(m);
+  fp8kit_torch::register_block_ops(m);
+  fp8kit_torch::register_block_quantizer(m);
   fp8kit_torch::register_linear(m);
   fp8kit_torch::register_normalization(m);
   fp8kit_torch::register_activation(m);

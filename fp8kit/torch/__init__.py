@@ -1,18 +1,26 @@
 """fp8kit's PyTorch front end.
 
 Functional ops (fp8kit.torch.ops): amax, quantize, quantize_current_scaling,
-dequantize, delayed_scaling_update, gemm, supports_non_tn_fp8_gemm.
+dequantize, delayed_scaling_update, gemm, supports_non_tn_fp8_gemm; and
+block-scaled (fp8kit.torch.block_ops): quantize_block, dequantize_block,
+gemm_block, block_scale_inv_shape, supports_block_scaled_fp8_gemm.
 Quantizers (C++): Float8Quantizer (delayed scaling),
 Float8CurrentScalingQuantizer; calling one returns a Float8Tensor.
-Tensors: QuantizedTensor, Float8Tensor. Modules: Linear and the fused
-LayerNormLinear and LayerNormMLP, used inside autocast(recipe=...).
+Float8BlockQuantizer (a scale per 1x128 tile or 128x128 block) returns a
+Float8BlockTensor. Tensors: QuantizedTensor, Float8Tensor,
+Float8BlockTensor. Modules: Linear and the fused LayerNormLinear and
+LayerNormMLP, used inside autocast(recipe=...).
 Dispatcher ops (torch.ops.fp8kit.*, what torch.compile traces): see
-fp8kit.torch.ops.
+fp8kit.torch.ops and fp8kit.torch.block_ops.
 """
 
 from fp8kit.recipe import AmaxReduction, CurrentScaling, DelayedScaling, Format  # noqa: F401
-from fp8kit.torch import _fake_ops  # noqa: F401  (fake kernels of torch.ops.fp8kit.*)
+# The fake kernels of torch.ops.fp8kit.*.
+from fp8kit.torch import _block_fake_ops, _fake_ops  # noqa: F401
 from fp8kit.torch.autocast import autocast, current_recipe
+from fp8kit.torch.block_ops import (block_scale_inv_shape, dequantize_block, gemm_block,
+                                    quantize_block, supports_block_scaled_fp8_gemm)
+from fp8kit.torch.float8_block_tensor import Float8BlockTensor
 from fp8kit.torch.float8_tensor import Float8Tensor
 from fp8kit.torch.layernorm_linear import LayerNormLinear
 from fp8kit.torch.layernorm_mlp import LayerNormMLP
@@ -20,26 +28,31 @@ from fp8kit.torch.linear import Linear
 from fp8kit.torch.ops import (amax, built_with_cuda, delayed_scaling_update, dequantize, gemm,
                               quantize, quantize_current_scaling, supports_non_tn_fp8_gemm)
 from fp8kit.torch.quantized_tensor import QuantizedTensor
-from fp8kit.torch.quantizers import (Float8CurrentScalingQuantizer, Float8Quantizer, Quantizer,
-                                     quantizer_for)
+from fp8kit.torch.quantizers import (Float8BlockQuantizer, Float8CurrentScalingQuantizer,
+                                     Float8Quantizer, Quantizer, quantizer_for)
 
 __all__ = [
     "amax", "quantize", "quantize_current_scaling", "dequantize", "delayed_scaling_update",
     "gemm", "supports_non_tn_fp8_gemm", "built_with_cuda", "Quantizer", "Float8Quantizer",
     "Float8CurrentScalingQuantizer", "quantizer_for", "QuantizedTensor", "Float8Tensor",
     "Linear", "LayerNormLinear", "LayerNormMLP", "autocast", "current_recipe", "DelayedScaling",
-    "CurrentScaling", "Format", "AmaxReduction",
+    "CurrentScaling", "Format", "AmaxReduction", "quantize_block",
+    "dequantize_block", "gemm_block", "block_scale_inv_shape", "supports_block_scaled_fp8_gemm",
+    "Float8BlockQuantizer", "Float8BlockTensor",
 ]
 
 
 def _allow_in_weights_only_load():
-    # Checkpoints holding Float8Tensors (or their quantizers) load with
-    # torch.load(weights_only=True): these are plain data containers.
+    # Checkpoints holding Float8Tensors, Float8BlockTensors or their
+    # quantizers load with torch.load(weights_only=True): these are plain
+    # data containers.
     import torch.serialization as s
+    from fp8kit.torch.float8_block_tensor import _rebuild_float8_block_tensor
     from fp8kit.torch.float8_tensor import _rebuild_float8_tensor
     if hasattr(s, "add_safe_globals"):
         s.add_safe_globals([_rebuild_float8_tensor, Float8Quantizer,
-                            Float8CurrentScalingQuantizer])
+                            Float8CurrentScalingQuantizer, _rebuild_float8_block_tensor,
+                            Float8BlockQuantizer])
 
 
 _allow_in_weights_only_load()

@@ -67,7 +67,8 @@ _CHILD = textwrap.dedent("""
     probe = (lambda o: o.get_state()) if cls is ext.LinearState else (lambda o: o(x))
     # An __init__ that raised leaves the object as blank as a skipped one.
     bad_init = {"Float8Quantizer": (torch.ones(2),), "LinearState": ("fp8",),
-                "Float8CurrentScalingQuantizer": ("fp8",), "Quantizer": ()}[sys.argv[1]]
+                "Float8CurrentScalingQuantizer": ("fp8",), "Quantizer": (),
+                "Float8BlockQuantizer": ("e4m3", "block_2x2")}[sys.argv[1]]
     def after_failed_init():
         o = cls.__new__(cls)
         try:
@@ -94,6 +95,11 @@ _EXPECTED = {  # at least these, so a listing that silently found nothing fails
     "Float8CurrentScalingQuantizer": {"__call__", "copy", "to", "__deepcopy__", "__repr__",
                                       "__getstate__", "get amax_epsilon", "get power_2_scale",
                                       "repr", "pickle", "update_quantized"},
+    "Float8BlockQuantizer": {"__call__", "quantize", "update_quantized", "set_usage", "copy",
+                             "to", "__deepcopy__", "__repr__", "__getstate__", "get fp8_dtype",
+                             "get scaling_mode", "get rowwise", "get columnwise",
+                             "get amax_epsilon", "get power_2_scale", "repr", "pickle",
+                             "copy.copy", "copy.deepcopy"},
     "LinearState": {"get recipe", "get delayed", "get device", "get non_tn",
                     "get amax_history", "get amax", "get scale", "get scale_inv", "get seeded",
                     "get cache_weight", "set cache_weight", "get weight_cache_valid",

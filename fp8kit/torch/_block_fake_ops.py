@@ -1,0 +1,60 @@
+"""Fake (meta) kernels of the block-scaled dispatcher ops
+(torch_ext/block_dispatcher_ops.cc), as _fake_ops has those of the others:
+each gives its op's output shapes, dtypes and devices without computing
+anything, following the C++ kernels' rules (a copy not asked for is an
+empty [0] tensor; block scales have ext.block_scale_inv_shape, which needs
+concrete sizes, as the scale layout's padding does)."""
+
+from __future__ import annotations
+
+import torch
+
+from fp8kit.torch._ext import ext
+from fp8kit.torch._fake_ops import columnwise_shape
+
+
+@torch.library.register_fake("fp8kit::quantize_block")
+def _quantize_block(x, fp8_dtype, scaling_mode, rowwise, columnwise, amax_epsilon=0.0,
+                    power_2_scale=True):
+    shape = [int(s) for s in x.shape]
+
+    def copy(wanted, data_shape, cw):
+        if not wanted:
+            return x.new_empty((0,), dtype=fp8_dtype), x.new_empty((0,), dtype=torch.float32)
+        scales = ext.block_scale_inv_shape(shape, scaling_mode, cw)
+        return (x.new_empty(data_shape, dtype=fp8_dtype),
+                x.new_empty(scales, dtype=torch.float32))
+
+    data, sinv = copy(rowwise, x.shape, False)
+    cw, cw_sinv = copy(columnwise, columnwise_shape(x.shape), True)
+    return data, sinv, cw, cw_sinv
+
+
+@torch.library.register_fake("fp8kit::dequantize_block")
+def _dequantize_block(data, block_scale_inv, scaling_mode, out_dtype, from_columnwise=False,
+                      shape=None):
+    if not from_columnwise:
+        logical = data.shape
+    elif shape is not None:
+        logical = shape
+    else:
+        logical = (data.shape[1], data.shape[0])
+    return data.new_empty(logical, dtype=out_dtype)
+
+
+@torch.library.register_fake("fp8kit::gemm_block")
+def _gemm_block(a, a_block_scale_inv, a_columnwise, a_columnwise_block_scale_inv, a_scaling_mode,
+                b, b_block_scale_inv, b_columnwise, b_columnwise_block_scale_inv, b_scaling_mode,
+                trans_a, trans_b, out_dtype, bias=None):
+    def rows_cols(data, columnwise):
+        if data is not None:
+            cols, rows = columnwise_shape(data.shape)
+            return rows, cols
+        return columnwise.shape[1], columnwise.shape[0]
+
+    ar, ac = rows_cols(a, a_columnwise)
+    br, bc = rows_cols(b, b_columnwise)
+    m = ac if trans_a else ar
+    n = br if trans_b else bc
+    ref = a if a is not None else a_columnwise
+    return ref.new_empty((m, n), dtype=out_dtype)
