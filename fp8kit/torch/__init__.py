@@ -9,12 +9,14 @@ Float8CurrentScalingQuantizer; calling one returns a Float8Tensor.
 Float8BlockQuantizer (a scale per 1x128 tile or 128x128 block) returns a
 Float8BlockTensor. Tensors: QuantizedTensor, Float8Tensor,
 Float8BlockTensor. Modules: Linear and the fused LayerNormLinear and
-LayerNormMLP, used inside autocast(recipe=...).
+LayerNormMLP, used inside autocast(recipe=...) with DelayedScaling,
+CurrentScaling or BlockScaling.
 Dispatcher ops (torch.ops.fp8kit.*, what torch.compile traces): see
 fp8kit.torch.ops and fp8kit.torch.block_ops.
 """
 
-from fp8kit.recipe import AmaxReduction, CurrentScaling, DelayedScaling, Format  # noqa: F401
+from fp8kit.recipe import (AmaxReduction, BlockScaling, CurrentScaling,  # noqa: F401
+                           DelayedScaling, Format)
 # The fake kernels of torch.ops.fp8kit.*.
 from fp8kit.torch import _block_fake_ops, _fake_ops  # noqa: F401
 from fp8kit.torch.autocast import autocast, current_recipe
@@ -36,7 +38,7 @@ __all__ = [
     "gemm", "supports_non_tn_fp8_gemm", "built_with_cuda", "Quantizer", "Float8Quantizer",
     "Float8CurrentScalingQuantizer", "quantizer_for", "QuantizedTensor", "Float8Tensor",
     "Linear", "LayerNormLinear", "LayerNormMLP", "autocast", "current_recipe", "DelayedScaling",
-    "CurrentScaling", "Format", "AmaxReduction", "quantize_block",
+    "CurrentScaling", "Format", "AmaxReduction", "BlockScaling", "quantize_block",
     "dequantize_block", "gemm_block", "block_scale_inv_shape", "supports_block_scaled_fp8_gemm",
     "Float8BlockQuantizer", "Float8BlockTensor",
 ]

@@ -88,12 +88,15 @@ class FusedLayer(FP8ExtraState, torch.nn.Module):
             self.register_parameter("layer_norm_bias", None)
         self._fp8_states = self._fresh_fp8_states()
 
-    def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        """The normalization in high precision (outside fp8kit autocast)."""
+    def _norm(self, x: torch.Tensor, gamma=None, beta=None) -> torch.Tensor:
+        """The normalization in high precision (outside fp8kit autocast, and
+        under BlockScaling), with the layer's parameters unless given."""
         shape = (x.shape[-1],)
+        if gamma is None:
+            gamma, beta = self.layer_norm_weight, self.layer_norm_bias
         if self.normalization == "LayerNorm":
-            return F.layer_norm(x, shape, self.layer_norm_weight, self.layer_norm_bias, self.eps)
-        return F.rms_norm(x, shape, self.layer_norm_weight, self.eps)
+            return F.layer_norm(x, shape, gamma, beta, self.eps)
+        return F.rms_norm(x, shape, gamma, self.eps)
 
     def _fp8_inputs(self, x: torch.Tensor, params: list) -> tuple:
         """x and the parameters as the FP8 path takes them: in torch.autocast's

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 
+from fp8kit.recipe import BlockScaling
 from fp8kit.torch._ext import ext
 
 
@@ -48,6 +49,8 @@ class RecipeStates:
         return state, fast
 
     def get(self, recipe):
+        if isinstance(recipe, BlockScaling):  # keeps no state
+            return None
         scaling, _ = ext.linear_recipe(recipe)
         return self._states.get(_key(scaling))
 

@@ -17,7 +17,7 @@ import contextlib
 import threading
 from typing import Optional
 
-from fp8kit.recipe import CurrentScaling, DelayedScaling
+from fp8kit.recipe import BlockScaling, CurrentScaling, DelayedScaling
 
 DEFAULT_RECIPE = DelayedScaling()
 
@@ -48,9 +48,9 @@ def autocast(enabled: bool = True, recipe: Optional[object] = None):
                         f"({type(enabled).__name__}); it must be a bool")
     if recipe is None:
         recipe = DEFAULT_RECIPE
-    if not isinstance(recipe, (DelayedScaling, CurrentScaling)):
-        raise TypeError("fp8kit.torch.autocast: recipe must be an fp8kit.recipe.DelayedScaling or "
-                        f"CurrentScaling, got {type(recipe).__name__}")
+    if not isinstance(recipe, (DelayedScaling, CurrentScaling, BlockScaling)):
+        raise TypeError("fp8kit.torch.autocast: recipe must be an fp8kit.recipe.DelayedScaling, "
+                        f"CurrentScaling or BlockScaling, got {type(recipe).__name__}")
     previous = STATE.recipe
     STATE.recipe = recipe if enabled else None
     try:

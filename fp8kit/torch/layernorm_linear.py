@@ -10,6 +10,10 @@ bias gradient), runs the dgrad and wgrad FP8 GEMMs, then the normalization
 backward for dx, d(layer_norm_weight) and d(layer_norm_bias). Outside
 autocast it computes exactly torch's norm followed by F.linear.
 
+Under BlockScaling the normalization runs in high precision (torch's) and
+its output goes through the block-scaled Linear (fp8kit.torch._block_linear),
+whose own block quantization casts it; that recipe keeps no state.
+
 Scaling state: one ext.LinearState per recipe (fp8_state_for(recipe)
 returns it as a 1-tuple), with the three slots of fp8kit/linear.h:
     0  the normalized x (the GEMM's input)   forward format
@@ -28,7 +32,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fp8kit.recipe import BlockScaling
 from fp8kit.torch import _fused_gemm as G
+from fp8kit.torch._block_linear import block_linear
 from fp8kit.torch._ext import ext
 from fp8kit.torch._fused_module import (FusedLayer, check_features, check_normalization,
                                         init_linear, read_norm)
@@ -93,6 +99,9 @@ class LayerNormLinear(FusedLayer):
         p = self._parameters
         params = [p["layer_norm_weight"], p["layer_norm_bias"], p["weight"], p["bias"]]
         x, (gamma, beta, weight, bias) = self._fp8_inputs(input, params)
+        if type(recipe) is BlockScaling:
+            y = block_linear("LayerNormLinear", recipe, self._norm(x, gamma, beta), weight, bias)
+            return y.view(*input.shape[:-1], self.out_features)
         (state,), fast = self._select_states(recipe, (weight,))
         call = _Call(state, fast, self.normalization, self.eps)
         tensors = (x, gamma, beta, weight, bias)

@@ -18,6 +18,11 @@ the activation backward casts dh to FP8 (its column sums are fc1's bias
 gradient); fc1's dgrad and wgrad; the normalization backward last. Outside
 autocast it computes exactly torch's norm, F.linear and activation.
 
+Under BlockScaling the normalization and the activation run in high
+precision (torch's) and fc1 and fc2 are block-scaled Linears
+(fp8kit.torch._block_linear), whose own block quantization casts their
+inputs; that recipe keeps no state.
+
 Scaling state: per recipe, one ext.LinearState per GEMM
 (fp8_state_for(recipe) returns (fc1's, fc2's)), six slots in all, each
 GEMM's three in the order of fp8kit/linear.h:
@@ -37,7 +42,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fp8kit.recipe import BlockScaling
 from fp8kit.torch import _fused_gemm as G
+from fp8kit.torch._block_linear import block_linear
 from fp8kit.torch._ext import ext
 from fp8kit.torch._fused_module import (FusedLayer, check_features, check_normalization,
                                         init_linear, read_norm)
@@ -131,6 +138,11 @@ class LayerNormMLP(FusedLayer):
         params = [p["layer_norm_weight"], p["layer_norm_bias"], p["fc1_weight"], p["fc1_bias"],
                   p["fc2_weight"], p["fc2_bias"]]
         x, params = self._fp8_inputs(input, params)
+        if type(recipe) is BlockScaling:
+            gamma, beta, w1, b1, w2, b2 = params
+            h = block_linear("LayerNormMLP", recipe, self._norm(x, gamma, beta), w1, b1)
+            y = block_linear("LayerNormMLP", recipe, self._act(h), w2, b2)
+            return y.view(*input.shape[:-1], self.hidden_size)
         states, fast = self._select_states(recipe, (params[2], params[4]))
         call = _Call(states, fast, self.normalization, self.eps, self.activation)
         tensors = (x, *params)

@@ -47,6 +47,13 @@ call, so cache_fp8_weight does not apply there).
 FP8 GEMMs need in_features and out_features to be multiples of the
 extension's GEMM_DIM_MULTIPLE (cuBLASLt's FP8 alignment).
 
+Under BlockScaling (a scale per 1x128 tile of the input and the output
+gradient, per 128x128 block of the weight) forward and backward go through
+fp8kit.torch._block_linear instead: an autograd.Function over the
+block-scaled dispatcher ops, with no scaling state (each block's scale is
+its own amax's), so the layer's extra state gains nothing from it and the
+per-tensor path above is untouched. cache_fp8_weight does not apply there.
+
 A weight that is already a Float8Tensor (what FSDP2's FP8 all-gather of
 fp8kit.torch.distributed gives the layer) is read as it is: its FP8 copies
 go to the GEMMs, its gradient reaches it as a plain tensor, and the
@@ -65,6 +72,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fp8kit.recipe import BlockScaling
+from fp8kit.torch._block_linear import block_linear
 from fp8kit.torch._ext import ext
 from fp8kit.torch._fp8_extra_state import FP8ExtraState
 from fp8kit.torch._fp8_weight import linear_with_fp8_weight
@@ -72,6 +81,7 @@ from fp8kit.torch._linear_states import RecipeStates
 from fp8kit.torch._traced_linear import traced_linear
 from fp8kit.torch.autocast import STATE as _AUTOCAST
 from fp8kit.torch.float8_tensor import Float8Tensor
+from fp8kit.torch.quantized_tensor import QuantizedTensor
 
 _linear_forward = ext.linear_forward
 # 2: {"states": [one dict per recipe]}, each recipe a dict of named plain
@@ -102,6 +112,8 @@ class Linear(FP8ExtraState, torch.nn.Linear):
         # Module.__getattr__ is a visible share of a small layer's call.
         params = self._parameters
         weight, bias = params["weight"], params["bias"]
+        if type(recipe) is BlockScaling:
+            return self._block_forward(recipe, input, weight, bias)
         if isinstance(weight, Float8Tensor):  # already FP8 (an FSDP2 FP8 all-gather)
             if _any_autocast() and isinstance(input, torch.Tensor):
                 input, _, bias = _autocast_cast(input, None, bias)
@@ -117,6 +129,12 @@ class Linear(FP8ExtraState, torch.nn.Linear):
         state, fast = self._fp8_states.select(recipe, weight, self._fp8_cache_weight)
         return _linear_forward(state, input, weight, bias, fast)
 
+    def _block_forward(self, recipe, input, weight, bias):
+        if (_any_autocast() and isinstance(input, torch.Tensor)
+                and not isinstance(weight, QuantizedTensor)):  # block_linear refuses that one
+            input, weight, bias = _autocast_cast(input, weight, bias)
+        return block_linear("Linear", recipe, input, weight, bias)
+
     # ------------------------------------------------------------ FP8 state
     @property
     def fp8_state(self):
@@ -130,7 +148,8 @@ class Linear(FP8ExtraState, torch.nn.Linear):
         return self._fp8_states.all()
 
     def fp8_state_for(self, recipe):
-        """The ext.LinearState `recipe` runs with, or None before its first use."""
+        """The ext.LinearState `recipe` runs with, or None before its first use
+        (always None for BlockScaling, which keeps no state)."""
         return self._fp8_states.get(recipe)
 
     @property

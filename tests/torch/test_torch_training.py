@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import fp8kit.torch as ft
-from fp8kit.recipe import CurrentScaling, DelayedScaling, Format
+from fp8kit.recipe import BlockScaling, CurrentScaling, DelayedScaling, Format
 
 STEPS = 300
 
@@ -38,7 +38,7 @@ def train(model, batches, context):
 
 
 @pytest.mark.parametrize("recipe", [DelayedScaling(fp8_format=Format.HYBRID),
-                                    CurrentScaling(fp8_format=Format.HYBRID)])
+                                    CurrentScaling(fp8_format=Format.HYBRID), BlockScaling()])
 def test_fp8_mlp_tracks_bf16_twin(recipe):
     torch.manual_seed(0)
     teacher = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(),
