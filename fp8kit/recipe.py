@@ -193,4 +193,5 @@ class BlockScaling:
         return False
 
 
-Recipe = DelayedScaling | CurrentScaling
+# Every recipe a layer takes (fp8kit.torch.autocast, fp8kit.jax.dense).
+Recipe = DelayedScaling | CurrentScaling | BlockScaling

@@ -15,7 +15,7 @@ from fp8kit.models import data
 from fp8kit.models.schedule import TrainConfig, learning_rate
 from fp8kit.models.train_jax import JaxTrainer, _adamw, _clip_by_global_norm
 from fp8kit.models.train_torch import TorchTrainer
-from fp8kit.recipe import DelayedScaling
+from fp8kit.recipe import BlockScaling, DelayedScaling
 
 from small_config import SMALL, SMALL_TRAIN
 
@@ -105,6 +105,19 @@ def test_fp8_training_tracks_bf16(framework):
     held_out = data.eval_batches(data.split(data.corpus())[1], 1, 2, SMALL.seq_len)
     assert abs(fp8.evaluate(held_out) - bf16.evaluate(held_out)) < 0.03
     _assert_identical(_snapshot(fp8), before)
+
+
+def test_block_scaled_training_tracks_bf16():
+    """The PyTorch decoder under BlockScaling (1x128 activations and
+    gradients, 128x128 weights, through the fused layers too) learns as
+    bf16 does."""
+    steps = 6
+    block, bf16 = TorchTrainer(SMALL, SMALL_TRAIN, BlockScaling()), TorchTrainer(SMALL, SMALL_TRAIN)
+    block_losses = [block.train_step() for _ in range(steps)]
+    bf16_losses = [bf16.train_step() for _ in range(steps)]
+    assert block_losses[-1] < block_losses[0] - 0.5
+    for a, b in zip(block_losses, bf16_losses):
+        assert abs(a - b) < 0.03, (block_losses, bf16_losses)
 
 
 def test_jax_adamw_matches_torch_adamw():
