@@ -22,6 +22,7 @@ optimization; compiled calls quantize the weight every time.
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 _ops = torch.ops.fp8kit
 
@@ -30,7 +31,11 @@ _ops = torch.ops.fp8kit
 def _selection(states, recipe, weight, cache_weight: bool):
     """(the state's tensors, its recipe as linear_forward's recipe
     arguments, forward_fast_accumulation) for `recipe`, run at trace time."""
-    state, fast = states.select(recipe, weight, cache_weight)
+    # Non-strict torch.export runs this under its fake and proxy modes: a
+    # state made here on first use must hold real tensors (the layer keeps
+    # it; the export lifts them as constants).
+    with _disable_current_modes():
+        state, fast = states.select(recipe, weight, cache_weight)
     r = state.recipe
     recipe_args = (r["scaling"], r["fwd_dtype"], r["bwd_dtype"], r.get("margin", 0),
                    r.get("amax_reduction", "max"), r.get("amax_epsilon", 0.0),

@@ -34,7 +34,7 @@ recipes, or running one layer from several threads under different
 recipes, never discards or mixes up recorded state: each call picks the
 state of its own thread's recipe and uses that one throughout.
 
-Under torch.compile (and torch.export with strict=True) forward goes through
+Under torch.compile and torch.export forward goes through
 the dispatcher ops torch.ops.fp8kit.linear_forward / linear_backward instead
 (fp8kit.torch._traced_linear): the same C++ steps and bits, traced forward
 and backward with no graph break, the scaling state updated in the graph.
@@ -91,8 +91,9 @@ _EXTRA_STATE_FORMAT = 2
 # Whether any torch.autocast is on: a fast test before the per-device one
 # (torch.is_autocast_enabled(device) costs ~1 us a call).
 _any_autocast = torch._C._is_any_autocast_enabled
-# False in eager mode, True while dynamo traces (torch.compile, torch.export).
-_compiling = torch.compiler.is_dynamo_compiling
+# False in eager mode, True while torch.compile or torch.export (strict or
+# not) traces: the dispatcher ops trace, the pybind11 calls do not.
+_tracing = torch.compiler.is_compiling
 
 
 class Linear(FP8ExtraState, torch.nn.Linear):
@@ -121,7 +122,7 @@ class Linear(FP8ExtraState, torch.nn.Linear):
                                           self._fp8_cache_weight)
         if _any_autocast() and isinstance(input, torch.Tensor):
             input, weight, bias = _autocast_cast(input, weight, bias)
-        if _compiling():  # dynamo traces dispatcher ops, not the pybind11 call
+        if _tracing():  # dispatcher ops trace, the pybind11 call does not
             return traced_linear(self._fp8_states, recipe, input, weight, bias,
                                  self._fp8_cache_weight)
         # One selection per call, held in locals: another thread switching

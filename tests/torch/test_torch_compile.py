@@ -3,7 +3,8 @@ ops torch.ops.fp8kit.linear_forward / linear_backward (opcheck), a small MLP
 compiled with fullgraph=True whose outputs, gradients and scaling state equal
 eager mode's bit for bit over training steps with one compilation, no graph
 break, recompiles only where the recipe changes, autocast's recipe guarded
-per thread, and torch.export of a forward.
+per thread, and torch.export of a forward, with dynamo (strict) and without
+(the default).
 
 Eager mode is the reference here: its numerics are checked against float64
 and ml_dtypes references in test_torch_linear.py. Between FP8 layers the MLP
@@ -226,20 +227,25 @@ def test_autocast_is_guarded_per_thread():
     assert not torch.equal(results["plain"], fp8)
 
 
-def test_export_of_a_forward_under_autocast():
+@pytest.mark.parametrize("strict", [True, False])
+@pytest.mark.parametrize("recipe", [CurrentScaling(), DelayedScaling()])
+def test_export_of_a_forward_under_autocast(strict, recipe):
     class Model(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.body = mlp("cpu")
 
         def forward(self, x):
-            with ft.autocast(recipe=CurrentScaling()):
+            with ft.autocast(recipe=recipe):
                 return self.body(x)
 
     model = Model()
     x = torch.randn(8, 32)
-    exported = torch.export.export(model, (x,), strict=True)
+    exported = torch.export.export(model, (x,), strict=strict)
     code = exported.graph_module.print_readable(print_output=False)
     assert code.count("torch.ops.fp8kit.linear_forward.default") == 2
+    # A state made while export traces holds real tensors (the layer keeps it).
+    states = [st for m in model.body if isinstance(m, ft.Linear) for st in m.fp8_states]
+    assert states and all(type(t) is torch.Tensor for st in states for t in st.tensors)
     with torch.no_grad():
         assert_bits_equal(exported.module()(x), model(x))
