@@ -13,13 +13,16 @@ say so: a training step's delayed-scaling updates are graph mutations, and
 the next step reuses the same compiled graph. Which state a call uses
 (RecipeStates.select: the recipe's state, made on first use) is decided at
 trace time, where select runs as plain Python: dynamo guards on the layer's
-RecipeStates object, the recipe object and the weight, so a new recipe object
-(or loading a checkpoint, which replaces the states) compiles again, and
-nothing else does. The weight cache (cache_fp8_weight) is an eager
+RecipeStates object, the recipe's type and field values and the weight, so
+a recipe with other values (or loading a checkpoint, which replaces the
+states) compiles again, and nothing else does: an equal recipe made anew
+each step does not. The weight cache (cache_fp8_weight) is an eager
 optimization; compiled calls quantize the weight every time.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
@@ -28,9 +31,11 @@ _ops = torch.ops.fp8kit
 
 
 @torch.compiler.assume_constant_result
-def _selection(states, recipe, weight, cache_weight: bool):
+def _selection(states, recipe_type, recipe_values, weight, cache_weight: bool):
     """(the state's tensors, its recipe as linear_forward's recipe
-    arguments, forward_fast_accumulation) for `recipe`, run at trace time."""
+    arguments, forward_fast_accumulation) for the recipe
+    recipe_type(*recipe_values), run at trace time."""
+    recipe = recipe_type(*recipe_values)
     # Non-strict torch.export runs this under its fake and proxy modes: a
     # state made here on first use must hold real tensors (the layer keeps
     # it; the export lifts them as constants).
@@ -41,6 +46,14 @@ def _selection(states, recipe, weight, cache_weight: bool):
                    r.get("amax_reduction", "max"), r.get("amax_epsilon", 0.0),
                    r.get("power_2_scale", False))
     return state.tensors, recipe_args, fast
+
+
+def _select(states, recipe, weight, cache_weight: bool):
+    """_selection for `recipe`, which dynamo reads field by field: its
+    guards then compare the recipe's type and values, not the object, so an
+    equal recipe made anew reuses the compiled graph."""
+    values = tuple(getattr(recipe, f.name) for f in dataclasses.fields(recipe))
+    return _selection(states, type(recipe), values, weight, cache_weight)
 
 
 class _LinearFunction(torch.autograd.Function):
@@ -74,7 +87,7 @@ class _LinearFunction(torch.autograd.Function):
 def traced_linear(states, recipe, input, weight, bias, cache_weight: bool):
     """y = input @ weight.T + bias in FP8 with `recipe`, as ext.linear_forward
     computes it (same state, same bits), through dispatcher ops."""
-    state, recipe_args, fast = _selection(states, recipe, weight, cache_weight)
+    state, recipe_args, fast = _select(states, recipe, weight, cache_weight)
     grad = torch.is_grad_enabled()
     dgrad = grad and input.requires_grad
     wgrad = grad and weight.requires_grad

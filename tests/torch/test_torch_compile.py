@@ -2,9 +2,9 @@
 ops torch.ops.fp8kit.linear_forward / linear_backward (opcheck), a small MLP
 compiled with fullgraph=True whose outputs, gradients and scaling state equal
 eager mode's bit for bit over training steps with one compilation, no graph
-break, recompiles only where the recipe changes, autocast's recipe guarded
-per thread, and torch.export of a forward, with dynamo (strict) and without
-(the default).
+break, recompiles only where the recipe's values change (not for an equal
+recipe made anew), autocast's recipe guarded per thread, and torch.export of
+a forward, with dynamo (strict) and without (the default).
 
 Eager mode is the reference here: its numerics are checked against float64
 and ml_dtypes references in test_torch_linear.py. Between FP8 layers the MLP
@@ -225,6 +225,17 @@ def test_autocast_is_guarded_per_thread():
     assert_bits_equal(fp8, want_fp8)
     assert_bits_equal(results["plain"], torch.nn.functional.linear(x, layer.weight, layer.bias))
     assert not torch.equal(results["plain"], fp8)
+
+
+def test_an_equal_recipe_made_anew_does_not_recompile():
+    model = mlp("cpu")
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, backend=counter, fullgraph=True)
+    x, dy = torch.randn(24, 32), torch.randn(24, 16)
+    for margin, compilations in ((1, 1), (1, 1), (2, 2), (1, 2)):
+        train_step(compiled, x, dy, DelayedScaling(margin=margin))
+        assert counter.frame_count == compilations
+    assert [s.recipe["margin"] for s in model[0].fp8_states] == [1, 2]
 
 
 @pytest.mark.parametrize("strict", [True, False])
