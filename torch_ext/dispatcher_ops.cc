@@ -11,7 +11,10 @@
 //     gelu_aux / d_amax (each would make it a mutating op);
 //   - delayed_scaling_update mutates its state, and its schema says so.
 // linear_forward and linear_backward, the FP8 Linear's two steps, have their
-// kernels in linear_dispatcher_ops.cc (which says what they take).
+// kernels in linear_dispatcher_ops.cc, and the fused layers' steps
+// (norm_forward, norm_backward, activation_forward, activation_backward,
+// quantize_slot) theirs in fused_dispatcher_ops.cc (each file says what its
+// ops take).
 // The fake (meta) kernels are in fp8kit/torch/_fake_ops.py, the module named
 // by set_python_module below.
 #include <torch/library.h>
@@ -104,6 +107,7 @@ void register_kernels(torch::Library& m) {
   m.impl("delayed_scaling_update", &delayed_scaling_update_op);
   m.impl("gemm", &gemm_op);
   register_linear_kernels(m);
+  register_fused_kernels(m);
 }
 
 }  // namespace
@@ -147,6 +151,23 @@ TORCH_LIBRARY(fp8kit, m) {
       "fwd_dtype, str bwd_dtype, int margin, str amax_reduction, float amax_epsilon, bool "
       "power_2_scale, int[] input_shape, bool forward_dgrad, bool forward_wgrad, bool dgrad, "
       "bool wgrad, bool bgrad) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
+  m.def("norm_forward(Tensor x, Tensor gamma, Tensor? beta, str normalization, float epsilon, "
+        FP8KIT_STATE_SCHEMA_ARGS
+        ", int slot, bool record, bool rowwise, bool columnwise) -> (Tensor data, Tensor "
+        "columnwise_data, Tensor scale_inv, Tensor mean, Tensor rsigma)");
+  m.def(
+      "norm_backward(Tensor dy, Tensor x, Tensor? mean, Tensor rsigma, Tensor gamma, str "
+      "normalization, float epsilon) -> (Tensor dx, Tensor dgamma, Tensor dbeta)");
+  m.def("activation_forward(Tensor h, str activation, " FP8KIT_STATE_SCHEMA_ARGS
+        ", int slot, bool record, bool rowwise, bool columnwise) -> (Tensor data, Tensor "
+        "columnwise_data, Tensor scale_inv)");
+  m.def("activation_backward(Tensor d_a, Tensor h, str activation, " FP8KIT_STATE_SCHEMA_ARGS
+        ", int slot, bool record, bool rowwise, bool columnwise, ScalarType? sums_dtype, bool "
+        "want_dh) -> (Tensor data, Tensor columnwise_data, Tensor scale_inv, Tensor sums, Tensor "
+        "dh)");
+  m.def("quantize_slot(Tensor x, " FP8KIT_STATE_SCHEMA_ARGS
+        ", int slot, bool record, bool rowwise, bool columnwise, ScalarType? sums_dtype) -> "
+        "(Tensor data, Tensor columnwise_data, Tensor scale_inv, Tensor sums)");
 }
 
 TORCH_LIBRARY_IMPL(fp8kit, CPU, m) { fp8kit_torch::register_kernels(m); }

@@ -26,13 +26,20 @@ int read_slot(py::handle slot, const std::string& where) {
 
 CastArgs read_cast_args(const char* fn, py::handle state, py::handle slot, py::handle record,
                         py::handle rowwise, py::handle columnwise) {
-  CastArgs a{&read_linear_state(state, c10::str(fn, ": state")),
-             read_slot(slot, c10::str(fn, ": slot")), read_bool(record, c10::str(fn, ": record")),
-             read_bool(rowwise, c10::str(fn, ": rowwise")),
-             read_bool(columnwise, c10::str(fn, ": columnwise"))};
-  FP8KIT_VALUE_CHECK(a.rowwise || a.columnwise, fn,
+  LinearState& st = read_linear_state(state, c10::str(fn, ": state"));
+  const int s = read_slot(slot, c10::str(fn, ": slot"));
+  return check_cast_args(fn, st, s, read_bool(record, c10::str(fn, ": record")),
+                         read_bool(rowwise, c10::str(fn, ": rowwise")),
+                         read_bool(columnwise, c10::str(fn, ": columnwise")));
+}
+
+CastArgs check_cast_args(const char* fn, LinearState& state, int64_t slot, bool record,
+                         bool rowwise, bool columnwise) {
+  FP8KIT_VALUE_CHECK(slot >= 0 && slot < kSlots, fn, ": slot is ", slot, "; it must be in [0, ",
+                     kSlots - 1, "] (0 input, 1 weight, 2 grad_output)");
+  FP8KIT_VALUE_CHECK(rowwise || columnwise, fn,
                      ": rowwise and columnwise are both False; ask for at least one FP8 copy");
-  return a;
+  return CastArgs{&state, static_cast<int>(slot), record, rowwise, columnwise};
 }
 
 FusedCastOut alloc_fused_cast(const LinearState& st, int slot, at::IntArrayRef sizes,

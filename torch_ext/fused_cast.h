@@ -35,6 +35,9 @@ struct CastArgs {
 CastArgs read_cast_args(const char* fn, pybind11::handle state, pybind11::handle slot,
                         pybind11::handle record, pybind11::handle rowwise,
                         pybind11::handle columnwise);
+// The same checks on typed arguments (the dispatcher ops').
+CastArgs check_cast_args(const char* fn, LinearState& state, int64_t slot, bool record,
+                         bool rowwise, bool columnwise);
 
 // One fused cast's FP8 outputs: the rowwise copy (the values' shape), the
 // columnwise copy (columnwise_shape), either undefined when not wanted,

@@ -3,6 +3,7 @@
 // weight or an output gradient into a LinearState slot (as the Linear layer
 // casts its own), linear_plan returns the core's plan of which copies each
 // cast writes and which the forward keeps.
+#include <optional>
 #include <string>
 
 #include "core_calls.h"
@@ -19,34 +20,16 @@ namespace py = pybind11;
 namespace fp8kit_torch {
 namespace {
 
-py::tuple quantize_slot(py::handle state, py::handle x_in, py::handle slot_in,
-                        py::handle record_in, py::handle rowwise_in, py::handle columnwise_in,
-                        py::handle sums_dtype) {
+py::tuple quantize_slot_binding(py::handle state, py::handle x_in, py::handle slot_in,
+                                py::handle record_in, py::handle rowwise_in,
+                                py::handle columnwise_in, py::handle sums_dtype) {
   FP8KIT_PROFILE_SCOPE("fp8kit::quantize_slot");
   constexpr const char* fn = "fp8kit.torch.quantize_slot";
-  const auto [state_ptr, slot, record, rowwise, columnwise] =
-      read_cast_args(fn, state, slot_in, record_in, rowwise_in, columnwise_in);
-  LinearState& st = *state_ptr;
-  const at::Tensor x = fused_input(fn, "x", read_tensor(x_in, c10::str(fn, ": x")), st);
-  const int64_t cols = x.size(-1), rows = cols ? x.numel() / cols : 0;
-  const std::optional<at::ScalarType> sums_type =
-      read_sums_dtype(fn, sums_dtype, columnwise, rows, cols, "x");
-  const FusedCastOut out = alloc_fused_cast(st, slot, x.sizes(), rowwise, columnwise);
-  at::Tensor sums;
-  {
-    DeviceScope scope(st.device);
-    const auto lock = lock_state(st.mu);
-    ColumnSums cs;
-    SlotJob job{slot, &x, out.data, out.columnwise_data, out.scalars.data_ptr<float>()};
-    if (sums_type) {
-      cs = alloc_column_sums(st, rows, cols, *sums_type);
-      sums = cs.sums;
-      job.sums = cs.desc;
-    }
-    st.quantize_slots(&job, 1, record);
-  }
-  return py::make_tuple(optional_tensor(out.data), optional_tensor(out.columnwise_data),
-                        out.scale_inv(), optional_tensor(sums));
+  const CastArgs cast = read_cast_args(fn, state, slot_in, record_in, rowwise_in, columnwise_in);
+  const QuantizeSlotOut out = quantize_slot(fn, read_tensor(x_in, c10::str(fn, ": x")), cast,
+                                            read_sums_dtype(fn, sums_dtype));
+  return py::make_tuple(optional_tensor(out.cast.data), optional_tensor(out.cast.columnwise_data),
+                        out.cast.scale_inv(), optional_tensor(out.sums));
 }
 
 py::tuple copies(fp8kit_copies c) { return py::make_tuple(c.rowwise != 0, c.columnwise != 0); }
@@ -68,8 +51,32 @@ py::tuple plan(int64_t tokens, int64_t in_features, int64_t out_features, bool d
 
 }  // namespace
 
+QuantizeSlotOut quantize_slot(const char* fn, const at::Tensor& x_in, const CastArgs& cast,
+                              std::optional<at::ScalarType> sums_dtype) {
+  LinearState& st = *cast.state;
+  const at::Tensor x = fused_input(fn, "x", x_in, st);
+  const int64_t cols = x.size(-1), rows = cols ? x.numel() / cols : 0;
+  check_sums_dtype(fn, sums_dtype, cast.columnwise, rows, cols, "x");
+  QuantizeSlotOut out;
+  out.cast = alloc_fused_cast(st, cast.slot, x.sizes(), cast.rowwise, cast.columnwise);
+  {
+    DeviceScope scope(st.device);
+    const auto lock = lock_state(st.mu);
+    ColumnSums cs;
+    SlotJob job{cast.slot, &x, out.cast.data, out.cast.columnwise_data,
+                out.cast.scalars.data_ptr<float>()};
+    if (sums_dtype) {
+      cs = alloc_column_sums(st, rows, cols, *sums_dtype);
+      out.sums = cs.sums;
+      job.sums = cs.desc;
+    }
+    st.quantize_slots(&job, 1, cast.record);
+  }
+  return out;
+}
+
 void register_fused_layer_ops(py::module_& m) {
-  m.def("quantize_slot", &quantize_slot, py::arg("state"), py::arg("x"), py::arg("slot"),
+  m.def("quantize_slot", &quantize_slot_binding, py::arg("state"), py::arg("x"), py::arg("slot"),
         py::arg("record"), py::arg("rowwise") = true, py::arg("columnwise") = false,
         py::arg("sums_dtype") = py::none(),
         "Casts x to FP8 with slot `slot` of LinearState `state`, as the Linear layer casts its "

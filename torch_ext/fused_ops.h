@@ -12,9 +12,57 @@
 #ifndef FP8KIT_TORCH_EXT_FUSED_OPS_H_
 #define FP8KIT_TORCH_EXT_FUSED_OPS_H_
 
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "fused_cast.h"
 #include "torch_includes.h"
 
 namespace fp8kit_torch {
+
+// The ops on typed arguments, each checking them (errors name `fn` and the
+// argument): the pybind11 bindings read Python values into these, and the
+// dispatcher ops (fused_dispatcher_ops.cc) call them with a LinearState
+// over the layer's state tensors. An output not asked for is undefined.
+struct NormForwardOut {
+  FusedCastOut cast;
+  at::Tensor mean, rsigma, y;  // mean: LayerNorm only
+};
+NormForwardOut norm_forward(const char* fn, const at::Tensor& x, const at::Tensor& gamma,
+                            const at::Tensor& beta, const std::string& normalization,
+                            double epsilon, const CastArgs& cast, bool want_y);
+// (dx, dgamma, dbeta); dbeta undefined for RMSNorm, as `mean` must be.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_backward(
+    const char* fn, const at::Tensor& dy, const at::Tensor& x, const at::Tensor& mean,
+    const at::Tensor& rsigma, const at::Tensor& gamma, const std::string& normalization,
+    double epsilon);
+
+struct ActivationForwardOut {
+  FusedCastOut cast;
+  at::Tensor a;
+};
+ActivationForwardOut activation_forward(const char* fn, const at::Tensor& h,
+                                        const std::string& activation, const CastArgs& cast,
+                                        bool want_a);
+struct ActivationBackwardOut {
+  FusedCastOut cast;
+  at::Tensor sums, dh;
+};
+ActivationBackwardOut activation_backward(const char* fn, const at::Tensor& d_a,
+                                          const at::Tensor& h, const std::string& activation,
+                                          const CastArgs& cast,
+                                          std::optional<at::ScalarType> sums_dtype,
+                                          bool want_dh);
+
+struct QuantizeSlotOut {
+  FusedCastOut cast;
+  at::Tensor sums;
+};
+QuantizeSlotOut quantize_slot(const char* fn, const at::Tensor& x, const CastArgs& cast,
+                              std::optional<at::ScalarType> sums_dtype);
+
+// The pybind11 bindings.
 
 void register_normalization(pybind11::module_& m);
 void register_activation(pybind11::module_& m);

@@ -84,21 +84,23 @@ at::Tensor row_stats(const char* fn, const char* arg, const at::Tensor& t, const
   return t.contiguous();
 }
 
-std::optional<at::ScalarType> read_sums_dtype(const char* fn, py::handle sums_dtype,
-                                              bool columnwise, int64_t rows, int64_t cols,
-                                              const char* input) {
+std::optional<at::ScalarType> read_sums_dtype(const char* fn, py::handle sums_dtype) {
   if (sums_dtype.is_none()) return std::nullopt;
   FP8KIT_TYPE_CHECK(THPDtype_Check(sums_dtype.ptr()), fn, ": sums_dtype is ",
                     py::str(sums_dtype).cast<std::string>(),
                     "; it must be None or a torch.dtype (the bias's)");
-  const at::ScalarType type = reinterpret_cast<THPDtype*>(sums_dtype.ptr())->scalar_type;
-  FP8KIT_TYPE_CHECK(high_precision_dtype(type).has_value(), fn, ": sums_dtype is ",
-                    dtype_str(type), "; use torch.float32, torch.bfloat16 or torch.float16");
+  return reinterpret_cast<THPDtype*>(sums_dtype.ptr())->scalar_type;
+}
+
+void check_sums_dtype(const char* fn, std::optional<at::ScalarType> sums_dtype, bool columnwise,
+                      int64_t rows, int64_t cols, const char* input) {
+  if (!sums_dtype) return;
+  FP8KIT_TYPE_CHECK(high_precision_dtype(*sums_dtype).has_value(), fn, ": sums_dtype is ",
+                    dtype_str(*sums_dtype), "; use torch.float32, torch.bfloat16 or torch.float16");
   FP8KIT_VALUE_CHECK(columnwise && rows > 1 && cols > 1, fn,
                      ": column sums come out of the cast+transpose pass: they need "
                      "columnwise=True and ", input, " with more than one row and column (sum ",
                      input, " yourself otherwise)");
-  return type;
 }
 
 py::object optional_tensor(const at::Tensor& t) {

@@ -35,11 +35,13 @@ at::Tensor row_stats(const char* fn, const char* arg, const at::Tensor& t, const
                      int64_t rows);
 
 // The dtype of a cast's column sums (the bias gradient), None for none:
-// a high-precision torch.dtype, and a cast that can produce them (the
-// columnwise copy of `input`, [rows, cols] with rows > 1 and cols > 1).
-std::optional<at::ScalarType> read_sums_dtype(const char* fn, pybind11::handle sums_dtype,
-                                              bool columnwise, int64_t rows, int64_t cols,
-                                              const char* input);
+// a torch.dtype or None.
+std::optional<at::ScalarType> read_sums_dtype(const char* fn, pybind11::handle sums_dtype);
+// Checks that dtype (when given) is a high-precision dtype and that the
+// cast can produce the sums: the columnwise copy of `input`, [rows, cols]
+// with rows > 1 and cols > 1.
+void check_sums_dtype(const char* fn, std::optional<at::ScalarType> sums_dtype, bool columnwise,
+                      int64_t rows, int64_t cols, const char* input);
 
 // An undefined tensor as None.
 pybind11::object optional_tensor(const at::Tensor& t);

@@ -24,7 +24,6 @@
 #include "linear_dispatcher_ops.h"
 
 namespace fp8kit_torch {
-namespace {
 
 using Tensor = at::Tensor;
 
@@ -79,6 +78,8 @@ void check_state(const char* fn, const Tensor& history, const Tensor& amax, cons
     check_same_device(fn, name, *t, "amax_history", history);
   }
 }
+
+namespace {
 
 Tensor or_empty(const Tensor& t, const at::TensorOptions& opts) {
   return t.defined() ? t : at::empty({0}, opts);

@@ -1,5 +1,6 @@
 """Fake (meta) kernels of the dispatcher ops torch.ops.fp8kit.* (defined in
-C++, torch_ext/dispatcher_ops.cc): each gives its op's output shapes, dtypes
+C++, torch_ext/dispatcher_ops.cc; the functional ops, the Linear's two steps,
+the fused layers' steps): each gives its op's output shapes, dtypes
 and devices without computing anything, so that the ops trace under
 FakeTensorMode and torch.compile. They follow the C++ kernels' rules:
 a layout not asked for is an empty [0] tensor of the FP8 dtype, scales and
@@ -17,8 +18,9 @@ from fp8kit.torch._ext import ext  # also defines the torch.ops.fp8kit library
 
 # The floats of one quantization's scalars block (torch_ext/linear_state.h:
 # scale, scale_inv and amax at 16-byte aligned offsets), which linear_forward
-# returns for backward.
+# returns for backward, and where scale_inv sits in it.
 _SCALARS = 12
+_SCALE_INV = 4
 
 
 def columnwise_shape(shape):
@@ -144,3 +146,69 @@ def _linear_backward(grad_output, input_fp8, input_scalars, weight_fp8, weight_s
     n, k = grad_output.shape[-1], input_shape[-1]
     grad = (lambda wanted, shape: grad_output.new_empty(shape if wanted else (0,)))
     return grad(dgrad, input_shape), grad(wgrad, (n, k)), grad(bgrad, (n,))
+
+
+# ----------------------------------------------------- the fused layers' steps
+def _cast_outputs(like, fwd_dtype, bwd_dtype, slot, shape, rowwise, columnwise):
+    """A slot cast's (data, columnwise_data, scale_inv): the slot's format
+    (GRAD_OUTPUT, slot 2, the backward one); scale_inv a view at offset
+    _SCALE_INV into a scalars block, as the kernels return it."""
+    fp8 = TORCH_FP8[bwd_dtype if slot == 2 else fwd_dtype]
+    data = like.new_empty(shape if rowwise else (0,), dtype=fp8)
+    cw = like.new_empty(columnwise_shape(shape) if columnwise else (0,), dtype=fp8)
+    return data, cw, _f32_empty(like, _SCALARS).narrow(0, _SCALE_INV, 1)
+
+
+def _sums(like, cols, sums_dtype):
+    if sums_dtype is None:
+        return like.new_empty((0,), dtype=torch.float32)
+    return like.new_empty((cols,), dtype=sums_dtype)
+
+
+@torch.library.register_fake("fp8kit::norm_forward")
+def _norm_forward(x, gamma, beta, normalization, epsilon, amax_history, amax, scale, scale_inv,
+                  counters, seeded, scaling, fwd_dtype, bwd_dtype, margin, amax_reduction,
+                  amax_epsilon, power_2_scale, slot, record, rowwise, columnwise):
+    rows = x.numel() // x.shape[-1]
+    mean = _f32_empty(x, rows if normalization == "LayerNorm" else 0)
+    return (*_cast_outputs(x, fwd_dtype, bwd_dtype, slot, x.shape, rowwise, columnwise), mean,
+            _f32_empty(x, rows))
+
+
+@torch.library.register_fake("fp8kit::norm_backward")
+def _norm_backward(dy, x, mean, rsigma, gamma, normalization, epsilon):
+    hidden = x.shape[-1]
+    dbeta = gamma.new_empty((hidden if normalization == "LayerNorm" else 0,))
+    return x.new_empty(x.shape), gamma.new_empty((hidden,)), dbeta
+
+
+def _activation_output_shape(h, activation):
+    """a = act(h): SwiGLU halves the last dimension ([gate | up] -> F)."""
+    last = h.shape[-1] // 2 if activation == "swiglu" else h.shape[-1]
+    return (*h.shape[:-1], last)
+
+
+@torch.library.register_fake("fp8kit::activation_forward")
+def _activation_forward(h, activation, amax_history, amax, scale, scale_inv, counters, seeded,
+                        scaling, fwd_dtype, bwd_dtype, margin, amax_reduction, amax_epsilon,
+                        power_2_scale, slot, record, rowwise, columnwise):
+    return _cast_outputs(h, fwd_dtype, bwd_dtype, slot, _activation_output_shape(h, activation),
+                         rowwise, columnwise)
+
+
+@torch.library.register_fake("fp8kit::activation_backward")
+def _activation_backward(d_a, h, activation, amax_history, amax, scale, scale_inv, counters,
+                         seeded, scaling, fwd_dtype, bwd_dtype, margin, amax_reduction,
+                         amax_epsilon, power_2_scale, slot, record, rowwise, columnwise,
+                         sums_dtype, want_dh):
+    dh = h.new_empty(h.shape if want_dh else (0,))
+    return (*_cast_outputs(h, fwd_dtype, bwd_dtype, slot, h.shape, rowwise, columnwise),
+            _sums(h, h.shape[-1], sums_dtype), dh)
+
+
+@torch.library.register_fake("fp8kit::quantize_slot")
+def _quantize_slot(x, amax_history, amax, scale, scale_inv, counters, seeded, scaling, fwd_dtype,
+                   bwd_dtype, margin, amax_reduction, amax_epsilon, power_2_scale, slot, record,
+                   rowwise, columnwise, sums_dtype):
+    return (*_cast_outputs(x, fwd_dtype, bwd_dtype, slot, x.shape, rowwise, columnwise),
+            _sums(x, x.shape[-1], sums_dtype))

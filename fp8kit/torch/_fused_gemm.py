@@ -8,7 +8,9 @@ one call into the extension, following the Linear layer protocol
                       the plan's wgrad_inner when wgrad reads columnwise copies
 
 Which FP8 copies each cast writes and which a forward keeps come from the
-core's plan (ext.linear_plan), cached per shape here.
+core's plan (ext.linear_plan), cached per shape here. Each function runs
+its steps through `steps`, a table of fp8kit.torch._fused_steps (the
+pybind11 calls, or the dispatcher ops while torch.compile traces).
 """
 
 from __future__ import annotations
@@ -23,9 +25,6 @@ from fp8kit.torch._ext import ext
 # The slots of a LinearState (fp8kit_linear_slot).
 INPUT, WEIGHT, GRAD_OUTPUT = 0, 1, 2
 
-_gemm = ext.gemm
-quantize_slot = ext.quantize_slot
-
 
 class Plan(NamedTuple):
     """ext.linear_plan's answer; each copies entry is (rowwise, columnwise)."""
@@ -39,9 +38,17 @@ class Plan(NamedTuple):
 
 
 @functools.lru_cache(maxsize=1024)
+def _plan(tokens: int, in_features: int, out_features: int, dgrad: bool, wgrad: bool,
+          non_tn: bool) -> Plan:
+    return Plan(*ext.linear_plan(tokens, in_features, out_features, dgrad, wgrad, non_tn))
+
+
+# A constant while dynamo traces (which cannot trace the extension's call):
+# the shapes are known then.
+@torch.compiler.assume_constant_result
 def plan(tokens: int, in_features: int, out_features: int, dgrad: bool, wgrad: bool,
          non_tn: bool) -> Plan:
-    return Plan(*ext.linear_plan(tokens, in_features, out_features, dgrad, wgrad, non_tn))
+    return _plan(tokens, in_features, out_features, dgrad, wgrad, non_tn)
 
 
 def kept(copies: tuple, rowwise, columnwise):
@@ -51,7 +58,7 @@ def kept(copies: tuple, rowwise, columnwise):
     return columnwise if copies[1] else None
 
 
-def fprop(x_data, x_scale_inv, w_data, w_scale_inv, bias: Optional[torch.Tensor],
+def fprop(steps, x_data, x_scale_inv, w_data, w_scale_inv, bias: Optional[torch.Tensor],
           out_dtype: torch.dtype, fast_accumulation: bool) -> torch.Tensor:
     """y = x @ w^T (+ bias) from the rowwise copies of x [M, K] and w [N, K]."""
     m, n = x_data.shape[0], w_data.shape[0]
@@ -60,33 +67,33 @@ def fprop(x_data, x_scale_inv, w_data, w_scale_inv, bias: Optional[torch.Tensor]
     # The bias epilogue takes a bias in D's dtype, which would round an fp32
     # bias for an fp32 output: that one is added separately.
     fused_bias = bias if bias is not None and out_dtype != torch.float32 else None
-    y = _gemm(x_data, x_scale_inv, None, w_data, w_scale_inv, None, False, True, out_dtype,
-              fused_bias, False, None, False, not fast_accumulation, None, None, None)
+    y = steps.gemm(x_data, x_scale_inv, None, w_data, w_scale_inv, None, False, True, out_dtype,
+                   fused_bias, False, None, False, not fast_accumulation, None, None, None)
     if bias is not None and fused_bias is None:
         y.add_(bias)
     return y
 
 
-def dgrad(dy_data, dy_scale_inv, w_kept, w_scale_inv, p: Plan,
+def dgrad(steps, dy_data, dy_scale_inv, w_kept, w_scale_inv, p: Plan,
           out_dtype: torch.dtype) -> torch.Tensor:
     """dx = dy @ w, w read N-contiguous (its columnwise copy on TN-only
     devices: whichever copy the forward kept)."""
     rowwise = bool(p.saved_weight[0])
-    return _gemm(dy_data, dy_scale_inv, None, w_kept if rowwise else None, w_scale_inv,
-                 None if rowwise else w_kept, False, False, out_dtype, None, False, None, False,
-                 True, None, None, None)
+    return steps.gemm(dy_data, dy_scale_inv, None, w_kept if rowwise else None, w_scale_inv,
+                      None if rowwise else w_kept, False, False, out_dtype, None, False, None,
+                      False, True, None, None, None)
 
 
-def wgrad(dy_data, dy_columnwise, dy_scale_inv, x_kept, x_scale_inv, p: Plan,
+def wgrad(steps, dy_data, dy_columnwise, dy_scale_inv, x_kept, x_scale_inv, p: Plan,
           out_dtype: torch.dtype) -> torch.Tensor:
     """dw = dy^T @ x over the tokens."""
     if p.wgrad_columnwise:
         dy_cw = _pad_tokens(dy_columnwise, p.wgrad_inner)
         x_cw = _pad_tokens(x_kept, p.wgrad_inner)
-        return _gemm(None, dy_scale_inv, dy_cw, None, x_scale_inv, x_cw, True, False, out_dtype,
-                     None, False, None, False, True, None, None, None)
-    return _gemm(dy_data, dy_scale_inv, None, x_kept, x_scale_inv, None, True, False, out_dtype,
-                 None, False, None, False, True, None, None, None)
+        return steps.gemm(None, dy_scale_inv, dy_cw, None, x_scale_inv, x_cw, True, False,
+                          out_dtype, None, False, None, False, True, None, None, None)
+    return steps.gemm(dy_data, dy_scale_inv, None, x_kept, x_scale_inv, None, True, False,
+                      out_dtype, None, False, None, False, True, None, None, None)
 
 
 def _pad_tokens(columnwise: torch.Tensor, inner: int) -> torch.Tensor:
@@ -100,7 +107,7 @@ def _pad_tokens(columnwise: torch.Tensor, inner: int) -> torch.Tensor:
     return padded.view(columnwise.dtype)
 
 
-def cast_grad_output(state, dy: torch.Tensor, p: Plan, bias_dtype: Optional[torch.dtype]):
+def cast_grad_output(steps, state, dy: torch.Tensor, p: Plan, bias_dtype: Optional[torch.dtype]):
     """Q(dy) with the copies the plan asks for, recorded (a backward), and
     the bias gradient: dy's column sums from the cast itself when it is the
     cast+transpose pass, else one reduction. Returns (data, columnwise,
@@ -110,8 +117,8 @@ def cast_grad_output(state, dy: torch.Tensor, p: Plan, bias_dtype: Optional[torc
     db = None
     if rowwise or columnwise:
         in_cast = bias_dtype is not None and columnwise and m > 1 and n > 1
-        data, cw, scale_inv, db = quantize_slot(state, dy, GRAD_OUTPUT, True, rowwise, columnwise,
-                                                bias_dtype if in_cast else None)
+        data, cw, scale_inv, db = steps.quantize_slot(state, dy, GRAD_OUTPUT, True, rowwise,
+                                                      columnwise, bias_dtype if in_cast else None)
     else:
         data = cw = scale_inv = None
     if bias_dtype is not None and db is None:

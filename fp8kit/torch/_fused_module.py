@@ -19,9 +19,11 @@ import math
 import torch
 import torch.nn.functional as F
 
+from fp8kit.torch import _fused_steps
 from fp8kit.torch._fp8_extra_state import FP8ExtraState
 from fp8kit.torch._linear_states import RecipeStates
-from fp8kit.torch.linear import _autocast_cast
+from fp8kit.torch._traced_linear import traced_state
+from fp8kit.torch.linear import _autocast_cast, _tracing
 
 _EXTRA_STATE_FORMAT = 1
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
@@ -126,18 +128,24 @@ class FusedLayer(FP8ExtraState, torch.nn.Module):
                              f"layer's hidden size is {ref.shape[-1]}; the last dimension of "
                              "input must equal it")
         x = x.reshape(-1, x.shape[-1])
-        if x.data_ptr() % 16:
+        # A traced x has no data yet: its op aligns it (or names the fix).
+        if not _tracing() and x.data_ptr() % 16:
             x = x.clone()
         return x, params
 
     def _select_states(self, recipe, weights) -> tuple:
-        """(one LinearState per GEMM, forward_fast_accumulation) for `recipe`."""
+        """(the steps table, one state per GEMM, forward_fast_accumulation)
+        for `recipe`: the pybind11 calls and ext.LinearStates in eager mode,
+        the dispatcher ops and TracedStates while torch.compile or
+        torch.export traces (fp8kit.torch._fused_steps)."""
+        tracing = _tracing()
+        select = traced_state if tracing else RecipeStates.select
         fast = False
         states = []
         for g, w in zip(self._GEMMS, weights):
-            st, fast = self._fp8_states[g].select(recipe, w, False)
+            st, fast = select(self._fp8_states[g], recipe, w, False)
             states.append(st)
-        return states, fast
+        return (_fused_steps.TRACED if tracing else _fused_steps.EAGER), tuple(states), fast
 
     # ------------------------------------------------------------ FP8 state
     def fp8_state_for(self, recipe):

@@ -18,11 +18,15 @@ a recipe with other values (or loading a checkpoint, which replaces the
 states) compiles again, and nothing else does: an equal recipe made anew
 each step does not. The weight cache (cache_fp8_weight) is an eager
 optimization; compiled calls quantize the weight every time.
+
+The fused layers take their states the same way (traced_state), as
+TracedStates that their dispatcher ops read (fp8kit.torch._fused_steps).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
@@ -30,10 +34,17 @@ from torch.utils._python_dispatch import _disable_current_modes
 _ops = torch.ops.fp8kit
 
 
+class TracedState(NamedTuple):
+    """A LinearState as the dispatcher ops take it."""
+    tensors: tuple  # LinearState.tensors, which the ops update in place
+    recipe: tuple   # LinearState.recipe as the ops' recipe arguments
+    non_tn: bool    # LinearState.non_tn
+
+
 @torch.compiler.assume_constant_result
 def _selection(states, recipe_type, recipe_values, weight, cache_weight: bool):
     """(the state's tensors, its recipe as linear_forward's recipe
-    arguments, forward_fast_accumulation) for the recipe
+    arguments, its non_tn, forward_fast_accumulation) for the recipe
     recipe_type(*recipe_values), run at trace time."""
     recipe = recipe_type(*recipe_values)
     # Non-strict torch.export runs this under its fake and proxy modes: a
@@ -45,7 +56,7 @@ def _selection(states, recipe_type, recipe_values, weight, cache_weight: bool):
     recipe_args = (r["scaling"], r["fwd_dtype"], r["bwd_dtype"], r.get("margin", 0),
                    r.get("amax_reduction", "max"), r.get("amax_epsilon", 0.0),
                    r.get("power_2_scale", False))
-    return state.tensors, recipe_args, fast
+    return state.tensors, recipe_args, state.non_tn, fast
 
 
 def _select(states, recipe, weight, cache_weight: bool):
@@ -54,6 +65,13 @@ def _select(states, recipe, weight, cache_weight: bool):
     equal recipe made anew reuses the compiled graph."""
     values = tuple(getattr(recipe, f.name) for f in dataclasses.fields(recipe))
     return _selection(states, type(recipe), values, weight, cache_weight)
+
+
+def traced_state(states, recipe, weight, cache_weight: bool):
+    """(TracedState, forward_fast_accumulation) of `recipe` in `states`
+    (RecipeStates; the state is made on first use), chosen at trace time."""
+    tensors, recipe_args, non_tn, fast = _select(states, recipe, weight, cache_weight)
+    return TracedState(tensors, recipe_args, non_tn), fast
 
 
 class _LinearFunction(torch.autograd.Function):
@@ -87,7 +105,7 @@ class _LinearFunction(torch.autograd.Function):
 def traced_linear(states, recipe, input, weight, bias, cache_weight: bool):
     """y = input @ weight.T + bias in FP8 with `recipe`, as ext.linear_forward
     computes it (same state, same bits), through dispatcher ops."""
-    state, recipe_args, fast = _select(states, recipe, weight, cache_weight)
+    state, recipe_args, _, fast = _select(states, recipe, weight, cache_weight)
     grad = torch.is_grad_enabled()
     dgrad = grad and input.requires_grad
     wgrad = grad and weight.requires_grad

@@ -14,6 +14,11 @@ Under BlockScaling the normalization runs in high precision (torch's) and
 its output goes through the block-scaled Linear (fp8kit.torch._block_linear),
 whose own block quantization casts it; that recipe keeps no state.
 
+Under torch.compile and torch.export each step is a dispatcher op instead
+of a pybind11 call (fp8kit.torch._fused_steps): the same bits, traced
+forward and backward with no graph break, the scaling state updated in the
+graph.
+
 Scaling state: one ext.LinearState per recipe (fp8_state_for(recipe)
 returns it as a 1-tuple), with the three slots of fp8kit/linear.h:
     0  the normalized x (the GEMM's input)   forward format
@@ -29,19 +34,17 @@ _fused_module docstring describes it).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
 from fp8kit.recipe import BlockScaling
 from fp8kit.torch import _fused_gemm as G
 from fp8kit.torch._block_linear import block_linear
-from fp8kit.torch._ext import ext
 from fp8kit.torch._fused_module import (FusedLayer, check_features, check_normalization,
                                         init_linear, read_norm)
 from fp8kit.torch.autocast import STATE as _AUTOCAST
-
-_norm_forward = ext.norm_forward
-_norm_backward = ext.norm_backward
 
 
 class LayerNormLinear(FusedLayer):
@@ -102,8 +105,8 @@ class LayerNormLinear(FusedLayer):
         if type(recipe) is BlockScaling:
             y = block_linear("LayerNormLinear", recipe, self._norm(x, gamma, beta), weight, bias)
             return y.view(*input.shape[:-1], self.out_features)
-        (state,), fast = self._select_states(recipe, (weight,))
-        call = _Call(state, fast, self.normalization, self.eps)
+        steps, (state,), fast = self._select_states(recipe, (weight,))
+        call = _Call(steps, state, fast, self.normalization, self.eps)
         tensors = (x, gamma, beta, weight, bias)
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
             y = _LayerNormLinearFunction.apply(call, *tensors)
@@ -117,29 +120,29 @@ class LayerNormLinear(FusedLayer):
                 f"eps={self.eps}")
 
 
-class _Call:
+class _Call(NamedTuple):
     """What one call runs with besides its tensors."""
-    __slots__ = ("state", "fast", "normalization", "eps")
-
-    def __init__(self, state, fast, normalization, eps):
-        self.state, self.fast = state, fast
-        self.normalization, self.eps = normalization, eps
+    steps: type  # _fused_steps.EAGER or TRACED
+    state: object  # an ext.LinearState, or a TracedState for TRACED
+    fast: bool
+    normalization: str
+    eps: float
 
 
 def _forward(call, x, gamma, beta, weight, bias, ctx):
     """The FP8 forward; with ctx (a pass that computes gradients) it records
     the scaling state and saves the FP8 copies backward reads."""
-    st = call.state
+    st, steps = call.state, call.steps
     m, k = x.shape
     n = weight.shape[0]
     record = ctx is not None
     dgrad = record and any(ctx.needs_input_grad[1:4])
     wgrad = record and ctx.needs_input_grad[4]
     p = G.plan(m, k, n, dgrad, wgrad, st.non_tn)
-    x_data, x_cw, x_sinv, mean, rsigma, _ = _norm_forward(
+    x_data, x_cw, x_sinv, mean, rsigma, _ = steps.norm_forward(
         x, gamma, beta, call.normalization, call.eps, st, G.INPUT, record, *p.input)
-    w_data, w_cw, w_sinv, _ = G.quantize_slot(st, weight, G.WEIGHT, record, *p.weight)
-    y = G.fprop(x_data, x_sinv, w_data, w_sinv, bias, x.dtype, call.fast)
+    w_data, w_cw, w_sinv, _ = steps.quantize_slot(st, weight, G.WEIGHT, record, *p.weight, None)
+    y = G.fprop(steps, x_data, x_sinv, w_data, w_sinv, bias, x.dtype, call.fast)
     if record:
         ctx.call, ctx.plan = call, p
         ctx.bias_dtype = bias.dtype if bias is not None else None
@@ -157,7 +160,7 @@ class _LayerNormLinearFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x, mean, rsigma, gamma, x_kept, x_sinv, w_kept, w_sinv = ctx.saved_tensors
         call, fwd_plan = ctx.call, ctx.plan
-        st = call.state
+        st, steps = call.state, call.steps
         needs = ctx.needs_input_grad
         m, k = x.shape
         n = dy.shape[-1]
@@ -174,11 +177,11 @@ class _LayerNormLinearFunction(torch.autograd.Function):
         dy = dy.reshape(m, n).contiguous()
         # The backward's own plan (only the gradients asked for) picks dy's copies.
         p = G.plan(m, k, n, want_dgrad, want_wgrad, st.non_tn)
-        dy_data, dy_cw, dy_sinv, db = G.cast_grad_output(st, dy, p, bias_dtype)
+        dy_data, dy_cw, dy_sinv, db = G.cast_grad_output(steps, st, dy, p, bias_dtype)
         if want_dgrad:
-            d_norm = G.dgrad(dy_data, dy_sinv, w_kept, w_sinv, fwd_plan, x.dtype)
-            dx, dgamma, dbeta = _norm_backward(d_norm, x, mean, rsigma, gamma,
-                                               call.normalization, call.eps)
+            d_norm = G.dgrad(steps, dy_data, dy_sinv, w_kept, w_sinv, fwd_plan, x.dtype)
+            dx, dgamma, dbeta = steps.norm_backward(d_norm, x, mean, rsigma, gamma,
+                                                    call.normalization, call.eps)
         if want_wgrad:
-            dw = G.wgrad(dy_data, dy_cw, dy_sinv, x_kept, x_sinv, fwd_plan, x.dtype)
+            dw = G.wgrad(steps, dy_data, dy_cw, dy_sinv, x_kept, x_sinv, fwd_plan, x.dtype)
         return None, dx, dgamma, dbeta, dw, db

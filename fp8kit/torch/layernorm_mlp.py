@@ -23,6 +23,11 @@ precision (torch's) and fc1 and fc2 are block-scaled Linears
 (fp8kit.torch._block_linear), whose own block quantization casts their
 inputs; that recipe keeps no state.
 
+Under torch.compile and torch.export each step is a dispatcher op instead
+of a pybind11 call (fp8kit.torch._fused_steps): the same bits, traced
+forward and backward with no graph break, the scaling state updated in the
+graph.
+
 Scaling state: per recipe, one ext.LinearState per GEMM
 (fp8_state_for(recipe) returns (fc1's, fc2's)), six slots in all, each
 GEMM's three in the order of fp8kit/linear.h:
@@ -39,22 +44,19 @@ _fused_module docstring describes it; gemms "fc1" and "fc2").
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
 from fp8kit.recipe import BlockScaling
 from fp8kit.torch import _fused_gemm as G
 from fp8kit.torch._block_linear import block_linear
-from fp8kit.torch._ext import ext
 from fp8kit.torch._fused_module import (FusedLayer, check_features, check_normalization,
                                         init_linear, read_norm)
 from fp8kit.torch.autocast import STATE as _AUTOCAST
 
 ACTIVATIONS = ("gelu", "swiglu")
-_norm_forward = ext.norm_forward
-_norm_backward = ext.norm_backward
-_activation_forward = ext.activation_forward
-_activation_backward = ext.activation_backward
 
 
 class LayerNormMLP(FusedLayer):
@@ -143,8 +145,8 @@ class LayerNormMLP(FusedLayer):
             h = block_linear("LayerNormMLP", recipe, self._norm(x, gamma, beta), w1, b1)
             y = block_linear("LayerNormMLP", recipe, self._act(h), w2, b2)
             return y.view(*input.shape[:-1], self.hidden_size)
-        states, fast = self._select_states(recipe, (params[2], params[4]))
-        call = _Call(states, fast, self.normalization, self.eps, self.activation)
+        steps, states, fast = self._select_states(recipe, (params[2], params[4]))
+        call = _Call(steps, states, fast, self.normalization, self.eps, self.activation)
         tensors = (x, *params)
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
             y = _LayerNormMLPFunction.apply(call, *tensors)
@@ -158,13 +160,14 @@ class LayerNormMLP(FusedLayer):
                 f"activation={self.activation}, eps={self.eps}")
 
 
-class _Call:
+class _Call(NamedTuple):
     """What one call runs with besides its tensors."""
-    __slots__ = ("states", "fast", "normalization", "eps", "activation")
-
-    def __init__(self, states, fast, normalization, eps, activation):
-        self.states, self.fast = states, fast
-        self.normalization, self.eps, self.activation = normalization, eps, activation
+    steps: type  # _fused_steps.EAGER or TRACED
+    states: tuple  # (fc1's, fc2's): ext.LinearStates, or TracedStates for TRACED
+    fast: bool
+    normalization: str
+    eps: float
+    activation: str
 
 
 # needs_input_grad indices of _LayerNormMLPFunction.apply(call, x, gamma,
@@ -189,18 +192,19 @@ def _forward(call, x, gamma, beta, w1, b1, w2, b2, ctx):
     """The FP8 forward; with ctx (a pass that computes gradients) it records
     the scaling state and saves what backward reads."""
     st1, st2 = call.states
+    steps = call.steps
     m, k = x.shape
     f1, f = w1.shape[0], w2.shape[1]
     record = ctx is not None
     p1, p2 = _plans(call, m, k, f1, f, ctx.needs_input_grad if record else None)
-    x_data, x_cw, x_sinv, mean, rsigma, _ = _norm_forward(
+    x_data, x_cw, x_sinv, mean, rsigma, _ = steps.norm_forward(
         x, gamma, beta, call.normalization, call.eps, st1, G.INPUT, record, *p1.input)
-    w1_data, w1_cw, w1_sinv, _ = G.quantize_slot(st1, w1, G.WEIGHT, record, *p1.weight)
-    h = G.fprop(x_data, x_sinv, w1_data, w1_sinv, b1, x.dtype, call.fast)
-    a_data, a_cw, a_sinv, _ = _activation_forward(h, call.activation, st2, G.INPUT, record,
-                                                  *p2.input)
-    w2_data, w2_cw, w2_sinv, _ = G.quantize_slot(st2, w2, G.WEIGHT, record, *p2.weight)
-    y = G.fprop(a_data, a_sinv, w2_data, w2_sinv, b2, x.dtype, call.fast)
+    w1_data, w1_cw, w1_sinv, _ = steps.quantize_slot(st1, w1, G.WEIGHT, record, *p1.weight, None)
+    h = G.fprop(steps, x_data, x_sinv, w1_data, w1_sinv, b1, x.dtype, call.fast)
+    a_data, a_cw, a_sinv, _ = steps.activation_forward(h, call.activation, st2, G.INPUT, record,
+                                                       *p2.input)
+    w2_data, w2_cw, w2_sinv, _ = steps.quantize_slot(st2, w2, G.WEIGHT, record, *p2.weight, None)
+    y = G.fprop(steps, a_data, a_sinv, w2_data, w2_sinv, b2, x.dtype, call.fast)
     if record:
         ctx.call, ctx.plans = call, (p1, p2)
         ctx.bias_dtype = b1.dtype if b1 is not None else None
@@ -223,6 +227,7 @@ class _LayerNormMLPFunction(torch.autograd.Function):
          w2_sinv) = ctx.saved_tensors
         call = ctx.call
         st1, st2 = call.states
+        steps = call.steps
         fwd1, fwd2 = ctx.plans
         needs = ctx.needs_input_grad
         m, k = x.shape
@@ -244,26 +249,26 @@ class _LayerNormMLPFunction(torch.autograd.Function):
         bias_dtype = ctx.bias_dtype
         # fc2: quantize dy (column sums: fc2's bias gradient), dgrad, wgrad.
         dy_data, dy_cw, dy_sinv, grads[_B2] = G.cast_grad_output(
-            st2, dy, p2, bias_dtype if needs[_B2] else None)
+            steps, st2, dy, p2, bias_dtype if needs[_B2] else None)
         if needs[_W2]:
-            grads[_W2] = G.wgrad(dy_data, dy_cw, dy_sinv, a_kept, a_sinv, fwd2, x.dtype)
+            grads[_W2] = G.wgrad(steps, dy_data, dy_cw, dy_sinv, a_kept, a_sinv, fwd2, x.dtype)
         if not dgrad2:
             return tuple(grads)
-        d_a = G.dgrad(dy_data, dy_sinv, w2_kept, w2_sinv, fwd2, x.dtype)
+        d_a = G.dgrad(steps, dy_data, dy_sinv, w2_kept, w2_sinv, fwd2, x.dtype)
         # The activation backward casts dh for fc1's GEMMs; its column sums
         # are fc1's bias gradient when that pass is the cast+transpose one.
         rowwise, columnwise = p1.grad_output
         sums_in_cast = needs[_B1] and columnwise and m > 1
         need_dh = needs[_B1] and not sums_in_cast
-        dh_data, dh_cw, dh_sinv, db1, dh = _activation_backward(
+        dh_data, dh_cw, dh_sinv, db1, dh = steps.activation_backward(
             d_a, h, call.activation, st1, G.GRAD_OUTPUT, True, rowwise or not columnwise,
             columnwise, bias_dtype if sums_in_cast else None, need_dh)
         grads[_B1] = dh.sum(0, dtype=bias_dtype) if need_dh else db1
         if wgrad1:
-            grads[_W1] = G.wgrad(dh_data, dh_cw, dh_sinv, x_kept, x_sinv, fwd1, x.dtype)
+            grads[_W1] = G.wgrad(steps, dh_data, dh_cw, dh_sinv, x_kept, x_sinv, fwd1, x.dtype)
         if dgrad1:
-            d_norm = G.dgrad(dh_data, dh_sinv, w1_kept, w1_sinv, fwd1, x.dtype)
-            grads[_X], grads[_GAMMA], grads[_BETA] = _norm_backward(
+            d_norm = G.dgrad(steps, dh_data, dh_sinv, w1_kept, w1_sinv, fwd1, x.dtype)
+            grads[_X], grads[_GAMMA], grads[_BETA] = steps.norm_backward(
                 d_norm, x, mean, rsigma, gamma, call.normalization, call.eps)
         return tuple(grads)
 

@@ -1,0 +1,151 @@
+// The kernels of the fused layers' steps as dispatcher ops (schemas in
+// dispatcher_ops.cc): torch.ops.fp8kit.norm_forward, norm_backward,
+// activation_forward, activation_backward and quantize_slot, which is what
+// torch.compile traces of fp8kit.torch.LayerNormLinear and LayerNormMLP
+// (fp8kit/torch/_fused_steps.py). Each runs the function its pybind11
+// binding of the same name runs (fused_ops.h), so both compute the same
+// bits; what differs is how the arguments travel:
+//   - the layer's scaling state is its LinearState's tensors, which the
+//     casts update in place (the schemas say so), and its recipe the plain
+//     values of LinearState.recipe, as for linear_forward;
+//   - a cast's scale_inv is, as the binding's, a one-element view into its
+//     scalars block (float32 [12]: scale, scale_inv, amax at 16-byte
+//     aligned offsets, which cuBLASLt needs), at offset 4 (the fake
+//     kernels say so too); the block's other floats are not all written,
+//     so it is not returned whole;
+//   - an output not asked for is an empty [0] tensor (FP8 copies in the
+//     slot's format, the others in their own dtype).
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "descriptors.h"
+#include "fused_ops.h"
+#include "linear_dispatcher_ops.h"
+
+namespace fp8kit_torch {
+namespace {
+
+using Tensor = at::Tensor;
+
+// A LinearState over the state tensors, checked, for one op call.
+struct StateArgs {
+  const Tensor &history, &amax, &scale, &scale_inv, &counters, &seeded;
+  const std::string &scaling, &fwd_dtype, &bwd_dtype;
+  int64_t margin;
+  const std::string& amax_reduction;
+  double amax_epsilon;
+  bool power_2_scale;
+
+  LinearState make(const char* fn) const {
+    check_state(fn, history, amax, scale, scale_inv, counters, seeded);
+    const LinearRecipe r = recipe_of(fn, scaling, fwd_dtype, bwd_dtype, history.size(1), margin,
+                                     amax_reduction, amax_epsilon, power_2_scale);
+    return LinearState(r, history, amax, scale, scale_inv, counters, seeded);
+  }
+};
+
+Tensor or_empty(const Tensor& t, const at::TensorOptions& opts) {
+  return t.defined() ? t : at::empty({0}, opts);
+}
+
+// A cast's three outputs: its FP8 copies (empty when not asked for) and
+// its scale_inv.
+std::tuple<Tensor, Tensor, Tensor> cast_outputs(const FusedCastOut& out, const LinearState& st,
+                                                int slot) {
+  const auto fp8 = at::TensorOptions().device(st.device).dtype(torch_fp8_type(st.slot_dtype(slot)));
+  return {or_empty(out.data, fp8), or_empty(out.columnwise_data, fp8), out.scale_inv()};
+}
+
+// The kernels' parameters for FP8KIT_STATE_SCHEMA_ARGS, in its order, and
+// the StateArgs over them.
+#define FP8KIT_STATE_PARAMS                                                                     \
+  const Tensor &amax_history, const Tensor &amax, const Tensor &scale, const Tensor &scale_inv, \
+      const Tensor &counters, const Tensor &seeded, const std::string &scaling,                 \
+      const std::string &fwd_dtype, const std::string &bwd_dtype, int64_t margin,               \
+      const std::string &amax_reduction, double amax_epsilon, bool power_2_scale
+#define FP8KIT_STATE_ARGS                                                                     \
+  StateArgs {                                                                                 \
+    amax_history, amax, scale, scale_inv, counters, seeded, scaling, fwd_dtype, bwd_dtype,    \
+        margin, amax_reduction, amax_epsilon, power_2_scale                                   \
+  }
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> norm_forward_op(
+    const Tensor& x, const Tensor& gamma, const std::optional<Tensor>& beta,
+    const std::string& normalization, double epsilon, FP8KIT_STATE_PARAMS, int64_t slot,
+    bool record, bool rowwise, bool columnwise) {
+  constexpr const char* fn = "fp8kit::norm_forward";
+  LinearState st = FP8KIT_STATE_ARGS.make(fn);
+  const CastArgs cast = check_cast_args(fn, st, slot, record, rowwise, columnwise);
+  const NormForwardOut out = norm_forward(fn, x, gamma, beta ? *beta : Tensor(), normalization,
+                                          epsilon, cast, /*want_y=*/false);
+  const auto [data, columnwise_data, data_scale_inv] = cast_outputs(out.cast, st, cast.slot);
+  return {data, columnwise_data, data_scale_inv, or_empty(out.mean, out.rsigma.options()),
+          out.rsigma};
+}
+
+std::tuple<Tensor, Tensor, Tensor> norm_backward_op(const Tensor& dy, const Tensor& x,
+                                                     const std::optional<Tensor>& mean,
+                                                     const Tensor& rsigma, const Tensor& gamma,
+                                                     const std::string& normalization,
+                                                     double epsilon) {
+  auto [dx, dgamma, dbeta] = norm_backward("fp8kit::norm_backward", dy, x,
+                                           mean ? *mean : Tensor(), rsigma, gamma, normalization,
+                                           epsilon);
+  return {dx, dgamma, or_empty(dbeta, dgamma.options())};
+}
+
+std::tuple<Tensor, Tensor, Tensor> activation_forward_op(const Tensor& h,
+                                                         const std::string& activation,
+                                                         FP8KIT_STATE_PARAMS, int64_t slot,
+                                                         bool record, bool rowwise,
+                                                         bool columnwise) {
+  constexpr const char* fn = "fp8kit::activation_forward";
+  LinearState st = FP8KIT_STATE_ARGS.make(fn);
+  const CastArgs cast = check_cast_args(fn, st, slot, record, rowwise, columnwise);
+  const ActivationForwardOut out = activation_forward(fn, h, activation, cast, /*want_a=*/false);
+  return cast_outputs(out.cast, st, cast.slot);
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> activation_backward_op(
+    const Tensor& d_a, const Tensor& h, const std::string& activation, FP8KIT_STATE_PARAMS,
+    int64_t slot, bool record, bool rowwise, bool columnwise,
+    std::optional<at::ScalarType> sums_dtype, bool want_dh) {
+  constexpr const char* fn = "fp8kit::activation_backward";
+  LinearState st = FP8KIT_STATE_ARGS.make(fn);
+  const CastArgs cast = check_cast_args(fn, st, slot, record, rowwise, columnwise);
+  const ActivationBackwardOut out =
+      activation_backward(fn, d_a, h, activation, cast, sums_dtype, want_dh);
+  const auto [data, columnwise_data, data_scale_inv] = cast_outputs(out.cast, st, cast.slot);
+  const auto opts = h.options();
+  return {data, columnwise_data, data_scale_inv,
+          or_empty(out.sums, opts.dtype(sums_dtype.value_or(at::kFloat))),
+          or_empty(out.dh, opts)};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> quantize_slot_op(
+    const Tensor& x, FP8KIT_STATE_PARAMS, int64_t slot, bool record, bool rowwise,
+    bool columnwise, std::optional<at::ScalarType> sums_dtype) {
+  constexpr const char* fn = "fp8kit::quantize_slot";
+  LinearState st = FP8KIT_STATE_ARGS.make(fn);
+  const CastArgs cast = check_cast_args(fn, st, slot, record, rowwise, columnwise);
+  const QuantizeSlotOut out = quantize_slot(fn, x, cast, sums_dtype);
+  const auto [data, columnwise_data, data_scale_inv] = cast_outputs(out.cast, st, cast.slot);
+  return {data, columnwise_data, data_scale_inv,
+          or_empty(out.sums, x.options().dtype(sums_dtype.value_or(at::kFloat)))};
+}
+
+#undef FP8KIT_STATE_PARAMS
+#undef FP8KIT_STATE_ARGS
+
+}  // namespace
+
+void register_fused_kernels(torch::Library& m) {
+  m.impl("norm_forward", &norm_forward_op);
+  m.impl("norm_backward", &norm_backward_op);
+  m.impl("activation_forward", &activation_forward_op);
+  m.impl("activation_backward", &activation_backward_op);
+  m.impl("quantize_slot", &quantize_slot_op);
+}
+
+}  // namespace fp8kit_torch
