@@ -36,6 +36,14 @@ def linear_with_fp8_weight(states, recipe, input, weight, bias, cache_weight: bo
     """y = input @ weight.T + bias in FP8 with a Float8Tensor `weight`
     (2-D, in the recipe's forward format), the layer's `states`
     (RecipeStates) giving the input's and the gradient's scaling."""
+    if torch.compiler.is_compiling():
+        # The dispatcher op linear_forward takes a high-precision weight.
+        raise NotImplementedError(
+            "fp8kit.torch.Linear: a Float8Tensor weight (FSDP2's FP8 all-gather, "
+            "fp8kit.torch.distributed.enable_fp8_all_gather) does not trace under torch.compile "
+            "or torch.export; all-gather the weights in high precision (leave "
+            "enable_fp8_all_gather out) to compile the layer, or keep it out of the compiled "
+            "region (torch.compiler.disable)")
     state, fast = states.select(recipe, weight, cache_weight)
     # The dgrad GEMM reads the weight's columnwise copy on devices whose FP8
     # GEMMs take the TN layout only: the weight's own, or a transpose of its

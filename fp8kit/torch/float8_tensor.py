@@ -9,6 +9,12 @@ those of the high-precision tensor it stands for.
 Created by fp8kit's C++ quantizers in one call (quantizer(x)), or here. The
 op table (what views, copies and in-place ops do) is in float8_tensor_ops.
 
+Traceable: __tensor_flatten__ / __tensor_unflatten__ (a view included) let
+torch.compile and torch.export take a Float8Tensor as a graph input, and
+while it is traced (fake buffers, or dynamo / export running) dequantizing
+and re-quantizing go through the dispatcher ops, which compute the same
+bits as eager mode's pybind11 calls (fp8kit.torch._float8_tracing).
+
 [Note] Views and writes
 A Float8Tensor holds up to two copies of its values (rowwise, columnwise)
 and one scale, and every write must keep them in step. So:
@@ -37,7 +43,7 @@ from typing import Optional
 
 import torch
 
-from fp8kit.torch import _checks
+from fp8kit.torch import _checks, _float8_tracing
 from fp8kit.torch._ext import ext
 from fp8kit.torch.quantized_tensor import QuantizedTensor
 
@@ -241,7 +247,7 @@ class Float8Tensor(QuantizedTensor):
         for src in owner._aliases(self._steps):
             try:
                 r = replay(self._steps, src)
-            except RuntimeError:  # not expressible as a view of this buffer
+            except (RuntimeError, ValueError):  # not a view of this buffer (fake: ValueError)
                 continue
             if r.is_contiguous():
                 return r.view(fp8)
@@ -253,7 +259,7 @@ class Float8Tensor(QuantizedTensor):
         for src in owner._aliases(self._steps):
             try:
                 c = replay(self._steps, src).view(rows, cols).t()
-            except RuntimeError:  # not expressible as a view of this buffer
+            except (RuntimeError, ValueError):  # not a view of this buffer (fake: ValueError)
                 continue
             if c.is_contiguous():
                 return c.view(fp8)
@@ -272,13 +278,15 @@ class Float8Tensor(QuantizedTensor):
 
     # ------------------------------------------------------- dequantize
     def _dequantize_raw(self, dtype) -> torch.Tensor:
+        scale_inv = self._root()._scale_inv
+        # Traced (compile, export, fake mode): the dispatcher op, same bits.
+        dequantize = (_float8_tracing.dequantize if _float8_tracing.traced(scale_inv)
+                      else ext.dequantize)
         if self._owner is not None:
-            return ext.dequantize(self._view_rowwise(), self._owner._scale_inv, dtype, False,
-                                  None)
+            return dequantize(self._view_rowwise(), scale_inv, dtype, False, None)
         if self._data is not None:
-            return ext.dequantize(self._data, self._scale_inv, dtype, False, None)
-        return ext.dequantize(self._columnwise_data, self._scale_inv, dtype, True,
-                              list(self._shape))
+            return dequantize(self._data, scale_inv, dtype, False, None)
+        return dequantize(self._columnwise_data, scale_inv, dtype, True, list(self._shape))
 
     def dequantize(self, *, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """The high-precision tensor q * scale_inv (nominal dtype by default).
@@ -318,12 +326,14 @@ class Float8Tensor(QuantizedTensor):
             replay(self._steps, hp).copy_(src)
             return owner._requantize_from(hp)
         q = self._quantizer
-        if q is None:  # keep this tensor's scale
-            q = ext.Float8Quantizer(torch.reciprocal(self._scale_inv), self._fp8_dtype)
         if src.dtype not in _checks.HIGH_PRECISION:
             src = src.to(self._dtype)
         if tuple(src.shape) != tuple(self._shape):
             src = src.expand(self._shape)
+        if _float8_tracing.traced(self._scale_inv):
+            return _float8_tracing.requantize(self, q, src)
+        if q is None:  # keep this tensor's scale
+            q = ext.Float8Quantizer(torch.reciprocal(self._scale_inv), self._fp8_dtype)
         q.update_quantized(src, self)
 
     # ---------------------------------------------- pickling, copying, repr
@@ -355,28 +365,71 @@ class Float8Tensor(QuantizedTensor):
                                           ("columnwise", root._columnwise_data))
                           if t is not None)
         view = "" if self is root else f", view of shape {tuple(root._shape)}"
-        return (f"Float8Tensor(fp8_dtype={self._fp8_dtype}, shape={tuple(self._shape)}, "
-                f"dtype={self._dtype}, device={self._device}, layouts={layouts}{view}, "
-                f"scale_inv={float(root._scale_inv.reshape(()))}, "
+        head = (f"Float8Tensor(fp8_dtype={self._fp8_dtype}, shape={tuple(self._shape)}, "
+                f"dtype={self._dtype}, device={self._device}, layouts={layouts}{view}")
+        if _float8_tracing.traced(root._scale_inv):  # no values to read while tracing
+            return head + ", traced)"
+        return (f"{head}, scale_inv={float(root._scale_inv.reshape(()))}, "
                 f"values={self._dequantize_raw(torch.float32)})")
 
-    # torch.compile traces through tensor subclasses that can flatten.
+    # torch.compile traces through tensor subclasses that can flatten. A view
+    # flattens to its owner's buffers and its steps, and unflattens to a view
+    # of a new owner over them.
+    _FLAT_BUFFERS = ("_flat_data", "_flat_columnwise_data", "_flat_scale_inv")
+    _flat_data = property(lambda self: self._root()._data)
+    _flat_columnwise_data = property(lambda self: self._root()._columnwise_data)
+    _flat_scale_inv = property(lambda self: self._root()._scale_inv)
+
     def __tensor_flatten__(self):
-        if self._owner is not None:
-            raise NotImplementedError(
-                "Float8Tensor: torch.compile cannot trace a view of a Float8Tensor (it owns no "
-                "buffers); pass the tensor it views, or view.clone()")
-        inner = [n for n in ("_data", "_columnwise_data", "_scale_inv")
-                 if getattr(self, n) is not None]
-        return inner, (self._fp8_dtype, self._dtype, tuple(self._shape), self._quantizer)
+        root = self._root()
+        inner = [n for n in self._FLAT_BUFFERS if getattr(self, n) is not None]
+        return inner, (self._fp8_dtype, self._dtype, tuple(root._shape),
+                       _QuantizerMeta(root._quantizer), self._steps)
 
     @staticmethod
     def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
-        fp8_dtype, dtype, shape, quantizer = meta
-        ref = inner.get("_data", inner.get("_columnwise_data"))
-        return Float8Tensor._make(shape, dtype, ref.device, inner.get("_data"),
-                                  inner.get("_columnwise_data"), inner["_scale_inv"], fp8_dtype,
-                                  quantizer)
+        fp8_dtype, dtype, shape, quantizer, steps = meta
+        quantizer = quantizer.quantizer
+        ref = inner.get("_flat_data", inner.get("_flat_columnwise_data"))
+        owner = Float8Tensor._make(shape, dtype, ref.device, inner.get("_flat_data"),
+                                   inner.get("_flat_columnwise_data"), inner["_flat_scale_inv"],
+                                   fp8_dtype, quantizer)
+        if not steps:
+            return owner
+        view_meta = replay(steps, torch.empty(shape, dtype=dtype, device="meta"))
+        return Float8Tensor._make_view(owner, steps, view_meta)
+
+    @classmethod
+    def __metadata_guard__(cls, saved, meta) -> bool:
+        """Whether a compiled graph traced with flatten metadata `saved` (a
+        deep copy) serves a tensor with `meta`: the same values but for the
+        quantizer, whose configuration must match."""
+        return (saved[:3] + saved[4:] == meta[:3] + meta[4:]
+                and _quantizer_config(saved[3].quantizer) == _quantizer_config(meta[3].quantizer))
+
+
+class _QuantizerMeta:
+    """The quantizer in a Float8Tensor's flatten metadata, held in a plain
+    Python object: torch's structured logging pretty-prints that metadata,
+    and pprint looks each object's type's __repr__ up in a dict, which a
+    pybind11 method (the quantizer's __repr__) cannot be a key of."""
+
+    __slots__ = ("quantizer",)
+
+    def __init__(self, quantizer):
+        self.quantizer = quantizer
+
+    def __repr__(self) -> str:
+        return f"_QuantizerMeta({self.quantizer!r})"
+
+
+def _quantizer_config(q) -> tuple:
+    """What a quantizer's in-place re-quantization depends on, but for the
+    state tensors a delayed-scaling one reads."""
+    if q is None:
+        return ()
+    return (type(q), q.fp8_dtype, q.rowwise, q.columnwise, getattr(q, "amax_epsilon", None),
+            getattr(q, "power_2_scale", None))
 
 
 def _rebuild_float8_tensor(data, columnwise_data, scale_inv, fp8_dtype, dtype, shape,
