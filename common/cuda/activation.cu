@@ -80,10 +80,10 @@ __device__ __forceinline__ void act_values(const ActParams& p, int64_t row, int6
       float up[8];
       load8<kIn>(p.h, row * 2 * p.f + p.f + c, up);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] = swiglu_grad_gate_f32(da[j], gate[j], up[j]);
+      for (int j = 0; j < 8; ++j) v[j] = swiglu_grad_f32(da[j], gate[j], up[j]).d_gate;
     } else {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] = swiglu_grad_up_f32(da[j], gate[j]);
+      for (int j = 0; j < 8; ++j) v[j] = swiglu_grad_f32(da[j], gate[j], 0.0f).d_up;  // no up
     }
   }
 }

@@ -44,8 +44,9 @@ void activation_backward_cpu(fp8kit_activation act, const fp8kit_tensor& d_a,
       const float x = load_high_precision(h.data, h.dtype, r * h_cols + c);
       if (act == FP8KIT_SWIGLU) {
         const float up = load_high_precision(h.data, h.dtype, r * h_cols + f + c);
-        v[size_t(r * h_cols + c)] = swiglu_grad_gate_f32(da, x, up);
-        v[size_t(r * h_cols + f + c)] = swiglu_grad_up_f32(da, x);
+        const SwigluGrad g = swiglu_grad_f32(da, x, up);
+        v[size_t(r * h_cols + c)] = g.d_gate;
+        v[size_t(r * h_cols + f + c)] = g.d_up;
       } else {
         v[size_t(r * h_cols + c)] = gelu_backward_f32(da, x);
       }

@@ -1,10 +1,16 @@
-// fp8kit's own float32 exp, expm1, tanh and sigmoid, host and device
-// inline, so that the CPU reference and the CUDA kernels compute the same
-// bits (libm's and CUDA's expf/tanhf differ from each other by an ulp here
-// and there). Built only from operations IEEE 754 specifies exactly: fma,
-// correctly rounded + - * / and sqrt, round-to-integer, and exact scaling
-// by powers of two. Accurate to a few ulp (tests/cpp/float_math_test.cc
-// measures them against float64 over a dense sweep of float32).
+// fp8kit's own float32 exp and sigmoid, host and device inline, so that the
+// CPU reference and the CUDA kernels compute the same bits (libm's and
+// CUDA's expf differ from each other by an ulp here and there). Built only
+// from operations IEEE 754 specifies exactly: fma, correctly rounded + - *
+// / and sqrt, min/max, and exact scaling by powers of two.
+//
+// The activation kernels are bound by these instructions, so the functions
+// are branch-free: out-of-range arguments are clamped to where the result
+// is already saturated (0 or 1) instead of returning early, and one
+// scaling path covers normal, denormal and zero results. Largest errors
+// against the exact value, over every float32 argument
+// (tests/cpp/float_math_test.cc checks a sparser sweep): exp_nonpositive_f32
+// 0.98 ulp, sigmoid and its complement 2.41 ulp.
 #ifndef FP8KIT_SRC_FLOAT_MATH_H_
 #define FP8KIT_SRC_FLOAT_MATH_H_
 
@@ -44,84 +50,92 @@ FP8KIT_HD float sqrt_rn(float x) {
 #endif
 }
 
-// x rounded to the nearest integer, ties to even (exact).
-FP8KIT_HD float round_even(float x) {
+// IEEE maxNum / minNum: the larger / smaller operand, the other one when
+// one is NaN (one instruction on the GPU).
+FP8KIT_HD float max_f32(float a, float b) {
 #if defined(__CUDA_ARCH__)
-  return rintf(x);
+  return fmaxf(a, b);
 #else
-  return std::nearbyint(x);
+  return std::fmax(a, b);
 #endif
 }
 
-FP8KIT_HD float with_sign_of(float magnitude, float sign_source) {
-  return bits_to_float((float_to_bits(magnitude) & 0x7fffffffu) |
-                       (float_to_bits(sign_source) & 0x80000000u));
+FP8KIT_HD float min_f32(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return fminf(a, b);
+#else
+  return std::fmin(a, b);
+#endif
 }
 
-// e^x. Cody-Waite reduction x = k ln2 + r (|r| <= ln2/2, two fma steps),
-// e^r by its Taylor polynomial of degree 8 (truncation error below 0.05
-// ulp), then the exact scaling by 2^k; a result in the denormal range is
-// rounded once (the scaling is split so that the first step is exact).
-FP8KIT_HD float exp_f32(float x) {
-  if (is_nan_float(x)) return x;
-  if (x > 88.8f) return bits_to_float(0x7f800000u);  // beyond ln(FLT_MAX)
-  if (x < -104.0f) return 0.0f;                       // below half the smallest denormal
-  const float k = round_even(mul_rn(x, 0x1.715476p+0f));  // x / ln2
-  float r = fma_rn(k, -0x1.62e4p-1f, x);                // ln2, high part
-  r = fma_rn(k, -0x1.7f7d1cp-20f, r);                   // ln2, low part
-  float p = 0x1.a01a02p-16f;                            // 1/8!
-  p = fma_rn(p, r, 0x1.a01a02p-13f);                    // 1/7!
-  p = fma_rn(p, r, 0x1.6c16c2p-10f);                    // 1/6!
-  p = fma_rn(p, r, 0x1.111112p-7f);                     // 1/5!
-  p = fma_rn(p, r, 0x1.555556p-5f);                     // 1/4!
-  p = fma_rn(p, r, 0x1.555556p-3f);                     // 1/3!
+// x clamped to [lo, hi] (lo <= hi, neither NaN); a NaN x gives lo, so
+// callers that must keep a NaN get it back through another operand.
+FP8KIT_HD float clamp_f32(float x, float lo, float hi) { return min_f32(max_f32(x, lo), hi); }
+
+// -|x| (NaN stays NaN; on the GPU an operand modifier, no instruction).
+FP8KIT_HD float negative_abs(float x) {
+#if defined(__CUDA_ARCH__)
+  return -fabsf(x);
+#else
+  return -std::fabs(x);
+#endif
+}
+
+// Round-to-integer constant: float32 values in [2^23, 2^24) are the
+// integers, so t = y + 1.5 * 2^23 rounds y to an integer (ties to even)
+// and keeps it in t's low mantissa bits while |y| < 2^22.
+constexpr float kRoundToIntShift = 0x1.8p23f;
+
+// 2^(b - 75) for 0 <= b <= 202, as float bits.
+FP8KIT_HD float exp2_biased75(uint32_t b) { return bits_to_float((b + 52u) << 23); }
+
+// e^y for y <= 0 (or NaN: NaN); +-0 give 1. Cody-Waite reduction
+// y = k ln2 + r (k read off the bits of a round-to-integer sum, |r| <=
+// ln2/2, two fma steps), e^r by a degree-6 polynomial (1 + r + r^2 q(r),
+// q a Chebyshev fit: under 0.14 ulp), then the scaling by 2^k in two exact
+// halves so that a denormal result is rounded once. Below -104, e^y rounds
+// to 0 (under half the smallest denormal): the argument is clamped there,
+// by a comparison so that a NaN passes through.
+FP8KIT_HD float exp_nonpositive_f32(float y) {
+  const float yc = y < -104.0f ? -104.0f : y;
+  const float t = fma_rn(yc, 0x1.715476p+0f, kRoundToIntShift);  // y / ln2 + shift
+  const float k = sub_rn(t, kRoundToIntShift);                    // in [-150, 0]
+  float r = fma_rn(k, -0x1.62e4p-1f, yc);                         // ln2, high part: exact
+  r = fma_rn(k, -0x1.7f7d1cp-20f, r);                             // ln2, low part
+  float p = 0x1.6d110ap-10f;
+  p = fma_rn(p, r, 0x1.120b6ep-7f);
+  p = fma_rn(p, r, 0x1.55551ap-5f);
+  p = fma_rn(p, r, 0x1.5554dcp-3f);
   p = fma_rn(p, r, 0.5f);
   p = fma_rn(p, r, 1.0f);
-  const float e = fma_rn(p, r, 1.0f);  // e^r in [0.7, 1.42]
-  const int ki = int(k);
-  if (ki > 127) return mul_rn(mul_rn(e, exp2_int(127)), exp2_int(ki - 127));  // may overflow to inf
-  if (ki < -126) return mul_rn(mul_rn(e, exp2_int(ki + 64)), exp2_int(-64));
-  return mul_rn(e, exp2_int(ki));
+  p = fma_rn(p, r, 1.0f);  // e^r in [0.7, 1.42]
+  // k + 150 in [0, 150] from t's low bits, split into halves b1 + b2 (each
+  // <= 75): p * 2^(b1 - 75) >= 0.7 * 2^-75 is normal (exact), and the
+  // second multiply rounds once, also to a denormal or to 0.
+  const uint32_t kb = float_to_bits(t) - float_to_bits(kRoundToIntShift) + 150u;
+  const uint32_t b1 = kb >> 1;
+  return mul_rn(mul_rn(p, exp2_biased75(b1)), exp2_biased75(kb - b1));
 }
 
-// e^y - 1 for 0 <= y: the Taylor polynomial of degree 11 below 1 (no
-// cancellation; y itself for tiny y), exp_f32(y) - 1 from 1 on (e^y >= e,
-// so the subtraction loses under one bit).
-FP8KIT_HD float expm1_nonnegative(float y) {
-  if (y >= 1.0f) return sub_rn(exp_f32(y), 1.0f);
-  float p = 0x1.ae6456p-26f;           // 1/11!
-  p = fma_rn(p, y, 0x1.27e4fcp-22f);   // 1/10!
-  p = fma_rn(p, y, 0x1.71de3ap-19f);   // 1/9!
-  p = fma_rn(p, y, 0x1.a01a02p-16f);   // 1/8!
-  p = fma_rn(p, y, 0x1.a01a02p-13f);   // 1/7!
-  p = fma_rn(p, y, 0x1.6c16c2p-10f);   // 1/6!
-  p = fma_rn(p, y, 0x1.111112p-7f);    // 1/5!
-  p = fma_rn(p, y, 0x1.555556p-5f);    // 1/4!
-  p = fma_rn(p, y, 0x1.555556p-3f);    // 1/3!
-  p = fma_rn(p, y, 0.5f);
-  p = fma_rn(p, y, 1.0f);
-  return mul_rn(p, y);
+// sigmoid(x) = 1 / (1 + e^-x) and its complement 1 - sigmoid(x) =
+// sigmoid(-x), each without cancellation: with e = e^-|x|, the smaller of
+// the two is e / (1 + e) (correctly rounded), the larger 1 minus that
+// (within an ulp: the smaller is at most 0.5). x >= 0 (-0 included) takes
+// the larger as sigmoid; a NaN x gives NaN in both.
+struct Sigmoid {
+  float s;           // sigmoid(x)
+  float complement;  // 1 - sigmoid(x)
+};
+
+FP8KIT_HD Sigmoid sigmoid_pair_f32(float x) {
+  const float e = exp_nonpositive_f32(negative_abs(x));
+  const float smaller = div_rn(e, add_rn(1.0f, e));
+  const float larger = sub_rn(1.0f, smaller);
+  const bool nonnegative = x >= 0.0f;
+  return {nonnegative ? larger : smaller, nonnegative ? smaller : larger};
 }
 
-// tanh(x) = sign(x) * t / (t + 2) with t = e^(2|x|) - 1; +-1 from |x| >=
-// 9.1 on (where tanh rounds to 1); keeps the sign of zero.
-FP8KIT_HD float tanh_f32(float x) {
-  if (is_nan_float(x)) return x;
-  const float a = bits_to_float(float_to_bits(x) & 0x7fffffffu);
-  if (a >= 9.1f) return with_sign_of(1.0f, x);
-  const float t = expm1_nonnegative(add_rn(a, a));
-  return with_sign_of(div_rn(t, add_rn(t, 2.0f)), x);
-}
-
-// 1 / (1 + e^-x), as e^x / (1 + e^x) for x < 0 so that e^... never
-// overflows and small results keep their relative accuracy.
-FP8KIT_HD float sigmoid_f32(float x) {
-  if (x < 0.0f) {
-    const float e = exp_f32(x);
-    return div_rn(e, add_rn(1.0f, e));
-  }
-  return div_rn(1.0f, add_rn(1.0f, exp_f32(-x)));
-}
+FP8KIT_HD float sigmoid_f32(float x) { return sigmoid_pair_f32(x).s; }
 
 }  // namespace fp8kit
 

@@ -100,8 +100,9 @@ std::vector<float> values(const ActInputs& in, bool backward) {
       } else if (!backward) {
         v[size_t(r * f + c)] = fp8kit::swiglu_f32(h(r, c), h(r, f + c));
       } else {
-        v[size_t(r * hc + c)] = fp8kit::swiglu_grad_gate_f32(da(r, c), h(r, c), h(r, f + c));
-        v[size_t(r * hc + f + c)] = fp8kit::swiglu_grad_up_f32(da(r, c), h(r, c));
+        const fp8kit::SwigluGrad g = fp8kit::swiglu_grad_f32(da(r, c), h(r, c), h(r, f + c));
+        v[size_t(r * hc + c)] = g.d_gate;
+        v[size_t(r * hc + f + c)] = g.d_up;
       }
     }
   }

@@ -100,87 +100,75 @@ def _c(hexstr: str):
     return F32(float.fromhex(hexstr))
 
 
-K0, K1, K1X3 = _c("0x1.988454p-1"), _c("0x1.6e4e26p-5"), _c("0x1.12ba9ep-3")
-_EXP_POLY = [_c(h) for h in ("0x1.a01a02p-16", "0x1.a01a02p-13", "0x1.6c16c2p-10",
-                             "0x1.111112p-7", "0x1.555556p-5", "0x1.555556p-3")]
-_EXPM1_POLY = [_c(h) for h in ("0x1.ae6456p-26", "0x1.27e4fcp-22", "0x1.71de3ap-19",
-                               "0x1.a01a02p-16", "0x1.a01a02p-13", "0x1.6c16c2p-10",
-                               "0x1.111112p-7", "0x1.555556p-5", "0x1.555556p-3")]
+TWO_K0, K1, K1X3 = _c("0x1.988454p+0"), _c("0x1.6e4e26p-5"), _c("0x1.12ba9ep-3")
+FLT_MAX = np.finfo(F32).max
+_EXP_POLY = [_c(h) for h in ("0x1.6d110ap-10", "0x1.120b6ep-7", "0x1.55551ap-5",
+                             "0x1.5554dcp-3")]
+_ROUND_SHIFT = _c("0x1.8p23")
 
 
 def _pow2(k) -> np.ndarray:
     return np.ldexp(F32(1), np.asarray(k, np.int32)).astype(F32)
 
 
-def exp32(x) -> np.ndarray:
-    """fp8kit's exp_f32 (finite x in [-104, 88.8] here; the tests stay inside)."""
-    x = np.asarray(x, F32)
-    k = np.rint(x * _c("0x1.715476p+0")).astype(F32)
-    r = fma32(k, -_c("0x1.62e4p-1"), x)
+def exp_nonpositive32(y) -> np.ndarray:
+    """fp8kit's exp_nonpositive_f32: e^y for y <= 0 (NaN stays NaN)."""
+    y = np.asarray(y, F32)
+    yc = np.where(y < F32(-104), F32(-104), y)
+    t = fma32(yc, _c("0x1.715476p+0"), _ROUND_SHIFT)
+    k = t - _ROUND_SHIFT
+    r = fma32(k, -_c("0x1.62e4p-1"), yc)
     r = fma32(k, -_c("0x1.7f7d1cp-20"), r)
     p = _EXP_POLY[0]
-    for coef in _EXP_POLY[1:]:
+    for coef in _EXP_POLY[1:] + [F32(0.5), F32(1), F32(1)]:
         p = fma32(p, r, coef)
-    p = fma32(p, r, F32(0.5))
-    p = fma32(p, r, F32(1))
-    e = fma32(p, r, F32(1))
-    ki = k.astype(np.int32)
-    low = (e * _pow2(np.clip(ki + 64, -126, 127))) * _pow2(-64)
-    out = np.where(ki < -126, low, e * _pow2(np.clip(ki, -126, 127)))
-    out = np.where(x > F32(88.8), F32(np.inf), out)
-    return np.where(x < F32(-104), F32(0), out).astype(F32)
+    kb = np.nan_to_num(k).astype(np.int32) + 150  # k + 150 in [0, 150] (NaN: p is NaN)
+    half = kb >> 1
+    return ((p * _pow2(half - 75)) * _pow2(kb - half - 75)).astype(F32)
 
 
-def _expm1_nonneg(y) -> np.ndarray:
-    p = _EXPM1_POLY[0]
-    for coef in _EXPM1_POLY[1:]:
-        p = fma32(p, y, coef)
-    p = fma32(p, y, F32(0.5))
-    p = fma32(p, y, F32(1))
-    return np.where(y >= F32(1), exp32(y) - F32(1), p * y).astype(F32)
-
-
-def tanh32(x) -> np.ndarray:
+def sigmoid_pair32(x):
+    """(sigmoid(x), 1 - sigmoid(x)): the smaller one e / (1 + e) with
+    e = e^-|x|, the larger 1 minus that."""
     x = np.asarray(x, F32)
-    a = np.abs(x)
-    t = _expm1_nonneg(np.minimum(a, F32(9.1)) * F32(2))  # the rest is +-1
-    return np.where(a >= F32(9.1), np.copysign(F32(1), x),
-                    np.copysign(t / (t + F32(2)), x)).astype(F32)
+    e = exp_nonpositive32(-np.abs(x))
+    smaller = e / (F32(1) + e)
+    larger = F32(1) - smaller
+    nonneg = x >= 0
+    return (np.where(nonneg, larger, smaller).astype(F32),
+            np.where(nonneg, smaller, larger).astype(F32))
 
 
 def sigmoid32(x) -> np.ndarray:
-    x = np.asarray(x, F32)
-    e_neg = exp32(np.minimum(x, F32(0)))  # x < 0 branch
-    e_pos = exp32(-np.maximum(x, F32(0)))
-    return np.where(x < 0, e_neg / (F32(1) + e_neg), F32(1) / (F32(1) + e_pos)).astype(F32)
+    return sigmoid_pair32(x)[0]
+
+
+def _gelu_arg(x):
+    return (TWO_K0 * fma32(K1, (x * x) * x, x)).astype(F32)
 
 
 def gelu32(x) -> np.ndarray:
     x = np.asarray(x, F32)
-    t = tanh32(K0 * fma32(K1, (x * x) * x, x))
-    one_plus_t = F32(1) + t
-    return np.where(one_plus_t == 0, np.copysign(F32(0), x),
-                    (F32(0.5) * x) * one_plus_t).astype(F32)
+    return (np.maximum(x, -FLT_MAX) * sigmoid32(_gelu_arg(x))).astype(F32)
 
 
 def gelu_grad32(x) -> np.ndarray:
     x = np.asarray(x, F32)
-    x2 = x * x
-    t = tanh32(K0 * fma32(K1, x2 * x, x))
-    left = F32(0.5) * (F32(1) + t)
-    dt = fma32(-t, t, F32(1))
-    dinner = K0 * fma32(K1X3, x2, F32(1))
-    return np.where(dt == 0, left, fma32((F32(0.5) * x) * dt, dinner, left)).astype(F32)
+    s, comp = sigmoid_pair32(_gelu_arg(x))
+    c = np.clip(x, F32(-16), F32(16))
+    dv = TWO_K0 * fma32(K1X3, c * c, F32(1))
+    return fma32(c * (s * comp), dv, s)
 
 
 def silu32(g) -> np.ndarray:
     g = np.asarray(g, F32)
-    return (g * sigmoid32(g)).astype(F32)
+    return (np.maximum(g, -FLT_MAX) * sigmoid32(g)).astype(F32)
 
 
 def silu_grad32(g) -> np.ndarray:
-    s = sigmoid32(g)
-    return (s * fma32(g, F32(1) - s, F32(1))).astype(F32)
+    g = np.asarray(g, F32)
+    s, comp = sigmoid_pair32(g)
+    return fma32(np.clip(g, -FLT_MAX, FLT_MAX), s * comp, s)
 
 
 def activation_forward(h, activation: str) -> np.ndarray:

@@ -10,17 +10,19 @@
  * every data pointer is 16-byte aligned (the CUDA kernels' vectors; the
  * CPU refuses what the GPU would).
  *
- * Arithmetic: float32 with fp8kit's own exp and tanh (a few ulp; libm and
- * CUDA differ from each other), every other operation an IEEE one (fma,
- * correctly rounded + - * /), in this order, identical on CPU and CUDA:
- *   tanh(x)    = sign(x) t / (t + 2), t = e^(2|x|) - 1  (+-1 from |x| >= 9.1)
- *   sigmoid(x) = 1 / (1 + e^-x) for x >= 0, e^x / (1 + e^x) for x < 0
- *   GELU:   t = tanh(k0 * fma(k1, (x * x) * x, x)), k0 = sqrt(2/pi),
- *           k1 = 0.044715;  a = (0.5 x) * (1 + t)  (-0 where 1 + t = 0)
- *           gelu'(x) = fma((0.5 x) * fma(-t, t, 1), k0 * fma(3 k1, x * x, 1),
- *                          0.5 (1 + t))  (just 0.5 (1 + t) where fma(-t, t, 1) = 0)
- *   SwiGLU: silu(g) = g * sigmoid(g) (-0 at -inf);  a = silu(gate) * up
- *           silu'(g) = s * fma(g, 1 - s, 1), s = sigmoid(g) (1 and 0 at +-inf)
+ * Arithmetic: float32 with fp8kit's own exp (under an ulp; libm and CUDA
+ * differ from each other), every other operation an IEEE one (fma,
+ * correctly rounded + - * /, min/max), in this order, identical on CPU and
+ * CUDA:
+ *   sigmoid(x): e = e^-|x|, q = e / (1 + e); sigmoid(x) = 1 - q and
+ *               1 - sigmoid(x) = q for x >= 0, the other way round for x < 0
+ *   GELU:   0.5 (1 + tanh(u)) = sigmoid(2u): v = 2k0 * fma(k1, (x * x) * x, x),
+ *           k0 = sqrt(2/pi), k1 = 0.044715, s = sigmoid(v);
+ *           a = max(x, -FLT_MAX) * s  (-0 at -inf)
+ *           gelu'(x) = fma(c * (s * (1 - s)), 2k0 * fma(3 k1, c * c, 1), s),
+ *                      c = x clamped to [-16, 16] (s (1 - s) = 0 beyond)
+ *   SwiGLU: silu(g) = max(g, -FLT_MAX) * s, s = sigmoid(g);  a = silu(gate) * up
+ *           silu'(g) = fma(g clamped to +-FLT_MAX, s * (1 - s), s)
  * Backward: GELU dh = d_a * gelu'(h); SwiGLU d_gate = (d_a * up) *
  * silu'(gate), d_up = d_a * silu(gate), dh = [d_gate | d_up].
  * The FP8 cast reads these float32 values; the optional high-precision
