@@ -13,9 +13,13 @@
 // finish as in column_sums.cuh; the last block of a delayed cast updates
 // the state. The amax pass computes the values and their amax only.
 //
-// SwiGLU backward writes dh [rows, 2F]: a tile of dh's left half computes
-// d_gate (reading gate, up and d_a), of its right half d_up (gate, d_a),
-// an 8-column group never straddling the halves (F % 16 == 0).
+// SwiGLU backward writes dh [rows, 2F] = [d_gate | d_up], and both halves
+// of a column need sigmoid(gate): a tile there holds 64 columns of each
+// half (the gate ones first), and a block of 128 threads computes them, a
+// thread the 8x8 micro-tile of d_gate and the one of d_up beside it from
+// one sigmoid per element (swiglu_grad_f32). Its column tiles are as many
+// as dh's 128-column ones (ceil(F / 64) = ceil(2F / 128)), so the column
+// sums' counters fit.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -43,47 +47,73 @@ struct ActParams {
   int64_t rows;
   int64_t cols;      // of the output: F, or 2F for SwiGLU backward
   int64_t f;         // F
-  int64_t tiles_c;
+  int64_t tiles_c;   // column tiles (launch_passes)
   int columnwise_align;  // 16, 8 or 1
   FusedCast cast;
   SumsJob sums;      // kSums only
 };
 
-// The 8 values of output row `row`, columns col..col+7.
+// How a block of kOp covers its 128x128 output tile: kMicroTiles 8x8
+// micro-tiles per thread (2 for SwiGLU backward: d_gate and d_up, micro-tile
+// mt at tile columns 8 (cg + 8 mt)), so 256 / kMicroTiles threads in 16 row
+// groups x kColGroups column groups.
+template <ActOp kOp>
+struct TileShape {
+  static constexpr int kMicroTiles = kOp == ActOp::kSwigluBackward ? 2 : 1;
+  static constexpr int kThreads = kCtThreads / kMicroTiles;
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kColGroups = 16 / kMicroTiles;
+  static constexpr int kCols = 8 * kColGroups;  // input columns of a tile (per micro-tile)
+};
+
+// The output column of tile column tc (0..127) of column tile tile_c; p.cols
+// where there is none (past the end).
+template <ActOp kOp>
+__device__ __forceinline__ int64_t output_col(const ActParams& p, int64_t tile_c, int tc) {
+  if constexpr (kOp == ActOp::kSwigluBackward) {
+    constexpr int kCols = TileShape<kOp>::kCols;
+    const int64_t c = tile_c * kCols + tc % kCols;  // column of gate, up and d_a
+    if (c >= p.f) return p.cols;
+    return tc < kCols ? c : p.f + c;
+  } else {
+    const int64_t c = tile_c * kCtTile + tc;
+    return c < p.cols ? c : p.cols;
+  }
+}
+
+// The values of row `row`, input columns col..col+7: v[0] the
+// activation's 8 outputs; for SwiGLU backward v[0] = d_gate and v[1] =
+// d_up of those columns.
 template <int kIn, ActOp kOp>
 __device__ __forceinline__ void act_values(const ActParams& p, int64_t row, int64_t col,
-                                           float (&v)[8]) {
+                                           float (&v)[TileShape<kOp>::kMicroTiles][8]) {
   if constexpr (kOp == ActOp::kGeluForward) {
     float h[8];
     load8<kIn>(p.h, row * p.f + col, h);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = gelu_f32(h[j]);
+    for (int j = 0; j < 8; ++j) v[0][j] = gelu_f32(h[j]);
   } else if constexpr (kOp == ActOp::kSwigluForward) {
     float gate[8], up[8];
     load8<kIn>(p.h, row * 2 * p.f + col, gate);
     load8<kIn>(p.h, row * 2 * p.f + p.f + col, up);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = swiglu_f32(gate[j], up[j]);
+    for (int j = 0; j < 8; ++j) v[0][j] = swiglu_f32(gate[j], up[j]);
   } else if constexpr (kOp == ActOp::kGeluBackward) {
     float da[8], h[8];
     load8<kIn>(p.d_a, row * p.f + col, da);
     load8<kIn>(p.h, row * p.f + col, h);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = gelu_backward_f32(da[j], h[j]);
+    for (int j = 0; j < 8; ++j) v[0][j] = gelu_backward_f32(da[j], h[j]);
   } else {
-    const bool gate_half = col < p.f;
-    const int64_t c = gate_half ? col : col - p.f;  // column of a and d_a
-    float da[8], gate[8];
-    load8<kIn>(p.d_a, row * p.f + c, da);
-    load8<kIn>(p.h, row * 2 * p.f + c, gate);
-    if (gate_half) {
-      float up[8];
-      load8<kIn>(p.h, row * 2 * p.f + p.f + c, up);
+    float da[8], gate[8], up[8];
+    load8<kIn>(p.d_a, row * p.f + col, da);
+    load8<kIn>(p.h, row * 2 * p.f + col, gate);
+    load8<kIn>(p.h, row * 2 * p.f + p.f + col, up);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] = swiglu_grad_f32(da[j], gate[j], up[j]).d_gate;
-    } else {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] = swiglu_grad_f32(da[j], gate[j], 0.0f).d_up;  // no up
+    for (int j = 0; j < 8; ++j) {
+      const SwigluGrad g = swiglu_grad_f32(da[j], gate[j], up[j]);
+      v[0][j] = g.d_gate;
+      v[1][j] = g.d_up;
     }
   }
 }
@@ -104,16 +134,18 @@ __device__ __forceinline__ void stage_columnwise(const uint2 (&q)[8], int cg, in
 
 // The staged tile written as 16-byte pieces of the columnwise rows (after
 // a __syncthreads).
+template <ActOp kOp>
 __device__ __forceinline__ void store_columnwise_tile(const ActParams& p, int64_t tile_r0,
-                                                      int64_t tile_c0,
+                                                      int64_t tile_c,
                                                       const uint4* tile_columnwise) {
+  constexpr int kThreads = TileShape<kOp>::kThreads;
 #pragma unroll
-  for (int it = 0; it < (kCtTile * 8) / kCtThreads; ++it) {
-    const int id = it * kCtThreads + int(threadIdx.x);
+  for (int it = 0; it < (kCtTile * 8) / kThreads; ++it) {
+    const int id = it * kThreads + int(threadIdx.x);
     const int c = id >> 3;  // tile column = output row
     const int m = id & 7;   // 16-row piece: row groups 2m, 2m+1
     const uint4 v = tile_columnwise[c * 8 + (m ^ ((c >> 3) & 7))];
-    const int64_t oc = tile_c0 + c;
+    const int64_t oc = output_col<kOp>(p, tile_c, c);
     const int64_t orow0 = tile_r0 + 16 * m;
     if (oc < p.cols && orow0 < p.rows) {
       const int64_t left = p.rows - orow0;
@@ -124,86 +156,110 @@ __device__ __forceinline__ void store_columnwise_tile(const ActParams& p, int64_
 }
 
 template <int kIn, bool kE4M3, ActOp kOp, bool kAmaxPass, bool kSums>
-__global__ void __launch_bounds__(kCtThreads) act_kernel(const ActParams p) {
+__global__ void __launch_bounds__(TileShape<kOp>::kThreads) act_kernel(const ActParams p) {
+  using Shape = TileShape<kOp>;
+  constexpr int kMicroTiles = Shape::kMicroTiles;
   __shared__ __align__(16) uint4 tile_columnwise[kCtTile * 8];  // as cast_transpose_block's
-  __shared__ uint32_t warp_max[kCtWarps];
+  __shared__ uint32_t warp_max[Shape::kWarps];
   if constexpr (kAmaxPass) {
     if (fused_pass_skipped(p.cast)) return;
   }
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const int cg = (lane & 7) + 8 * (warp & 1);    // column group 0..15
-  const int rg = 4 * (warp >> 1) + (lane >> 3);  // row group 0..15
+  // A warp: 8 column groups x 4 row groups, as cast_transpose_block's (the
+  // shared-memory swizzles assume it).
+  constexpr int kWarpCols = Shape::kColGroups / 8;
+  const int cg = (lane & 7) + 8 * (warp % kWarpCols);  // column group of micro-tile 0
+  const int rg = 4 * (warp / kWarpCols) + (lane >> 3);  // row group 0..15
   const int64_t tile = blockIdx.x;
-  const int64_t tile_r0 = (tile / p.tiles_c) * kCtTile;
-  const int64_t tile_c0 = (tile % p.tiles_c) * kCtTile;
+  const int64_t tile_r = tile / p.tiles_c;
+  const int64_t tile_c = tile % p.tiles_c;
+  const int64_t tile_r0 = tile_r * kCtTile;
   const int64_t r0 = tile_r0 + rg * 8;
-  const int64_t col = tile_c0 + cg * 8;
-  const bool col_ok = col < p.cols;  // cols % 8 == 0: whole groups
+  const int64_t col = tile_c * Shape::kCols + cg * 8;  // input column
+  const bool col_ok = output_col<kOp>(p, tile_c, cg * 8) < p.cols;  // cols % 8 == 0: whole groups
 
   float scale = 1.0f;
   if constexpr (!kAmaxPass) scale = read_scale(p.cast.scale, tile == 0);
   uint32_t amax_bits = 0;
-  uint2 q[8];
-  float sums[8] = {};
+  uint2 q[kMicroTiles][8];
+  float sums[kMicroTiles][8] = {};
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
-    q[k] = make_uint2(0, 0);
+#pragma unroll
+    for (int mt = 0; mt < kMicroTiles; ++mt) q[mt][k] = make_uint2(0, 0);
     const int64_t row = r0 + k;
     if (!col_ok || row >= p.rows) {
       if constexpr (kSums) {  // fp8kit_column_sums: rows past the end add 0.0f
 #pragma unroll
-        for (int j = 0; j < 8; ++j) sums[j] = add_rn(sums[j], 0.0f);
+        for (int mt = 0; mt < kMicroTiles; ++mt) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) sums[mt][j] = add_rn(sums[mt][j], 0.0f);
+        }
       }
       continue;
     }
-    float v[8];
+    float v[kMicroTiles][8];
     act_values<kIn, kOp>(p, row, col, v);
-    fold_amax8(v, amax_bits);
-    if constexpr (!kAmaxPass) {
-      if (p.hp_out != nullptr) store8<kIn>(p.hp_out, row * p.cols + col, v);
-      q[k] = cast8_values<kE4M3>(v, scale);
-      if (p.cast.out != nullptr) *reinterpret_cast<uint2*>(p.cast.out + row * p.cols + col) = q[k];
-      if constexpr (kSums) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) sums[j] = add_rn(sums[j], v[j]);
+    for (int mt = 0; mt < kMicroTiles; ++mt) {
+      fold_amax8(v[mt], amax_bits);
+      if constexpr (!kAmaxPass) {
+        const int64_t out = row * p.cols + output_col<kOp>(p, tile_c, (cg + 8 * mt) * 8);
+        if (p.hp_out != nullptr) store8<kIn>(p.hp_out, out, v[mt]);
+        q[mt][k] = cast8_values<kE4M3>(v[mt], scale);
+        if (p.cast.out != nullptr) *reinterpret_cast<uint2*>(p.cast.out + out) = q[mt][k];
+        if constexpr (kSums) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) sums[mt][j] = add_rn(sums[mt][j], v[mt][j]);
+        }
       }
     }
   }
 
   if constexpr (!kAmaxPass) {
-    if (p.cast.columnwise != nullptr) stage_columnwise(q, cg, rg, tile_columnwise);
+    if (p.cast.columnwise != nullptr) {
+#pragma unroll
+      for (int mt = 0; mt < kMicroTiles; ++mt) {
+        stage_columnwise(q[mt], cg + 8 * mt, rg, tile_columnwise);
+      }
+    }
     if constexpr (kSums) {
       __shared__ GroupSums group_sums;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) group_sums[rg][group_sum_slot(rg, cg * 8 + j)] = sums[j];
+      for (int mt = 0; mt < kMicroTiles; ++mt) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          group_sums[rg][group_sum_slot(rg, (cg + 8 * mt) * 8 + j)] = sums[mt][j];
+        }
+      }
       __syncthreads();
-      store_columnwise_tile(p, tile_r0, tile_c0, tile_columnwise);  // validated: columnwise set
-      CastTransposeParams shape{};  // the two fields finish_column_sums reads
-      shape.cols = p.cols;
-      shape.tiles_c = p.tiles_c;
-      finish_column_sums(p.sums, shape, tile, group_sums);
+      store_columnwise_tile<kOp>(p, tile_r0, tile_c, tile_columnwise);  // validated: columnwise set
+      finish_column_sums_at(p.sums, p.cols, tile_r, tile_c,
+                            output_col<kOp>(p, tile_c, int(threadIdx.x)), group_sums);
     } else if (p.cast.columnwise != nullptr) {
       __syncthreads();
-      store_columnwise_tile(p, tile_r0, tile_c0, tile_columnwise);
+      store_columnwise_tile<kOp>(p, tile_r0, tile_c, tile_columnwise);
     }
   }
-  fused_pass_finish<kCtWarps>(p.cast, amax_bits, warp_max);
+  fused_pass_finish<Shape::kWarps>(p.cast, amax_bits, warp_max);
 }
 
 template <int kIn, bool kE4M3, ActOp kOp, bool kSums>
 void launch_passes(ActParams p, const FusedCastPasses& passes, cudaStream_t stream,
                    const char* op) {
+  constexpr int kThreads = TileShape<kOp>::kThreads;
+  p.tiles_c = ceil_div(kOp == ActOp::kSwigluBackward ? p.f : p.cols, TileShape<kOp>::kCols);
   const int64_t tiles = ceil_div(p.rows, kCtTile) * p.tiles_c;
   const unsigned blocks = unsigned(tiles > 0 ? tiles : 1);  // an empty h: one block for the state
   if (passes.amax_pass) {
     p.cast = passes.amax;
-    launch_fused_pass(act_kernel<kIn, kE4M3, kOp, true, false>, blocks, kCtThreads, p,
-                      passes.pdl, stream, op, "launching the activation amax pass");
+    launch_fused_pass(act_kernel<kIn, kE4M3, kOp, true, false>, blocks, kThreads, p, passes.pdl,
+                      stream, op, "launching the activation amax pass");
   }
   p.cast = passes.cast;
-  launch_fused_pass(act_kernel<kIn, kE4M3, kOp, false, kSums>, blocks, kCtThreads, p, passes.pdl,
+  launch_fused_pass(act_kernel<kIn, kE4M3, kOp, false, kSums>, blocks, kThreads, p, passes.pdl,
                     stream, op, "launching the activation kernel");
 }
 
@@ -235,7 +291,6 @@ ActParams act_params(const fp8kit_tensor& h, void* hp_out, int64_t cols, int64_t
   p.hp_out = hp_out;
   p.cols = cols;
   p.f = f;
-  p.tiles_c = ceil_div(cols, kCtTile);
   p.columnwise_align = p.rows % 16 == 0 ? 16 : p.rows % 8 == 0 ? 8 : 1;
   return p;
 }

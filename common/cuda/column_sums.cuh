@@ -31,25 +31,26 @@ inline SumsJob sums_job(const fp8kit_column_sums& s, int64_t rows) {
   return SumsJob{s.sums, s.dtype, s.partials, s.counters, ceil_div(rows, kCtTile)};
 }
 
-// After cast_transpose_block<..., kSums = true> on tile `tile`: the tile's
-// column sums (its 16 group sums added in order) go to the partials; the
-// block that finishes a column tile last (threadfence + counter) adds the
-// partials of every row tile in order and writes the column sums, then
-// resets the counter. The order is fp8kit_column_sums's.
-__device__ __forceinline__ void finish_column_sums(const SumsJob& s, const CastTransposeParams& p,
-                                                   int64_t tile, const GroupSums& group_sums) {
+// After a cast+transpose pass over tile (tile_r, tile_c) of a tensor with
+// `cols` columns: the tile's column sums (its 16 group sums added in
+// order) go to the partials, and the block that finishes column tile
+// tile_c last (threadfence + counter) adds the partials of every row tile
+// in order and writes the column sums, then resets the counter. The order
+// is fp8kit_column_sums's. `col` is the tensor column of this thread's
+// tile column (threadIdx.x < 128), >= cols where there is none: a tile's
+// columns need not be consecutive (SwiGLU backward's hold both halves).
+__device__ __forceinline__ void finish_column_sums_at(const SumsJob& s, int64_t cols,
+                                                      int64_t tile_r, int64_t tile_c, int64_t col,
+                                                      const GroupSums& group_sums) {
   __shared__ bool last;
-  const int64_t tile_r = tile / p.tiles_c;
-  const int64_t tile_c = tile % p.tiles_c;
-  const int64_t col = tile_c * kCtTile + threadIdx.x;
-  const bool owns_col = threadIdx.x < kCtTile && col < p.cols;
+  const bool owns_col = threadIdx.x < kCtTile && col < cols;
   if (owns_col) {
     float sum = 0.0f;
 #pragma unroll
     for (int grp = 0; grp < kCtTile / 8; ++grp) {
       sum = add_rn(sum, group_sums[grp][group_sum_slot(grp, threadIdx.x)]);
     }
-    s.partials[tile_r * p.cols + col] = sum;
+    s.partials[tile_r * cols + col] = sum;
     __threadfence();  // the partial is visible before the tile counts itself done
   }
   __syncthreads();
@@ -67,14 +68,24 @@ __device__ __forceinline__ void finish_column_sums(const SumsJob& s, const CastT
     for (; r + kChunk <= s.tiles_r; r += kChunk) {
       float v[kChunk];
 #pragma unroll
-      for (int i = 0; i < kChunk; ++i) v[i] = __ldcg(partial + (r + i) * p.cols);
+      for (int i = 0; i < kChunk; ++i) v[i] = __ldcg(partial + (r + i) * cols);
 #pragma unroll
       for (int i = 0; i < kChunk; ++i) total = add_rn(total, v[i]);
     }
-    for (; r < s.tiles_r; ++r) total = add_rn(total, __ldcg(partial + r * p.cols));
+    for (; r < s.tiles_r; ++r) total = add_rn(total, __ldcg(partial + r * cols));
     store_rounded(s.out, s.dtype, col, total);
   }
   if (threadIdx.x == 0) s.counters[tile_c] = 0u;
+}
+
+// finish_column_sums_at for cast_transpose_block<..., kSums = true> on tile
+// `tile` (row-major over the tiles; tile column c is column tile_c * 128 +
+// c).
+__device__ __forceinline__ void finish_column_sums(const SumsJob& s, const CastTransposeParams& p,
+                                                   int64_t tile, const GroupSums& group_sums) {
+  const int64_t tile_c = tile % p.tiles_c;
+  finish_column_sums_at(s, p.cols, tile / p.tiles_c, tile_c, tile_c * kCtTile + threadIdx.x,
+                        group_sums);
 }
 
 }  // namespace cuda
