@@ -23,7 +23,8 @@ Importing this package registers fp8kit's FFI handlers with JAX (for the
                   normalization, activation, state, recipe)
                                               norm + dense + GELU/SwiGLU + dense, fused casts
                                               (state: DelayedScalingState.create(recipe,
-                                              num_linears=2))
+                                              num_linears=2)); both fused layers take
+                                              the three recipes, as dense does
 
 Sharding: under a mesh context (`with jax.set_mesh(mesh):`) the custom
 calls are partitioned instead of gathered; see fp8kit/jax/_sharding.py.
@@ -45,8 +46,10 @@ are no cycles; tests/jax/test_jax_imports.py checks it):
     quantization, matmul,    layer 2 call), one module per op family, each
     delayed_scaling,         named for its family and never for a function
     dense_layer              it exports (fp8kit.jax.gemm is the function)
-    _linear, _fused_steps    the steps of one Linear and the fused norm and
-                             activation casts, which the layers share
+    _linear, _fused_steps,   the steps of one Linear and the fused norm and
+    _fused_block_steps       activation casts (under BlockScaling: float32
+                             norm and activation, then a block cast), which
+                             the layers share
     fused_dense_layer,       layernorm_dense and layernorm_mlp
     fused_mlp_layer
 """

@@ -5,7 +5,9 @@ Linear that reads it (its recipe, its state row, the copies its plan asks
 for). Each returns what fp8kit.jax.dense's casts return: the state (as
 passed when not recording or under current scaling), ScaledTensors, and
 column sums; the custom calls are partitioned when a mesh is in context
-(_sharding_fused.py).
+(_sharding_fused.py). Under BlockScaling the norm and the activation run
+in float32 with a block cast of their own (_fused_block_steps.py), and the
+cast operands are padded to the block GEMM's token rows.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import jax.numpy as jnp
 from fp8kit import recipe as recipe_lib
 from fp8kit.jax import _checks
 from fp8kit.jax import _ffi_fused as fused
+from fp8kit.jax import _fused_block_steps as block
 from fp8kit.jax import _sharding as sh
 from fp8kit.jax import _sharding_fused as shf
 from fp8kit.jax._linear import LinearCall
@@ -60,6 +63,8 @@ def norm_forward(lin: LinearCall, norm: str, epsilon: float, x, gamma, beta, sta
                  record: bool):
     """The norm of x [rows, hidden] cast as `lin`'s input: (state,
     ScaledTensor, mean (LayerNorm) or None, rsigma)."""
+    if lin.block:
+        return (state, *block.norm_forward(lin, norm, epsilon, x, gamma, beta, copies))
     cast = _cast(lin, lin.input_slot, lin.forward_fmt, copies, record)
     result, mean, rsigma = shf.norm_forward(cast, _state_in(state), x, gamma, beta, norm,
                                             epsilon)
@@ -76,6 +81,8 @@ def norm_backward(norm: str, epsilon: float, dy, x, mean, rsigma, gamma, param_d
 
 def activation_forward(lin: LinearCall, activation: str, h, state, copies, record: bool):
     """act(h) cast as `lin`'s input: (state, ScaledTensor)."""
+    if lin.block:
+        return state, block.activation_forward(lin, activation, h, copies)
     cast = _cast(lin, lin.input_slot, lin.forward_fmt, copies, record)
     result = shf.activation_forward(cast, _state_in(state), h, activation)
     return _state_out(result, state), _scaled(result, cast)
@@ -88,6 +95,8 @@ def activation_backward(lin: LinearCall, activation: str, d_a, h, state, copies)
     Column sums need two rows or more; a single row gets a zero row added
     (its dh is 0: it changes neither the amax nor the sums) and removed
     from the copies after the cast."""
+    if lin.block:
+        return (state, *block.activation_backward(lin, activation, d_a, h, copies))
     rows = h.shape[0]
     sums_dtype = lin.bias_dtype if lin.bias_dtype is not None and rows > 0 else None
     if sums_dtype is not None:

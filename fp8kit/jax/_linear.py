@@ -64,6 +64,11 @@ class LinearCall:
         """M is padded to a multiple of this (1: not padded)."""
         return BLOCK_GEMM_M_MULTIPLE if self.block else 1
 
+    def gemm_rows(self, m: int) -> int:
+        """The token rows the GEMMs see for m tokens (m rounded up to
+        token_multiple)."""
+        return -(-m // self.token_multiple) * self.token_multiple
+
     def gemm_dtype(self, dtype) -> jnp.dtype:
         """The dtype a GEMM writes for a result of `dtype`."""
         if self.block and jnp.dtype(dtype) == jnp.float16:
@@ -107,10 +112,14 @@ def quantize_current(recipe: recipe_lib.CurrentScaling, t, fmt: str, copies, sum
     return st, (sums if sums_dtype is not None else None)
 
 
-def quantize_block(recipe: recipe_lib.BlockScaling, t, fmt: str, copies,
-                   scaling_mode: str) -> ScaledTensor:
-    """One block-scaled cast with the recipe's settings."""
+def quantize_block(lin: LinearCall, t, fmt: str, copies, scaling_mode: str,
+                   what: str) -> ScaledTensor:
+    """One block-scaled cast with the recipe's settings; a sharding type
+    that splits a block is refused while tracing, naming the layer and
+    `what` is cast."""
     rowwise, columnwise = copies
+    shb.check_explicit_shards(lin.fn, what, t, scaling_mode, rowwise, columnwise)
+    recipe = lin.recipe
     data, columnwise_data, scales, columnwise_scales = shb.quantize_block_scaling(
         t, fmt, rowwise, columnwise, scaling_mode, recipe.amax_epsilon, recipe.power_2_scale)
     return ScaledTensor(data=data if rowwise else None, scale_inv=None,
@@ -120,26 +129,31 @@ def quantize_block(recipe: recipe_lib.BlockScaling, t, fmt: str, copies,
 
 
 def pad_token_rows(lin: LinearCall, t):
-    """t [M, ...] with zero rows up to lin.token_multiple."""
+    """t [M, ...] with zero rows up to lin.gemm_rows(M)."""
     m = t.shape[0]
-    padded = -(-m // lin.token_multiple) * lin.token_multiple
+    padded = lin.gemm_rows(m)
     if padded == m:
         return t
     return jnp.pad(t, [(0, padded - m)] + [(0, 0)] * (t.ndim - 1))
 
 
+def unpad_token_rows(t, m: int):
+    """The first m rows of a GEMM output computed on padded tokens."""
+    return t if t.shape[0] == m else t[:m]
+
+
 def quantize_input(lin: LinearCall, x, copies) -> ScaledTensor:
     """Q(x) by a stateless recipe (current or block scaling)."""
     if lin.block:
-        return quantize_block(lin.recipe, x, lin.forward_fmt, copies, "block_1x128")
+        return quantize_block(lin, x, lin.forward_fmt, copies, "block_1x128", "x")
     return quantize_current(lin.recipe, x, lin.forward_fmt, copies)[0]
 
 
 def quantize_kernel(lin: LinearCall, kernel, state, copies, record: bool):
     """Q(kernel) by the recipe: (state, ScaledTensor)."""
     if lin.block:
-        return state, quantize_block(lin.recipe, kernel, lin.forward_fmt, copies,
-                                     "block_128x128")
+        return state, quantize_block(lin, kernel, lin.forward_fmt, copies, "block_128x128",
+                                     "the kernel")
     if lin.delayed:
         state, (kq,), _ = quantize_and_record(state, lin.recipe, lin.kernel_slot, (kernel,),
                                               (copies,), (None,), record)
@@ -168,7 +182,8 @@ def quantize_grad(lin: LinearCall, dy, state, copies):
     copy, and a single token row is summed here). Returns (state, dq, db)."""
     m, n = dy.shape
     if lin.block:  # the block cast writes no column sums
-        dq = quantize_block(lin.recipe, dy, lin.backward_fmt, copies, "block_1x128")
+        dq = quantize_block(lin, dy, lin.backward_fmt, copies, "block_1x128",
+                            "the output gradient")
         return state, dq, bias_grad_of_one_row(lin, dy, None, None)
     sums_dtype = lin.bias_dtype if lin.bias_dtype is not None and m > 1 else None
     if sums_dtype is not None:
@@ -221,26 +236,17 @@ def grad_gemms(lin: LinearCall, plan: dict, dq: ScaledTensor, x_saved: ScaledTen
 
 # --- argument checks (before anything is lowered) ------------------------------------------
 
-def check_recipe_state(fn: str, recipe, state, num_linears: int = 1,
-                       block_scaling: bool = True) -> None:
+def check_recipe_state(fn: str, recipe, state, num_linears: int = 1) -> None:
     """recipe is DelayedScaling with a state for num_linears Linears, or
-    CurrentScaling or BlockScaling (where the layer takes it) with none."""
-    stateless = (recipe_lib.CurrentScaling, recipe_lib.BlockScaling)
-    names = "DelayedScaling, CurrentScaling or BlockScaling"
-    if not block_scaling:
-        stateless, names = stateless[:1], "DelayedScaling or CurrentScaling"
-        if isinstance(recipe, recipe_lib.BlockScaling):
-            raise TypeError(f"{fn}: does not take fp8kit.recipe.BlockScaling yet; use "
-                            "DelayedScaling or CurrentScaling, or fp8kit.jax.dense with "
-                            "BlockScaling")
+    CurrentScaling or BlockScaling with none."""
     if isinstance(recipe, recipe_lib.DelayedScaling):
         check_state(fn, recipe, state, num_linears)
-    elif isinstance(recipe, stateless):
+    elif isinstance(recipe, (recipe_lib.CurrentScaling, recipe_lib.BlockScaling)):
         if state is not None:
             raise TypeError(f"{fn}: {type(recipe).__name__} is stateless; pass state=None")
     else:
-        raise TypeError(f"{fn}: recipe must be fp8kit.recipe.{names}, got "
-                        f"{type(recipe).__name__}")
+        raise TypeError(f"{fn}: recipe must be fp8kit.recipe.DelayedScaling, CurrentScaling "
+                        f"or BlockScaling, got {type(recipe).__name__}")
 
 
 def check_kernel(fn: str, arg: str, kernel, x_shape, x_arg: str, n_multiple: int = 1):

@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import math
 
+import jax
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -89,6 +90,20 @@ def check_shards(fn: str, arg: str, scaling_mode: str, rowwise: bool, columnwise
                 f"layout's {SCALE_PADDING}-float padding) would be split across devices. Shard "
                 f"dim {dim} over fewer devices, pad the {what} to a multiple of "
                 f"{multiple * shards}, or leave dim {dim} replicated.")
+
+
+def check_explicit_shards(fn: str, arg: str, x, scaling_mode: str, rowwise: bool,
+                          columnwise: bool) -> None:
+    """check_shards on x's sharding type while tracing, under Explicit mesh
+    axes (with Auto axes XLA picks the sharding later and the partitioner
+    checks it)."""
+    spec = sh.explicit_spec(x)
+    if spec is None:
+        return
+    dims = [sh.spec_axes(spec, i) for i in range(x.ndim)]
+    mesh = jax.sharding.get_abstract_mesh()
+    check_shards(fn, arg, scaling_mode, rowwise, columnwise, x.shape, dims,
+                 dict(zip(mesh.axis_names, mesh.axis_sizes)))
 
 
 def _dims(mesh, x):

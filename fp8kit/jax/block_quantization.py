@@ -12,11 +12,9 @@ blocks (_sharding_block.py says which shardings are refused).
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from fp8kit.jax import _checks, _ffi
-from fp8kit.jax import _sharding as sh
 from fp8kit.jax import _sharding_block as shb
 from fp8kit.jax.scaled_tensor import ScaledTensor
 
@@ -76,12 +74,7 @@ def quantize_block_scaling(x, fp8_dtype="e4m3", rowwise: bool = True, columnwise
     amax_epsilon = _checks.epsilon(fn, "amax_epsilon", amax_epsilon)
     power_2_scale = _checks.flag(fn, "power_2_scale", power_2_scale)
     x = jnp.asarray(x)
-    spec = sh.explicit_spec(x)
-    if spec is not None:  # Explicit mesh axes: refuse a block-splitting layout while tracing
-        dims = [sh.spec_axes(spec, i) for i in range(x.ndim)]
-        mesh = jax.sharding.get_abstract_mesh()
-        shb.check_shards(fn, "x", mode, rowwise, columnwise, x.shape, dims,
-                         dict(zip(mesh.axis_names, mesh.axis_sizes)))
+    shb.check_explicit_shards(fn, "x", x, mode, rowwise, columnwise)
     data, columnwise_data, scales, columnwise_scales = shb.quantize_block_scaling(
         x, fmt, rowwise, columnwise, mode, amax_epsilon, power_2_scale)
     return ScaledTensor(data=data if rowwise else None, scale_inv=None,

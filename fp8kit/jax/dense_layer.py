@@ -103,7 +103,7 @@ def _forward(cfg: _Config, x, kernel, bias, state, grads: bool):
     x = _linear.pad_token_rows(lin, x)
     plan = lin.plan(*x.shape, n, grads)
     state, xq, kq = _quantize_forward(lin, x, kernel, state, plan, record=grads)
-    y = _linear.forward_gemm(lin, xq, kq, bias, n)[:m]
+    y = _linear.unpad_token_rows(_linear.forward_gemm(lin, xq, kq, bias, n), m)
     y = y if cfg.types is None else sh.retype(y, cfg.types.y)
     return y, state, plan, xq, kq
 
@@ -127,7 +127,7 @@ def _dense_bwd(cfg: _Config, res, dy):
     plan = lin.plan(dy.shape[0], k, n, grads=True)
     state, dq, db = _linear.quantize_grad(lin, dy, state, plan["quantize"][GRAD])
     dx, dk = _linear.grad_gemms(lin, plan, dq, x_saved, k_saved)
-    dx = dx[:m]
+    dx = _linear.unpad_token_rows(dx, m)
     if cfg.types is not None:  # each cotangent with its primal's sharding type
         t = cfg.types
         dx, dk = sh.retype(dx, t.x), sh.retype(dk, t.kernel)

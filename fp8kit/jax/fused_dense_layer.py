@@ -10,6 +10,14 @@ Backward: d_ln = Q(dy) @ Q(kernel)^T, dk = ln^T @ Q(dy), db = sums of dy
 The forward keeps x, mean, rsigma and the FP8 copies of ln and the kernel
 the plan keeps; no high-precision norm output is written.
 
+BlockScaling: the norm runs in float32 and ln is cast 1x128 by a block
+quantization of its own (fp8kit/jax/_fused_block_steps.py), the kernel
+128x128 and dy 1x128, as fp8kit.jax.dense does; no state. The GEMMs see
+the tokens padded with zero rows to a multiple of 8 (_linear.py says why
+that changes nothing), y and d_ln are sliced back. Sharded over the
+tokens, each device must hold a multiple of 128 of them (whole tiles of
+the wgrad's columnwise copies); otherwise a ValueError says so.
+
 Shapes: x [..., hidden], gamma and beta [hidden] (beta None for RMSNorm),
 kernel [hidden, N], bias [N]; hidden and N positive multiples of 16; any
 token count >= 0. State rows as dense's: 0 the norm output (the GEMM's
@@ -49,12 +57,13 @@ class _Config:
 def _forward(cfg: _Config, x, gamma, beta, kernel, bias, state, grads: bool):
     lin = cfg.linear
     (m, hidden), n = x.shape, kernel.shape[1]
-    plan = lin.plan(m, hidden, n, grads)
+    plan = lin.plan(lin.gemm_rows(m), hidden, n, grads)
     gamma, beta = gamma.astype(x.dtype), None if beta is None else beta.astype(x.dtype)
     state, ln, mean, rsigma = steps.norm_forward(lin, cfg.normalization, cfg.epsilon, x, gamma,
                                                  beta, state, plan["quantize"][X], grads)
     state, kq = _linear.quantize_kernel(lin, kernel, state, plan["quantize"][KERNEL], grads)
-    y = steps.retype_rows(_linear.forward_gemm(lin, ln, kq, bias, n), cfg.specs)
+    y = _linear.unpad_token_rows(_linear.forward_gemm(lin, ln, kq, bias, n), m)
+    y = steps.retype_rows(y, cfg.specs)
     saved = (x, gamma, mean, rsigma, _linear.keep(ln, plan["saved_input"]),
              _linear.keep(kq, plan["saved_weight"]), state)
     return y, saved
@@ -72,9 +81,11 @@ def _bwd(cfg: _Config, res, dy):
     lin = cfg.linear
     x, gamma, mean, rsigma, ln, kq, state = res
     (m, hidden), n = x.shape, dy.shape[1]
-    plan = lin.plan(m, hidden, n, True)
+    dy = _linear.pad_token_rows(lin, dy)
+    plan = lin.plan(dy.shape[0], hidden, n, True)
     state, dq, db = _linear.quantize_grad(lin, dy, state, plan["quantize"][GRAD])
     d_ln, dk = _linear.grad_gemms(lin, plan, dq, ln, kq)
+    d_ln = _linear.unpad_token_rows(d_ln, m)
     dx, dgamma, dbeta = steps.norm_backward(cfg.normalization, cfg.epsilon, d_ln, x, mean,
                                             rsigma, gamma, cfg.gamma_dtype)
     if dbeta is not None:
@@ -97,10 +108,10 @@ def layernorm_dense(x, gamma, beta, kernel, bias=None, *, normalization: str = "
     kernel:      [hidden, N]; bias: [N] or None.
     recipe:      fp8kit.recipe.DelayedScaling (then `state` is required:
                  DelayedScalingState.create(recipe), updated through its
-                 cotangent) or CurrentScaling (no state).
+                 cotangent), CurrentScaling or BlockScaling (no state).
     """
     x, gamma, beta, epsilon = steps.check_norm_args(_FN, x, gamma, beta, normalization, epsilon)
-    _linear.check_recipe_state(_FN, recipe, state, block_scaling=False)
+    _linear.check_recipe_state(_FN, recipe, state)
     steps.refuse_vmapped_state(_FN, recipe, x, gamma, beta, kernel, bias, state)
     kernel = _linear.check_kernel(_FN, "kernel", kernel, x.shape, "x")
     bias = _linear.check_bias(_FN, "bias", bias, kernel.shape[1])

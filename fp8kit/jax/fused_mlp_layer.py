@@ -18,6 +18,16 @@ backward x, the norm's mean and rsigma, h (the activation backward reads
 it) and the FP8 copies the plans keep of ln, a and the kernels; no
 high-precision norm or activation output is written at all.
 
+BlockScaling: the norm, the activation and its backward run in float32
+and ln, a and dh are cast 1x128 by block quantizations of their own
+(fp8kit/jax/_fused_block_steps.py; db_1 is summed from the float32 dh),
+the kernels 128x128 and dy 1x128, as fp8kit.jax.dense does; no state.
+The GEMMs see the tokens padded with zero rows to a multiple of 8
+(_linear.py says why that changes nothing); h, y and the GEMMs' input
+gradients are sliced back to the real rows. Sharded over the tokens,
+each device must hold a multiple of 128 of them (whole tiles of the
+wgrad's columnwise copies); otherwise a ValueError says so.
+
 Shapes: x [..., hidden]; gamma, beta [hidden]; kernel_1 [hidden, F]
 (GELU) or [hidden, 2F] = [gate | up] along the last dim (SwiGLU: the gate
 is kernel_1[:, :F], the up projection kernel_1[:, F:]); kernel_2 [F, N];
@@ -83,19 +93,19 @@ class _Config:
 def _forward(cfg: _Config, x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, state,
              grads: bool):
     (m, hidden), n1, n2 = x.shape, kernel_1.shape[1], kernel_2.shape[1]
-    plan1, plan2 = cfg.plans(m, hidden, n1, n2, grads)
+    plan1, plan2 = cfg.plans(cfg.fc1.gemm_rows(m), hidden, n1, n2, grads)
     gamma, beta = gamma.astype(x.dtype), None if beta is None else beta.astype(x.dtype)
     state, ln, mean, rsigma = steps.norm_forward(cfg.fc1, cfg.normalization, cfg.epsilon, x,
                                                  gamma, beta, state, plan1["quantize"][_X],
                                                  grads)
     state, k1 = _linear.quantize_kernel(cfg.fc1, kernel_1, state, plan1["quantize"][_KERNEL],
                                         grads)
-    h = _linear.forward_gemm(cfg.fc1, ln, k1, bias_1, n1)
+    h = _linear.unpad_token_rows(_linear.forward_gemm(cfg.fc1, ln, k1, bias_1, n1), m)
     state, a = steps.activation_forward(cfg.fc2, cfg.activation, h, state,
                                         plan2["quantize"][_X], grads)
     state, k2 = _linear.quantize_kernel(cfg.fc2, kernel_2, state, plan2["quantize"][_KERNEL],
                                         grads)
-    y = _linear.forward_gemm(cfg.fc2, a, k2, bias_2, n2)
+    y = _linear.unpad_token_rows(_linear.forward_gemm(cfg.fc2, a, k2, bias_2, n2), m)
     y = steps.retype_rows(y, cfg.specs)
     saved = (x, gamma, mean, rsigma, _linear.keep(ln, plan1["saved_input"]),
              _linear.keep(k1, plan1["saved_weight"]), h, _linear.keep(a, plan2["saved_input"]),
@@ -114,12 +124,15 @@ def _fwd(cfg, x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, state):
 def _bwd(cfg: _Config, res, dy):
     x, gamma, mean, rsigma, ln, k1, h, a, k2, state = res
     (m, hidden), n1, n2 = x.shape, h.shape[1], dy.shape[1]
-    plan1, plan2 = cfg.plans(m, hidden, n1, n2, True)
+    dy = _linear.pad_token_rows(cfg.fc2, dy)
+    plan1, plan2 = cfg.plans(dy.shape[0], hidden, n1, n2, True)
     state, dq2, db2 = _linear.quantize_grad(cfg.fc2, dy, state, plan2["quantize"][_GRAD])
     d_a, dk2 = _linear.grad_gemms(cfg.fc2, plan2, dq2, a, k2)
-    state, dh, db1 = steps.activation_backward(cfg.fc1, cfg.activation, d_a, h, state,
+    state, dh, db1 = steps.activation_backward(cfg.fc1, cfg.activation,
+                                               _linear.unpad_token_rows(d_a, m), h, state,
                                                plan1["quantize"][_GRAD])
     d_ln, dk1 = _linear.grad_gemms(cfg.fc1, plan1, dh, ln, k1)
+    d_ln = _linear.unpad_token_rows(d_ln, m)
     dx, dgamma, dbeta = steps.norm_backward(cfg.normalization, cfg.epsilon, d_ln, x, mean,
                                             rsigma, gamma, cfg.gamma_dtype)
     if dbeta is not None:
@@ -144,10 +157,11 @@ def layernorm_mlp(x, gamma, beta, kernel_1, kernel_2, bias_1=None, bias_2=None, 
     kernel_2:     [F, N].  bias_1: [kernel_1.shape[1]] or None; bias_2: [N] or None.
     recipe:       fp8kit.recipe.DelayedScaling (then `state` is required:
                   DelayedScalingState.create(recipe, num_linears=2), updated
-                  through its cotangent) or CurrentScaling (no state).
+                  through its cotangent), CurrentScaling or BlockScaling (no
+                  state).
     """
     x, gamma, beta, epsilon = steps.check_norm_args(_FN, x, gamma, beta, normalization, epsilon)
-    _linear.check_recipe_state(_FN, recipe, state, num_linears=2, block_scaling=False)
+    _linear.check_recipe_state(_FN, recipe, state, num_linears=2)
     steps.refuse_vmapped_state(_FN, recipe, x, gamma, beta, kernel_1, kernel_2, bias_1, bias_2,
                                state)
     if activation not in ACTIVATIONS:

@@ -2,8 +2,8 @@
 float64 model of the same block-quantized math (block_scaling_model.py:
 x and dy 1x128 with each GEMM reading its copy, the kernel 128x128),
 within FP8 tolerance of the unquantized float64 layer, token counts that
-are not multiples of 8 (zero included), every input dtype, the fused
-layers' refusal; a GPU variant marked gpu."""
+are not multiples of 8 (zero included), every input dtype; a GPU variant
+marked gpu. The fused layers under BlockScaling: test_jax_block_fused_layers.py."""
 
 import jax
 import jax.numpy as jnp
@@ -130,14 +130,6 @@ def test_a_state_is_refused():
     with pytest.raises(TypeError, match="BlockScaling is stateless; pass state=None"):
         fj.dense(x, w, state=fj.DelayedScalingState.create(DelayedScaling()),
                  recipe=BlockScaling())
-
-
-def test_fused_layers_refuse_block_scaling_by_name():
-    x = jnp.ones((16, 128), jnp.bfloat16)
-    gamma, beta = jnp.ones(128), jnp.zeros(128)
-    w = jnp.ones((128, 128), jnp.float32)
-    with pytest.raises(TypeError, match="does not take fp8kit.recipe.BlockScaling"):
-        fj.layernorm_dense(x, gamma, beta, w, recipe=BlockScaling())
 
 
 @pytest.mark.gpu
