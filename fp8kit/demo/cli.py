@@ -49,8 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=t.seed)
     p.add_argument("--frameworks", default=",".join(FRAMEWORKS),
                    help="comma-separated subset of jax,torch")
-    p.add_argument("--recipe", choices=("delayed", "current"), default="delayed",
-                   help="FP8 scaling: delayed (amax history, the default) or current")
+    p.add_argument("--recipe", choices=("delayed", "current", "block"), default="delayed",
+                   help="FP8 scaling: delayed (amax history, the default), current or "
+                        "block (1x128 activations and gradients, 128x128 weights)")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is present")
     p.add_argument("--out", default=os.path.join("out", "demo_loss.png"),
                    help="loss-curve PNG (a .json with the same stem is written next to it)")
@@ -60,9 +61,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _recipe(name: str):
-    from fp8kit.recipe import CurrentScaling, DelayedScaling, Format
+    from fp8kit.recipe import BlockScaling, CurrentScaling, DelayedScaling, Format
     if name == "delayed":
         return DelayedScaling(fp8_format=Format.HYBRID, amax_history_len=16, margin=0)
+    if name == "block":  # E4M3 everywhere, as block-scaled training usually runs
+        return BlockScaling()
     return CurrentScaling(fp8_format=Format.HYBRID)
 
 

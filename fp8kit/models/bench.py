@@ -1,6 +1,6 @@
 """python -m fp8kit.models.bench: training throughput and peak memory of
-the Llama-style decoder, bf16 vs fp8kit's delayed and current scaling, in
-PyTorch and JAX.
+the Llama-style decoder, bf16 vs fp8kit's delayed, current and block
+scaling, in PyTorch and JAX.
 
     python -m fp8kit.models.bench --config 1b [--batch 1] [--steps 10]
     python -m fp8kit.models.bench --config tiny --seq-len 64   # a CPU smoke run
@@ -35,13 +35,14 @@ from fp8kit.models.config import CONFIGS
 from fp8kit.models.schedule import TrainConfig
 
 FRAMEWORKS = ("torch", "jax")
-RECIPES = ("bf16", "delayed", "current")
+RECIPES = ("bf16", "delayed", "current", "block")
 TE_RECIPES = ("te-delayed", "te-current")   # TransformerEngine, PyTorch only
 
 
 def _recipe(name: str):
-    from fp8kit.recipe import CurrentScaling, DelayedScaling
-    return {"bf16": None, "delayed": DelayedScaling(), "current": CurrentScaling()}[name]
+    from fp8kit.recipe import BlockScaling, CurrentScaling, DelayedScaling
+    return {"bf16": None, "delayed": DelayedScaling(), "current": CurrentScaling(),
+            "block": BlockScaling()}[name]
 
 
 def _te_layers():

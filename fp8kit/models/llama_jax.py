@@ -49,7 +49,7 @@ def model_params(params: dict, recipe) -> dict:
 def create_fp8_states(cfg: LlamaConfig, recipe):
     """{"layers": [{"qkv", "wo", "mlp": DelayedScalingState}]} under
     DelayedScaling ("mlp" holds layernorm_mlp's two Linears); None under
-    CurrentScaling (stateless) or recipe=None."""
+    CurrentScaling or BlockScaling (stateless) or recipe=None."""
     if not isinstance(recipe, DelayedScaling):
         return None
     create = fj.DelayedScalingState.create

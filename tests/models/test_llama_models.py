@@ -18,7 +18,7 @@ import fp8kit.torch as ft
 from fp8kit.models import llama_jax, llama_torch
 from fp8kit.models.config import CONFIGS, LlamaConfig, ffn_width
 from fp8kit.models.init import PROJECTIONS, init_params
-from fp8kit.recipe import CurrentScaling, DelayedScaling
+from fp8kit.recipe import BlockScaling, CurrentScaling, DelayedScaling
 
 import llama_reference as ref
 from small_config import SMALL
@@ -26,7 +26,8 @@ from small_config import SMALL
 # A larger init than training's 0.02, so that the logits vary (by ~1) and
 # a wrong rotation, mask or head grouping changes them visibly.
 CFG = dataclasses.replace(SMALL, init_std=0.1)
-RECIPES = {"bf16": None, "delayed": DelayedScaling(), "current": CurrentScaling()}
+RECIPES = {"bf16": None, "delayed": DelayedScaling(), "current": CurrentScaling(),
+           "block": BlockScaling()}
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +76,7 @@ def test_bf16_logits_match_the_float64_reference(framework, params, tokens, refe
     assert np.abs(got - reference).max() < 0.1
 
 
-@pytest.mark.parametrize("recipe", ["delayed", "current"])
+@pytest.mark.parametrize("recipe", ["delayed", "current", "block"])
 @pytest.mark.parametrize("framework", LOGITS)
 def test_fp8_logits_track_the_reference(framework, recipe, params, tokens, reference):
     got = LOGITS[framework](params, tokens, RECIPES[recipe])
