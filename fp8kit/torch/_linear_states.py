@@ -11,10 +11,15 @@ the layer after another thread may have changed it.
 
 from __future__ import annotations
 
+import itertools
 import threading
+import weakref
 
 from fp8kit.recipe import BlockScaling
 from fp8kit.torch._ext import ext
+
+_KEYS = itertools.count()
+_BY_KEY = weakref.WeakValueDictionary()   # RecipeStates.key -> RecipeStates
 
 
 def _key(scaling: dict) -> tuple:
@@ -30,6 +35,11 @@ class RecipeStates:
         self._lock = threading.Lock()
         self._states = {}      # scaling key -> ext.LinearState
         self._latest = None    # (recipe, state, fast) of the latest select
+        # A plain int naming this object: compiled code hands the trace-time
+        # selection (fp8kit.torch._traced_linear) this constant, which every
+        # torch.compile version takes, rather than the object.
+        self.key = next(_KEYS)
+        _BY_KEY[self.key] = self
 
     def select(self, recipe, weight, cache_weight: bool):
         """(state, forward_fast_accumulation) for `recipe`, made on weight's
@@ -84,3 +94,8 @@ class RecipeStates:
                                  f"entry ({state.recipe}); a layer keeps one state per recipe")
             out._states[key] = state
         return out
+
+
+def by_key(key: int) -> RecipeStates:
+    """The live RecipeStates whose .key is `key`."""
+    return _BY_KEY[key]

@@ -31,7 +31,14 @@ from typing import NamedTuple
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from fp8kit.torch._linear_states import by_key
+
 _ops = torch.ops.fp8kit
+
+
+class _OnDevice(NamedTuple):
+    """What RecipeStates.select reads of a weight: its device."""
+    device: torch.device
 
 
 class TracedState(NamedTuple):
@@ -42,16 +49,19 @@ class TracedState(NamedTuple):
 
 
 @torch.compiler.assume_constant_result
-def _selection(states, recipe_type, recipe_values, weight, cache_weight: bool):
+def _selection(states_key: int, recipe_type, recipe_values, device, cache_weight: bool):
     """(the state's tensors, its recipe as linear_forward's recipe
     arguments, its non_tn, forward_fast_accumulation) for the recipe
-    recipe_type(*recipe_values), run at trace time."""
+    recipe_type(*recipe_values) in the RecipeStates `states_key` names,
+    made on `device` on first use; run at trace time. Every argument is a
+    Python constant: older dynamo versions refuse anything else here."""
     recipe = recipe_type(*recipe_values)
     # Non-strict torch.export runs this under its fake and proxy modes: a
     # state made here on first use must hold real tensors (the layer keeps
     # it; the export lifts them as constants).
     with _disable_current_modes():
-        state, fast = states.select(recipe, weight, cache_weight)
+        # select reads only the weight's device (for a state made here).
+        state, fast = by_key(states_key).select(recipe, _OnDevice(device), cache_weight)
     r = state.recipe
     recipe_args = (r["scaling"], r["fwd_dtype"], r["bwd_dtype"], r.get("margin", 0),
                    r.get("amax_reduction", "max"), r.get("amax_epsilon", 0.0),
@@ -64,7 +74,7 @@ def _select(states, recipe, weight, cache_weight: bool):
     guards then compare the recipe's type and values, not the object, so an
     equal recipe made anew reuses the compiled graph."""
     values = tuple(getattr(recipe, f.name) for f in dataclasses.fields(recipe))
-    return _selection(states, type(recipe), values, weight, cache_weight)
+    return _selection(states.key, type(recipe), values, weight.device, cache_weight)
 
 
 def traced_state(states, recipe, weight, cache_weight: bool):
