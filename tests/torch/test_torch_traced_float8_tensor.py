@@ -20,27 +20,8 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 import fp8kit.torch as ft
 from fp8kit.recipe import CurrentScaling
 from fp8kit.torch import Float8Tensor
-from torch_reference import cuda_or_skip
+from compile_helpers import DEVICES, assert_bits_equal, device_of, fresh_dynamo  # noqa: F401
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
-_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
-
-
-def device_of(name: str) -> torch.device:
-    return cuda_or_skip() if name == "cuda" else torch.device("cpu")
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
-def assert_bits_equal(got: torch.Tensor, want: torch.Tensor):
-    assert (got.shape, got.dtype, got.device) == (want.shape, want.dtype, want.device)
-    as_int = _INT_OF_SIZE[got.element_size()]
-    assert torch.equal(got.contiguous().view(as_int), want.contiguous().view(as_int))
 
 
 def assert_same_float8(got: Float8Tensor, want: Float8Tensor):

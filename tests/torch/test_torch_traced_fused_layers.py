@@ -18,30 +18,11 @@ import torch._dynamo.testing
 import fp8kit.torch as ft
 from fp8kit.recipe import CurrentScaling, DelayedScaling
 from fp8kit.torch._ext import ext
-from torch_reference import cuda_or_skip
+from compile_helpers import DEVICES, assert_bits_equal, device_of, fresh_dynamo  # noqa: F401
 
 ops = torch.ops.fp8kit
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 RECIPES = {"delayed": DelayedScaling(amax_history_len=4), "current": CurrentScaling()}
-_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
 INPUT, WEIGHT, GRAD_OUTPUT = 0, 1, 2
-
-
-def device_of(name: str) -> torch.device:
-    return cuda_or_skip() if name == "cuda" else torch.device("cpu")
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
-def assert_bits_equal(got: torch.Tensor, want: torch.Tensor):
-    assert (got.shape, got.dtype, got.device) == (want.shape, want.dtype, want.device)
-    as_int = _INT_OF_SIZE[got.element_size()]
-    assert torch.equal(got.contiguous().view(as_int), want.contiguous().view(as_int))
 
 
 def recipe_args(state):
