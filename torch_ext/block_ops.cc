@@ -355,18 +355,7 @@ at::Tensor gemm_block(const char* fn, const BlockOperand& a, const BlockOperand&
 }
 
 bool supports_block_scaled_fp8_gemm(const char* fn, const at::Device& device_in) {
-  at::Device device = device_in;
-  if (device.is_cuda() && !device.has_index()) {
-#ifdef FP8KIT_TORCH_CUDA
-    device = at::Device(at::kCUDA, c10::cuda::current_device());
-#else
-    C10_THROW_ERROR(NotImplementedError,
-                    c10::str(fn, ": this fp8kit build has no CUDA support; rebuild it on a "
-                             "machine with a CUDA toolkit"));
-#endif
-  }
-  FP8KIT_VALUE_CHECK(device.is_cpu() || device.is_cuda(), fn, ": device is ", device_str(device),
-                     "; ask about a CPU or CUDA device");
+  const at::Device device = capability_query_device(fn, device_in);
   int supported = 0;
   check_status(fp8kit_supports_block_scaled_fp8_gemm(
       core_device(device), device.is_cuda() ? device.index() : 0, &supported));

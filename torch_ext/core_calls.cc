@@ -3,6 +3,7 @@
 #include <array>
 #include <mutex>
 
+#include "descriptors.h"
 #include "errors.h"
 
 namespace fp8kit_torch {
@@ -183,6 +184,22 @@ bool supports_non_tn(const at::Device& device) {
   check_status(fp8kit_supports_non_tn_fp8_gemm(fp8kit_device(device), fp8kit_index(device),
                                                 &supported));
   return supported != 0;
+}
+
+at::Device capability_query_device(const char* fn, const at::Device& device_in) {
+  at::Device device = device_in;
+  if (device.is_cuda() && !device.has_index()) {
+#ifdef FP8KIT_TORCH_CUDA
+    device = at::Device(at::kCUDA, c10::cuda::current_device());
+#else
+    C10_THROW_ERROR(NotImplementedError,
+                    c10::str(fn, ": this fp8kit build has no CUDA support; rebuild it on a "
+                             "machine with a CUDA toolkit"));
+#endif
+  }
+  FP8KIT_VALUE_CHECK(device.is_cpu() || device.is_cuda(), fn, ": device is ", device_str(device),
+                     "; ask about a CPU or CUDA device");
+  return device;
 }
 
 }  // namespace fp8kit_torch

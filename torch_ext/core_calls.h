@@ -82,6 +82,11 @@ void gemm_call(const fp8kit_tensor& a, const fp8kit_tensor& b, fp8kit_tensor& d,
 // The cached answer of fp8kit_supports_non_tn_fp8_gemm for `device`.
 bool supports_non_tn(const at::Device& device);
 
+// The device a capability query (fn) asks about: a CUDA device without an
+// index is the current one. Errors name fn for a build without CUDA and
+// for a device that is neither CPU nor CUDA.
+at::Device capability_query_device(const char* fn, const at::Device& device);
+
 }  // namespace fp8kit_torch
 
 #endif  // FP8KIT_TORCH_EXT_CORE_CALLS_H_

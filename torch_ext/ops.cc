@@ -358,21 +358,9 @@ at::Tensor gemm(const char* fn, const OptTensor& a, const at::Tensor& a_scale_in
 
 namespace {
 
-bool supports_non_tn_fp8_gemm(const at::Device& device_in) {
-  constexpr const char* fn = "fp8kit.torch.supports_non_tn_fp8_gemm";
-  at::Device device = device_in;
-  if (device.is_cuda() && !device.has_index()) {
-#ifdef FP8KIT_TORCH_CUDA
-    device = at::Device(at::kCUDA, c10::cuda::current_device());
-#else
-    C10_THROW_ERROR(NotImplementedError,
-                    c10::str(fn, ": this fp8kit build has no CUDA support; rebuild it on a "
-                             "machine with a CUDA toolkit"));
-#endif
-  }
-  FP8KIT_VALUE_CHECK(device.is_cpu() || device.is_cuda(), fn, ": device is ", device_str(device),
-                     "; ask about a CPU or CUDA device");
-  return supports_non_tn(device);
+bool supports_non_tn_fp8_gemm(const at::Device& device) {
+  return supports_non_tn(
+      capability_query_device("fp8kit.torch.supports_non_tn_fp8_gemm", device));
 }
 
 }  // namespace
