@@ -35,3 +35,23 @@ def dtype(fn: str, arg: str, d) -> torch.dtype:
     if not isinstance(d, torch.dtype):
         raise TypeError(f"{fn}: {arg} must be a torch.dtype (e.g. torch.bfloat16), got {d!r}")
     return d
+
+
+def quantized_shape(fn: str, dtype, shape, data, columnwise_data, columnwise_shape) -> tuple:
+    """A quantized tensor's nominal dtype checked and its shape: `shape`, or
+    the rowwise copy's (else the columnwise copy's, transposed), checked
+    against both copies; columnwise_shape(shape) is the columnwise layout."""
+    if dtype not in HIGH_PRECISION:
+        raise TypeError(f"{fn}: dtype is {dtype}; the nominal dtype must be torch.float32, "
+                        "torch.bfloat16 or torch.float16")
+    if shape is None:
+        shape = tuple(data.shape) if data is not None else (columnwise_data.shape[1],
+                                                            columnwise_data.shape[0])
+    shape = tuple(int(s) for s in shape)
+    if data is not None and tuple(data.shape) != shape:
+        raise ValueError(f"{fn}: shape {shape} differs from data's shape {tuple(data.shape)}")
+    if columnwise_data is not None and tuple(columnwise_data.shape) != columnwise_shape(shape):
+        raise ValueError(f"{fn}: columnwise_data has shape {tuple(columnwise_data.shape)} but "
+                         f"a tensor of shape {shape} has the columnwise layout "
+                         f"{columnwise_shape(shape)}")
+    return shape

@@ -100,20 +100,8 @@ class Float8BlockTensor(QuantizedTensor):
                                  "device")
             if not t.is_contiguous():
                 raise ValueError(f"{fn}: {name} is not contiguous; pass {name}.contiguous()")
-        if dtype not in _checks.HIGH_PRECISION:
-            raise TypeError(f"{fn}: dtype is {dtype}; the nominal dtype must be torch.float32, "
-                            "torch.bfloat16 or torch.float16")
-        if shape is None:
-            shape = tuple(data.shape) if data is not None else (columnwise_data.shape[1],
-                                                                columnwise_data.shape[0])
-        shape = tuple(int(s) for s in shape)
-        if data is not None and tuple(data.shape) != shape:
-            raise ValueError(f"{fn}: shape {shape} differs from data's shape {tuple(data.shape)}")
-        if (columnwise_data is not None
-                and tuple(columnwise_data.shape) != _columnwise_shape(shape)):
-            raise ValueError(f"{fn}: columnwise_data has shape {tuple(columnwise_data.shape)} but "
-                             f"a tensor of shape {shape} has the columnwise layout "
-                             f"{_columnwise_shape(shape)}")
+        shape = _checks.quantized_shape(fn, dtype, shape, data, columnwise_data,
+                                        _columnwise_shape)
         for name, d, s, cw in (("block_scale_inv", data, block_scale_inv, False),
                                ("columnwise_block_scale_inv", columnwise_data,
                                 columnwise_block_scale_inv, True)):
