@@ -31,7 +31,7 @@ def recipe(name: str):
 
 
 def torch_fp8_autocast(te, te_recipe):
-    """TE's autocast context (te.autocast, or te.fp8_autocast before 2.8)."""
+    """TE's autocast context (te.autocast, or te.fp8_autocast in older releases)."""
     if hasattr(te, "autocast"):
         return te.autocast(enabled=True, recipe=te_recipe)
     return te.fp8_autocast(enabled=True, fp8_recipe=te_recipe)
