@@ -9,7 +9,7 @@ from child_process import DEVICES, functions
 # One test per extension class (check_extension_classes_listed keeps the
 # list complete), so that one crashing class does not hide another.
 EXTENSION_CLASSES = ["Quantizer", "Float8Quantizer", "Float8CurrentScalingQuantizer",
-                     "LinearState"]
+                     "Float8BlockQuantizer", "LinearState"]
 FUNCTIONS = [f for f in functions("crash_paths_torch")
              if f not in ("check_uninitialised_extension_object",
                           "check_extension_classes_listed")]
