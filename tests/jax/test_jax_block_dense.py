@@ -145,4 +145,6 @@ def test_gpu_matches_the_block_quantized_model():
         x, w, b, dy = _inputs((4, 256), 512, 384, jnp.bfloat16, seed=3)
         got = _run(recipe, x, w, b, dy)
     want, mags = _reference(recipe, x, w, b, dy)
-    _assert_close_to_model(got, want, mags, jnp.bfloat16, accumulation=2.0 ** -16)
+    # Hopper sums each 128-deep block in less than float32's precision (see
+    # test_jax_block_gemm.py): 2^-10 of sum |a b|.
+    _assert_close_to_model(got, want, mags, jnp.bfloat16, accumulation=2.0 ** -10)

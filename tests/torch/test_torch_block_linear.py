@@ -254,9 +254,13 @@ def test_cuda_layers_match_the_cpu():
         x, dy = inputs(shape, out, torch.float32, seed=6)
         y, g = run(layer, x, dy, BlockScaling())
         yc, gc = run(layer.to(dev), x.to(dev), dy.to(dev), BlockScaling())
-        close(yc.cpu(), y, 1e-5, "y")
-        for name, grad in g.items():
-            close(gc[name].cpu(), grad, 1e-5, f"d{name}")
+        # Not bit for bit: Hopper sums each 128-deep block of a GEMM in less
+        # than float32's precision (~2^-12 of sum |a b|), and a GEMM output
+        # that differs lets a later cast round an element to the next FP8
+        # value. Both stay far below FP8's own error against bf16 (~3%,
+        # the 0.06 above), while a wrong scale, layout or block is O(1).
+        for name, got, want in (("y", yc, y), *((f"d{n}", gc[n], g[n]) for n in g)):
+            assert rel_error(got.cpu(), want) < 2.0 ** -7, (type(layer).__name__, name)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
