@@ -10,6 +10,8 @@
 #   (also: kprofile, the kernel times of one large Linear step)
 #   SANITIZE_PY_TOOLS="memcheck racecheck synccheck initcheck" adds the other
 #   tools to the Python part of the sanitizer stage (see sanitizer_py below)
+#   SANITIZE_SHARDS=N splits each sanitizer stage into N processes run at
+#   once (the tools are slow and mostly use the CPU; see sharded below)
 # scripts/README.md lists this and the other tools.
 #
 # Needs: nvcc + cuBLASLt, python3 with torch and jax (the GPU machine's
@@ -95,6 +97,23 @@ sanitize() {  # tool, extra sanitizer flags (one string, may be empty), command.
   "$SANITIZER" --tool "$tool" --error-exitcode 1 --target-processes all \
     --require-cuda-init no --print-limit 200 $extra "$@"
 }
+# N shards of one suite run at once, each writing <log>.<i>; the stage fails
+# when any shard does. The C++ suite shards through GoogleTest's own
+# GTEST_TOTAL_SHARDS / GTEST_SHARD_INDEX; the Python GPU tests by test file,
+# round robin. A sanitizer's report names the test, so nothing is lost by
+# splitting.
+SANITIZE_SHARDS=${SANITIZE_SHARDS:-1}
+sharded() {  # command... (run with SHARD and SHARDS set, output to the shard's log)
+  local pids=() rc=0 i
+  for ((i = 0; i < SANITIZE_SHARDS; i++)); do
+    SHARD=$i SHARDS=$SANITIZE_SHARDS "$@" >"$OUTDIR/$STAGE_NAME.$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}" || { echo "shard $i failed: $STAGE_NAME.$i.log"; rc=1; }
+  done
+  return $rc
+}
 sanitizer_cpp() {  # tool
   # Every test runs under every tool. memcheck and racecheck check every
   # kernel (racecheck takes about 10 minutes: one to two per cuBLASLt GEMM
@@ -103,7 +122,17 @@ sanitizer_cpp() {  # tool
   # fp8kit's own kernels (kns=fp8kit).
   local only_ours=""
   case $1 in synccheck|initcheck) only_ours="--kernel-name kns=fp8kit" ;; esac
-  sanitize "$1" "$only_ours" "$REPO"/build/gpu-cpp/fp8kit_core_test --gtest_color=no
+  STAGE_NAME=sanitizer-cpp-$1 sharded env_shard_gtest sanitize "$1" "$only_ours" \
+    "$REPO"/build/gpu-cpp/fp8kit_core_test --gtest_color=no
+}
+env_shard_gtest() { GTEST_TOTAL_SHARDS=$SHARDS GTEST_SHARD_INDEX=$SHARD "$@"; }
+# The GPU test files of shard SHARD of SHARDS (every file: pytest -m gpu
+# picks the GPU tests in it).
+py_shard_files() {
+  local i=0 f
+  for f in "$REPO"/tests/test_*.py "$REPO"/tests/*/test_*.py; do
+    ((i++ % SHARDS == SHARD)) && echo "$f"
+  done
 }
 # Python + torch + jax processes, and which tools are practical there:
 #  - memcheck checks every kernel (fp8kit's, cuBLASLt's, the frameworks').
@@ -130,7 +159,14 @@ sanitizer_py() {  # tool
   (cd /tmp && PYTORCH_NO_CUDA_MEMORY_CACHING=1 XLA_PYTHON_CLIENT_ALLOCATOR=platform \
     FP8KIT_HARDENING_DEADLINE_MS=none FP8KIT_HARDENING_TIMEOUT_S=3600 \
     FP8KIT_HARDENING_EXAMPLES=0.25 \
-    sanitize "$1" "$flags" "$PY" -m pytest -q -p no:cacheprovider -rs -m gpu "$REPO/tests")
+    STAGE_NAME=sanitizer-py-$1 sharded sanitize_py_shard "$1" "$flags")
+}
+sanitize_py_shard() {  # tool, flags
+  # shellcheck disable=SC2046  # one argument per file
+  sanitize "$1" "$2" "$PY" -m pytest -q -p no:cacheprovider -rs -m gpu $(py_shard_files)
+  local rc=$?
+  [ $rc = 5 ] && rc=0   # pytest: no GPU test in this shard's files
+  return $rc
 }
 bench() {
   # The suite (python -m fp8kit.bench) measures every anchor in the same run.
