@@ -146,5 +146,5 @@ def test_gpu_matches_the_block_quantized_model():
         got = _run(recipe, x, w, b, dy)
     want, mags = _reference(recipe, x, w, b, dy)
     # Hopper sums each 128-deep block in less than float32's precision (see
-    # test_jax_block_gemm.py): 2^-10 of sum |a b|.
-    _assert_close_to_model(got, want, mags, jnp.bfloat16, accumulation=2.0 ** -10)
+    # test_jax_block_gemm.py): up to 2^-7 of sum |a b|.
+    _assert_close_to_model(got, want, mags, jnp.bfloat16, accumulation=2.0 ** -7)

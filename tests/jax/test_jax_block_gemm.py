@@ -51,10 +51,11 @@ def _check(a, b, trans_a, trans_b, out_dtype, bias=None, device=None):
     assert d.dtype == out_dtype and d.shape == want.shape
     got = np.asarray(d, np.float64)
     # The output's rounding plus the accumulation: float32 on the CPU; on
-    # Hopper the FP8 tensor cores keep fewer bits (an H200 was off by up to
-    # ~2^-12 of sum |a b|), bounded as the per-tensor GEMM tests bound it there.
+    # Hopper the FP8 tensor cores keep about 14 bits of a block's running sum
+    # (an H200 was off by up to 1.5 * 2^-10 of sum |a b|), so a 128-deep
+    # block may be off by 128 * 2^-14 = 2^-7 of its sum |a b|.
     eps = 2.0 ** -8 if out_dtype == jnp.bfloat16 else 2.0 ** -20
-    acc = 2.0 ** -10 if device is not None and device.platform == "gpu" else 2.0 ** -20
+    acc = 2.0 ** -7 if device is not None and device.platform == "gpu" else 2.0 ** -20
     tol = eps * np.abs(want) + acc * magnitude + 1e-30
     assert np.all(np.abs(got - want) <= tol), np.max(np.abs(got - want) / tol)
 

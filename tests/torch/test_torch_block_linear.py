@@ -260,7 +260,7 @@ def test_cuda_layers_match_the_cpu():
         # value. Both stay far below FP8's own error against bf16 (~3%,
         # the 0.06 above), while a wrong scale, layout or block is O(1).
         for name, got, want in (("y", yc, y), *((f"d{n}", gc[n], g[n]) for n in g)):
-            assert rel_error(got.cpu(), want) < 2.0 ** -7, (type(layer).__name__, name)
+            assert rel_error(got.cpu(), want.cpu()) < 2.0 ** -7, (type(layer).__name__, name)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
