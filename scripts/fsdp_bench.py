@@ -15,8 +15,8 @@ Each variant's first-step output is checked against bf16's (same weights
 and inputs; ||y - y_bf16|| / ||y_bf16|| below CHECK_TOLERANCE, FP8's
 rounding) and the row says whether it passed. Reported per variant: the median step time over
 `--steps` timed steps (after `--warmup`), and the bytes this rank hands to
-all-gathers in one step (counted at torch.distributed.all_gather_single,
-FSDP2's all-gather). Ranks are spawned here (one per GPU, NCCL; or
+all-gathers in one step (counted at the collective FSDP2 calls for its
+all-gathers). Ranks are spawned here (one per GPU, NCCL; or
 `--cpu`: gloo, tiny sizes, a smoke run whose numbers are no claim).
 
     python scripts/fsdp_bench.py [--ranks 2 --hidden 8192 --tokens 8192 --layers 8]
@@ -119,12 +119,15 @@ def _rank_main(rank, world_size, port, a, results):
     dist.init_process_group("gloo" if a.cpu else "nccl", rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=300))
     sent = []
-    all_gather = dist.all_gather_single
+    # FSDP2's all-gather: all_gather_single, or all_gather_into_tensor in a
+    # torch from before it (2.11).
+    name = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+    all_gather = getattr(dist, name)
 
     def counting(output, input, *args, **kwargs):
         sent.append(input.numel() * input.element_size())
         return all_gather(output, input, *args, **kwargs)
-    dist.all_gather_single = counting
+    setattr(dist, name, counting)
     rows, reference = {}, None
     # bf16 first: the others' outputs are checked against it.
     variants = ["bf16"] + [v for v in a.variants.split(",") if v != "bf16"]

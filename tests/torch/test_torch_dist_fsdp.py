@@ -33,14 +33,20 @@ def _batch(step, micro, rank, device):
     return (torch.randn(TOKENS, SIZES[0][0], generator=g) * (rank + 1)).to(device)
 
 
+# The collective FSDP2's all-gather calls: all_gather_single in newer
+# torch, all_gather_into_tensor before it existed (torch 2.11).
+_ALL_GATHER = "all_gather_single" if hasattr(dist, "all_gather_single") \
+    else "all_gather_into_tensor"
+
+
 def _count_all_gather_bytes(log: list) -> None:
     """Records the bytes of every all-gather input FSDP2 sends."""
-    send = dist.all_gather_single
+    send = getattr(dist, _ALL_GATHER)
 
     def counting(output, input, *args, **kwargs):
         log.append(input.numel() * input.element_size())
         return send(output, input, *args, **kwargs)
-    dist.all_gather_single = counting
+    setattr(dist, _ALL_GATHER, counting)
 
 
 def _shard(model, reshard: bool, bf16: bool):
