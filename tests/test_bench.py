@@ -19,7 +19,7 @@ pytest.importorskip("jax")
 pytest.importorskip("matplotlib")
 
 from fp8kit import bench  # noqa: E402
-from fp8kit.bench import progress, results, timing  # noqa: E402
+from fp8kit.bench import gemm_block, progress, results, timing  # noqa: E402
 from fp8kit.bench.results import Row  # noqa: E402
 
 SECTIONS = ("gemm", "quantize", "linear", "overhead", "fused", "compile")
@@ -63,16 +63,21 @@ def test_rows_are_checked_and_measured_side_by_side(suite):
         what = f"{r['section']} {r['group']} {r['case']}"
         assert r["error"] is None, what
         assert r["check"], what                      # checked before timing
+        assert r["met"] is None, what                # quick mode: no claims
+        if r["target"] == "P6-gemm" and not GPU:     # torch's block-scaled call: CUDA only
+            assert r["fp8kit_s"] is None and "runs on CUDA only" in r["note"], what
+            continue
         assert r["fp8kit_s"] > 0 and r["anchor_s"] > 0, what
         assert r["ratio"] == pytest.approx(r["anchor_s"] / r["fp8kit_s"])
-        assert r["met"] is None, what                # quick mode: no claims
     checks = " ".join(r["check"] for r in doc["rows"])
     assert "bit-exact" in checks                     # quantization, bit for bit
     # Every target has rows (quick sizes stand in for the real ones).
     # P7 and P10 need TransformerEngine or torchao beside fp8kit: not in a CPU run.
     assert set(doc["targets"]) == {"P1", "P2", "P3", "P4", "P5-gemm", "P5-fwd", "P5-fwd+bwd",
-                                   "P10-eager"}
-    assert all(t["met"] is None and t["complete"] for t in doc["targets"].values())
+                                   "P6-gemm", "P10-eager"}
+    assert all(t["met"] is None for t in doc["targets"].values())
+    # P6-gemm's peer, torch's block-scaled scaled_mm, runs on a GPU only.
+    assert all(t["complete"] == (GPU or tid != "P6-gemm") for tid, t in doc["targets"].items())
     assert "torch._scaled_mm" in out and "lax.dot_general e4m3" in out
     # P5-gemm is the [K, N]-layout lax.dot row (the plain lax.dot(a, b) call).
     kn = [r for r in doc["rows"] if r["anchor"] == "lax.dot e4m3 [K,N] b"]
@@ -101,6 +106,84 @@ def test_linear_and_overhead_rows(suite):
     for r in overhead:   # host time per call, next to the device-side time
         assert r["timing"]["fp8kit_host_s"] > 0 and r["timing"]["anchor_host_s"] > 0
         assert "host " in r["note"]
+
+
+def test_block_gemm_rows(suite):
+    """The block-scaled GEMM group: fp8kit checked against a float64 product
+    of the dequantized operands, then against torch's block-scaled call
+    where that runs (a GPU); timed against bf16 torch.matmul everywhere."""
+    _, out, _, d = suite
+    rows = [r for r in json.loads((d / "bench.json").read_text())["rows"]
+            if r["group"].startswith("block-scaled")]
+    peer = [r for r in rows if r["target"] == "P6-gemm"]
+    bf16 = [r for r in rows if r["anchor"] == "bf16 torch.matmul"]
+    assert len(peer) == len(bf16) == len(gemm_block.QUICK_SHAPES)
+    for r in peer:
+        assert r["check"].startswith("vs float64: max rel diff"), r
+        assert ("vs torch: max rel diff" in r["check"]) == GPU, r
+    assert all(r["fp8kit_s"] > 0 and r["anchor_s"] > 0 for r in bf16)
+    if not GPU:   # the table says why the P6-gemm rows have no numbers
+        assert "runs on CUDA only" in out
+
+
+def _wrong_block_scale(monkeypatch):
+    """fp8kit's block-scaled GEMM, reading one 128x128 weight block's scale
+    twice as large: a scale bug."""
+    from fp8kit import _torch_ext
+    real = _torch_ext.gemm_block
+
+    def wrong(a, a_si, a_col, a_col_si, a_mode, b, b_si, *args):
+        b_si = b_si.clone()
+        b_si[0, 0] *= 2
+        return real(a, a_si, a_col, a_col_si, a_mode, b, b_si, *args)
+    monkeypatch.setattr(_torch_ext, "gemm_block", wrong)
+
+
+def test_wrong_block_scale_is_caught_and_not_timed(tmp_path, monkeypatch):
+    _wrong_block_scale(monkeypatch)
+    rc, out, _ = _run(["--quick", "--sections", "gemm_block", "--gemm-shapes", "32x256x256",
+                       "--out", str(tmp_path), "--no-plots", "--plain-progress"])
+    assert rc == 1
+    rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
+    assert len(rows) == 2
+    for r in rows:
+        assert "fp8kit's output is wrong, not timed" in r["error"], r
+        assert "vs float64" in r["error"] and r["fp8kit_s"] is None and r["ratio"] is None
+    assert "ERROR" in out
+
+
+@pytest.mark.parametrize("mode,shape", [("block_1x128", (40, 300)), ("block_128x128", (136, 520)),
+                                        ("block_1x128", (3, 128))])
+def test_bench_dequantizes_block_scales_as_the_core_does(mode, shape):
+    """The bench's own reading of the scale layout (its float64 reference),
+    edge tiles and blocks included, against fp8kit's dequantize_block."""
+    import fp8kit.torch as ft
+    x = torch.randn(*shape, dtype=torch.bfloat16) * torch.logspace(-3, 3, shape[1])
+    q, si, _, _ = ft.quantize_block(x, "e4m3", mode)
+    want = ft.dequantize_block(q, si, mode, torch.float32).double()
+    assert torch.equal(gemm_block.dequantized(q, si, mode), want)
+
+
+def test_scales_in_torchs_block_layout():
+    """torch_scales gives torch.nn.functional.scaled_mm's Hopper layout
+    (scale_a [M, K/128] strides (1, M); scale_b [round_up(K/128, 4), N/128]
+    strides (1, round_up(K/128, 4))) and the entry each block reads."""
+    import fp8kit.torch as ft
+    m, n, k = 24, 256, 640                    # K/128 = 5 tiles, padded to 8 for scale_b
+    a = torch.randn(m, k, dtype=torch.bfloat16) * torch.logspace(-2, 2, k)
+    b = torch.randn(n, k, dtype=torch.bfloat16) * torch.logspace(2, -2, k)
+    qa, sa, _, _ = ft.quantize_block(a, "e4m3", "block_1x128")
+    qb, sb, _, _ = ft.quantize_block(b, "e4m3", "block_128x128")
+    scale_a, scale_b = gemm_block.torch_scales(sa, sb, m)
+    assert scale_a.shape == (m, 5) and scale_a.stride() == (1, m)
+    assert scale_b.shape == (8, 2) and scale_b.stride() == (1, 8)
+    # Element [r, c] of A uses scale_a[r, c // 128]; of B, scale_b[c // 128, r // 128].
+    rows, cols = torch.meshgrid(torch.arange(m), torch.arange(k), indexing="ij")
+    assert torch.equal(qa.double() * scale_a[rows, cols // 128].double(),
+                       ft.dequantize_block(qa, sa, "block_1x128", torch.float32).double())
+    rows, cols = torch.meshgrid(torch.arange(n), torch.arange(k), indexing="ij")
+    assert torch.equal(qb.double() * scale_b[cols // 128, rows // 128].double(),
+                       ft.dequantize_block(qb, sb, "block_128x128", torch.float32).double())
 
 
 def test_fused_rows(suite):
@@ -307,7 +390,8 @@ def test_bad_section_is_reported(tmp_path):
     assert rc == 2 and "nope" in err
 
 
-@pytest.mark.parametrize("half,group,section", [("dense_jax", "JAX jit", "linear"),
+@pytest.mark.parametrize("half,group,section", [("gemm_block", "block-scaled", "gemm"),
+                                                ("dense_jax", "JAX jit", "linear"),
                                                 ("linear_torch", "PyTorch Linear", "linear"),
                                                 ("mlp_jax", "JAX jit: MLP block", "fused")])
 def test_sections_take_half_of_a_section(tmp_path, half, group, section):

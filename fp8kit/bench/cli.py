@@ -3,13 +3,12 @@
 Every row times fp8kit next to its anchor (the peer or limit it is
 compared with) in the same run on the same inputs, after checking that
 fp8kit's output matches the anchor's, and compares the ratio with the
-row's target (P1..P5, docs/benchmarks.md). Sections: gemm (P1),
-quantize (P2), linear (PyTorch Linear P3 and JAX dense P5; fwd and
-fwd+bwd), overhead (per-call time, P4; with --profile also a
-torch.profiler table of the per-call path) and fused (the
-LayerNormMLP / LayerNormLinear blocks of PyTorch and JAX, for
-information). Writes a JSON
-file and one PNG per section.
+row's target (docs/benchmarks.md). Sections: gemm (per-tensor P1,
+block-scaled P6-gemm), quantize (P2), linear (PyTorch Linear P3 and
+JAX dense P5; fwd and fwd+bwd), overhead (per-call time, P4; with
+--profile also a torch.profiler table of the per-call path) and fused
+(the LayerNormMLP / LayerNormLinear blocks of PyTorch and JAX, for
+information). Writes a JSON file and one PNG per section.
 
 On a machine without a CUDA GPU it runs a quick mode (tiny sizes, a few
 iterations) that checks the suite works end to end; its numbers come from
@@ -31,15 +30,17 @@ from fp8kit._source_tree import source_tree_hint
 
 SECTIONS = ("gemm", "quantize", "linear", "overhead", "fused", "compile")
 # Sections run in this order; each is a module with cases(ctx).
-_MODULES = {"gemm": ["fp8kit.bench.gemm"], "quantize": ["fp8kit.bench.quantize"],
+_MODULES = {"gemm": ["fp8kit.bench.gemm", "fp8kit.bench.gemm_block"],
+            "quantize": ["fp8kit.bench.quantize"],
             "linear": ["fp8kit.bench.linear_torch", "fp8kit.bench.dense_jax"],
             "overhead": ["fp8kit.bench.overhead"],
             "fused": ["fp8kit.bench.fused_torch", "fp8kit.bench.mlp_jax"],
             "compile": ["fp8kit.bench.compile_torch"]}
-# --sections also takes one module of a section with two: the PyTorch or the JAX
-# half of "linear" or of "fused".
+# --sections also takes one module of a section with two (the PyTorch or the JAX
+# half of "linear" or of "fused", the block-scaled part of "gemm"), except the
+# one named as its section.
 _PARTS = {m.rsplit(".", 1)[1]: (s, m) for s, mods in _MODULES.items() if len(mods) > 1
-          for m in mods}
+          for m in mods if m.rsplit(".", 1)[1] not in _MODULES}
 NOT_A_CLAIM = ("CPU quick mode: this run checks that the suite works end to end. Its numbers "
                "come from fp8kit's CPU reference kernels and tiny sizes: they are NOT "
                "performance claims.")
@@ -55,7 +56,7 @@ def _parser():
     p.add_argument("--json", default=None, help="JSON path (default OUT/bench.json)")
     p.add_argument("--sections", default=",".join(SECTIONS),
                    help=f"comma-separated subset of {','.join(SECTIONS)} (or of "
-                        f"{','.join(_PARTS)}: one part of linear)")
+                        f"{','.join(_PARTS)}: one part of a section)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true",
                       help="tiny sizes, few iterations (the default without a GPU)")

@@ -90,6 +90,8 @@ def table(rows: list[Row], claims: bool) -> str:
         met = r.met(claims)
         result = ("ERROR" if r.error else "-" if met is None else "met" if met else "MISS")
         check = r.error or r.check
+        if not r.error and r.ratio is None and r.note:   # a row without numbers says why
+            check = f"{check}; {r.note}" if check else r.note
         out.append(f"  {r.case:<{w_case}} {r.unit:>7} {_fmt(r.value('fp8kit'))} "
                    f"{_fmt(r.value('anchor'))} {_fmt(r.ratio, '7.3f')} {tgt:>12} {result:>7}  "
                    f"{r.anchor:<{w_anchor}}  {check}")
