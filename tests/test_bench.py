@@ -74,7 +74,7 @@ def test_rows_are_checked_and_measured_side_by_side(suite):
     # Every target has rows (quick sizes stand in for the real ones).
     # P7 and P10 need TransformerEngine or torchao beside fp8kit: not in a CPU run.
     assert set(doc["targets"]) == {"P1", "P2", "P3", "P4", "P5-gemm", "P5-fwd", "P5-fwd+bwd",
-                                   "P6-gemm", "P10-eager"}
+                                   "P6-gemm", "P6-linear", "P10-eager"}
     assert all(t["met"] is None for t in doc["targets"].values())
     # P6-gemm's peer, torch's block-scaled scaled_mm, runs on a GPU only.
     assert all(t["complete"] == (GPU or tid != "P6-gemm") for tid, t in doc["targets"].items())
@@ -97,9 +97,12 @@ def test_linear_and_overhead_rows(suite):
         cases = {r["case"].split(" ", 1)[1] for r in torch_linear
                  if r["group"].startswith(f"PyTorch Linear {mode},")}
         assert cases == {"delayed", "current", "delayed, weight cached",
-                         "current, weight cached", "delayed, fast fwd acc"} | extra, mode
+                         "current, weight cached", "delayed, fast fwd acc", "block"} | extra, mode
     p3 = [r for r in torch_linear if r["target"] == "P3"]
     assert p3 and all("fwd+bwd" in r["group"] and r["case"].endswith(" delayed") for r in p3)
+    p6 = [r for r in torch_linear if r["target"] == "P6-linear"]
+    assert p6 and all("fwd+bwd" in r["group"] and r["case"].endswith(" block") for r in p6)
+    assert all(r["fp8kit_s"] > 0 and r["check"].startswith("rel err y") for r in p6)
     overhead = [r for r in rows if r["section"] == "overhead"]
     assert {r["case"] for r in overhead} >= {"delayed", "current", "current, weight cached",
                                              "delayed, autocast per call"}
@@ -150,6 +153,24 @@ def test_wrong_block_scale_is_caught_and_not_timed(tmp_path, monkeypatch):
         assert "fp8kit's output is wrong, not timed" in r["error"], r
         assert "vs float64" in r["error"] and r["fp8kit_s"] is None and r["ratio"] is None
     assert "ERROR" in out
+
+
+def test_block_rows_say_why_where_fp8kit_has_no_block_gemm(tmp_path, monkeypatch):
+    """A device without block-scaled FP8 GEMMs: the block rows (GEMM and
+    Linear) say why instead of a number, and the other rows still run."""
+    import fp8kit.torch as ft
+    monkeypatch.setattr(ft, "supports_block_scaled_fp8_gemm", lambda device: False)
+    rc, out, err = _run(["--quick", "--sections", "gemm_block,linear_torch", "--rounds", "1",
+                         "--out", str(tmp_path), "--no-plots", "--plain-progress"])
+    assert rc == 0, out + err
+    rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
+    block = [r for r in rows if r["group"].startswith("block-scaled")
+             or r["case"].endswith(" block")]
+    assert {r["target"] for r in block} == {"P6-gemm", "P6-linear", None}
+    for r in block:
+        assert r["error"] is None and r["fp8kit_s"] is None, r
+        assert "supports_block_scaled_fp8_gemm(" in r["note"] and "is False" in r["note"], r
+    assert all(r["fp8kit_s"] > 0 for r in rows if r not in block)
 
 
 @pytest.mark.parametrize("mode,shape", [("block_1x128", (40, 300)), ("block_128x128", (136, 520)),

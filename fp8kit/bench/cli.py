@@ -4,11 +4,12 @@ Every row times fp8kit next to its anchor (the peer or limit it is
 compared with) in the same run on the same inputs, after checking that
 fp8kit's output matches the anchor's, and compares the ratio with the
 row's target (docs/benchmarks.md). Sections: gemm (per-tensor P1,
-block-scaled P6-gemm), quantize (P2), linear (PyTorch Linear P3 and
-JAX dense P5; fwd and fwd+bwd), overhead (per-call time, P4; with
---profile also a torch.profiler table of the per-call path) and fused
-(the LayerNormMLP / LayerNormLinear blocks of PyTorch and JAX, for
-information). Writes a JSON file and one PNG per section.
+block-scaled P6-gemm), quantize (P2), linear (PyTorch Linear P3 and,
+under BlockScaling, P6-linear; JAX dense P5; fwd and fwd+bwd), overhead
+(per-call time, P4; with --profile also a torch.profiler table of the
+per-call path) and fused (the LayerNormMLP / LayerNormLinear blocks of
+PyTorch and JAX, for information). Writes a JSON file and one PNG per
+section.
 
 On a machine without a CUDA GPU it runs a quick mode (tiny sizes, a few
 iterations) that checks the suite works end to end; its numbers come from

@@ -1,16 +1,18 @@
-"""Linear section, PyTorch (target P3): fp8kit.torch.Linear,
+"""Linear section, PyTorch (targets P3 and P6-linear): fp8kit.torch.Linear,
 bf16 in and out, eager, forward and fwd+bwd, against bf16 torch.nn.Linear
 on the same weights and inputs in the same run, and against torchao's
 Float8Linear when it is installed (a GPU only). Layers and calls:
-torch_layers.py. The target applies to fwd+bwd with the default recipe
-(delayed scaling, weight re-quantized every call as in a training step) at
-8192 tokens x 8192 x 8192; current scaling, the forward
-pass alone, the weight-cached rows (gradient accumulation, inference), the
-forward GEMM with fast accumulation (the recipe's opt-in
-forward_fast_accumulation; its check shows the accuracy it costs) and the
-other sizes are for information. At the target size, fwd+bwd, a
-"sustained" row times bf16 and delayed again in 1.5 s batches, each in its
-own steady state, with the GPU's clock and power (timing.measure_sustained).
+torch_layers.py. The targets apply to fwd+bwd at 8192 tokens x 8192 x 8192
+with the weight re-quantized every call as in a training step: P3 with the
+default recipe (delayed scaling), P6-linear with BlockScaling (where
+fp8kit's block-scaled GEMM does not run, its row says why instead of a
+number). Current scaling, the forward pass alone, the weight-cached rows
+(gradient accumulation, inference), the forward GEMM with fast
+accumulation (the recipe's opt-in forward_fast_accumulation; its check
+shows the accuracy it costs) and the other sizes are for information. At
+the target size, fwd+bwd, a "sustained" row times bf16 and delayed again
+in 1.5 s batches, each in its own steady state, with the GPU's clock and
+power (timing.measure_sustained).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import functools
 
 from fp8kit.bench import timing, torch_layers
 from fp8kit.bench.context import Case, Context
+from fp8kit.bench.gemm_block import fp8kit_block_missing
 from fp8kit.bench.results import Row
 
 SECTION = "linear"
@@ -27,6 +30,7 @@ SIZES = [(4096, 4096, 4096), TARGET_SIZE]
 QUICK_SIZES = [(64, 64, 64), (128, 128, 64)]
 MODES = ("fwd+bwd", "fwd")
 PASSES = {"fwd": 1, "fwd+bwd": 3}  # GEMMs per call: forward; + dgrad, wgrad
+TARGETS = {"delayed": "P3", "block": "P6-linear"}  # variant -> its target (fwd+bwd, TARGET_SIZE)
 
 
 def group_bf16(mode: str) -> str:
@@ -47,14 +51,19 @@ def run_size(ctx: Context, tokens: int, k: int, n: int, seed: int, mode: str) ->
     case = f"{tokens}x{k}x{n}"
     is_target = mode == "fwd+bwd" and (ctx.quick or (tokens, k, n) == TARGET_SIZE)
     variants = torch_layers.standard_variants(cached=True) + [torch_layers.fast_forward_variant()]
-    out = torch_layers.run_layers(ctx, k, n, data, mode, variants, seed)
+    block = torch_layers.block_variant()
+    block_missing = fp8kit_block_missing(dev)
+    out = torch_layers.run_layers(ctx, k, n, data, mode,
+                                  variants + ([] if block_missing else [block]), seed)
     rows = []
-    for v in variants:
+    for v in variants + [block]:
         rows.append(Row(SECTION, group_bf16(mode), f"{case} {v.name}", tokens * k * n,
                         "TFLOP/s", "bf16 nn.Linear", fp8kit_work=flops, anchor_work=flops,
-                        target="P3" if v.name == "delayed" and is_target else None,
+                        target=TARGETS.get(v.name) if is_target else None,
                         note="" if v.cache_weight else "weight re-quantized every call"))
         out.fill(rows[-1], v.name)
+    if block_missing:
+        rows[-1].note = block_missing
     if "torchao" in out.checks or "torchao" in out.errors:
         rows.append(Row(SECTION, group_torchao(mode), f"{case} delayed", tokens * k * n,
                         "TFLOP/s", "torchao Float8Linear", fp8kit_work=flops,

@@ -1,7 +1,7 @@
 """The PyTorch Linear layers the linear and overhead sections compare, built
 with the same weights, and the calls they time.
 
-    bf16     torch.nn.Linear in bf16 (the anchor of P3 and P4)
+    bf16     torch.nn.Linear in bf16 (the anchor of P3, P4 and P6-linear)
     fp8kit   fp8kit.torch.Linear, bf16 weights, inside fp8kit.torch.autocast
     torchao  torchao's Float8Linear (tensorwise dynamic scaling), when torchao
              is installed and a GPU is present (a peer, for information)
@@ -135,6 +135,12 @@ def fast_forward_variant() -> Variant:
     """Delayed scaling with the forward GEMM's fast accumulation (opt-in)."""
     from fp8kit.recipe import DelayedScaling
     return Variant("delayed, fast fwd acc", DelayedScaling(forward_fast_accumulation=True))
+
+
+def block_variant() -> Variant:
+    """Block scaling (1x128 tiles for x and dy, 128x128 blocks for the weight)."""
+    from fp8kit.recipe import BlockScaling
+    return Variant("block", BlockScaling())
 
 
 @dataclasses.dataclass
