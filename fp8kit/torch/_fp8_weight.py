@@ -7,6 +7,8 @@ The C++ forward takes the FP8 copies of such a weight instead of casting it
 the weight gradient reaches the Float8Tensor parameter as a plain
 high-precision tensor, which FSDP2 reduce-scatters. The weight's scaling
 slot records nothing here: whoever cast the weight owns its scale.
+untraceable(layer) is the error every layer gives such a weight while
+torch.compile or torch.export traces.
 """
 
 from __future__ import annotations
@@ -32,18 +34,24 @@ class _WeightStandIn(torch.autograd.Function):
         return grad
 
 
+def untraceable(layer: str) -> NotImplementedError:
+    """The error of fp8kit.torch.<layer> given a Float8Tensor weight while
+    torch.compile or torch.export traces: the layers' dispatcher ops take
+    high-precision weights."""
+    return NotImplementedError(
+        f"fp8kit.torch.{layer}: a Float8Tensor weight (FSDP2's FP8 all-gather, "
+        "fp8kit.torch.distributed.enable_fp8_all_gather) does not trace under torch.compile "
+        "or torch.export; all-gather the weights in high precision (leave "
+        "enable_fp8_all_gather out) to compile the layer, or keep it out of the compiled "
+        "region (torch.compiler.disable)")
+
+
 def linear_with_fp8_weight(states, recipe, input, weight, bias, cache_weight: bool):
     """y = input @ weight.T + bias in FP8 with a Float8Tensor `weight`
     (2-D, in the recipe's forward format), the layer's `states`
     (RecipeStates) giving the input's and the gradient's scaling."""
     if torch.compiler.is_compiling():
-        # The dispatcher op linear_forward takes a high-precision weight.
-        raise NotImplementedError(
-            "fp8kit.torch.Linear: a Float8Tensor weight (FSDP2's FP8 all-gather, "
-            "fp8kit.torch.distributed.enable_fp8_all_gather) does not trace under torch.compile "
-            "or torch.export; all-gather the weights in high precision (leave "
-            "enable_fp8_all_gather out) to compile the layer, or keep it out of the compiled "
-            "region (torch.compiler.disable)")
+        raise untraceable("Linear")
     state, fast = states.select(recipe, weight, cache_weight)
     # The dgrad GEMM reads the weight's columnwise copy on devices whose FP8
     # GEMMs take the TN layout only: the weight's own, or a transpose of its

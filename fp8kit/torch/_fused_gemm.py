@@ -8,9 +8,11 @@ one call into the extension, following the Linear layer protocol
                       the plan's wgrad_inner when wgrad reads columnwise copies
 
 Which FP8 copies each cast writes and which a forward keeps come from the
-core's plan (ext.linear_plan), cached per shape here. Each function runs
-its steps through `steps`, a table of fp8kit.torch._fused_steps (the
-pybind11 calls, or the dispatcher ops while torch.compile traces).
+core's plan (ext.linear_plan), cached per shape here; weight_copies gives
+a weight's copies, cast or, for a weight already in FP8, its own. Each
+function runs its steps through `steps`, a table of
+fp8kit.torch._fused_steps (the pybind11 calls, or the dispatcher ops while
+torch.compile traces).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from fp8kit.torch._ext import ext
+from fp8kit.torch.float8_tensor import Float8Tensor
 
 # The slots of a LinearState (fp8kit_linear_slot).
 INPUT, WEIGHT, GRAD_OUTPUT = 0, 1, 2
@@ -56,6 +59,37 @@ def kept(copies: tuple, rowwise, columnwise):
     if copies[0]:
         return rowwise
     return columnwise if copies[1] else None
+
+
+def weight_copies(steps, state, weight: torch.Tensor, record: bool, p: Plan,
+                  fn: str) -> tuple:
+    """(data, columnwise, scale_inv) of a GEMM's weight in the copies p.weight
+    names. A high-precision weight is cast into the state's weight slot
+    (recorded when `record`). A weight already in FP8 (a Float8Tensor:
+    FSDP2's FP8 all-gather, fp8kit.torch.distributed) gives its own copies,
+    as fp8kit.torch.Linear reads one (the columnwise copy of a view is a
+    transpose of its FP8 bits, exact), and records nothing: its scale
+    belongs to whoever cast it. Errors name `fn` (the layer's weight)."""
+    if not isinstance(weight, Float8Tensor):
+        data, columnwise, scale_inv, _ = steps.quantize_slot(state, weight, WEIGHT, record,
+                                                             *p.weight, None)
+        return data, columnwise, scale_inv
+    fp8 = state.recipe["fwd_dtype"]
+    if weight.fp8_dtype != fp8:
+        raise TypeError(f"{fn} is a Float8Tensor in {weight.fp8_dtype} but the recipe's forward "
+                        f"format is {fp8}; cast the weight with the recipe's forward format")
+    copies = []
+    for wanted, layout in zip(p.weight, ("rowwise", "columnwise")):
+        copy = getattr(weight, f"{layout}_data") if wanted else None
+        if wanted and copy is None:
+            raise ValueError(f"{fn} is a Float8Tensor without its {layout} copy, which this "
+                             f"call's GEMMs read on {weight.device}; make it with "
+                             f"update_usage({layout}=True)")
+        copies.append(copy)
+    # A copy of scale_inv: FSDP2 rewrites the gathered weight's in place
+    # (with the same value) when it gathers the weight again for backward,
+    # and autograd refuses a saved tensor written since the forward.
+    return copies[0], copies[1], weight.scale_inv.clone()
 
 
 def fprop(steps, x_data, x_scale_inv, w_data, w_scale_inv, bias: Optional[torch.Tensor],

@@ -10,6 +10,10 @@ torch.load(weights_only=True)):
      "gemms": {"<gemm name>": [one LinearState.get_state() dict per recipe]}}
 with the gemm names of the layer (LayerNormLinear: "linear"; LayerNormMLP:
 "fc1", "fc2").
+
+A GEMM weight may be a Float8Tensor (what FSDP2's FP8 all-gather of
+fp8kit.torch.distributed gives the layer): its FP8 copies go to the GEMMs
+as they are (fp8kit.torch._fused_gemm.weight_copies).
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ import torch.nn.functional as F
 
 from fp8kit.torch import _fused_steps
 from fp8kit.torch._fp8_extra_state import FP8ExtraState
+from fp8kit.torch._fp8_weight import untraceable
 from fp8kit.torch._linear_states import RecipeStates
 from fp8kit.torch._traced_linear import traced_state
+from fp8kit.torch.float8_tensor import Float8Tensor
 from fp8kit.torch.linear import _autocast_cast, _tracing
 
 _EXTRA_STATE_FORMAT = 1
@@ -115,15 +121,19 @@ class FusedLayer(FP8ExtraState, torch.nn.Module):
 
     def _fp8_inputs(self, x: torch.Tensor, params: list) -> tuple:
         """x and the parameters as the FP8 path takes them: in torch.autocast's
-        dtype when it is on (as fp8kit.torch.Linear casts), one dtype and
-        device for all (RuntimeError / ValueError naming the fix otherwise),
-        x with 16-byte aligned data (the fused kernels' vectors)."""
+        dtype when it is on (as fp8kit.torch.Linear casts; a weight already
+        in FP8 stays as it is), one dtype and device for all (RuntimeError /
+        ValueError naming the fix otherwise), x with 16-byte aligned data
+        (the fused kernels' vectors)."""
         cls = type(self).__name__
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"fp8kit.torch.{cls}: input must be a torch.Tensor, got "
                             f"{type(x).__name__}")
+        if _tracing() and any(isinstance(p, Float8Tensor) for p in params):
+            raise untraceable(cls)
         if _any_autocast():
-            params = [_autocast_cast(x, p, None)[1] for p in params]
+            params = [p if isinstance(p, Float8Tensor) else _autocast_cast(x, p, None)[1]
+                      for p in params]
             x = _autocast_cast(x, x, None)[0]
         ref = params[0]
         for p in params:

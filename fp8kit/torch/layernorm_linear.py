@@ -25,7 +25,9 @@ returns it as a 1-tuple), with the three slots of fp8kit/linear.h:
     1  weight                                forward format
     2  dy, the output gradient               backward format
 seeded and recorded exactly as fp8kit.torch.Linear's (a forward that
-computes no gradient records nothing).
+computes no gradient records nothing). A weight that is already a
+Float8Tensor (FSDP2's FP8 all-gather, fp8kit.torch.distributed) goes to
+the GEMMs as it is, and its slot records nothing.
 
 state_dict keys: layer_norm_weight, layer_norm_bias (LayerNorm only),
 weight [out_features, in_features], bias, _extra_state (fp8kit's
@@ -143,7 +145,8 @@ def _forward(call, x, gamma, beta, weight, bias, ctx):
     p = G.plan(m, k, n, dgrad, wgrad, st.non_tn)
     x_data, x_cw, x_sinv, mean, rsigma, _ = steps.norm_forward(
         x, gamma, beta, call.normalization, call.eps, st, G.INPUT, record, *p.input)
-    w_data, w_cw, w_sinv, _ = steps.quantize_slot(st, weight, G.WEIGHT, record, *p.weight, None)
+    w_data, w_cw, w_sinv = G.weight_copies(steps, st, weight, record, p,
+                                           "fp8kit.torch.LayerNormLinear: weight")
     y = G.fprop(steps, x_data, x_sinv, w_data, w_sinv, bias, x.dtype, call.fast)
     if record:
         ctx.call, ctx.plan = call, p

@@ -35,7 +35,9 @@ GEMM's three in the order of fp8kit/linear.h:
          gradient dh (backward format)
     fc2: 0 its input (the activation a), 1 fc2_weight, 2 its output
          gradient dy (backward format)
-seeded and recorded exactly as fp8kit.torch.Linear's.
+seeded and recorded exactly as fp8kit.torch.Linear's. A GEMM weight that
+is already a Float8Tensor (FSDP2's FP8 all-gather, fp8kit.torch.distributed)
+goes to the GEMMs as it is, and its slot records nothing.
 
 state_dict keys: layer_norm_weight, layer_norm_bias (LayerNorm only),
 fc1_weight, fc1_bias, fc2_weight, fc2_bias, _extra_state (the
@@ -201,11 +203,13 @@ def _forward(call, x, gamma, beta, w1, b1, w2, b2, ctx):
     p1, p2 = _plans(call, m, k, f1, f, call.needs if record else None)
     x_data, x_cw, x_sinv, mean, rsigma, _ = steps.norm_forward(
         x, gamma, beta, call.normalization, call.eps, st1, G.INPUT, record, *p1.input)
-    w1_data, w1_cw, w1_sinv, _ = steps.quantize_slot(st1, w1, G.WEIGHT, record, *p1.weight, None)
+    w1_data, w1_cw, w1_sinv = G.weight_copies(steps, st1, w1, record, p1,
+                                              "fp8kit.torch.LayerNormMLP: fc1_weight")
     h = G.fprop(steps, x_data, x_sinv, w1_data, w1_sinv, b1, x.dtype, call.fast)
     a_data, a_cw, a_sinv, _ = steps.activation_forward(h, call.activation, st2, G.INPUT, record,
                                                        *p2.input)
-    w2_data, w2_cw, w2_sinv, _ = steps.quantize_slot(st2, w2, G.WEIGHT, record, *p2.weight, None)
+    w2_data, w2_cw, w2_sinv = G.weight_copies(steps, st2, w2, record, p2,
+                                              "fp8kit.torch.LayerNormMLP: fc2_weight")
     y = G.fprop(steps, a_data, a_sinv, w2_data, w2_sinv, b2, x.dtype, call.fast)
     if record:
         ctx.call, ctx.plans = call, (p1, p2)
