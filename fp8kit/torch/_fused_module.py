@@ -97,6 +97,16 @@ class FusedLayer(FP8ExtraState, torch.nn.Module):
     layer_norm_bias for LayerNorm) and the per-GEMM FP8 states."""
 
     _GEMMS: tuple = ()  # the names of the layer's GEMMs, in order
+    # The layer's name, which its checkpoints and errors give: the name of
+    # the class that defines _GEMMS (LayerNormLinear, LayerNormMLP), also for
+    # a subclass (fully_shard makes the module an FSDP<name>, and a
+    # checkpoint must load across the two).
+    _LAYER: str = ""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "_GEMMS" in cls.__dict__:
+            cls._LAYER = cls.__name__
 
     def _init_norm(self, hidden: int, normalization: str, eps: float, device, dtype) -> None:
         self.normalization = normalization
@@ -125,7 +135,7 @@ class FusedLayer(FP8ExtraState, torch.nn.Module):
         in FP8 stays as it is), one dtype and device for all (RuntimeError /
         ValueError naming the fix otherwise), x with 16-byte aligned data
         (the fused kernels' vectors)."""
-        cls = type(self).__name__
+        cls = self._LAYER
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"fp8kit.torch.{cls}: input must be a torch.Tensor, got "
                             f"{type(x).__name__}")
@@ -183,12 +193,12 @@ class FusedLayer(FP8ExtraState, torch.nn.Module):
         return {g: self._fp8_states[g].all() for g in self._GEMMS}
 
     def get_extra_state(self):
-        return {"format": _EXTRA_STATE_FORMAT, "layer": type(self).__name__,
+        return {"format": _EXTRA_STATE_FORMAT, "layer": self._LAYER,
                 "gemms": {g: [st.get_state() for st in self._fp8_states[g].all()]
                           for g in self._GEMMS}}
 
     def set_extra_state(self, state) -> None:
-        cls = type(self).__name__
+        cls = self._LAYER
         where = f"fp8kit.torch.{cls}: " + (getattr(self, "_fp8_loading", None) or "_extra_state")
         ok = (isinstance(state, dict) and state.get("format") == _EXTRA_STATE_FORMAT
               and state.get("layer") == cls and isinstance(state.get("gemms"), dict))

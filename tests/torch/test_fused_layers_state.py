@@ -150,6 +150,27 @@ def test_state_dict_round_trip_resumes_exactly(recipe, kind):
     make().load_state_dict(sd)
 
 
+def test_a_subclass_names_the_layer():
+    # fully_shard makes a module an instance of a subclass named FSDP<name>:
+    # checkpoints load across the two, and errors name the fp8kit layer.
+    fsdp_like = type("FSDPLayerNormMLP", (ft.LayerNormMLP,), {})
+    torch.manual_seed(0)
+    layer = fsdp_like(64, 32)
+    _train_steps(layer, DelayedScaling(), 1, 0)
+    sd = layer.state_dict()
+    assert sd["_extra_state"]["layer"] == "LayerNormMLP"
+    plain = ft.LayerNormMLP(64, 32)
+    plain.load_state_dict(sd)
+    again = fsdp_like(64, 32)
+    again.load_state_dict(plain.state_dict())
+    for g in ("fc1", "fc2"):
+        for a, b in zip(layer.fp8_states[g], again.fp8_states[g]):
+            assert torch.equal(a.amax_history, b.amax_history) and torch.equal(a.scale, b.scale)
+    with pytest.raises(ValueError, match="fp8kit.torch.LayerNormMLP: input has shape"), \
+            ft.autocast(recipe=DelayedScaling()):
+        layer(torch.randn(4, 16))
+
+
 def test_bad_extra_state_is_named():
     layer = ft.LayerNormMLP(64, 32)
     sd = layer.state_dict()
