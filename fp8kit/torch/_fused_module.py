@@ -96,7 +96,8 @@ class FusedLayer(FP8ExtraState, torch.nn.Module):
     """Base of the fused layers: the norm's parameters (layer_norm_weight,
     layer_norm_bias for LayerNorm) and the per-GEMM FP8 states."""
 
-    _GEMMS: tuple = ()  # the names of the layer's GEMMs, in order
+    # {GEMM name: the name of its weight parameter}, in the GEMMs' order.
+    _GEMMS: dict = {}
     # The layer's name, which its checkpoints and errors give: the name of
     # the class that defines _GEMMS (LayerNormLinear, LayerNormMLP), also for
     # a subclass (fully_shard makes the module an FSDP<name>, and a

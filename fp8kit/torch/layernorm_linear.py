@@ -53,7 +53,7 @@ class LayerNormLinear(FusedLayer):
     """norm (LayerNorm or RMSNorm over in_features) followed by a Linear,
     in FP8 inside fp8kit.torch.autocast."""
 
-    _GEMMS = ("linear",)
+    _GEMMS = {"linear": "weight"}
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  normalization: str = "LayerNorm", eps: float = 1e-5, device=None,

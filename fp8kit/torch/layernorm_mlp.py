@@ -64,7 +64,7 @@ ACTIVATIONS = ("gelu", "swiglu")
 class LayerNormMLP(FusedLayer):
     """norm -> fc1 -> activation -> fc2, in FP8 inside fp8kit.torch.autocast."""
 
-    _GEMMS = ("fc1", "fc2")
+    _GEMMS = {"fc1": "fc1_weight", "fc2": "fc2_weight"}
 
     def __init__(self, hidden_size: int, ffn_hidden_size: int, bias: bool = True,
                  normalization: str = "LayerNorm", activation: str = "gelu", eps: float = 1e-5,

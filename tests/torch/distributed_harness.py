@@ -14,6 +14,8 @@ traceback), so a test can assert on what every rank raised. Workers are top-leve
 
 backend "nccl" runs one rank per GPU (device cuda:<rank>) and is skipped
 without torch.cuda.device_count() >= world_size; "gloo" runs on the CPU.
+
+gemm_states(model) lists the scaling states the tests compare across ranks.
 """
 
 from __future__ import annotations
@@ -42,6 +44,20 @@ class RankError(Exception):
 
 # pytest params of a test's backend: gloo on the CPU, nccl (marked gpu).
 BACKENDS = [pytest.param("gloo", id="gloo"), pytest.param("nccl", id="nccl", marks=pytest.mark.gpu)]
+
+
+def gemm_states(model: torch.nn.Module) -> list:
+    """The scaling state (ext.LinearState) of every GEMM of the fp8kit
+    layers under `model`, in module order, a fused layer's GEMMs in order
+    (each GEMM's states in the order its recipes were first used)."""
+    import fp8kit.torch as ft
+    out = []
+    for m in model.modules():
+        if isinstance(m, ft.Linear):
+            out += m.fp8_states
+        elif isinstance(m, (ft.LayerNormLinear, ft.LayerNormMLP)):
+            out += [st for states in m.fp8_states.values() for st in states]
+    return out
 
 
 def _free_port() -> int:

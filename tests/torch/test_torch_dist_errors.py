@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 import fp8kit.torch as ft
 from distributed_harness import BACKENDS, run_ranks
-from fp8kit.recipe import CurrentScaling, DelayedScaling
+from fp8kit.recipe import BlockScaling, CurrentScaling, DelayedScaling
 from fp8kit.torch.distributed import AmaxSync, enable_fp8_all_gather
 
 
@@ -26,10 +26,14 @@ def _raised(fn):
     return None
 
 
-def _sharded(device, layers=1):
+def _model(device, fused: bool):
+    layers = [ft.LayerNormLinear(16, 16), ft.LayerNormMLP(16, 16)] if fused else [ft.Linear(16, 16)]
+    return torch.nn.Sequential(*layers).to(device)
+
+
+def _sharded(device, fused=False):
     from torch.distributed.fsdp import fully_shard
-    model = torch.nn.Sequential(*[ft.Linear(16, 16) for _ in range(layers)]).to(device)
-    enable_fp8_all_gather(model)
+    model = enable_fp8_all_gather(_model(device, fused))
     fully_shard(model)
     return model
 
@@ -58,18 +62,25 @@ def _bad_setups_worker(rank, world_size, device):
     only_rank_0 = dist.new_group([0])  # every rank takes part in making it
     out["group"] = _raised(lambda: AmaxSync(ft.Linear(16, 16), group=only_rank_0))
     out["group_type"] = _raised(lambda: AmaxSync(ft.Linear(16, 16), group="world"))
-    out["after_fully_shard"] = _raised(lambda: enable_fp8_all_gather(_sharded_plain(device)))
+    out["after_fully_shard"] = [
+        _raised(lambda: enable_fp8_all_gather(_sharded_plain(device, fused)))
+        for fused in (False, True)]
 
     def fsdp_different_recipes():
         recipe = CurrentScaling() if rank == 0 else DelayedScaling()
         _train_step(_sharded(device), recipe, device)
     out["fsdp_recipes"] = _raised(fsdp_different_recipes)
+
+    def fsdp_block_scaling(fused):  # every rank refuses before the all-gather
+        _train_step(_sharded(device, fused), BlockScaling(), device)
+    out["fsdp_block_scaling"] = [_raised(lambda: fsdp_block_scaling(fused))
+                                 for fused in (False, True)]
     return out
 
 
-def _sharded_plain(device):
+def _sharded_plain(device, fused: bool):
     from torch.distributed.fsdp import fully_shard
-    model = torch.nn.Sequential(ft.Linear(16, 16)).to(device)
+    model = _model(device, fused)
     fully_shard(model)
     return model
 
@@ -83,10 +94,13 @@ def test_bad_setups_raise_on_every_rank(backend):
             assert kind == "RuntimeError", r[key]
             assert "ranks of the group run different fp8kit layers or recipes" in message
         assert r["group_type"][0] == "TypeError" and "ProcessGroup" in r["group_type"][1]
-        kind, message = r["after_fully_shard"]
-        assert kind == "RuntimeError" and "already sharded by fully_shard" in message
+        for kind, message in r["after_fully_shard"]:  # Linear, then the fused layers
+            assert kind == "RuntimeError" and "already sharded by fully_shard" in message
         kind, message = r["fsdp_recipes"]
         assert kind == "RuntimeError" and "run different fp8kit recipes" in message
+        for kind, message in r["fsdp_block_scaling"]:  # Linear, then the fused layers
+            assert kind == "TypeError" and "all-gathered in per-tensor FP8, but BlockScaling" \
+                in message
     assert ranks[0]["group"] is None
     kind, message = ranks[1]["group"]
     assert kind == "ValueError" and "this rank (1) is not in the group" in message

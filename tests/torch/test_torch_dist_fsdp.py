@@ -1,10 +1,12 @@
-"""FSDP2 (fully_shard) with fp8kit.torch.Linear weights all-gathered in FP8,
-on 2 and 4 ranks (gloo on the CPU; nccl on GPUs, marked gpu).
+"""FSDP2 (fully_shard) with the GEMM weights of fp8kit's layers (Linear,
+LayerNormLinear, LayerNormMLP's fc1 and fc2) all-gathered in FP8, on 2, 3
+and 4 ranks (gloo on the CPU; nccl on GPUs, marked gpu).
 
-Each rank's output must be bit-identical to the unsharded layer's on that
-rank's batch (the weight is cast from the whole weight's scale, as one
+Each rank's output must be bit-identical to the unsharded model's on that
+rank's batch (each weight is cast from the whole weight's scale, as one
 process casts it), the gradients the ranks' average, and the all-gathers
-must move FP8 weights: the bytes handed to the all-gather are counted."""
+must move FP8 weights and the other parameters (biases, the norms' gamma
+and beta) as they are: the bytes handed to the all-gather are counted."""
 
 import copy
 
@@ -13,24 +15,28 @@ import torch
 import torch.distributed as dist
 
 import fp8kit.torch as ft
-from distributed_harness import BACKENDS, run_ranks
+from distributed_harness import BACKENDS, gemm_states, run_ranks
 from fp8kit.recipe import CurrentScaling, DelayedScaling
 from fp8kit.torch.distributed import AmaxSync, enable_fp8_all_gather
 
 TOKENS = 8
-SIZES = ((32, 64), (64, 32))  # (in_features, out_features) of the two Linears
 RECIPES = {"delayed": DelayedScaling(), "current": CurrentScaling()}
+FP8_LAYERS = (ft.Linear, ft.LayerNormLinear, ft.LayerNormMLP)  # each one FSDP2 group
+GEMM_WEIGHTS = ("weight", "fc1_weight", "fc2_weight")  # what FP8 all-gather casts
 
 
 def _model(device, dtype=torch.float32):
     torch.manual_seed(0)
-    return torch.nn.Sequential(ft.Linear(*SIZES[0]), torch.nn.GELU(),
-                               ft.Linear(*SIZES[1])).to(device, dtype)
+    return torch.nn.Sequential(
+        ft.Linear(32, 64), torch.nn.GELU(),
+        ft.LayerNormLinear(64, 48),  # LayerNorm: gamma and beta
+        ft.LayerNormMLP(48, 32, normalization="RMSNorm", activation="swiglu"),
+    ).to(device, dtype)
 
 
 def _batch(step, micro, rank, device):
     g = torch.Generator().manual_seed(1000 * step + 10 * micro + rank)
-    return (torch.randn(TOKENS, SIZES[0][0], generator=g) * (rank + 1)).to(device)
+    return (torch.randn(TOKENS, 32, generator=g) * (rank + 1)).to(device)
 
 
 # The collective FSDP2's all-gather calls: all_gather_single in newer
@@ -53,7 +59,7 @@ def _shard(model, reshard: bool, bf16: bool):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16) if bf16 else MixedPrecisionPolicy()
     for m in model:
-        if isinstance(m, ft.Linear):
+        if isinstance(m, FP8_LAYERS):
             fully_shard(m, reshard_after_forward=reshard, mp_policy=mp)
     fully_shard(model, reshard_after_forward=reshard, mp_policy=mp)
 
@@ -61,6 +67,12 @@ def _shard(model, reshard: bool, bf16: bool):
 def _fsdp_worker(rank, world_size, device, recipe_name, reshard, bf16, micro_batches, fp8):
     recipe = RECIPES[recipe_name]
     model = _model(device)
+    if bf16:
+        # Weights that bf16 holds exactly: FSDP2 casts the fp32 shards to FP8
+        # and the bf16 reference its bf16 copies, the same values.
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.bfloat16())
     reference = copy.deepcopy(model)
     if fp8:
         enable_fp8_all_gather(model)
@@ -82,10 +94,10 @@ def _fsdp_worker(rank, world_size, device, recipe_name, reshard, bf16, micro_bat
         out["sent"].append(list(sent))
         if step == 0:
             out["grads"] = [p.grad.full_tensor() for p in model.parameters()]
-            out["weight_amax"] = [m.weight.full_tensor().abs().max() for m in model
-                                  if isinstance(m, ft.Linear)]
-        out["scales"].append([(st.amax_history, st.scale) for m in model.modules()
-                              if isinstance(m, ft.Linear) for st in m.fp8_states])
+            # In the order of the GEMMs (a LayerNormMLP's fc1 before its fc2).
+            out["weight_amax"] = [getattr(m, w).full_tensor().abs().max() for m in model
+                                  for w in GEMM_WEIGHTS if hasattr(m, w)]
+        out["scales"].append([(st.amax_history, st.scale) for st in gemm_states(model)])
         opt.step()
         opt.zero_grad()
     # The unsharded reference of step 0 on every rank's batches: a fresh
@@ -107,13 +119,14 @@ def _fsdp_worker(rank, world_size, device, recipe_name, reshard, bf16, micro_bat
 
 
 def _expected_bytes(world_size, weight_bytes, other_bytes) -> list:
-    """Bytes of each layer's all-gather input: its weight shard and bias
-    shard, padded to FSDP2's shard size (ceil(rows / world_size) rows)."""
-    return [-(-n // world_size) * (k * weight_bytes + other_bytes) for k, n in SIZES]
-
-
-def _rel(a, b) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
+    """Bytes of each layer's all-gather input: the shard of each of its
+    parameters, padded to FSDP2's shard size (ceil(rows / world_size)
+    rows), GEMM weights in weight_bytes per element, the others in
+    other_bytes."""
+    return [sum(-(-p.shape[0] // world_size) * p[0].numel()
+                * (weight_bytes if name in GEMM_WEIGHTS else other_bytes)
+                for name, p in m.named_parameters())
+            for m in _model("cpu") if isinstance(m, FP8_LAYERS)]
 
 
 CASES = [  # recipe, reshard_after_forward, bf16 MixedPrecisionPolicy, micro-batches, FP8
@@ -149,23 +162,20 @@ def test_fsdp_fp8_all_gather(backend, world_size):
             if not fp8:
                 continue
             # One weight cast for the whole weight: each rank's output is the
-            # unsharded layer's on its batch, bit for bit, with fp32 weights.
-            # A bf16 reference rounds the weight to bf16 before FP8 (FSDP2
-            # casts the fp32 shard), which moves some outputs by one FP8 step
-            # and, through them, some E5M2 gradient casts (2**-3 relative).
+            # unsharded model's on its batch, bit for bit.
             for y, ref in zip(rank["y"], rank["ref_y"]):
-                if bf16:
-                    assert _rel(y, ref) < 0.02, case
-                else:
-                    assert torch.equal(y, ref), case
+                assert torch.equal(y, ref), case
+            # The gradients: the ranks' average, which FSDP2 takes in bf16 for
+            # a bf16 model (a rounding of the sum, 2**-8 relative at most).
+            rtol = 2**-7 if bf16 else 1e-5
             for g, ref in zip(rank["grads"], rank["ref_grads"]):
-                if bf16:
-                    assert _rel(g.float(), ref) < 0.1, case
-                else:
-                    torch.testing.assert_close(g, ref, rtol=1e-5, atol=1e-7, msg=str(case))
+                torch.testing.assert_close(g.float(), ref, rtol=rtol, atol=1e-7,
+                                           msg=lambda m: f"{case}: {m}")
         if recipe == "delayed" and fp8:
             # One entry per step in each weight's history, the whole weight's
-            # amax (the max of the shards' after AmaxSync).
+            # amax (the max of the shards' after AmaxSync), for each of the
+            # four GEMMs.
+            assert len(ranks[0]["scales"][0]) == len(ranks[0]["weight_amax"]) == 4
             for (history, _), amax in zip(ranks[0]["scales"][0], ranks[0]["weight_amax"]):
                 assert history[1, 0] == amax and not history[1, 1:].any(), case
         for other in ranks[1:]:
@@ -174,7 +184,7 @@ def test_fsdp_fp8_all_gather(backend, world_size):
                     assert torch.equal(ha, hb) and torch.equal(sa, sb), case
     if world_size == 2:
         # The bf16 model with and without FP8 all-gather: the weights' share
-        # of the all-gathered bytes halves.
+        # of the all-gathered bytes halves; the other parameters' stays.
         fp8, plain = (results[0][i]["sent"][0] for i in (3, 4))
-        bias_bytes = sum(n * 2 // world_size for _, n in SIZES)
-        assert 2 * (sum(fp8) - bias_bytes) == sum(plain) - bias_bytes
+        other_bytes = sum(_expected_bytes(world_size, 0, 2))
+        assert 2 * (sum(fp8) - other_bytes) == sum(plain) - other_bytes

@@ -5,8 +5,9 @@
   data-parallel group, after which every rank holds bit-identical scales
   (DistributedDataParallel and FSDP2 alike).
 - enable_fp8_all_gather(model): before torch.distributed.fsdp.fully_shard,
-  makes FSDP2 all-gather the weights of fp8kit.torch.Linear layers in FP8
-  (through its fsdp_pre_all_gather / fsdp_post_all_gather extension points).
+  makes FSDP2 all-gather the GEMM weights of fp8kit's layers (Linear,
+  LayerNormLinear, LayerNormMLP) in FP8 (through its fsdp_pre_all_gather /
+  fsdp_post_all_gather extension points).
 
 - FP8LoadPlanner: the planner for torch.distributed.checkpoint.load that
   loads the layers' scaling state (module extra state of tensors and plain
