@@ -1,5 +1,6 @@
 """AmaxSync and DistributedDataParallel on 2 and 4 ranks (gloo on the CPU;
-nccl on GPUs, marked gpu): the amax histories reduced across ranks, scales
+nccl on GPUs, marked gpu): the amax histories of every GEMM (of Linear and
+of the fused LayerNormLinear and LayerNormMLP) reduced across ranks, scales
 from the core's rule and bit-identical on every rank, DDP gradients as the
 single-process run's on the concatenated batch."""
 
@@ -12,7 +13,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import fp8kit.torch as ft
-from distributed_harness import BACKENDS, run_ranks
+from distributed_harness import BACKENDS, gemm_states, run_ranks
 from fp8kit.recipe import CurrentScaling, DelayedScaling, Format
 from fp8kit.torch.distributed import AmaxSync
 
@@ -35,8 +36,7 @@ def _batch(step: int, world_size: int, device):
 
 
 def _states(model):
-    return [(st.amax_history, st.scale, st.scale_inv)
-            for m in model.modules() if isinstance(m, ft.Linear) for st in m.fp8_states]
+    return [(st.amax_history, st.scale, st.scale_inv) for st in gemm_states(model)]
 
 
 def _ddp_worker(rank, world_size, device, delayed: bool, steps: int):
@@ -141,30 +141,37 @@ def test_ddp_current_scaling_matches_one_process(two_ranks):
 
 def _sync_rule_worker(rank, world_size, device):
     """Histories recorded from different data on each rank, then synced:
-    returns the local histories (all-gathered) and the synced state."""
+    returns the local histories (all-gathered) and the synced state, of
+    every GEMM (one Linear's, a LayerNormLinear's, a LayerNormMLP's two)
+    stacked."""
     recipe = DelayedScaling(amax_history_len=4, margin=1, fp8_format=Format.E4M3)
-    layer = ft.Linear(16, 16).to(device)
-    sync = AmaxSync(layer)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(ft.Linear(16, 16), ft.LayerNormLinear(16, 32),
+                                ft.LayerNormMLP(32, 16, activation="swiglu")).to(device)
+    sync = AmaxSync(model)
     out = []
     for step, poison in enumerate((False, True, False)):
-        x = torch.full((4, 16), float(rank + 1 + step), device=device)
+        g = torch.Generator().manual_seed(10 * step + rank)
+        x = (torch.randn(4, 16, generator=g) * (rank + 1 + step)).to(device)
         if poison and rank == 1:
             x[0, 0] = float("nan")  # the reduced amax is non-finite
         with ft.autocast(recipe=recipe):
-            layer(x.requires_grad_()).sum().backward()
-        st = layer.fp8_state
-        local = st.amax_history.to(device)
+            model(x.requires_grad_()).sum().backward()
+        states = gemm_states(model)
+        local = torch.stack([st.amax_history for st in states]).to(device)
         gathered = [torch.empty_like(local) for _ in range(world_size)]
         dist.all_gather(gathered, local)
         sync.sync()
-        out.append({"local": [g.cpu() for g in gathered], "history": st.amax_history,
-                    "scale": st.scale, "scale_inv": st.scale_inv})
+        out.append({"local": [g.cpu() for g in gathered],
+                    **{key: torch.stack([getattr(st, name) for st in states]) for key, name in
+                       (("history", "amax_history"), ("scale", "scale"),
+                        ("scale_inv", "scale_inv"))}})
     return out
 
 
 def test_amax_sync_rule(two_ranks):
     ranks = [r["rule"] for r in two_ranks]
-    previous_scale = torch.ones(3)
+    previous_scale = torch.ones(4, 3)  # [GEMM, slot]
     for step in range(3):
         r0, r1 = ranks[0][step], ranks[1][step]
         for key in ("history", "scale", "scale_inv"):
@@ -172,14 +179,15 @@ def test_amax_sync_rule(two_ranks):
         # The reduced history: the elementwise max of the ranks' (NaN as inf).
         expected = torch.stack(r0["local"]).nan_to_num(nan=float("inf"), posinf=float("inf"))
         assert torch.equal(r0["history"], expected.max(0).values)
-        for slot in range(3):
-            amax = r0["history"][slot].max().item()
+        for gemm, slot in np.ndindex(4, 3):
+            amax = r0["history"][gemm, slot].max().item()
             if np.isfinite(amax) and amax > 0:
                 want = np.float32(np.float32(448.0) / np.float32(amax)) * np.float32(0.5)
             else:  # no new scale: the previous sync's
-                want = previous_scale[slot].item()
-            assert r0["scale"][slot].item() == want, (step, slot)
+                want = previous_scale[gemm, slot].item()
+            assert r0["scale"][gemm, slot].item() == want, (step, gemm, slot)
         previous_scale = r0["scale"]
-    # The poisoned step kept every slot's scale (the NaN rolled into the
-    # history of the input and, through the output, of the gradient).
+    # The poisoned step kept every scale: the NaN reached the history of every
+    # input and output gradient but the last GEMM's (the loss's ones, amax 1
+    # as before), and the weights did not change.
     assert torch.equal(ranks[0][1]["scale"], ranks[0][0]["scale"])

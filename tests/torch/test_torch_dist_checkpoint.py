@@ -1,5 +1,6 @@
 """Distributed Checkpoint (torch.distributed.checkpoint) of fp8kit layers
-sharded by FSDP2 with FP8 all-gather: exact resume on the same world size,
+(Linear and the fused LayerNormLinear and LayerNormMLP) sharded by FSDP2
+with FP8 all-gather: exact resume on the same world size,
 resharding 2 -> 1 and 1 -> 2 ranks with the scaling state, and plain values
 loaded with weights_only=True (gloo on the CPU; nccl on GPUs, marked gpu)."""
 
@@ -13,23 +14,25 @@ from torch.distributed.checkpoint.state_dict import (get_model_state_dict,
                                                      set_optimizer_state_dict)
 
 import fp8kit.torch as ft
-from distributed_harness import BACKENDS, run_ranks
+from distributed_harness import BACKENDS, gemm_states, run_ranks
 from fp8kit.recipe import DelayedScaling
 from fp8kit.torch.distributed import AmaxSync, FP8LoadPlanner, enable_fp8_all_gather
 
 RECIPE = DelayedScaling()
+FP8_LAYERS = (ft.Linear, ft.LayerNormLinear, ft.LayerNormMLP)
 
 
 def _model(seed: int, device="cpu"):
     torch.manual_seed(seed)
-    return torch.nn.Sequential(ft.Linear(32, 64), torch.nn.GELU(), ft.Linear(64, 32)).to(device)
+    return torch.nn.Sequential(ft.Linear(32, 64), torch.nn.GELU(), ft.LayerNormLinear(64, 32),
+                               ft.LayerNormMLP(32, 48, normalization="RMSNorm")).to(device)
 
 
 def _sharded(seed: int, device):
     from torch.distributed.fsdp import fully_shard
     model = enable_fp8_all_gather(_model(seed, device))
     for m in model:
-        if isinstance(m, ft.Linear):
+        if isinstance(m, FP8_LAYERS):
             fully_shard(m)
     fully_shard(model)
     return model
@@ -41,8 +44,7 @@ def _batch(step: int, rank: int, device="cpu"):
 
 
 def _states(model):
-    return [(st.amax_history, st.scale, st.scale_inv, st.seeded)
-            for m in model.modules() if isinstance(m, ft.Linear) for st in m.fp8_states]
+    return [(st.amax_history, st.scale, st.scale_inv, st.seeded) for st in gemm_states(model)]
 
 
 def _full_weights(model):
