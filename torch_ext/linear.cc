@@ -124,8 +124,10 @@ void register_linear(py::module_& m) {
                              [](py::handle self) {
                                LinearState& s = state_self(self);
                                const auto lock = lock_state(s.mu);
-                               return std::vector<bool>(s.seeded.begin(), s.seeded.end());
-                             })
+                               return s.seeded_slots();
+                             },
+                             "Which slots (input, weight, grad_output) are seeded: a list of 3 "
+                             "bools, read from the state's device flags.")
       .def_property(
           "cache_weight", [](py::handle self) { return state_self(self).cache_weight; },
           [](py::handle self, bool v) {

@@ -153,8 +153,16 @@ py::dict LinearState::checkpoint() {
   d["amax_history"] = history.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
   d["scale"] = scale.to(at::kCPU, false, true);
   d["scale_inv"] = scale_inv.to(at::kCPU, false, true);
-  d["seeded"] = std::vector<bool>(seeded.begin(), seeded.end());
+  d["seeded"] = seeded_slots();
   return d;
+}
+
+std::vector<bool> LinearState::seeded_slots() const {
+  const at::Tensor flags = seeded_flags.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+  const float* f = flags.data_ptr<float>();
+  std::vector<bool> out(kSlots);
+  for (int i = 0; i < kSlots; ++i) out[i] = f[i] != 0.0f;
+  return out;
 }
 
 c10::intrusive_ptr<LinearState> LinearState::from_checkpoint(py::handle saved_in,

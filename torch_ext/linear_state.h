@@ -7,6 +7,7 @@
 
 #include <array>
 #include <mutex>
+#include <vector>
 
 #include "fp8kit/linear.h"
 #include "linear_recipe.h"
@@ -87,6 +88,10 @@ struct LinearState : torch::CustomClassHolder {
   // (every entry checked: errors name it after `where`, the checkpoint
   // entry being loaded).
   pybind11::dict checkpoint();
+  // Which slots are seeded, read from the device flags (caller holds mu):
+  // the dispatcher ops run the core on a state over this state's tensors,
+  // which sets the flags but not this state's mirror.
+  std::vector<bool> seeded_slots() const;
   static c10::intrusive_ptr<LinearState> from_checkpoint(pybind11::handle saved,
                                                          const at::Device& device,
                                                          const std::string& where);
@@ -101,9 +106,10 @@ struct LinearState : torch::CustomClassHolder {
   // between calls) and the core's seeded flags (float32 [3]: 0 until the
   // slot's first recorded quantization).
   at::Tensor history, amax, scale, scale_inv, counters, seeded_flags;
-  // Host mirror of seeded_flags (set with them, so it is never read back):
-  // a slot's flag is passed to the core only while unseeded, which spares
-  // seeded slots the core's seeding launch.
+  // Host mirror of seeded_flags, set with them by this state's own
+  // quantizations: a slot's flag is passed to the core only while unseeded,
+  // which spares seeded slots the core's seeding launch. Not the truth for
+  // others (seeded_slots() is): the dispatcher ops set only the flags.
   std::array<bool, kSlots> seeded{};
   // Tile counters of the bias gradient's column sums (int32, 0 between
   // calls), made by the first backward that computes the sums in the cast.

@@ -34,7 +34,8 @@ def mlp(dev, dtype=torch.float32, seed=0):
 
 
 def assert_same_layers(got_model, want_model):
-    """Parameters, gradients and every recipe's scaling state, bit for bit."""
+    """Parameters, gradients and every recipe's scaling state, bit for bit,
+    and the seeded flags a checkpoint of it would record."""
     for got, want in zip(got_model.parameters(), want_model.parameters()):
         assert_bits_equal(got, want)
         assert_bits_equal(got.grad, want.grad)
@@ -46,6 +47,8 @@ def assert_same_layers(got_model, want_model):
             assert g.recipe == w.recipe
             for name in ("amax_history", "amax", "scale", "scale_inv"):
                 assert_bits_equal(getattr(g, name), getattr(w, name))
+            assert g.seeded == w.seeded
+            assert g.get_state()["seeded"] == w.get_state()["seeded"]
 
 
 def train_step(model, x, dy, recipe):

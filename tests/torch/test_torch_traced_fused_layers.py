@@ -38,8 +38,13 @@ def twin_states(recipe, dev):
 
 
 def assert_same_state(got, want):
+    """The state tensors bit for bit, and the seeded flags a checkpoint of
+    each would record (the ops set a state's tensors, not the layer's
+    state object)."""
     for g, w in zip(got.tensors, want.tensors):
         assert_bits_equal(g, w)
+    assert got.seeded == want.seeded
+    assert got.get_state()["seeded"] == want.get_state()["seeded"]
 
 
 # ----------------------------------------------------------------- the ops
