@@ -10,7 +10,8 @@ in JAX: the same architecture, initial weights and arithmetic in both.
     data.py         the corpus (Python's own library source), byte tokenizer, batches
     schedule.py     TrainConfig and the warmup + cosine learning rate
     checkpoint.py   what a checkpoint records besides tensors, checked on load
-    train_torch.py  TorchTrainer: AdamW, clipping, checkpoint and exact resume
+    train_torch.py  TorchTrainer: AdamW, clipping, checkpoint and exact resume,
+                    the decoder optionally under torch.compile
     train_jax.py    JaxTrainer: the same, one jit-compiled step
     bench.py        python -m fp8kit.models.bench: tokens/s and peak memory per step
 """

@@ -4,8 +4,10 @@ scaling, in PyTorch and JAX.
 
     python -m fp8kit.models.bench --config 1b [--batch 1] [--steps 10]
     python -m fp8kit.models.bench --config tiny --seq-len 64   # a CPU smoke run
+    python -m fp8kit.models.bench --config 1b --frameworks torch \\
+        --recipes bf16,delayed,current,torchao --compile      # compiled steps too
 
-Each (framework, recipe) runs in a fresh process (so that one run's
+Each (framework, recipe, mode) runs in a fresh process (so that one run's
 allocator caches and compiled programs do not count against the next):
 the training step (forward, backward, clipping, AdamW) runs `--warmup`
 times untimed (compilation, autotuning), then `--steps` times timed.
@@ -13,7 +15,23 @@ The recipes te-delayed and te-current (PyTorch only, a CUDA GPU with
 TransformerEngine installed) run the same model with TransformerEngine's
 te.Linear, te.LayerNormLinear and te.LayerNormMLP in place of fp8kit's,
 under te.autocast with the same recipe settings.
-tokens/s = batch x seq_len x steps / their wall time. Peak memory is the
+
+The mode column says how a step runs: PyTorch "eager", or "compile" with
+--compile, which adds a compiled run of every PyTorch recipe next to its
+eager one (TorchTrainer(compile=True): the whole decoder's forward, loss
+and backward as one torch.compile(fullgraph=True) graph, the optimizer
+step eager). A compiled run compiles in its first warm-up step, so
+--compile needs --warmup >= 1; a run that does not compile reports
+dynamo's reason instead of numbers. JAX steps are always jit-compiled
+(mode "jit"). The recipe torchao (PyTorch, with --compile) is the bf16
+model with every projection but the lm_head (which stays bf16, as in
+fp8kit's recipes) converted by torchao.float8's convert_to_float8_training
+with tensorwise scaling; it runs compiled only, since torchao's eager
+Float8Linear is slower than bf16 (its casts are separate PyTorch ops that
+only inductor fuses).
+
+tokens/s = batch x seq_len x steps / their wall time; 'x bf16' divides
+it by the tokens/s of the bf16 run of the same framework and mode. Peak memory is the
 device allocator's peak over the timed steps (PyTorch on CUDA) or over the
 run (JAX, whose allocator has no reset); a CPU run reports none. On a CPU
 the FP8 runs use fp8kit's reference kernels: the numbers check that the
@@ -37,6 +55,8 @@ from fp8kit.models.schedule import TrainConfig
 FRAMEWORKS = ("torch", "jax")
 RECIPES = ("bf16", "delayed", "current", "block")
 TE_RECIPES = ("te-delayed", "te-current")   # TransformerEngine, PyTorch only
+TORCHAO = "torchao"                          # torchao's Float8Linear, PyTorch only, compiled
+TORCH_ONLY = TE_RECIPES + (TORCHAO,)
 
 
 def _recipe(name: str):
@@ -57,10 +77,24 @@ def _te_layers():
                      float32_seams=False), None
 
 
-def torch_trainer(model_cfg, train_cfg, recipe_name, params):
-    """(TorchTrainer for the recipe named (RECIPES or TE_RECIPES), reset the
-    peak-memory counter, read it); RuntimeError when TE is asked for but
-    missing."""
+def _torchao_convert():
+    """A TorchTrainer convert that swaps every projection but the lm_head
+    for torchao's Float8Linear (tensorwise scaling); RuntimeError when
+    torchao is missing."""
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError as e:
+        raise RuntimeError("torchao is not installed" if e.name == "torchao"
+                           else f"torchao.float8 does not import: {e}") from None
+    config = Float8LinearConfig.from_recipe_name("tensorwise")
+    return lambda model: convert_to_float8_training(
+        model, config=config, module_filter_fn=lambda module, fqn: fqn != "lm_head")
+
+
+def torch_trainer(model_cfg, train_cfg, recipe_name, params, compile: bool = False):
+    """(TorchTrainer for the recipe named (RECIPES or TORCH_ONLY), compiled
+    when asked, reset the peak-memory counter, read it); RuntimeError when
+    TE or torchao is asked for but missing."""
     import torch
     from fp8kit.models.train_torch import TorchTrainer
     if recipe_name in TE_RECIPES:
@@ -69,9 +103,13 @@ def torch_trainer(model_cfg, train_cfg, recipe_name, params):
         if layers is None:
             raise RuntimeError(missing)
         trainer = TorchTrainer(model_cfg, train_cfg, te_peer.recipe(recipe_name[3:]),
-                               params=params, layers=layers)
+                               params=params, layers=layers, compile=compile)
+    elif recipe_name == TORCHAO:
+        trainer = TorchTrainer(model_cfg, train_cfg, None, params=params,
+                               convert=_torchao_convert(), compile=compile)
     else:
-        trainer = TorchTrainer(model_cfg, train_cfg, _recipe(recipe_name), params=params)
+        trainer = TorchTrainer(model_cfg, train_cfg, _recipe(recipe_name), params=params,
+                               compile=compile)
     if trainer.device.type != "cuda":
         return trainer, lambda: None, lambda: None
     return (trainer, lambda: torch.cuda.reset_peak_memory_stats(trainer.device),
@@ -86,26 +124,53 @@ def jax_trainer(model_cfg, train_cfg, recipe_name, params):
         "peak_bytes_in_use")
 
 
-def measure(framework: str, model_cfg, recipe_name: str, batch: int, warmup: int,
+def modes(framework: str, recipe_name: str, compile: bool) -> tuple:
+    """The modes one (framework, recipe) runs in (the module's docstring says why)."""
+    if framework == "jax":
+        return ("jit",)
+    if recipe_name == TORCHAO:
+        return ("compile",)
+    return ("eager", "compile") if compile else ("eager",)
+
+
+def _compile_error() -> type:
+    """What torch.compile raises for a model it cannot compile (a graph
+    break under fullgraph=True, a backend failure)."""
+    import torch._dynamo.exc
+    return torch._dynamo.exc.TorchDynamoException
+
+
+def measure(framework: str, model_cfg, recipe_name: str, mode: str, batch: int, warmup: int,
             steps: int) -> dict:
-    """One (framework, recipe) run in this process; a dict of plain values
-    (with 'error' instead of the numbers when the run could not be made)."""
+    """One (framework, recipe, mode) run in this process; a dict of plain
+    values (with 'error' instead of the numbers when the run could not be
+    made)."""
     from fp8kit.models.init import init_params
     train_cfg = TrainConfig(steps=warmup + steps, batch=batch, warmup_steps=0)
-    make = torch_trainer if framework == "torch" else jax_trainer
+    run = {"framework": framework, "recipe": recipe_name, "mode": mode}
     try:
-        trainer, reset_peak, peak = make(model_cfg, train_cfg, recipe_name,
-                                         init_params(model_cfg, train_cfg.seed))
+        if framework == "torch":
+            made = torch_trainer(model_cfg, train_cfg, recipe_name,
+                                 init_params(model_cfg, train_cfg.seed), mode == "compile")
+        else:
+            made = jax_trainer(model_cfg, train_cfg, recipe_name,
+                               init_params(model_cfg, train_cfg.seed))
     except RuntimeError as e:
-        return {"framework": framework, "recipe": recipe_name, "error": str(e)}
-    for _ in range(warmup):
-        trainer.train_step()
+        return {**run, "error": str(e)}
+    trainer, reset_peak, peak = made
+    compile_error = _compile_error() if mode == "compile" else ()   # (): catches nothing
+    try:
+        for _ in range(warmup):
+            trainer.train_step()   # a compiled run compiles in the first one
+    except compile_error as e:
+        reason = next(iter(str(e).strip().splitlines()), "")[:200]
+        return {**run, "error": f"torch.compile failed: {type(e).__name__}: {reason}"}
     reset_peak()
     t0 = time.perf_counter()
     for _ in range(steps):
         loss = trainer.train_step()   # returns a Python float: the step has finished
     seconds = time.perf_counter() - t0
-    return {"framework": framework, "recipe": recipe_name, "device": str(trainer.device),
+    return {**run, "device": str(trainer.device),
             "tokens_per_s": batch * model_cfg.seq_len * steps / seconds,
             "step_ms": 1e3 * seconds / steps, "peak_memory_bytes": peak(), "last_loss": loss}
 
@@ -127,7 +192,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=10, help="timed steps")
     p.add_argument("--frameworks", default=",".join(FRAMEWORKS))
     p.add_argument("--recipes", default=",".join(RECIPES),
-                   help=f"subset of {','.join(RECIPES + TE_RECIPES)}")
+                   help=f"subset of {','.join(RECIPES + TORCH_ONLY)}")
+    p.add_argument("--compile", action="store_true",
+                   help="also run each PyTorch recipe under torch.compile (torchao needs it)")
     p.add_argument("--json", help="also write the results here")
     return p
 
@@ -143,21 +210,23 @@ def choices(text: str, allowed, flag: str) -> list[str]:
 
 
 def _table(rows) -> str:
-    """One line per run; 'x bf16' is tokens/s over the same framework's bf16."""
-    header = f"{'framework':<9} {'recipe':<10} {'device':<8} | {'tokens/s':>10} {'x bf16':>6} " \
-             f"{'step ms':>9} {'peak GiB':>8} | {'loss':>7}"
+    """One line per run; 'x bf16' is tokens/s over that of the bf16 run of
+    the same framework and mode."""
+    header = f"{'framework':<9} {'recipe':<10} {'mode':<7} {'device':<8} | {'tokens/s':>10} " \
+             f"{'x bf16':>6} {'step ms':>9} {'peak GiB':>8} | {'loss':>7}"
     lines = [header, "-" * len(header)]
-    bf16 = {r["framework"]: r["tokens_per_s"] for r in rows
+    bf16 = {(r["framework"], r["mode"]): r["tokens_per_s"] for r in rows
             if r["recipe"] == "bf16" and "error" not in r}
     for r in rows:
+        name = f"{r['framework']:<9} {r['recipe']:<10} {r['mode']:<7}"
         if "error" in r:
-            lines.append(f"{r['framework']:<9} {r['recipe']:<10} not run: {r['error']}")
+            lines.append(f"{name} not run: {r['error']}")
             continue
         peak = r["peak_memory_bytes"]
         peak = f"{peak / 2**30:8.2f}" if peak is not None else f"{'n/a':>8}"
-        base = bf16.get(r["framework"])
+        base = bf16.get((r["framework"], r["mode"]))
         ratio = f"{r['tokens_per_s'] / base:6.2f}" if base else f"{'-':>6}"
-        lines.append(f"{r['framework']:<9} {r['recipe']:<10} {r['device']:<8} | "
+        lines.append(f"{name} {r['device']:<8} | "
                      f"{r['tokens_per_s']:10.0f} {ratio} {r['step_ms']:9.1f} {peak} | "
                      f"{r['last_loss']:7.3f}")
     return "\n".join(lines)
@@ -167,7 +236,13 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
         frameworks = choices(args.frameworks, FRAMEWORKS, "--frameworks")
-        recipes = choices(args.recipes, RECIPES + TE_RECIPES, "--recipes")
+        recipes = choices(args.recipes, RECIPES + TORCH_ONLY, "--recipes")
+        if TORCHAO in recipes and not args.compile:
+            raise ValueError(f"--recipes {TORCHAO} runs compiled only (torchao's eager "
+                             "Float8Linear is slower than bf16): add --compile")
+        if args.compile and args.warmup < 1:
+            raise ValueError(f"--warmup={args.warmup} with --compile would time the "
+                             "compilation: use --warmup >= 1")
         overrides = {k: v for k, v in (("layers", args.layers), ("seq_len", args.seq_len))
                      if v is not None}
         model_cfg = dataclasses.replace(CONFIGS[args.config], **overrides)
@@ -184,11 +259,12 @@ def main(argv=None) -> int:
     rows = []
     for fw in frameworks:
         for recipe in recipes:
-            if fw != "torch" and recipe in TE_RECIPES:
-                continue   # TransformerEngine's JAX layers do not fit this model's code
-            print(f"  {fw} {recipe} ...", flush=True)
-            rows.append(_in_fresh_process(fw, model_cfg, recipe, args.batch, args.warmup,
-                                          args.steps))
+            if fw != "torch" and recipe in TORCH_ONLY:
+                continue   # torchao is PyTorch's; TE's JAX layers do not fit this model's code
+            for mode in modes(fw, recipe, args.compile):
+                print(f"  {fw} {recipe} {mode} ...", flush=True)
+                rows.append(_in_fresh_process(fw, model_cfg, recipe, mode, args.batch,
+                                              args.warmup, args.steps))
     print(_table(rows))
     if args.json:
         path = pathlib.Path(args.json)

@@ -13,9 +13,21 @@ fp8kit.torch.Linear's FP8 scaling state in its _extra_state), the
 optimizer's state, the step, and the batch sampler's state (data position
 and generator state; the model has no dropout, so that generator is the
 run's only randomness). It loads with torch.load(weights_only=True).
+
+TorchTrainer(..., compile=True) runs the forward and the loss through
+torch.compile(fullgraph=True): the whole decoder is one graph (fp8kit's
+layers are dispatcher ops that dynamo traces; their scaling-state updates
+are mutations inside it), and AOTAutograd compiles its backward with it.
+The optimizer step (clipping, AdamW) stays eager: the learning rate is a
+Python float that changes every step, which a compiled optimizer step
+would recompile for unless it were held in a tensor, and on a GPU AdamW
+already runs PyTorch's multi-tensor kernels. evaluate() runs eagerly (a
+no-grad forward would be a second compiled graph).
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -35,17 +47,29 @@ class TorchTrainer:
     """One training run. recipe None trains in bf16; params (NumPy, as
     init_params makes them) default to init_params(model_cfg, train_cfg.seed);
     layers: the FP8 layer classes (fp8kit's; the benchmark's TE peer swaps
-    in TransformerEngine's with a TE recipe)."""
+    in TransformerEngine's with a TE recipe); convert: applied to the model
+    once its weights are loaded, before the optimizer takes its parameters
+    (the benchmark's torchao peer swaps the bf16 model's projections for
+    torchao's with it); compile: the forward and loss through torch.compile
+    (fullgraph=True) with compile_backend (tests pass "aot_eager", which
+    runs eager mode's kernels)."""
 
     framework = "torch"
 
     def __init__(self, model_cfg: LlamaConfig, train_cfg: TrainConfig, recipe=None,
-                 params: dict | None = None, device=None, layers: FP8Layers = FP8KIT_LAYERS):
+                 params: dict | None = None, device=None, layers: FP8Layers = FP8KIT_LAYERS,
+                 convert: Callable[[Llama], Llama] | None = None, compile: bool = False,
+                 compile_backend="inductor"):
         self.model_cfg, self.train_cfg, self.recipe = model_cfg, train_cfg, recipe
         self.device = torch.device(device) if device is not None else default_device()
         self.model = Llama(model_cfg, recipe, self.device, layers)
         load_params(self.model, params if params is not None
                     else init_params(model_cfg, train_cfg.seed))
+        if convert is not None:
+            self.model = convert(self.model)
+        # What train_step calls: the loss, compiled or not.
+        self.step_loss = (torch.compile(self.loss, fullgraph=True, backend=compile_backend)
+                          if compile else self.loss)
         params = list(self.model.parameters())
         groups = [{"params": [p for p in params if decays(p.ndim)],
                    "weight_decay": train_cfg.weight_decay},
@@ -57,7 +81,8 @@ class TorchTrainer:
                                          train_cfg.seed)
         self.step = 0
 
-    def _loss(self, batch: torch.Tensor) -> torch.Tensor:
+    def loss(self, batch: torch.Tensor) -> torch.Tensor:
+        """Next-token cross-entropy of a batch of tokens [batch, seq_len + 1] (eager)."""
         logits = self.model(batch[:, :-1])
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
 
@@ -69,7 +94,7 @@ class TorchTrainer:
         batch = self._tensor(self.sampler.next())
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(self.step, self.train_cfg)
-        loss = self._loss(batch)
+        loss = self.step_loss(batch)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train_cfg.clip_norm)
@@ -81,7 +106,7 @@ class TorchTrainer:
     def evaluate(self, batches) -> float:
         """Mean loss over NumPy batches [batch, seq_len + 1]; the FP8
         scaling state is read, not updated (no gradients are computed)."""
-        losses = [self._loss(self._tensor(b)).item() for b in batches]
+        losses = [self.loss(self._tensor(b)).item() for b in batches]
         return sum(losses) / len(losses)
 
     def _description(self) -> dict:

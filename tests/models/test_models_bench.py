@@ -1,12 +1,18 @@
 """python -m fp8kit.models.bench on the CPU with the tiny config: every
-(framework, recipe) run trains, in its own process, and reports."""
+(framework, recipe, mode) run trains, in its own process, and reports;
+--compile adds compiled PyTorch runs; a peer that is missing or a model
+that does not compile is reported, not fatal."""
 
+import dataclasses
 import importlib.util
 import json
 
 import pytest
+import torch
 
 from fp8kit.models import bench
+from fp8kit.models.config import CONFIGS
+from fp8kit.models.train_torch import TorchTrainer
 
 SMOKE = ["--config", "tiny", "--layers", "1", "--seq-len", "32", "--batch", "2", "--warmup",
          "1", "--steps", "2"]
@@ -18,13 +24,14 @@ def test_smoke_run_reports_every_framework_and_recipe(tmp_path, capsys):
     stdout = capsys.readouterr().out
     assert "2 x seq 32 = 64 tokens/step" in stdout
     doc = json.loads(out.read_text())
-    runs = {(r["framework"], r["recipe"]): r for r in doc["runs"]}
-    assert set(runs) == {(f, r) for f in bench.FRAMEWORKS for r in bench.RECIPES}
+    runs = {(r["framework"], r["recipe"], r["mode"]): r for r in doc["runs"]}
+    assert set(runs) == {(f, r, "eager" if f == "torch" else "jit")
+                         for f in bench.FRAMEWORKS for r in bench.RECIPES}
     for r in runs.values():
         assert r["tokens_per_s"] > 0 and r["step_ms"] > 0
         assert 3.0 < r["last_loss"] < 6.0             # trained from ln(256) = 5.5
         assert r["peak_memory_bytes"] is None          # no device allocator on a CPU
-        assert f"{r['framework']:<9} {r['recipe']:<10}" in stdout
+        assert f"{r['framework']:<9} {r['recipe']:<10} {r['mode']:<7} cpu" in stdout
     assert doc["model"]["layers"] == 1 and doc["model"]["hidden"] == 128
 
 
@@ -35,13 +42,59 @@ def test_transformer_engine_rows_say_why_they_did_not_run(capsys):
     reports why in the table (the other runs go on); JAX has no TE row."""
     assert bench.main(SMOKE + ["--recipes", "bf16,te-current"]) == 0
     out = capsys.readouterr().out
-    assert "torch     te-current not run: TransformerEngine (PyTorch) not available" in out
+    assert ("torch     te-current eager   not run: TransformerEngine (PyTorch) not available"
+            in out)
     assert "jax       te-current" not in out
     assert out.count("  1.00 ") == 2   # each framework's bf16 against itself
 
 
+def test_compile_runs_each_torch_recipe_eager_and_compiled(tmp_path, capsys):
+    """Each compiled run is compared with the compiled bf16 run."""
+    out = tmp_path / "bench.json"
+    assert bench.main(SMOKE + ["--frameworks", "torch", "--recipes", "bf16,delayed",
+                               "--compile", "--json", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    runs = [(r["recipe"], r["mode"]) for r in json.loads(out.read_text())["runs"]]
+    assert runs == [("bf16", "eager"), ("bf16", "compile"), ("delayed", "eager"),
+                    ("delayed", "compile")]
+    for recipe, mode in runs:
+        assert f"torch     {recipe:<10} {mode:<7} cpu" in stdout
+    assert stdout.count("  1.00 ") == 2   # each bf16 run against itself
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchao") is not None,
+                    reason="torchao is installed: its row would run")
+def test_torchao_row_says_why_it_did_not_run(capsys):
+    assert bench.main(SMOKE + ["--frameworks", "torch,jax", "--recipes", "torchao",
+                               "--compile"]) == 0
+    out = capsys.readouterr().out
+    assert "torch     torchao    compile not run: torchao is not installed" in out
+    assert "jax       torchao" not in out
+
+
+def test_a_model_that_does_not_compile_is_reported(monkeypatch):
+    """A graph break under fullgraph=True (as a peer's layers may have)
+    fails the run's first warm-up step; the run reports dynamo's reason."""
+    def loss_with_a_break(self, batch):
+        torch._dynamo.graph_break()
+        return self.model(batch[:, :-1]).float().mean()
+
+    monkeypatch.setattr(TorchTrainer, "loss", loss_with_a_break)
+    cfg = dataclasses.replace(CONFIGS["tiny"], layers=1, seq_len=32)
+    torch._dynamo.reset()
+    try:
+        run = bench.measure("torch", cfg, "bf16", "compile", batch=2, warmup=1, steps=1)
+    finally:
+        torch._dynamo.reset()
+    assert run["error"].startswith("torch.compile failed: Unsupported: ")
+    assert (run["framework"], run["recipe"], run["mode"]) == ("torch", "bf16", "compile")
+    assert "tokens_per_s" not in run
+
+
 @pytest.mark.parametrize("args,message", [
     (["--recipes", "fp4"], "--recipes: unknown ['fp4']"),
+    (["--recipes", "bf16,torchao"], "--recipes torchao runs compiled only"),
+    (["--compile", "--warmup", "0"], "--warmup=0 with --compile would time the compilation"),
     (["--frameworks", "mxnet"], "--frameworks: unknown ['mxnet']"),
     (["--steps", "0"], "--steps=0 is too small"),
     (["--config", "tiny", "--seq-len", "0"], "seq_len must be an int >= 1"),

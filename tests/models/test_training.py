@@ -18,43 +18,10 @@ from fp8kit.models.train_torch import TorchTrainer
 from fp8kit.recipe import BlockScaling, DelayedScaling
 
 from small_config import SMALL, SMALL_TRAIN
+from snapshots import assert_identical, snapshot
 
 TRAINERS = {"torch": TorchTrainer, "jax": JaxTrainer}
 DELAYED = DelayedScaling(amax_history_len=4)
-
-
-def _snapshot(trainer):
-    """Every number the run's future depends on, as NumPy arrays."""
-    if trainer.framework == "torch":
-        def plain(v):
-            if isinstance(v, torch.Tensor):
-                return v.detach().cpu().numpy().copy()
-            if isinstance(v, dict):
-                return {k: plain(x) for k, x in v.items()}
-            if isinstance(v, (list, tuple)):
-                return [plain(x) for x in v]
-            return v
-        return plain({"model": trainer.model.state_dict(),
-                      "optimizer": trainer.optimizer.state_dict()["state"]})
-    trees = {"params": trainer.params, "opt": trainer.opt_state, "fp8": trainer.fp8_states}
-    return {jax.tree_util.keystr(path): np.asarray(leaf)
-            for path, leaf in jax.tree_util.tree_leaves_with_path(trees)}
-
-
-def _assert_identical(a, b, where=""):
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for k in a:
-            _assert_identical(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, list):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            _assert_identical(x, y, f"{where}[{i}]")
-    elif isinstance(a, np.ndarray):
-        assert a.dtype == b.dtype and a.shape == b.shape, where
-        assert a.tobytes() == b.tobytes(), where   # bit for bit
-    else:
-        assert a == b, where
 
 
 @pytest.mark.parametrize("framework", TRAINERS)
@@ -75,7 +42,7 @@ def test_resume_is_bit_exact(framework, tmp_path):
 
     assert got == want  # float equality: the same bits
     assert len(set(want)) == steps  # the steps did change something
-    _assert_identical(_snapshot(resumed), _snapshot(straight))
+    assert_identical(snapshot(resumed), snapshot(straight))
 
 
 @pytest.mark.parametrize("framework", TRAINERS)
@@ -101,10 +68,10 @@ def test_fp8_training_tracks_bf16(framework):
     for a, b in zip(fp8_losses, bf16_losses):
         assert abs(a - b) < 0.03, (fp8_losses, bf16_losses)
     # Evaluation reads the FP8 state without recording into it.
-    before = _snapshot(fp8)
+    before = snapshot(fp8)
     held_out = data.eval_batches(data.split(data.corpus())[1], 1, 2, SMALL.seq_len)
     assert abs(fp8.evaluate(held_out) - bf16.evaluate(held_out)) < 0.03
-    _assert_identical(_snapshot(fp8), before)
+    assert_identical(snapshot(fp8), before)
 
 
 @pytest.mark.parametrize("framework", TRAINERS)
