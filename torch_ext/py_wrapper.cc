@@ -13,6 +13,7 @@ struct WrapperRefs {
   py::object kwnames;       // ("dtype", "device", "requires_grad")
   // QuantizedTensor._CACHED, in its order.
   py::object c_dtype, c_shape, c_device, c_is_cuda, c_requires_grad;
+  py::object e4m3, e5m2;  // the values of _fp8_dtype
 };
 
 const WrapperRefs& refs() {
@@ -30,6 +31,8 @@ const WrapperRefs& refs() {
         r.c_device = interned("_device");
         r.c_is_cuda = interned("_is_cuda");
         r.c_requires_grad = interned("_requires_grad");
+        r.e4m3 = interned("e4m3");
+        r.e5m2 = interned("e5m2");
         const py::tuple cached = py::module_::import("fp8kit.torch.quantized_tensor")
                                      .attr("QuantizedTensor")
                                      .attr("_CACHED");
@@ -103,6 +106,41 @@ at::Tensor tensor_attr(py::handle obj, const py::object& name, const char* fn, c
   FP8KIT_TYPE_CHECK(THPVariable_Check(v.ptr()), fn, ": ", arg, ".",
                     py::str(name).cast<std::string>(), " is not a tensor");
   return THPVariable_Unpack(v.ptr());
+}
+
+py::handle fp8_name_str(fp8kit_dtype f) {
+  const WrapperRefs& r = refs();
+  return f == FP8KIT_E5M2 ? r.e5m2 : r.e4m3;
+}
+
+WrapperClass::WrapperClass(const char* module, const char* class_name,
+                           std::initializer_list<const char*> fields, const char* builder)
+    : cls_(py::module_::import(module).attr(class_name)), class_name_(class_name) {
+  for (const char* name : fields) fields_.push_back(interned(name));
+  // The C++ and Python creation paths must set the same fields.
+  const py::tuple python_fields = cls_.attr("_FIELDS");
+  if (!python_fields.equal(py::tuple(py::cast(fields_)))) {
+    throw std::runtime_error(c10::str("fp8kit: ", class_name, "._FIELDS differs from the names "
+                                      "torch_ext sets; update ", builder));
+  }
+}
+
+py::object WrapperClass::make(at::IntArrayRef shape, at::ScalarType dtype,
+                              const at::Device& device, bool requires_grad,
+                              std::initializer_list<py::handle> values) const {
+  TORCH_INTERNAL_ASSERT(values.size() == fields_.size(), class_name_, " has ", fields_.size(),
+                        " fields but ", values.size(), " values were given");
+  py::object obj = new_quantized_tensor(cls_, shape, dtype, device, requires_grad);
+  size_t i = 0;
+  for (py::handle v : values) set_attr(obj, fields_[i++], v);
+  return obj;
+}
+
+void WrapperClass::check_instance(py::handle t, const char* fn, const char* arg) const {
+  const int is = PyObject_IsInstance(t.ptr(), cls_.ptr());
+  if (is < 0) throw py::error_already_set();
+  FP8KIT_TYPE_CHECK(is == 1, fn, ": ", arg, " is a ", Py_TYPE(t.ptr())->tp_name,
+                    "; expected an fp8kit ", class_name_);
 }
 
 }  // namespace fp8kit_torch
