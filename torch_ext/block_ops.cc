@@ -5,12 +5,12 @@
 // since the core reads exactly that many floats.
 #include "block_ops.h"
 
-#include <cmath>
 #include <cstring>
 
 #include "core_calls.h"
 #include "descriptors.h"
 #include "errors.h"
+#include "gemm_args.h"
 #include "py_values.h"
 
 namespace py = pybind11;
@@ -57,13 +57,6 @@ void check_copy(const char* fn, const char* arg, const at::Tensor& t, at::IntArr
   check_same_device(fn, arg, t, ref_arg, ref);
 }
 
-at::Tensor hp_contiguous(const char* fn, const char* arg, const at::Tensor& x) {
-  check_high_precision(fn, arg, x);
-  check_rank(fn, arg, x);
-  device_type_of(x, fn, arg);
-  return x.contiguous();
-}
-
 // The GEMM descriptor of one operand, its device in *device.
 fp8kit_tensor gemm_block_operand(const char* fn, const char* name, const BlockOperand& op,
                                  at::Device* device) {
@@ -83,23 +76,12 @@ fp8kit_tensor gemm_block_operand(const char* fn, const char* name, const BlockOp
   const at::Tensor& ref = op.data ? *op.data : *op.columnwise_data;
   const char* ref_name = op.data ? name : n_cw.c_str();
   const fp8kit_dtype f = check_fp8(fn, ref_name, ref);
-  int64_t rows = 0, cols = 0;
-  if (op.data) {
-    FP8KIT_VALUE_CHECK(op.data->dim() >= 1, fn, ": ", n, " is 0-d; GEMM operands need rank >= 1");
-    const auto cw = columnwise_shape(op.data->sizes());
-    rows = cw[1];
-    cols = cw[0];
-    check_copy(fn, name, *op.data, op.data->sizes(), f, ref_name, ref);
-  } else {
-    FP8KIT_VALUE_CHECK(op.columnwise_data->dim() == 2, fn, ": ", n_cw, " has shape ",
-                       shape_str(op.columnwise_data->sizes()),
-                       "; columnwise data is 2-D [last dim, prod(leading dims)]");
-    rows = op.columnwise_data->size(1);
-    cols = op.columnwise_data->size(0);
-  }
-  const int64_t logical[2] = {rows, cols};
+  const OperandShape shape =
+      gemm_operand_shape(fn, name, op.data, n_cw.c_str(), op.columnwise_data);
+  const int64_t logical[2] = {shape.rows, shape.cols};
+  if (op.data) check_copy(fn, name, *op.data, op.data->sizes(), f, ref_name, ref);
   if (op.columnwise_data) {
-    const int64_t cw[2] = {cols, rows};
+    const int64_t cw[2] = {shape.cols, shape.rows};
     check_copy(fn, n_cw.c_str(), *op.columnwise_data, cw, f, ref_name, ref);
   }
   if (op.data) {
@@ -112,7 +94,7 @@ fp8kit_tensor gemm_block_operand(const char* fn, const char* name, const BlockOp
   }
   device_type_of(ref, fn, ref_name);
   *device = ref.device();
-  fp8kit_tensor t = gemm_operand(ref.device(), f, rows, cols,
+  fp8kit_tensor t = gemm_operand(ref.device(), f, shape.rows, shape.cols,
                                  op.data ? op.data->data_ptr() : nullptr,
                                  op.columnwise_data ? op.columnwise_data->data_ptr() : nullptr,
                                  nullptr);
@@ -209,10 +191,8 @@ std::tuple<OptTensor, OptTensor, OptTensor, OptTensor> quantize_block(
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   FP8KIT_VALUE_CHECK(rowwise || columnwise, fn,
                      ": rowwise and columnwise are both False; ask for at least one copy");
-  FP8KIT_VALUE_CHECK(std::isfinite(amax_epsilon) && amax_epsilon >= 0.0, fn,
-                     ": amax_epsilon is ", amax_epsilon,
-                     "; it must be a finite float >= 0 (0 disables it)");
-  const at::Tensor x = hp_contiguous(fn, "x", x_in);
+  check_amax_epsilon(fn, amax_epsilon);
+  const at::Tensor x = contiguous_high_precision(fn, "x", x_in);
   DeviceScope scope(x.device());
   const BlockBuffers b = alloc_block_buffers(x, fp8, mode, rowwise, columnwise);
   quantize_block_into(x, fp8, mode, b, amax_epsilon, power_2_scale);
@@ -232,30 +212,8 @@ at::Tensor dequantize_block(const char* fn, const at::Tensor& data_in,
                     dtype_str(out_dtype),
                     "; use torch.float32, torch.bfloat16 or torch.float16");
   check_contiguous(fn, "data", data_in);
-  std::vector<int64_t> logical;
-  if (from_columnwise) {
-    FP8KIT_VALUE_CHECK(data_in.dim() == 2, fn, ": from_columnwise=True needs 2-D columnwise "
-                       "data [last dim, prod(leading dims)], got shape ",
-                       shape_str(data_in.sizes()));
-    logical = shape ? *shape : std::vector<int64_t>{data_in.size(1), data_in.size(0)};
-    FP8KIT_VALUE_CHECK(logical.size() <= FP8KIT_MAX_RANK, fn, ": shape has ", logical.size(),
-                       " dimensions; fp8kit supports up to ", FP8KIT_MAX_RANK);
-    for (int64_t s : logical) {
-      FP8KIT_VALUE_CHECK(s >= 0, fn, ": shape ", shape_str(logical), " has a negative dimension");
-    }
-    const auto cw = columnwise_shape(logical);
-    FP8KIT_VALUE_CHECK(cw[0] == data_in.size(0) && cw[1] == data_in.size(1), fn, ": shape ",
-                       shape_str(logical), " has columnwise layout ", shape_str(cw),
-                       " but data has shape ", shape_str(data_in.sizes()),
-                       "; pass the shape of the tensor that was quantized");
-  } else {
-    logical = data_in.sizes().vec();
-    FP8KIT_VALUE_CHECK(!shape || *shape == logical, fn, ": shape ",
-                       shape ? shape_str(*shape) : "", " differs from data's shape ",
-                       shape_str(data_in.sizes()),
-                       "; shape is only for from_columnwise=True (reshape the result instead)");
-    check_rank(fn, "data", data_in);
-  }
+  const std::vector<int64_t> logical =
+      dequantized_shape(fn, data_in, from_columnwise, shape);
   check_block_scales(fn, "block_scale_inv", block_scale_inv,
                      block_scale_inv_shape(logical, mode, from_columnwise), "data", data_in);
   DeviceScope scope(data_in.device());
@@ -286,67 +244,24 @@ at::Tensor gemm_block(const char* fn, const BlockOperand& a, const BlockOperand&
   at::Device dev_a(at::kCPU), dev_b(at::kCPU);
   const fp8kit_tensor da = gemm_block_operand(fn, "a", a, &dev_a);
   const fp8kit_tensor db = gemm_block_operand(fn, "b", b, &dev_b);
-  FP8KIT_VALUE_CHECK(dev_a == dev_b, fn, ": a is on ", device_str(dev_a), " but b is on ",
-                     device_str(dev_b), "; move both operands to one device");
+  const GemmShape shape = gemm_shape(fn, da, dev_a, db, dev_b, trans_a, trans_b);
   const at::Device device = dev_a;
-  const int64_t m = trans_a ? da.shape[1] : da.shape[0];
-  const int64_t k = trans_a ? da.shape[0] : da.shape[1];
-  const int64_t kb = trans_b ? db.shape[1] : db.shape[0];
-  const int64_t n = trans_b ? db.shape[0] : db.shape[1];
-  FP8KIT_VALUE_CHECK(k == kb, fn, ": op(a) is ", m, "x", k, " (trans_a=", trans_a,
-                     ") but op(b) is ", kb, "x", n, " (trans_b=", trans_b,
-                     "); the inner dimensions must match: check the shapes and trans flags");
-  const auto d_hp = high_precision_dtype(out_dtype);
+  const at::Tensor& ref_a = a.data ? *a.data : *a.columnwise_data;  // the tensor "a" in messages
   FP8KIT_TYPE_CHECK(out_dtype == at::kBFloat16 || out_dtype == at::kFloat, fn, ": out_dtype is ",
                     dtype_str(out_dtype), "; a block-scaled FP8 GEMM writes torch.bfloat16 or "
                     "torch.float32 (cast a float32 result to torch.float16 if you need it)");
-  at::Tensor d;
-  if (out) {
-    check_dense(fn, "out", *out);
-    FP8KIT_TYPE_CHECK(out->scalar_type() == out_dtype, fn, ": out has dtype ",
-                      dtype_str(out->scalar_type()), " but out_dtype is ", dtype_str(out_dtype));
-    FP8KIT_VALUE_CHECK(out->dim() == 2 && out->size(0) == m && out->size(1) == n, fn,
-                       ": out has shape ", shape_str(out->sizes()), " but the product is [", m,
-                       ", ", n, "]");
-    check_contiguous(fn, "out", *out);
-    FP8KIT_VALUE_CHECK(out->device() == device, fn, ": out is on ", device_str(out->device()),
-                       " but the operands are on ", device_str(device));
-    d = *out;
-  } else {
-    FP8KIT_VALUE_CHECK(!accumulate, fn,
-                       ": accumulate=True adds into out's old contents, so pass out=");
-    d = at::empty({m, n}, at::TensorOptions().dtype(out_dtype).device(device));
-  }
-  fp8kit_tensor dt;
-  std::memset(&dt, 0, sizeof(dt));
-  dt.device_type = da.device_type;
-  dt.device_index = da.device_index;
-  dt.dtype = *d_hp;
-  dt.rank = 2;
-  dt.shape[0] = m;
-  dt.shape[1] = n;
-  dt.data = d.data_ptr();
-  fp8kit_gemm_config cfg = fp8kit_gemm_config_default();
-  cfg.trans_a = trans_a ? 1 : 0;
-  cfg.trans_b = trans_b ? 1 : 0;
-  cfg.beta = accumulate ? 1.0f : 0.0f;
-  cfg.use_split_accumulator = 1;  // the only mode of the block-scaled kernels
+  const at::Tensor d = gemm_output(fn, out, out_dtype, shape, accumulate, "a", ref_a);
+  fp8kit_tensor dt = describe(d, *high_precision_dtype(out_dtype), da.device_type);
+  // Split accumulation is the only mode of the block-scaled kernels.
+  fp8kit_gemm_config cfg =
+      gemm_config(trans_a, trans_b, accumulate, /*use_split_accumulator=*/true);
   at::Tensor bias_c;
   if (bias) {
-    check_dense(fn, "bias", *bias);
-    FP8KIT_TYPE_CHECK(bias->scalar_type() == at::kBFloat16, fn, ": bias has dtype ",
-                      dtype_str(bias->scalar_type()),
-                      "; the GEMM's bias epilogue takes a torch.bfloat16 bias (add another "
-                      "bias to the result instead)");
-    FP8KIT_VALUE_CHECK(bias->dim() == 1 && bias->numel() == n, fn, ": bias has shape ",
-                       shape_str(bias->sizes()), " but the output has N = ", n,
-                       " columns; bias must be [N]");
-    FP8KIT_VALUE_CHECK(bias->device() == device, fn, ": bias is on ", device_str(bias->device()),
-                       " but the operands are on ", device_str(device));
-    bias_c = bias->contiguous();
-    cfg.bias = bias_c.data_ptr();
-    cfg.bias_dtype = FP8KIT_BFLOAT16;
-    cfg.bias_numel = n;
+    const bool bf16 = bias->scalar_type() == at::kBFloat16;
+    bias_c = set_gemm_bias(fn, *bias, bf16 ? std::optional(FP8KIT_BFLOAT16) : std::nullopt,
+                           "the GEMM's bias epilogue takes a torch.bfloat16 bias (add another "
+                           "bias to the result instead)",
+                           shape.n, "a", ref_a, &cfg);
     cfg.epilogue = FP8KIT_EPILOGUE_BIAS;
   }
   DeviceScope scope(device);

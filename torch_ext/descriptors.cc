@@ -1,5 +1,6 @@
 #include "descriptors.h"
 
+#include <cmath>
 #include <cstring>
 #include <sstream>
 
@@ -162,6 +163,47 @@ void check_rank(const char* fn, const char* arg, const at::Tensor& t) {
   FP8KIT_VALUE_CHECK(t.dim() <= FP8KIT_MAX_RANK, fn, ": ", arg, " has ", t.dim(),
                      " dimensions; fp8kit supports up to ", FP8KIT_MAX_RANK,
                      " (reshape it first)");
+}
+
+void check_amax_epsilon(const char* fn, double amax_epsilon) {
+  FP8KIT_VALUE_CHECK(std::isfinite(amax_epsilon) && amax_epsilon >= 0.0, fn,
+                     ": amax_epsilon is ", amax_epsilon,
+                     "; it must be a finite float >= 0 (0 disables it)");
+}
+
+at::Tensor contiguous_high_precision(const char* fn, const char* arg, const at::Tensor& x) {
+  check_high_precision(fn, arg, x);
+  check_rank(fn, arg, x);
+  device_type_of(x, fn, arg);
+  return x.contiguous();
+}
+
+std::vector<int64_t> dequantized_shape(const char* fn, const at::Tensor& data,
+                                       bool from_columnwise,
+                                       const std::optional<std::vector<int64_t>>& shape) {
+  if (!from_columnwise) {
+    FP8KIT_VALUE_CHECK(!shape || data.sizes().equals(*shape), fn, ": shape ",
+                       shape ? shape_str(*shape) : "", " differs from data's shape ",
+                       shape_str(data.sizes()),
+                       "; shape is only for from_columnwise=True (reshape the result instead)");
+    check_rank(fn, "data", data);
+    return data.sizes().vec();
+  }
+  FP8KIT_VALUE_CHECK(data.dim() == 2, fn, ": from_columnwise=True needs 2-D columnwise data "
+                     "[last dim, prod(leading dims)], got shape ", shape_str(data.sizes()));
+  std::vector<int64_t> logical =
+      shape ? *shape : std::vector<int64_t>{data.size(1), data.size(0)};
+  FP8KIT_VALUE_CHECK(logical.size() <= FP8KIT_MAX_RANK, fn, ": shape has ", logical.size(),
+                     " dimensions; fp8kit supports up to ", FP8KIT_MAX_RANK);
+  for (int64_t s : logical) {
+    FP8KIT_VALUE_CHECK(s >= 0, fn, ": shape ", shape_str(logical), " has a negative dimension");
+  }
+  const auto cw = columnwise_shape(logical);
+  FP8KIT_VALUE_CHECK(cw[0] == data.size(0) && cw[1] == data.size(1), fn, ": shape ",
+                     shape_str(logical), " has columnwise layout ", shape_str(cw),
+                     " but data has shape ", shape_str(data.sizes()),
+                     "; pass the shape of the tensor that was quantized");
+  return logical;
 }
 
 fp8kit_tensor describe(const at::Tensor& t, fp8kit_dtype dtype, fp8kit_device_type device_type) {

@@ -6,6 +6,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "torch_includes.h"
 
@@ -59,6 +60,18 @@ void check_same_device(const char* fn, const char* arg, const at::Tensor& t,
 void check_f32_scalar(const char* fn, const char* arg, const at::Tensor& t,
                       const char* ref_arg, const at::Tensor& ref);
 void check_rank(const char* fn, const char* arg, const at::Tensor& t);
+// The current-scaling floor of amax: a finite float >= 0 (0 disables it).
+void check_amax_epsilon(const char* fn, double amax_epsilon);
+// A high-precision input checked (dtype, rank, device) and made contiguous
+// (a copy when it is not).
+at::Tensor contiguous_high_precision(const char* fn, const char* arg, const at::Tensor& x);
+
+// The logical shape a dequantization of `data` returns: data's own (then
+// `shape`, when given, must equal it), or with from_columnwise the shape
+// whose columnwise layout 2-D data is (`shape`, by default the transpose).
+std::vector<int64_t> dequantized_shape(const char* fn, const at::Tensor& data,
+                                       bool from_columnwise,
+                                       const std::optional<std::vector<int64_t>>& shape);
 
 // A descriptor of `t` (already checked: dense, contiguous, rank <= 8) with
 // the given element type and `t`'s shape and data pointer.

@@ -12,7 +12,6 @@
 // values of LinearState.recipe. What forward keeps for backward comes back
 // as four tensors; a copy the plan does not keep is an empty [0] tensor, as
 // is a gradient backward does not compute.
-#include <cmath>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -42,8 +41,7 @@ LinearRecipe recipe_of(const char* fn, const std::string& scaling, const std::st
                      FP8KIT_AMAX_HISTORY_LEN_MAX);
   FP8KIT_VALUE_CHECK(margin >= 0 && margin <= FP8KIT_MARGIN_MAX, fn, ": margin is ", margin,
                      "; it must be in [0, ", FP8KIT_MARGIN_MAX, "]");
-  FP8KIT_VALUE_CHECK(std::isfinite(amax_epsilon) && amax_epsilon >= 0.0, fn,
-                     ": amax_epsilon is ", amax_epsilon, "; it must be a finite float >= 0");
+  check_amax_epsilon(fn, amax_epsilon);
   r.history_len = static_cast<int>(history_len);
   r.margin = static_cast<int>(margin);
   r.amax_reduction = parse_amax_reduction(amax_reduction, fn, "amax_reduction");

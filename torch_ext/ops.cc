@@ -5,7 +5,6 @@
 // amax_out=, state tensors) must be contiguous.
 #include "ops.h"
 
-#include <cmath>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -15,19 +14,12 @@
 #include "descriptors.h"
 #include "errors.h"
 #include "fp8kit/linear.h"
+#include "gemm_args.h"
 
 namespace py = pybind11;
 
 namespace fp8kit_torch {
 namespace {
-
-// Checks a high-precision input and returns it contiguous.
-at::Tensor hp_input(const char* fn, const char* arg, const at::Tensor& x) {
-  check_high_precision(fn, arg, x);
-  check_rank(fn, arg, x);
-  device_type_of(x, fn, arg);
-  return x.contiguous();
-}
 
 at::Tensor f32_scalar_out(const at::Tensor& like) {
   return at::empty({1}, like.options().dtype(at::kFloat));
@@ -43,38 +35,24 @@ fp8kit_tensor operand(const char* fn, const char* name, const char* name_cw,
   const at::Tensor& ref = x ? *x : *x_cw;
   const char* ref_name = x ? name : name_cw;
   fp8kit_dtype f = check_fp8(fn, ref_name, ref);
-  int64_t rows = 0, cols = 0;
-  if (x) {
-    FP8KIT_VALUE_CHECK(x->dim() >= 1, fn, ": ", name, " is 0-d; GEMM operands need rank >= 1");
-    check_contiguous(fn, name, *x);
-    const auto cw = columnwise_shape(x->sizes());
-    rows = cw[1];
-    cols = cw[0];
-  }
+  const OperandShape shape = gemm_operand_shape(fn, name, x, name_cw, x_cw);
+  if (x) check_contiguous(fn, name, *x);
   if (x_cw) {
     const fp8kit_dtype ft = check_fp8(fn, name_cw, *x_cw);
     FP8KIT_TYPE_CHECK(ft == f, fn, ": ", name, " is ", fp8_name(f), " but ", name_cw, " is ",
                       fp8_name(ft), "; both layouts of one operand hold the same FP8 data");
-    FP8KIT_VALUE_CHECK(x_cw->dim() == 2, fn, ": ", name_cw, " has shape ",
-                       shape_str(x_cw->sizes()),
-                       "; columnwise data is 2-D [last dim, prod(leading dims)]");
     check_contiguous(fn, name_cw, *x_cw);
     check_same_device(fn, name_cw, *x_cw, ref_name, ref);
-    if (x) {
-      FP8KIT_VALUE_CHECK(x_cw->size(0) == cols && x_cw->size(1) == rows, fn, ": ", name_cw,
-                         " has shape ", shape_str(x_cw->sizes()), " but ", name, " has shape ",
-                         shape_str(x->sizes()), " whose columnwise layout is [", cols, ", ", rows,
-                         "]");
-    } else {
-      rows = x_cw->size(1);
-      cols = x_cw->size(0);
-    }
+    FP8KIT_VALUE_CHECK(!x || (x_cw->size(0) == shape.cols && x_cw->size(1) == shape.rows), fn,
+                       ": ", name_cw, " has shape ", shape_str(x_cw->sizes()), " but ", name,
+                       " has shape ", shape_str(x->sizes()), " whose columnwise layout is [",
+                       shape.cols, ", ", shape.rows, "]");
   }
   check_f32_scalar(fn, sinv_name, scale_inv, ref_name, ref);
   check_contiguous(fn, sinv_name, scale_inv);
   device_type_of(ref, fn, ref_name);
   *device = ref.device();
-  return gemm_operand(ref.device(), f, rows, cols, x ? x->data_ptr() : nullptr,
+  return gemm_operand(ref.device(), f, shape.rows, shape.cols, x ? x->data_ptr() : nullptr,
                       x_cw ? x_cw->data_ptr() : nullptr, scale_inv.data_ptr<float>());
 }
 
@@ -82,7 +60,7 @@ fp8kit_tensor operand(const char* fn, const char* name, const char* name_cw,
 
 at::Tensor amax(const char* fn, const at::Tensor& x_in) {
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  const at::Tensor x = hp_input(fn, "x", x_in);
+  const at::Tensor x = contiguous_high_precision(fn, "x", x_in);
   DeviceScope scope(x.device());
   at::Tensor out = at::empty({}, x.options().dtype(at::kFloat));
   amax_into(x, out.data_ptr<float>());
@@ -96,7 +74,7 @@ std::tuple<OptTensor, OptTensor, at::Tensor> quantize(const char* fn, const at::
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   FP8KIT_VALUE_CHECK(rowwise || columnwise, fn,
                      ": rowwise and columnwise are both False; ask for at least one output");
-  const at::Tensor x = hp_input(fn, "x", x_in);
+  const at::Tensor x = contiguous_high_precision(fn, "x", x_in);
   check_f32_scalar(fn, "scale", scale, "x", x);
   check_contiguous(fn, "scale", scale);
   if (amax_out) {
@@ -122,10 +100,8 @@ std::tuple<OptTensor, OptTensor, at::Tensor, at::Tensor, at::Tensor> quantize_cu
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   FP8KIT_VALUE_CHECK(rowwise || columnwise, fn,
                      ": rowwise and columnwise are both False; ask for at least one output");
-  FP8KIT_VALUE_CHECK(std::isfinite(amax_epsilon) && amax_epsilon >= 0.0, fn,
-                     ": amax_epsilon is ", amax_epsilon,
-                     "; it must be a finite float >= 0 (0 disables it)");
-  const at::Tensor x = hp_input(fn, "x", x_in);
+  check_amax_epsilon(fn, amax_epsilon);
+  const at::Tensor x = contiguous_high_precision(fn, "x", x_in);
   DeviceScope scope(x.device());
   const at::Tensor data = rowwise ? alloc_rowwise(x, f) : at::Tensor();
   const at::Tensor columnwise_data = columnwise ? alloc_columnwise(x, f) : at::Tensor();
@@ -154,32 +130,7 @@ at::Tensor dequantize(const char* fn, const at::Tensor& data_in, const at::Tenso
   check_f32_scalar(fn, "scale_inv", scale_inv, "data", data_in);
   check_contiguous(fn, "scale_inv", scale_inv);
   const at::Tensor data = data_in.contiguous();
-  std::vector<int64_t> logical;
-  if (from_columnwise) {
-    FP8KIT_VALUE_CHECK(data.dim() == 2, fn, ": from_columnwise=True needs 2-D columnwise data "
-                       "[last dim, prod(leading dims)], got shape ", shape_str(data.sizes()));
-    if (shape) {
-      logical = *shape;
-      const auto cw = columnwise_shape(logical);
-      FP8KIT_VALUE_CHECK(cw[0] == data.size(0) && cw[1] == data.size(1), fn, ": shape ",
-                         shape_str(logical), " has columnwise layout ", shape_str(cw),
-                         " but data has shape ", shape_str(data.sizes()),
-                         "; pass the shape of the tensor that was quantized");
-    } else {
-      logical = {data.size(1), data.size(0)};
-    }
-  } else {
-    logical = data.sizes().vec();
-    FP8KIT_VALUE_CHECK(!shape || *shape == logical, fn, ": shape ",
-                       shape ? shape_str(*shape) : "", " differs from data's shape ",
-                       shape_str(data.sizes()),
-                       "; shape is only for from_columnwise=True (reshape the result instead)");
-  }
-  for (int64_t s : logical) {
-    FP8KIT_VALUE_CHECK(s >= 0, fn, ": shape ", shape_str(logical), " has a negative dimension");
-  }
-  FP8KIT_VALUE_CHECK(logical.size() <= FP8KIT_MAX_RANK, fn, ": shape has ", logical.size(),
-                     " dimensions; fp8kit supports up to ", FP8KIT_MAX_RANK);
+  const std::vector<int64_t> logical = dequantized_shape(fn, data, from_columnwise, shape);
   DeviceScope scope(data.device());
   at::Tensor out = at::empty(logical, data.options().dtype(out_dtype));
   dequantize_into(data, from_columnwise, logical, f, scale_inv.data_ptr<float>(), out);
@@ -253,47 +204,17 @@ at::Tensor gemm(const char* fn, const OptTensor& a, const at::Tensor& a_scale_in
       operand(fn, "a", "a_columnwise", "a_scale_inv", a, a_columnwise, a_scale_inv, &dev_a);
   const fp8kit_tensor db =
       operand(fn, "b", "b_columnwise", "b_scale_inv", b, b_columnwise, b_scale_inv, &dev_b);
-  FP8KIT_VALUE_CHECK(dev_a == dev_b, fn, ": a is on ", device_str(dev_a), " but b is on ",
-                     device_str(dev_b), "; move both operands to one device");
+  const GemmShape shape = gemm_shape(fn, da, dev_a, db, dev_b, trans_a, trans_b);
+  const int64_t m = shape.m, n = shape.n;
   const at::Device device = dev_a;
-  const int64_t m = trans_a ? da.shape[1] : da.shape[0];
-  const int64_t k = trans_a ? da.shape[0] : da.shape[1];
-  const int64_t kb = trans_b ? db.shape[1] : db.shape[0];
-  const int64_t n = trans_b ? db.shape[0] : db.shape[1];
-  FP8KIT_VALUE_CHECK(k == kb, fn, ": op(a) is ", m, "x", k, " (trans_a=", trans_a,
-                     ") but op(b) is ", kb, "x", n, " (trans_b=", trans_b,
-                     "); the inner dimensions must match: check the shapes and trans flags");
+  const at::Tensor& ref_a = a ? *a : *a_columnwise;  // the tensor "a" in messages
   const auto d_fp8 = fp8_dtype_of(out_dtype);
   const auto d_hp = high_precision_dtype(out_dtype);
   FP8KIT_TYPE_CHECK(d_fp8 || d_hp, fn, ": out_dtype is ", dtype_str(out_dtype),
                     "; use torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn or "
                     "torch.float8_e5m2");
-  const fp8kit_dtype dd = d_fp8 ? *d_fp8 : *d_hp;
-  at::Tensor d;
-  if (out) {
-    check_dense(fn, "out", *out);
-    FP8KIT_TYPE_CHECK(out->scalar_type() == out_dtype, fn, ": out has dtype ",
-                      dtype_str(out->scalar_type()), " but out_dtype is ", dtype_str(out_dtype));
-    FP8KIT_VALUE_CHECK(out->dim() == 2 && out->size(0) == m && out->size(1) == n, fn,
-                       ": out has shape ", shape_str(out->sizes()), " but the product is [", m,
-                       ", ", n, "]");
-    check_contiguous(fn, "out", *out);
-    check_same_device(fn, "out", *out, "a", a ? *a : *a_columnwise);
-    d = *out;
-  } else {
-    FP8KIT_VALUE_CHECK(!accumulate, fn,
-                       ": accumulate=True adds into out's old contents, so pass out=");
-    d = at::empty({m, n}, at::TensorOptions().dtype(out_dtype).device(device));
-  }
-  fp8kit_tensor dt;
-  std::memset(&dt, 0, sizeof(dt));
-  dt.device_type = da.device_type;
-  dt.device_index = da.device_index;
-  dt.dtype = dd;
-  dt.rank = 2;
-  dt.shape[0] = m;
-  dt.shape[1] = n;
-  dt.data = d.data_ptr();
+  const at::Tensor d = gemm_output(fn, out, out_dtype, shape, accumulate, "a", ref_a);
+  fp8kit_tensor dt = describe(d, d_fp8 ? *d_fp8 : *d_hp, da.device_type);
   if (d_fp8) {
     dt.scaling_mode = FP8KIT_SCALING_PER_TENSOR;
     FP8KIT_VALUE_CHECK(d_scale.has_value(), fn, ": out_dtype is ", dtype_str(out_dtype),
@@ -303,35 +224,22 @@ at::Tensor gemm(const char* fn, const OptTensor& a, const at::Tensor& a_scale_in
     FP8KIT_VALUE_CHECK(d_fp8.has_value(), fn,
                        ": d_scale is only used for an FP8 out_dtype; drop it or pick an FP8 "
                        "out_dtype");
-    check_f32_scalar(fn, "d_scale", *d_scale, "a", a ? *a : *a_columnwise);
+    check_f32_scalar(fn, "d_scale", *d_scale, "a", ref_a);
     dt.scale = d_scale->data_ptr<float>();
   }
   if (d_amax) {
     FP8KIT_VALUE_CHECK(d_fp8.has_value(), fn,
                        ": d_amax is only written for an FP8 out_dtype; drop it or pick an FP8 "
                        "out_dtype");
-    check_f32_scalar(fn, "d_amax", *d_amax, "a", a ? *a : *a_columnwise);
+    check_f32_scalar(fn, "d_amax", *d_amax, "a", ref_a);
     dt.amax = d_amax->data_ptr<float>();
   }
-  fp8kit_gemm_config cfg = fp8kit_gemm_config_default();
-  cfg.trans_a = trans_a ? 1 : 0;
-  cfg.trans_b = trans_b ? 1 : 0;
-  cfg.beta = accumulate ? 1.0f : 0.0f;
-  cfg.use_split_accumulator = use_split_accumulator ? 1 : 0;
+  fp8kit_gemm_config cfg = gemm_config(trans_a, trans_b, accumulate, use_split_accumulator);
   at::Tensor bias_c;
   if (bias) {
-    check_dense(fn, "bias", *bias);
-    const auto bd = high_precision_dtype(bias->scalar_type());
-    FP8KIT_TYPE_CHECK(bd.has_value(), fn, ": bias has dtype ", dtype_str(bias->scalar_type()),
-                      "; use torch.bfloat16 (or torch.float16 with a float16 output)");
-    FP8KIT_VALUE_CHECK(bias->dim() == 1 && bias->numel() == n, fn, ": bias has shape ",
-                       shape_str(bias->sizes()), " but the output has N = ", n,
-                       " columns; bias must be [N]");
-    check_same_device(fn, "bias", *bias, "a", a ? *a : *a_columnwise);
-    bias_c = bias->contiguous();
-    cfg.bias = bias_c.data_ptr();
-    cfg.bias_dtype = *bd;
-    cfg.bias_numel = n;
+    bias_c = set_gemm_bias(fn, *bias, high_precision_dtype(bias->scalar_type()),
+                           "use torch.bfloat16 (or torch.float16 with a float16 output)", n, "a",
+                           ref_a, &cfg);
   }
   if (gelu) {
     cfg.epilogue = bias ? FP8KIT_EPILOGUE_GELU_BIAS : FP8KIT_EPILOGUE_GELU;
@@ -347,7 +255,7 @@ at::Tensor gemm(const char* fn, const OptTensor& a, const at::Tensor& a_scale_in
     FP8KIT_VALUE_CHECK(gelu_aux->numel() == m * n, fn, ": gelu_aux has shape ",
                        shape_str(gelu_aux->sizes()), " but must hold [", m, ", ", n, "]");
     check_contiguous(fn, "gelu_aux", *gelu_aux);
-    check_same_device(fn, "gelu_aux", *gelu_aux, "a", a ? *a : *a_columnwise);
+    check_same_device(fn, "gelu_aux", *gelu_aux, "a", ref_a);
     cfg.gelu_aux = gelu_aux->data_ptr();
     cfg.gelu_aux_numel = m * n;
   }

@@ -1,6 +1,5 @@
 #include "quantizer.h"
 
-#include <cmath>
 #include <string>
 
 #include "core_calls.h"
@@ -151,9 +150,7 @@ Float8CurrentScalingQuantizer::Float8CurrentScalingQuantizer(fp8kit_dtype fp8_, 
       power_2_scale(power_2_scale_) {
   constexpr const char* fn = "fp8kit.torch.Float8CurrentScalingQuantizer";
   check_usage(fn, rowwise, columnwise);
-  FP8KIT_VALUE_CHECK(std::isfinite(amax_epsilon) && amax_epsilon >= 0.0, fn,
-                     ": amax_epsilon is ", amax_epsilon,
-                     "; it must be a finite float >= 0 (0 disables it)");
+  check_amax_epsilon(fn, amax_epsilon);
 }
 
 void Float8CurrentScalingQuantizer::quantize_to(const at::Tensor& x, const at::Tensor& data,
