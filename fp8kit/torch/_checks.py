@@ -37,6 +37,34 @@ def dtype(fn: str, arg: str, d) -> torch.dtype:
     return d
 
 
+def fp8_copies(fn: str, data, columnwise_data) -> torch.Tensor:
+    """The FP8 copies a quantized tensor is made of: at least one given,
+    each a plain contiguous FP8 tensor, both of one dtype and device.
+    Returns the copy that gives the tensor's format and device (data if
+    given)."""
+    if data is None and columnwise_data is None:
+        raise ValueError(f"{fn}: data and columnwise_data are both None; pass at least one")
+    ref = data if data is not None else columnwise_data
+    for name, t in (("data", data), ("columnwise_data", columnwise_data)):
+        if t is None:
+            continue
+        tensor(fn, name, t)
+        if t.dtype not in FP8_NAME:
+            raise TypeError(f"{fn}: {name} has dtype {t.dtype}; expected torch.float8_e4m3fn "
+                            "or torch.float8_e5m2")
+        if t.dtype != ref.dtype:
+            raise TypeError(f"{fn}: data is {data.dtype} but columnwise_data is "
+                            f"{columnwise_data.dtype}; both copies hold one FP8 format")
+        if t.device != ref.device:
+            raise ValueError(f"{fn}: data is on {data.device} but columnwise_data is on "
+                             f"{columnwise_data.device}; keep both on one device")
+        if not t.is_contiguous():
+            raise ValueError(f"{fn}: {name} is not contiguous (strides {t.stride()}); pass "
+                             f"{name}.contiguous(): in-place ops and the FP8 GEMMs write "
+                             "and read it densely")
+    return ref
+
+
 def quantized_shape(fn: str, dtype, shape, data, columnwise_data, columnwise_shape) -> tuple:
     """A quantized tensor's nominal dtype checked and its shape: `shape`, or
     the rowwise copy's (else the columnwise copy's, transposed), checked

@@ -32,25 +32,13 @@ import torch
 
 from fp8kit.torch import _checks
 from fp8kit.torch._ext import ext
-from fp8kit.torch.float8_tensor_ops import IN_PLACE, _writing_overloads
-from fp8kit.torch.quantized_tensor import QuantizedTensor, run_and_requantize
+from fp8kit.torch.float8_tensor_ops import register_shared_ops
+from fp8kit.torch.quantized_tensor import QuantizedTensor, op_table_decorator
 
 aten = torch.ops.aten
 SCALING_MODES = ("block_1x128", "block_128x128")
 _columnwise_shape = ext.columnwise_shape  # (shape[-1], prod(shape[:-1]))
 _scale_shape = ext.block_scale_inv_shape
-
-
-class _Dequantize(torch.autograd.Function):
-    """Float8BlockTensor -> high precision, passing the gradient straight through."""
-
-    @staticmethod
-    def forward(ctx, t, dtype):
-        return t._dequantize_raw(dtype)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None
 
 
 class Float8BlockTensor(QuantizedTensor):
@@ -83,23 +71,7 @@ class Float8BlockTensor(QuantizedTensor):
         if scaling_mode not in SCALING_MODES:
             raise ValueError(f"{fn}: scaling_mode is {scaling_mode!r}; use 'block_1x128' or "
                              "'block_128x128'")
-        if data is None and columnwise_data is None:
-            raise ValueError(f"{fn}: data and columnwise_data are both None; pass at least one")
-        ref = data if data is not None else columnwise_data
-        for name, t in (("data", data), ("columnwise_data", columnwise_data)):
-            if t is None:
-                continue
-            _checks.tensor(fn, name, t)
-            if t.dtype not in _checks.FP8_NAME:
-                raise TypeError(f"{fn}: {name} has dtype {t.dtype}; expected torch.float8_e4m3fn "
-                                "or torch.float8_e5m2")
-            if t.dtype != ref.dtype or t.device != ref.device:
-                raise ValueError(f"{fn}: data is {data.dtype} on {data.device} but "
-                                 f"columnwise_data is {columnwise_data.dtype} on "
-                                 f"{columnwise_data.device}; both copies have one format and "
-                                 "device")
-            if not t.is_contiguous():
-                raise ValueError(f"{fn}: {name} is not contiguous; pass {name}.contiguous()")
+        ref = _checks.fp8_copies(fn, data, columnwise_data)
         shape = _checks.quantized_shape(fn, dtype, shape, data, columnwise_data,
                                         _columnwise_shape)
         for name, d, s, cw in (("block_scale_inv", data, block_scale_inv, False),
@@ -127,15 +99,9 @@ class Float8BlockTensor(QuantizedTensor):
               columnwise_block_scale_inv, fp8_dtype, scaling_mode, quantizer,
               requires_grad=False):
         """Unchecked constructor."""
-        obj = QuantizedTensor._new_wrapper(cls, shape, dtype, device, requires_grad)
-        obj._data = data
-        obj._block_scale_inv = block_scale_inv
-        obj._columnwise_data = columnwise_data
-        obj._columnwise_block_scale_inv = columnwise_block_scale_inv
-        obj._fp8_dtype = fp8_dtype
-        obj._scaling_mode = scaling_mode
-        obj._quantizer = quantizer
-        return obj
+        return cls._new_with_fields(shape, dtype, device, requires_grad, data, block_scale_inv,
+                                    columnwise_data, columnwise_block_scale_inv, fp8_dtype,
+                                    scaling_mode, quantizer)
 
     def _fields(self, **changes) -> dict:
         f = dict(shape=self._shape, dtype=self._dtype, device=self._device, data=self._data,
@@ -185,21 +151,13 @@ class Float8BlockTensor(QuantizedTensor):
 
     # ------------------------------------------------------- dequantize
     def _dequantize_raw(self, dtype) -> torch.Tensor:
+        """Each element times its block's scale_inv, in `dtype` (dequantize()
+        is QuantizedTensor's)."""
         if self._data is not None:
             return ext.dequantize_block(self._data, self._block_scale_inv, self._scaling_mode,
                                         dtype, False, None)
         return ext.dequantize_block(self._columnwise_data, self._columnwise_block_scale_inv,
                                     self._scaling_mode, dtype, True, list(self._shape))
-
-    def dequantize(self, *, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-        """The high-precision tensor, each element times its block's
-        scale_inv (nominal dtype by default). Differentiable: the gradient
-        passes straight through."""
-        if dtype is None:
-            dtype = self._dtype
-        if self._requires_grad and torch.is_grad_enabled():
-            return _Dequantize.apply(self, dtype)
-        return self._dequantize_raw(dtype)
 
     # ----------------------------------------------------------- writes
     def _requantize_from(self, src: torch.Tensor) -> None:
@@ -209,11 +167,7 @@ class Float8BlockTensor(QuantizedTensor):
         q = self._quantizer
         if q is None:
             q = ext.Float8BlockQuantizer(self._fp8_dtype, self._scaling_mode)
-        if src.dtype not in _checks.HIGH_PRECISION:
-            src = src.to(self._dtype)
-        if tuple(src.shape) != tuple(self._shape):
-            src = src.expand(self._shape)
-        q.update_quantized(src, self)
+        q.update_quantized(self._requantize_source(src), self)
 
     # ---------------------------------------------- pickling, copying, repr
     def __reduce_ex__(self, protocol):
@@ -276,12 +230,7 @@ def _rebuild_float8_block_tensor(data, block_scale_inv, columnwise_data,
 
 
 # ------------------------------------------------------------- the op table
-def _implements(*ops):
-    def register(handler):
-        for op in ops:
-            Float8BlockTensor._OP_TABLE[op] = handler
-        return handler
-    return register
+_implements = op_table_decorator(Float8BlockTensor)
 
 
 @_implements(aten.detach.default, aten.alias.default)
@@ -331,22 +280,4 @@ def _copy_(func, args, kwargs):
     return dst
 
 
-@_implements(aten.is_same_size.default)
-def _is_same_size(func, args, kwargs):
-    return tuple(args[0].shape) == tuple(args[1].shape)
-
-
-@_implements(aten.dequantize.self)
-def _dequantize_op(func, args, kwargs):
-    return args[0]._dequantize_raw(args[0]._dtype)
-
-
-def _register_writes() -> None:
-    for name in IN_PLACE:
-        _implements(*_writing_overloads(name))(run_and_requantize)
-        functional = name[:-1]  # out= forms of the same op
-        if hasattr(aten, functional):
-            _implements(*_writing_overloads(functional))(run_and_requantize)
-
-
-_register_writes()
+register_shared_ops(_implements)

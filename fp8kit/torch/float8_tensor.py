@@ -50,18 +50,6 @@ from fp8kit.torch.quantized_tensor import QuantizedTensor
 aten = torch.ops.aten
 
 
-class _Dequantize(torch.autograd.Function):
-    """Float8Tensor -> high precision, passing the gradient straight through."""
-
-    @staticmethod
-    def forward(ctx, t, dtype):
-        return t._dequantize_raw(dtype)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None
-
-
 _columnwise_shape = ext.columnwise_shape  # (shape[-1], prod(shape[:-1]))
 
 
@@ -115,26 +103,7 @@ class Float8Tensor(QuantizedTensor):
                 columnwise_data: Optional[torch.Tensor] = None,
                 quantizer=None, requires_grad: bool = False, shape=None):
         fn = "fp8kit.torch.Float8Tensor"
-        if data is None and columnwise_data is None:
-            raise ValueError(f"{fn}: data and columnwise_data are both None; pass at least one")
-        ref = data if data is not None else columnwise_data
-        for name, t in (("data", data), ("columnwise_data", columnwise_data)):
-            if t is None:
-                continue
-            _checks.tensor(fn, name, t)
-            if t.dtype not in _checks.FP8_NAME:
-                raise TypeError(f"{fn}: {name} has dtype {t.dtype}; expected torch.float8_e4m3fn "
-                                "or torch.float8_e5m2")
-            if t.dtype != ref.dtype:
-                raise TypeError(f"{fn}: data is {data.dtype} but columnwise_data is "
-                                f"{columnwise_data.dtype}")
-            if t.device != ref.device:
-                raise ValueError(f"{fn}: data is on {data.device} but columnwise_data is on "
-                                 f"{columnwise_data.device}; keep both on one device")
-            if not t.is_contiguous():
-                raise ValueError(f"{fn}: {name} is not contiguous (strides {t.stride()}); pass "
-                                 f"{name}.contiguous(): in-place ops and the FP8 GEMMs write "
-                                 "and read it densely")
+        ref = _checks.fp8_copies(fn, data, columnwise_data)
         _checks.tensor(fn, "scale_inv", scale_inv)
         if scale_inv.dtype != torch.float32 or scale_inv.numel() != 1:
             raise TypeError(f"{fn}: scale_inv must be a float32 tensor with one element, got "
@@ -151,13 +120,8 @@ class Float8Tensor(QuantizedTensor):
     def _make(cls, shape, dtype, device, data, columnwise_data, scale_inv, fp8_dtype, quantizer,
               requires_grad=False):
         """Unchecked constructor of a tensor that owns its buffers."""
-        obj = QuantizedTensor._new_wrapper(cls, shape, dtype, device, requires_grad)
-        obj._data = data
-        obj._columnwise_data = columnwise_data
-        obj._scale_inv = scale_inv
-        obj._fp8_dtype = fp8_dtype
-        obj._quantizer = quantizer
-        return obj
+        return cls._new_with_fields(shape, dtype, device, requires_grad, data, columnwise_data,
+                                    scale_inv, fp8_dtype, quantizer)
 
     @classmethod
     def _make_view(cls, owner: "Float8Tensor", steps: tuple, meta: torch.Tensor):
@@ -266,6 +230,7 @@ class Float8Tensor(QuantizedTensor):
 
     # ------------------------------------------------------- dequantize
     def _dequantize_raw(self, dtype) -> torch.Tensor:
+        """q * scale_inv in `dtype` (dequantize() is QuantizedTensor's)."""
         scale_inv = self._root()._scale_inv
         # Traced (compile, export, fake mode): the dispatcher op, same bits.
         dequantize = (_float8_tracing.dequantize if _float8_tracing.traced(scale_inv)
@@ -275,15 +240,6 @@ class Float8Tensor(QuantizedTensor):
         if self._data is not None:
             return dequantize(self._data, scale_inv, dtype, False, None)
         return dequantize(self._columnwise_data, scale_inv, dtype, True, list(self._shape))
-
-    def dequantize(self, *, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-        """The high-precision tensor q * scale_inv (nominal dtype by default).
-        Differentiable: the gradient passes straight through."""
-        if dtype is None:
-            dtype = self._dtype
-        if self._requires_grad and torch.is_grad_enabled():
-            return _Dequantize.apply(self, dtype)
-        return self._dequantize_raw(dtype)
 
     def update_usage(self, rowwise: Optional[bool] = None,
                      columnwise: Optional[bool] = None) -> None:
@@ -314,10 +270,7 @@ class Float8Tensor(QuantizedTensor):
             replay(self._steps, hp).copy_(src)
             return owner._requantize_from(hp)
         q = self._quantizer
-        if src.dtype not in _checks.HIGH_PRECISION:
-            src = src.to(self._dtype)
-        if tuple(src.shape) != tuple(self._shape):
-            src = src.expand(self._shape)
+        src = self._requantize_source(src)
         if _float8_tracing.traced(self._scale_inv):
             return _float8_tracing.requantize(self, q, src)
         if q is None:  # keep this tensor's scale

@@ -20,17 +20,12 @@ from torch.utils._pytree import tree_flatten
 from fp8kit.torch import _checks
 from fp8kit.torch.float8_tensor import Float8Tensor, _columnwise_shape, _transpose_2d, replay
 from fp8kit.torch.quantized_tensor import (ANY_VIEW, QuantizedTensor, _written_args,
-                                           run_and_requantize)
+                                           op_table_decorator, run_and_requantize)
 
 aten = torch.ops.aten
 
 
-def implements(*ops):
-    def register(handler):
-        for op in ops:
-            Float8Tensor._OP_TABLE[op] = handler
-        return handler
-    return register
+implements = op_table_decorator(Float8Tensor)
 
 
 # ------------------------------------------------------------------ views
@@ -135,12 +130,10 @@ def _copy_(func, args, kwargs):
 
 
 # ------------------------------------------------------------------ reads
-@implements(aten.is_same_size.default)
 def _is_same_size(func, args, kwargs):
     return tuple(args[0].shape) == tuple(args[1].shape)
 
 
-@implements(aten.dequantize.self)
 def _dequantize_op(func, args, kwargs):
     return args[0]._dequantize_raw(args[0]._dtype)
 
@@ -186,13 +179,19 @@ def _writing_overloads(name: str) -> list:
     return [op for op in ops if _written_args(op)]
 
 
-def _register_writes() -> None:
+def register_shared_ops(implements_in_table) -> None:
+    """Registers, through `implements_in_table` (a subclass's `implements`),
+    what every fp8kit quantized tensor does alike: the reads is_same_size and
+    dequantize, and run_and_requantize for every overload of each IN_PLACE op
+    and of its out= form."""
+    implements_in_table(aten.is_same_size.default)(_is_same_size)
+    implements_in_table(aten.dequantize.self)(_dequantize_op)
     for name in IN_PLACE:
-        implements(*_writing_overloads(name))(run_and_requantize)
+        implements_in_table(*_writing_overloads(name))(run_and_requantize)
         # out= forms of the same op (add.out, _foreach_add.List_out, ...).
         functional = name[:-1]
         if hasattr(aten, functional):
-            implements(*_writing_overloads(functional))(run_and_requantize)
+            implements_in_table(*_writing_overloads(functional))(run_and_requantize)
 
 
-_register_writes()
+register_shared_ops(implements)

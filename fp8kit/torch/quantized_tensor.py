@@ -37,6 +37,8 @@ from typing import Callable, Dict
 import torch
 from torch.utils._pytree import tree_map_only
 
+from fp8kit.torch._checks import HIGH_PRECISION
+
 # _OP_TABLE key of the handler for every view op (schema: returns an alias,
 # writes nothing) that has no entry of its own.
 ANY_VIEW = "any view op"
@@ -48,6 +50,18 @@ _NATIVE_DEVICE = _TB.device
 _NATIVE_IS_CUDA = _TB.is_cuda
 _NATIVE_REQUIRES_GRAD = _TB.requires_grad
 _no_torch_function = torch._C.DisableTorchFunctionSubclass
+
+
+class _Dequantize(torch.autograd.Function):
+    """QuantizedTensor -> high precision, passing the gradient straight through."""
+
+    @staticmethod
+    def forward(ctx, t, dtype):
+        return t._dequantize_raw(dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
 
 
 class QuantizedTensor(torch.Tensor):
@@ -71,6 +85,16 @@ class QuantizedTensor(torch.Tensor):
                                                   storage_offset=storage_offset, dtype=dtype,
                                                   device=device, requires_grad=requires_grad)
         obj._set_cache(dtype, shape, device, requires_grad)
+        return obj
+
+    @classmethod
+    def _new_with_fields(cls, shape, dtype: torch.dtype, device: torch.device,
+                         requires_grad: bool, *values):
+        """An instance of cls with its cached properties set and its _FIELDS
+        set to `values`, in order (as the C++ builders do)."""
+        obj = QuantizedTensor._new_wrapper(cls, shape, dtype, device, requires_grad)
+        for name, value in zip(cls._FIELDS, values, strict=True):
+            setattr(obj, name, value)
         return obj
 
     def _set_cache(self, dtype, shape, device, requires_grad):
@@ -120,12 +144,34 @@ class QuantizedTensor(torch.Tensor):
         return len(self._shape)
 
     # -------------------------------------------------- subclass interface
-    def dequantize(self, *, dtype=None) -> torch.Tensor:  # pragma: no cover - abstract
+    def _dequantize_raw(self, dtype: torch.dtype) -> torch.Tensor:  # pragma: no cover - abstract
+        """The high-precision values in `dtype`, outside autograd."""
         raise NotImplementedError
 
     def _requantize_from(self, src: torch.Tensor) -> None:  # pragma: no cover - abstract
         """Writes quantize(src) into this tensor's buffers (in-place ops)."""
         raise NotImplementedError
+
+    # ------------------------------------------------ dequantize, requantize
+    def dequantize(self, *, dtype=None) -> torch.Tensor:
+        """The high-precision tensor this one stands for, its FP8 values times
+        their scale_inv, in `dtype` (the nominal dtype by default).
+        Differentiable: the gradient passes straight through."""
+        if dtype is None:
+            dtype = self._dtype
+        if self._requires_grad and torch.is_grad_enabled():
+            return _Dequantize.apply(self, dtype)
+        return self._dequantize_raw(dtype)
+
+    def _requantize_source(self, src: torch.Tensor) -> torch.Tensor:
+        """src as what _requantize_from quantizes: in a high-precision dtype
+        (this tensor's nominal one when it is not) and broadcast to this
+        tensor's shape."""
+        if src.dtype not in HIGH_PRECISION:
+            src = src.to(self._dtype)
+        if tuple(src.shape) != tuple(self._shape):
+            src = src.expand(self._shape)
+        return src
 
     # ---------------------------------------------------------- torch hooks
     @classmethod
@@ -190,6 +236,18 @@ class QuantizedTensor(torch.Tensor):
 
 
 _DATA_SETTER = _TB.data.__set__
+
+
+def op_table_decorator(cls):
+    """`implements` for cls's op table: @implements(op, ...) above a
+    handler(func, args, kwargs) registers it for each op."""
+    def implements(*ops):
+        def register(handler):
+            for op in ops:
+                cls._OP_TABLE[op] = handler
+            return handler
+        return register
+    return implements
 
 
 def _refresh_results(out) -> None:
