@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from fp8kit.torch._ext import ext
-from fp8kit.torch._fake_ops import columnwise_shape
+from fp8kit.torch._fake_ops import columnwise_shape, dequantized, gemm_output
 
 
 @torch.library.register_fake("fp8kit::quantize_block")
@@ -33,28 +33,11 @@ def _quantize_block(x, fp8_dtype, scaling_mode, rowwise, columnwise, amax_epsilo
 @torch.library.register_fake("fp8kit::dequantize_block")
 def _dequantize_block(data, block_scale_inv, scaling_mode, out_dtype, from_columnwise=False,
                       shape=None):
-    if not from_columnwise:
-        logical = data.shape
-    elif shape is not None:
-        logical = shape
-    else:
-        logical = (data.shape[1], data.shape[0])
-    return data.new_empty(logical, dtype=out_dtype)
+    return dequantized(data, out_dtype, from_columnwise, shape)
 
 
 @torch.library.register_fake("fp8kit::gemm_block")
 def _gemm_block(a, a_block_scale_inv, a_columnwise, a_columnwise_block_scale_inv, a_scaling_mode,
                 b, b_block_scale_inv, b_columnwise, b_columnwise_block_scale_inv, b_scaling_mode,
                 trans_a, trans_b, out_dtype, bias=None):
-    def rows_cols(data, columnwise):
-        if data is not None:
-            cols, rows = columnwise_shape(data.shape)
-            return rows, cols
-        return columnwise.shape[1], columnwise.shape[0]
-
-    ar, ac = rows_cols(a, a_columnwise)
-    br, bc = rows_cols(b, b_columnwise)
-    m = ac if trans_a else ar
-    n = br if trans_b else bc
-    ref = a if a is not None else a_columnwise
-    return ref.new_empty((m, n), dtype=out_dtype)
+    return gemm_output(a, a_columnwise, b, b_columnwise, trans_a, trans_b, out_dtype)

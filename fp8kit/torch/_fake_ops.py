@@ -67,8 +67,9 @@ def _quantize_current_scaling(x, fp8_dtype, rowwise, columnwise, amax_epsilon=0.
     return data, columnwise_data, _f32_scalar(x), _f32_scalar(x), _f32_scalar(x)
 
 
-@torch.library.register_fake("fp8kit::dequantize")
-def _dequantize(data, scale_inv, out_dtype, from_columnwise=False, shape=None):
+def dequantized(data, out_dtype, from_columnwise, shape):
+    """A dequantize op's output: the logical shape (data's; from columnwise
+    data, `shape`, by default the 2-D transpose) in out_dtype."""
     if not from_columnwise:
         logical = data.shape
     elif shape is not None:
@@ -76,6 +77,11 @@ def _dequantize(data, scale_inv, out_dtype, from_columnwise=False, shape=None):
     else:
         logical = (data.shape[1], data.shape[0])
     return data.new_empty(logical, dtype=out_dtype)
+
+
+@torch.library.register_fake("fp8kit::dequantize")
+def _dequantize(data, scale_inv, out_dtype, from_columnwise=False, shape=None):
+    return dequantized(data, out_dtype, from_columnwise, shape)
 
 
 @torch.library.register_fake("fp8kit::delayed_scaling_update")
@@ -92,15 +98,21 @@ def _operand_rows_cols(x, x_columnwise):
     return x_columnwise.shape[1], x_columnwise.shape[0]
 
 
-@torch.library.register_fake("fp8kit::gemm")
-def _gemm(a, a_scale_inv, a_columnwise, b, b_scale_inv, b_columnwise, trans_a, trans_b,
-          out_dtype, bias=None, gelu=False, use_split_accumulator=True, d_scale=None):
+def gemm_output(a, a_columnwise, b, b_columnwise, trans_a, trans_b, out_dtype):
+    """A GEMM op's output D [m, n] = op(a) @ op(b), each operand given by
+    either layout, in out_dtype on a's device."""
     a_rows, a_cols = _operand_rows_cols(a, a_columnwise)
     b_rows, b_cols = _operand_rows_cols(b, b_columnwise)
     m = a_cols if trans_a else a_rows
     n = b_rows if trans_b else b_cols
     like = a if a is not None else a_columnwise
     return like.new_empty((m, n), dtype=out_dtype)
+
+
+@torch.library.register_fake("fp8kit::gemm")
+def _gemm(a, a_scale_inv, a_columnwise, b, b_scale_inv, b_columnwise, trans_a, trans_b,
+          out_dtype, bias=None, gelu=False, use_split_accumulator=True, d_scale=None):
+    return gemm_output(a, a_columnwise, b, b_columnwise, trans_a, trans_b, out_dtype)
 
 
 def _linear_plan(input, weight, dgrad, wgrad):
