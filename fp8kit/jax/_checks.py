@@ -100,6 +100,22 @@ def fp8_dtype(fn: str, arg: str, fmt) -> str:
                     "(jnp.float8_e4m3fn) or 'e5m2' (jnp.float8_e5m2).")
 
 
+def quantize_args(fn: str, x, fmt, rowwise, columnwise) -> tuple:
+    """A quantization's common arguments: x high precision of rank <= 8, its
+    FP8 format `fmt` (the argument fp8_dtype) and the rowwise / columnwise
+    flags, at least one set. Returns (format name, rowwise, columnwise)."""
+    high_precision(fn, "x", x)
+    rank(fn, "x", x)
+    fmt = fp8_dtype(fn, "fp8_dtype", fmt)
+    rowwise = flag(fn, "rowwise", rowwise)
+    columnwise = flag(fn, "columnwise", columnwise)
+    if not (rowwise or columnwise):
+        raise ValueError(f"{fn}: rowwise and columnwise are both False; ask for at least one "
+                         "layout (rowwise for x @ w, columnwise for the transposed use in a "
+                         "backward GEMM).")
+    return fmt, rowwise, columnwise
+
+
 def rank(fn: str, arg: str, x, min_rank: int = 0, max_rank: int = MAX_RANK) -> None:
     r = len(np.shape(x))
     if not min_rank <= r <= max_rank:

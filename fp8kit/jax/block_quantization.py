@@ -61,15 +61,7 @@ def quantize_block_scaling(x, fp8_dtype="e4m3", rowwise: bool = True, columnwise
     Returns a ScaledTensor with scaling_mode set and scale_inv None.
     """
     fn = "fp8kit.jax.quantize_block_scaling"
-    _checks.high_precision(fn, "x", x)
-    _checks.rank(fn, "x", x)
-    fmt = _checks.fp8_dtype(fn, "fp8_dtype", fp8_dtype)
-    rowwise = _checks.flag(fn, "rowwise", rowwise)
-    columnwise = _checks.flag(fn, "columnwise", columnwise)
-    if not (rowwise or columnwise):
-        raise ValueError(f"{fn}: rowwise and columnwise are both False; ask for at least one "
-                         "copy (rowwise for x @ w, columnwise for the transposed use in a "
-                         "backward GEMM).")
+    fmt, rowwise, columnwise = _checks.quantize_args(fn, x, fp8_dtype, rowwise, columnwise)
     mode = check_block_mode(fn, "scaling_mode", scaling_mode)
     amax_epsilon = _checks.epsilon(fn, "amax_epsilon", amax_epsilon)
     power_2_scale = _checks.flag(fn, "power_2_scale", power_2_scale)

@@ -33,19 +33,6 @@ def amax(x) -> jax.Array:
     return shq.amax(jnp.asarray(x))
 
 
-def _check_quantize_args(fn, x, fp8_dtype, rowwise, columnwise) -> str:
-    _checks.high_precision(fn, "x", x)
-    _checks.rank(fn, "x", x)
-    fmt = _checks.fp8_dtype(fn, "fp8_dtype", fp8_dtype)
-    rowwise = _checks.flag(fn, "rowwise", rowwise)
-    columnwise = _checks.flag(fn, "columnwise", columnwise)
-    if not (rowwise or columnwise):
-        raise ValueError(f"{fn}: rowwise and columnwise are both False; ask for at least one "
-                         "layout (rowwise for x @ w, columnwise for the transposed use in a "
-                         "backward GEMM).")
-    return fmt
-
-
 def quantize(x, scale, fp8_dtype="e4m3", rowwise: bool = True,
              columnwise: bool = False) -> ScaledTensor:
     """Quantize `x` with a given per-tensor `scale` (delayed scaling).
@@ -66,11 +53,10 @@ def quantize(x, scale, fp8_dtype="e4m3", rowwise: bool = True,
     positive denormal scale is used as it is.
     """
     fn = "fp8kit.jax.quantize"
-    fmt = _check_quantize_args(fn, x, fp8_dtype, rowwise, columnwise)
+    fmt, rowwise, columnwise = _checks.quantize_args(fn, x, fp8_dtype, rowwise, columnwise)
     _checks.scalar_f32(fn, "scale", scale)
     x = jnp.asarray(x)
     scale = jnp.reshape(jnp.asarray(scale), ())
-    rowwise, columnwise = bool(rowwise), bool(columnwise)
     data, columnwise_data, scale_inv, amax_ = shq.quantize(x, scale, fmt, rowwise, columnwise)
     return ScaledTensor(data=data if rowwise else None, scale_inv=scale_inv,
                         columnwise_data=columnwise_data if columnwise else None, amax=amax_,
@@ -86,10 +72,9 @@ def quantize_current_scaling(x, fp8_dtype="e4m3", rowwise: bool = True, columnwi
     x gets one scale from its global amax. Returns (ScaledTensor, scale).
     """
     fn = "fp8kit.jax.quantize_current_scaling"
-    fmt = _check_quantize_args(fn, x, fp8_dtype, rowwise, columnwise)
+    fmt, rowwise, columnwise = _checks.quantize_args(fn, x, fp8_dtype, rowwise, columnwise)
     amax_epsilon = _checks.epsilon(fn, "amax_epsilon", amax_epsilon)
     power_2_scale = _checks.flag(fn, "power_2_scale", power_2_scale)
-    rowwise, columnwise = bool(rowwise), bool(columnwise)
     x = jnp.asarray(x)
     data, columnwise_data, scale, scale_inv, amax_, _ = shq.quantize_current_scaling(
         x, fmt, rowwise, columnwise, amax_epsilon, power_2_scale)
