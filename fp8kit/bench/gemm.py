@@ -57,16 +57,21 @@ def quantize_e4m3(x):
     return cast_e4m3(x, scale), (1.0 / scale).reshape(1).to(torch.float32)
 
 
-def _operands(torch, m, n, k, device, seed):
+def operand_sets(m, n, k, device, seed, quantize_a, quantize_b) -> list:
+    """The copies (timing.copies_for_l2) of one GEMM's operands: random bf16
+    A [M, K] and B [N, K] from `seed`, and their FP8 forms. Each set is a
+    dict: a, a_si = quantize_a(A), b, b_si = quantize_b(B) (FP8 data and
+    scale_inv), a16 = A, b16 = B."""
+    import torch
     g = torch.Generator(device=device).manual_seed(seed)
     copies = timing.copies_for_l2(m * k + n * k + 2 * m * n)  # fp8 A, B and the bf16 D
     sets = []
     for _ in range(copies):
-        a = torch.randn(m, k, device=device, generator=g, dtype=torch.bfloat16)
-        b = torch.randn(n, k, device=device, generator=g, dtype=torch.bfloat16)
-        a_q, a_si = quantize_e4m3(a)
-        b_q, b_si = quantize_e4m3(b)
-        sets.append({"a": a_q, "a_si": a_si, "b": b_q, "b_si": b_si, "a16": a, "b16": b})
+        a16 = torch.randn(m, k, device=device, generator=g, dtype=torch.bfloat16)
+        b16 = torch.randn(n, k, device=device, generator=g, dtype=torch.bfloat16)
+        a, a_si = quantize_a(a16)
+        b, b_si = quantize_b(b16)
+        sets.append({"a": a, "a_si": a_si, "b": b, "b_si": b_si, "a16": a16, "b16": b16})
     return sets
 
 
@@ -75,7 +80,7 @@ def run_shape(ctx: Context, m: int, n: int, k: int, seed: int) -> list[Row]:
     from fp8kit import _torch_ext as ext
 
     dev = ctx.torch_device
-    sets = _operands(torch, m, n, k, dev, seed)
+    sets = operand_sets(m, n, k, dev, seed, quantize_e4m3, quantize_e4m3)
     flops = 2.0 * m * n * k
     case = f"{m}x{n}x{k}"
     clock = timing.torch_clock(dev)
@@ -106,9 +111,8 @@ def run_shape(ctx: Context, m: int, n: int, k: int, seed: int) -> list[Row]:
         except checks.Mismatch as e:
             row.error = f"outputs disagree, not timed: {e}"
             continue
-        t = timing.measure({"fp8kit": fp8kit_gemm, "anchor": scaled_mm}, clock, ctx.settings)
-        row.fp8kit_s, row.anchor_s = t["fp8kit"].median_s, t["anchor"].median_s
-        row.timing = {side: v.to_json() for side, v in t.items()}
+        row.set_times(timing.measure({"fp8kit": fp8kit_gemm, "anchor": scaled_mm}, clock,
+                                     ctx.settings))
         row.note = f"{len(sets)} operand copies"
         checked[mode] = fp8kit_gemm
 
@@ -124,10 +128,8 @@ def run_shape(ctx: Context, m: int, n: int, k: int, seed: int) -> list[Row]:
     if "split" not in checked:
         row.error = "fp8kit's split-accumulation GEMM did not pass its check"
     else:
-        t = timing.measure({"fp8kit": checked["split"], "anchor": bf16_matmul}, clock,
-                           ctx.settings)
-        row.fp8kit_s, row.anchor_s = t["fp8kit"].median_s, t["anchor"].median_s
-        row.timing = {side: v.to_json() for side, v in t.items()}
+        row.set_times(timing.measure({"fp8kit": checked["split"], "anchor": bf16_matmul},
+                                     clock, ctx.settings))
     del sets
     if dev == "cuda":
         torch.cuda.empty_cache()

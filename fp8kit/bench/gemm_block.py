@@ -26,6 +26,7 @@ from typing import Optional
 
 from fp8kit.bench import checks, timing
 from fp8kit.bench.context import Case, Context
+from fp8kit.bench.gemm import operand_sets
 from fp8kit.bench.results import Row
 
 SECTION = "gemm"
@@ -93,25 +94,10 @@ def torch_peer(device: str):
     return call, None
 
 
-def _operands(m, n, k, device, seed):
-    import torch
+def _quantizer(scaling_mode: str):
+    """x -> (e4m3 rowwise data, its block scales) by fp8kit.torch.quantize_block."""
     import fp8kit.torch as ft
-    g = torch.Generator(device=device).manual_seed(seed)
-    copies = timing.copies_for_l2(m * k + n * k + 2 * m * n)  # fp8 A, B and the bf16 D
-    sets = []
-    for _ in range(copies):
-        a16 = torch.randn(m, k, device=device, generator=g, dtype=torch.bfloat16)
-        b16 = torch.randn(n, k, device=device, generator=g, dtype=torch.bfloat16)
-        a, a_si, _, _ = ft.quantize_block(a16, "e4m3", "block_1x128")
-        b, b_si, _, _ = ft.quantize_block(b16, "e4m3", "block_128x128")
-        sets.append({"a": a, "a_si": a_si, "b": b, "b_si": b_si, "a16": a16, "b16": b16})
-    return sets
-
-
-def _time(row, fns, clock, settings) -> None:
-    t = timing.measure(fns, clock, settings)
-    row.fp8kit_s, row.anchor_s = t["fp8kit"].median_s, t["anchor"].median_s
-    row.timing = {side: v.to_json() for side, v in t.items()}
+    return lambda x: ft.quantize_block(x, "e4m3", scaling_mode)[:2]
 
 
 def run_shape(ctx: Context, m: int, n: int, k: int, seed: int) -> list[Row]:
@@ -130,7 +116,8 @@ def run_shape(ctx: Context, m: int, n: int, k: int, seed: int) -> list[Row]:
         for r in rows:
             r.note = missing
         return rows
-    sets = _operands(m, n, k, dev, seed)
+    sets = operand_sets(m, n, k, dev, seed, _quantizer("block_1x128"),
+                        _quantizer("block_128x128"))
     try:
         _measure(ctx, sets, m, n, *rows)
     finally:
@@ -171,7 +158,8 @@ def _measure(ctx: Context, sets, m: int, n: int, peer_row: Row, bf16_row: Row) -
     except checks.Mismatch as e:
         peer_row.error = bf16_row.error = f"fp8kit's output is wrong, not timed: {e}"
         return
-    _time(bf16_row, {"fp8kit": fp8kit_gemm, "anchor": bf16_matmul}, clock, ctx.settings)
+    bf16_row.set_times(timing.measure({"fp8kit": fp8kit_gemm, "anchor": bf16_matmul}, clock,
+                                      ctx.settings))
 
     peer, why = torch_peer(ctx.torch_device)
     if peer is None:
@@ -197,7 +185,8 @@ def _measure(ctx: Context, sets, m: int, n: int, peer_row: Row, bf16_row: Row) -
     except checks.Mismatch as e:
         peer_row.error = f"outputs disagree, not timed: {e}"
         return
-    _time(peer_row, {"fp8kit": fp8kit_gemm, "anchor": torch_gemm}, clock, ctx.settings)
+    peer_row.set_times(timing.measure({"fp8kit": fp8kit_gemm, "anchor": torch_gemm}, clock,
+                                      ctx.settings))
     peer_row.note = f"{len(sets)} operand copies"
 
 

@@ -31,6 +31,12 @@ class Row:
     note: str = ""
     timing: dict = dataclasses.field(default_factory=dict)  # Timing.to_json() per side
 
+    def set_times(self, timings: dict) -> None:
+        """Records timing.measure's result for the sides "fp8kit" and
+        "anchor": their medians and every side's Timing."""
+        self.fp8kit_s, self.anchor_s = timings["fp8kit"].median_s, timings["anchor"].median_s
+        self.timing = {side: v.to_json() for side, v in timings.items()}
+
     def value(self, side: str) -> Optional[float]:
         t = self.fp8kit_s if side == "fp8kit" else self.anchor_s
         work = self.fp8kit_work if side == "fp8kit" else self.anchor_work
