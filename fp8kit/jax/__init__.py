@@ -27,7 +27,8 @@ Importing this package registers fp8kit's FFI handlers with JAX (for the
                                               the three recipes, as dense does
 
 Sharding: under a mesh context (`with jax.set_mesh(mesh):`) the custom
-calls are partitioned instead of gathered; see fp8kit/jax/_sharding.py.
+calls are partitioned instead of gathered (data parallel, and tensor
+parallel for dense and layernorm_mlp); see fp8kit/jax/_sharding.py.
 
 Modules, in import order (each imports only modules above it, so there
 are no cycles; tests/jax/test_jax_imports.py checks it):
@@ -46,7 +47,8 @@ are no cycles; tests/jax/test_jax_imports.py checks it):
     quantization, matmul,    layer 2 call), one module per op family, each
     delayed_scaling,         named for its family and never for a function
     dense_layer              it exports (fp8kit.jax.gemm is the function)
-    _linear, _fused_steps,   the steps of one Linear and the fused norm and
+    _linear, _mlp_fc1,       the steps of one Linear, of layernorm_mlp's fc1
+    _fused_steps,            (SwiGLU's paired halves), and the fused norm and
     _fused_block_steps       activation casts (under BlockScaling: float32
                              norm and activation, then a block cast), which
                              the layers share

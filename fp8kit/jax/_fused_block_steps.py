@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 
 from fp8kit.jax import _linear
+from fp8kit.jax import _sharding as sh
+from fp8kit.jax._mlp_fc1 import HALVES, Pair
 from fp8kit.jax._linear import LinearCall
 from fp8kit.jax.scaled_tensor import ScaledTensor
 
@@ -56,20 +58,21 @@ def norm_forward(lin: LinearCall, norm: str, epsilon: float, x, gamma, beta, cop
 
 
 def _activation(activation: str):
-    """act(h) on float32 h: GELU (tanh approximation) or SwiGLU on [gate | up]."""
+    """act(h) on float32 h: GELU (tanh approximation) or SwiGLU on
+    [gate | up] or on the paired [rows, 2, F] (gate h[:, 0], up h[:, 1])."""
     if activation == "gelu":
         return lambda h: jax.nn.gelu(h, approximate=True)
 
     def swiglu(h):
-        gate, up = jnp.split(h, 2, axis=1)
+        gate, up = (h[:, 0], h[:, 1]) if h.ndim == 3 else jnp.split(h, 2, axis=1)
         return jax.nn.silu(gate) * up
 
     return swiglu
 
 
 def activation_forward(lin: LinearCall, activation: str, h, copies) -> ScaledTensor:
-    """act(h) (h [rows, F or 2F], the GEMM's output) in float32, cast as
-    `lin`'s input, its rows padded."""
+    """act(h) (h [rows, F], [rows, 2F] or [rows, 2, F], the GEMMs' output) in
+    float32, cast as `lin`'s input, its rows padded."""
     a = _activation(activation)(h.astype(F32))
     return _quantize_tokens(lin, a, lin.forward_fmt, copies, "the activation output")
 
@@ -77,8 +80,16 @@ def activation_forward(lin: LinearCall, activation: str, h, copies) -> ScaledTen
 def activation_backward(lin: LinearCall, activation: str, d_a, h, copies):
     """dh = d_a * act'(h) in float32 (the derivative of activation_forward's
     function), cast as `lin`'s output gradient, with `lin`'s bias gradient
-    (its column sums, None without a bias): (ScaledTensor, db)."""
-    _, vjp = jax.vjp(_activation(activation), h.astype(F32))
-    (dh,) = vjp(d_a.astype(F32))
+    (its column sums, None without a bias): (dq, db). dq is a ScaledTensor,
+    or for a paired h an _mlp_fc1.Pair of the halves, each cast with
+    blocks of its own (as the halves of kernel_1 are)."""
+    a, vjp = jax.vjp(_activation(activation), h.astype(F32))
+    # Under Explicit mesh axes d_a, a GEMM's result, is typed replicated,
+    # and a with h's layout (_mlp_fc1.forward_gemm types h): type d_a so.
+    (dh,) = vjp(sh.retype(d_a, sh.explicit_spec(a)).astype(F32))
     db = None if lin.bias_dtype is None else jnp.sum(dh, axis=0).astype(lin.bias_dtype)
+    if dh.ndim == 3:
+        return Pair(None, tuple(_quantize_tokens(lin, dh[:, i], lin.backward_fmt, copies,
+                                                 f"the activation gradient's {half} half")
+                                for i, half in enumerate(HALVES))), db
     return _quantize_tokens(lin, dh, lin.backward_fmt, copies, "the activation gradient"), db

@@ -21,6 +21,7 @@ from fp8kit import recipe as recipe_lib
 from fp8kit.jax import _checks
 from fp8kit.jax import _ffi_fused as fused
 from fp8kit.jax import _fused_block_steps as block
+from fp8kit.jax import _mlp_fc1 as fc1_steps
 from fp8kit.jax import _sharding as sh
 from fp8kit.jax import _sharding_fused as shf
 from fp8kit.jax._linear import LinearCall
@@ -80,7 +81,8 @@ def norm_backward(norm: str, epsilon: float, dy, x, mean, rsigma, gamma, param_d
 
 
 def activation_forward(lin: LinearCall, activation: str, h, state, copies, record: bool):
-    """act(h) cast as `lin`'s input: (state, ScaledTensor)."""
+    """act(h) cast as `lin`'s input: (state, ScaledTensor). h is [rows, F],
+    [rows, 2F] or SwiGLU's paired [rows, 2, F] (_sharding_fused.py)."""
     if lin.block:
         return state, block.activation_forward(lin, activation, h, copies)
     cast = _cast(lin, lin.input_slot, lin.forward_fmt, copies, record)
@@ -90,7 +92,9 @@ def activation_forward(lin: LinearCall, activation: str, h, state, copies, recor
 
 def activation_backward(lin: LinearCall, activation: str, d_a, h, state, copies):
     """dh = d_a * act'(h) cast as `lin`'s output gradient (recorded), with
-    `lin`'s bias gradient from the same pass: (state, ScaledTensor, db).
+    `lin`'s bias gradient from the same pass: (state, dq, db). dq is a
+    ScaledTensor, or for SwiGLU's paired h [rows, 2, F] an _mlp_fc1.Pair
+    (db is then [2, F]).
 
     Column sums need two rows or more; a single row gets a zero row added
     (its dh is 0: it changes neither the amax nor the sums) and removed
@@ -103,18 +107,24 @@ def activation_backward(lin: LinearCall, activation: str, d_a, h, state, copies)
         copies = (copies[0], True)
     one_row = sums_dtype is not None and rows == 1
     if one_row:
-        d_a, h = jnp.pad(d_a, ((0, 1), (0, 0))), jnp.pad(h, ((0, 1), (0, 0)))
+        d_a, h = (jnp.pad(t, [(0, 1)] + [(0, 0)] * (t.ndim - 1)) for t in (d_a, h))
     cast = _cast(lin, lin.grad_slot, lin.backward_fmt, copies, True, sums_dtype)
     result = shf.activation_backward(cast, _state_in(state), d_a, h, activation)
-    dq = _scaled(result, cast)
-    if one_row:
-        dq = dataclasses.replace(
-            dq, data=None if dq.data is None else dq.data[:1],
-            columnwise_data=dq.columnwise_data[:, :1])
+    if one_row:  # the rows are the copies' first and last dims
+        result = dataclasses.replace(
+            result, data=result.data[:1] if cast.copies[0] else result.data,
+            columnwise_data=result.columnwise_data[..., :1])
+    if h.ndim == 3:
+        rowwise, columnwise = cast.copies
+        dq = fc1_steps.grad_pair(result.data if rowwise else None,
+                                 result.columnwise_data if columnwise else None,
+                                 result.scale_inv, cast.fmt, sh.explicit_spec(h))
+    else:
+        dq = _scaled(result, cast)
     if lin.bias_dtype is None:
         db = None
     elif rows == 0:  # no tokens: a zero gradient
-        db = jnp.zeros((h.shape[1],), lin.bias_dtype)
+        db = jnp.zeros(h.shape[1:], lin.bias_dtype)
     else:
         db = result.sums
     return _state_out(result, state), dq, db

@@ -215,23 +215,34 @@ def _pad_tokens(st: ScaledTensor, inner: int) -> ScaledTensor:
     return dataclasses.replace(st.columnwise_only(), columnwise_data=padded)
 
 
-def grad_gemms(lin: LinearCall, plan: dict, dq: ScaledTensor, x_saved: ScaledTensor,
-               k_saved: ScaledTensor):
-    """dx = Q(dy) @ Q(kernel)^T and dk = Q(x)^T @ Q(dy), the wgrad reading
-    the plan's (token-padded) copies; M = 0 gives zeros."""
+def dgrad_gemm(lin: LinearCall, dq: ScaledTensor, k_saved: ScaledTensor, dx_dtype=None):
+    """dx = Q(dy) @ Q(kernel)^T in dx_dtype (default x's); M = 0 gives
+    zeros."""
+    dx_dtype = lin.x_dtype if dx_dtype is None else jnp.dtype(dx_dtype)
+    if dq.shape[0] == 0:
+        return jnp.zeros((0, k_saved.shape[0]), dx_dtype)
+    return matmul.gemm_scaled(dq, k_saved, False, True, lin.gemm_dtype(dx_dtype), None, True,
+                              lin.non_tn, lin.fn).astype(dx_dtype)
+
+
+def wgrad_gemm(lin: LinearCall, plan: dict, dq: ScaledTensor, x_saved: ScaledTensor):
+    """dk = Q(x)^T @ Q(dy), reading the plan's (token-padded) copies; M = 0
+    gives zeros."""
     m, n = dq.shape
-    k = k_saved.shape[0]
     if m == 0:
-        return jnp.zeros((0, k), lin.x_dtype), jnp.zeros((k, n), lin.kernel_dtype)
-    dx = matmul.gemm_scaled(dq, k_saved, False, True, lin.gemm_dtype(lin.x_dtype), None, True,
-                            lin.non_tn, lin.fn).astype(lin.x_dtype)
+        return jnp.zeros((x_saved.shape[-1], n), lin.kernel_dtype)
     x_w, dq_w = x_saved, dq
     if plan["wgrad_columnwise"]:
         inner = plan["wgrad_inner"]
         x_w, dq_w = _pad_tokens(x_saved, inner), _pad_tokens(dq, inner)
-    dk = matmul.gemm_scaled(x_w, dq_w, True, False, lin.gemm_dtype(lin.kernel_dtype), None, True,
-                            lin.non_tn, lin.fn).astype(lin.kernel_dtype)
-    return dx, dk
+    return matmul.gemm_scaled(x_w, dq_w, True, False, lin.gemm_dtype(lin.kernel_dtype), None,
+                              True, lin.non_tn, lin.fn).astype(lin.kernel_dtype)
+
+
+def grad_gemms(lin: LinearCall, plan: dict, dq: ScaledTensor, x_saved: ScaledTensor,
+               k_saved: ScaledTensor):
+    """(dx, dk): dgrad_gemm and wgrad_gemm."""
+    return dgrad_gemm(lin, dq, k_saved), wgrad_gemm(lin, plan, dq, x_saved)
 
 
 # --- argument checks (before anything is lowered) ------------------------------------------

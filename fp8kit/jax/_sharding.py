@@ -4,7 +4,8 @@ bookkeeping of custom_partitioning callbacks.
 fp8kit's custom calls are partitioned (jax.experimental.custom_partitioning)
 instead of gathered when a mesh of more than one device is in context
 (`with jax.set_mesh(mesh):` or `with mesh:`); the rules themselves are in
-_sharding_quantize.py, _sharding_block.py and _sharding_gemm.py:
+_sharding_quantize.py, _sharding_block.py, _sharding_gemm.py and
+_sharding_fused.py:
 
   amax, quantize   run on each shard; the amax is reduced with pmax over the
                    mesh axes the tensor is sharded on, so every device sees
@@ -24,6 +25,15 @@ _sharding_quantize.py, _sharding_block.py and _sharding_gemm.py:
                    M (data parallel) and N (kernel sharded along N) pass
                    through; a sharded K gives a local float32 partial
                    product summed with psum, the bias added once after it.
+                   K may be grouped (A [M,g,K], B [N,g,K], summed over g
+                   and K: SwiGLU's paired halves), K sharded, g not.
+  fused norm and activation (_sharding_fused.py)
+                   the norm runs on each shard of the tokens; the
+                   activation on each shard of the tokens and of its
+                   features (tensor parallel: fc1's kernel sharded along
+                   its outputs), SwiGLU's halves paired so that a device
+                   holds matching gate and up columns; each cast starts at
+                   the global amax, as quantize_delayed_update does.
 
 A dimension whose size is not a multiple of its mesh axes, or whose shard
 would break cuBLASLt's FP8 alignment, is replicated instead. Shardy (jax's
@@ -113,6 +123,17 @@ def per_shard(lower):
         with jax.sharding.use_abstract_mesh(auto):
             return lower(*args)
     return traced_with_auto_axes
+
+
+def rows_view(t):
+    """t [d0, d1, ...] as [d0, d1 * ...]. Traced with global shapes under
+    Explicit mesh axes (a custom call's unpartitioned body), the view is
+    typed with d0's axes and replicated columns: a split minor dim cannot
+    be typed merged with the dims before it. On one device's shard it is
+    the plain view."""
+    spec = explicit_spec(t)
+    typed = None if spec is None else spec_of([spec_axes(spec, 0), ()])
+    return jax.lax.reshape(t, (t.shape[0], math.prod(t.shape[1:])), out_sharding=typed)
 
 
 def spec_axes(spec, dim: int) -> tuple[str, ...]:

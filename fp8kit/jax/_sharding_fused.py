@@ -1,27 +1,41 @@
 """Sharding rules of the fused norm and activation calls (overview in
-_sharding.py): data parallel over the rows (tokens).
+_sharding.py): data parallel over the rows (tokens), and tensor parallel
+over the activation's features.
 
 Every fused op works row by row, so a shard of the rows runs the op on its
-rows with the parameters (gamma, beta) replicated; the hidden/ffn
-dimension is replicated (gathered if it came sharded). The FP8 cast must
-not depend on the shard: the cast of a sharded input is started at the
-global amax of the values it casts (like the delayed quantize rule of
-_sharding_quantize.py):
+rows with the parameters (gamma, beta) replicated. The norm's hidden
+dimension is replicated (gathered if it came sharded). The activation's
+features (F, the last dim of h) may be sharded too (Megatron's layout:
+fc1's kernel split along its outputs, fc2's along its inputs): each device
+applies the activation to its columns. SwiGLU pairs column j of the gate
+with column j of the up projection, so its h must come paired,
+[rows, 2, F] (gate h[:, 0], up h[:, 1]): a device's slice of F then holds
+both halves of its pairs, which it passes to the core as the
+[rows, 2F_local] = [gate | up] the kernel reads. The unpaired
+[rows, 2F] = [gate | up] sharded along its columns would give one device
+gates and another their ups: refused with a ValueError. A feature slice
+that is not a multiple of the GEMM alignment is replicated.
+
+The FP8 cast must not depend on the shard: the cast of a sharded input is
+started at the global amax of the values it casts (pmax over the row and
+feature axes; like the delayed quantize rule of _sharding_quantize.py):
 
   delayed   a first pass on the shard with a throwaway current-scaling
-            cast gives the shard's amax of v; pmax over the row axes gives
-            the global one, which starts the state's amax accumulator, so
-            every shard seeds, casts and records exactly as the unsharded
-            call and the state stays replicated and identical;
+            cast gives the shard's amax of v; pmax over the row (and
+            feature) axes gives the global one, which starts the state's
+            amax accumulator, so every shard seeds, casts and records
+            exactly as the unsharded call and the state stays replicated
+            and identical;
   current   the same global amax, then the scale (fp8kit_compute_scale),
             then the cast with that scale through the delayed target on a
             seeded one-slot state holding it (it records into that
             throwaway state only).
 
-Column sums (the activation backward's bias gradient) are summed across
-the row shards in float32 (psum), then rounded, as in _sharding_quantize.py.
-The norm backward's dgamma and dbeta are summed the same way.
-Without a mesh, or under jax.vmap, the plain custom calls run.
+Column sums (the activation backward's bias gradient, sharded as the
+features are) are summed across the row shards in float32 (psum), then
+rounded, as in _sharding_quantize.py. The norm backward's dgamma and dbeta
+are summed the same way. Without a mesh, or under jax.vmap, the plain
+custom calls run.
 """
 
 from __future__ import annotations
@@ -98,12 +112,14 @@ def _unflat(cast: fused.FusedCast, flat):
     return fused.CastResult(flat[3], flat[4], flat[5], state, None, sums), tuple(flat[7:])
 
 
-def _cast_out_shardings(mesh, cast: fused.FusedCast, axes):
-    """Shardings of _flat's cast results for v with rows on `axes`."""
+def _cast_out_shardings(mesh, cast: fused.FusedCast, v_dims):
+    """Shardings of _flat's cast results for v with mesh axes v_dims per
+    dim (rows first; the columnwise copy puts them last)."""
     rep, rep1 = sh.replicated(mesh), NamedSharding(mesh, P(None))
-    data = _rows(mesh, axes) if cast.copies[0] else rep1
-    columnwise = sh.named(mesh, [(), axes]) if cast.copies[1] else rep1
-    return (rep, rep, rep, data, columnwise, rep, rep if cast.sums_dtype is not None else rep1)
+    data = sh.named(mesh, v_dims) if cast.copies[0] else rep1
+    columnwise = sh.named(mesh, [*v_dims[1:], v_dims[0]]) if cast.copies[1] else rep1
+    sums = sh.named(mesh, v_dims[1:]) if cast.sums_dtype is not None else rep1
+    return (rep, rep, rep, data, columnwise, rep, sums)
 
 
 def _state_args(cast, state):
@@ -112,7 +128,7 @@ def _state_args(cast, state):
 
 
 def _psum_sums(result: fused.CastResult, cast: fused.FusedCast, axes):
-    if result.sums is None:
+    if result.sums is None or not axes:
         return result
     return dataclasses.replace(result, sums=jax.lax.psum(result.sums, axes).astype(
         cast.sums_dtype))
@@ -148,14 +164,14 @@ def _norm_forward_partition(cast, norm, epsilon, mesh, arg_shapes, result_shape)
 
     rep = sh.replicated(mesh)
     stats = _rows(mesh, axes, 1) if norm == "layernorm" else NamedSharding(mesh, P(None))
-    out = (*_cast_out_shardings(mesh, cast, axes), stats, _rows(mesh, axes, 1))
+    out = (*_cast_out_shardings(mesh, cast, [axes, ()]), stats, _rows(mesh, axes, 1))
     return mesh, lower, out, (rep, rep, rep, _rows(mesh, axes), rep, rep)
 
 
 def _norm_forward_infer(cast, norm, epsilon, mesh, arg_shapes, result_shape):
     axes = _row_axes(mesh, arg_shapes[3])
     stats = _rows(mesh, axes, 1) if norm == "layernorm" else NamedSharding(mesh, P(None))
-    return (*_cast_out_shardings(mesh, cast, axes), stats, _rows(mesh, axes, 1))
+    return (*_cast_out_shardings(mesh, cast, [axes, ()]), stats, _rows(mesh, axes, 1))
 
 
 def _norm_forward_rule(cast, norm, epsilon, mesh, operand_types, result_types):
@@ -246,43 +262,105 @@ def norm_backward(dy, x, mean, rsigma, gamma, norm: str, epsilon: float, param_d
 
 # --- activation forward and backward ---------------------------------------------------------
 
+def unpaired_swiglu_message(axes) -> str:
+    """The refusal of SwiGLU's [rows, 2F] = [gate | up] split along its
+    columns (fp8kit.jax.layernorm_mlp's kernel_1 [hidden, 2F] sharded so)."""
+    return ("fp8kit.jax.layernorm_mlp: SwiGLU's kernel_1 [hidden, 2F] = [gate | up] (and so fc1's "
+            f"output) has its columns sharded over mesh axes {tuple(axes)}: a device would hold "
+            "gate columns without the up columns they multiply. For tensor parallelism pass "
+            "kernel_1 in the paired layout [hidden, 2, F] (kernel_1.reshape(hidden, 2, F): gate "
+            "kernel_1[:, 0], up kernel_1[:, 1]) and bias_1 as [2, F], and shard their last "
+            "dimension; or leave kernel_1's columns replicated.")
+
+
+def _paired(h_shape) -> bool:
+    """Is h SwiGLU's paired [rows, 2, F] (else [rows, F] or [rows, 2F])?"""
+    return len(h_shape) == 3
+
+
+def _activation_call(backward: bool, cast, state, tensors, activation: str, amax=None):
+    """One fused activation call (on a device's shard, or unpartitioned) on
+    tensors = (h,) or (d_a, h). A paired h [rows, 2, F] goes to the core as
+    the [rows, 2F] = [gate | up] it reads (on a device, its F columns of
+    both halves), and dh comes back paired: data [rows, 2, F],
+    columnwise_data [2, F, rows], sums [2, F]."""
+    *d_a, h = tensors
+    call = fused.activation_backward_call if backward else fused.activation_forward_call
+    if not _paired(h.shape):
+        return call(cast, state, *d_a, h, activation, amax)
+    rows, _, f = h.shape
+    result = call(cast, state, *d_a, sh.rows_view(h), activation, amax)
+    if not backward:
+        return result
+    rowwise, columnwise = cast.copies
+    return dataclasses.replace(
+        result, data=result.data.reshape(rows, 2, f) if rowwise else result.data,
+        columnwise_data=(result.columnwise_data.reshape(2, f, rows) if columnwise
+                         else result.columnwise_data),
+        sums=result.sums.reshape(2, f) if cast.sums_dtype is not None else result.sums)
+
+
+def _activation_dims(backward: bool, activation: str, mesh, h):
+    """(row axes, feature axes, mesh axes per dim of h, of v (the cast
+    values: a forward, dh backward)). The features are split when h's last
+    dim is, evenly, into multiples of the GEMM alignment (the next GEMM's
+    K); an unpaired SwiGLU h split along its columns is refused."""
+    rows = _row_axes(mesh, h)
+    split = sh.spec(h)[-1]
+    if split and activation == "swiglu" and not _paired(h.shape):
+        raise ValueError(unpaired_swiglu_message(split))
+    features = sh.even(mesh, h.shape[-1], split, _ffi.GEMM_DIM_MULTIPLE)
+    h_dims = [rows, (), features] if _paired(h.shape) else [rows, features]
+    return rows, features, h_dims, h_dims if backward else [rows, features]
+
+
 def _activation_partition(backward, cast, activation, mesh, arg_shapes, result_shape):
-    axes = _row_axes(mesh, arg_shapes[-1])
+    rows, features, h_dims, v_dims = _activation_dims(backward, activation, mesh, arg_shapes[-1])
+    amax_axes = rows + features
     local = cast
-    if axes and cast.sums_dtype is not None:  # float32 partial sums, rounded after the psum
+    if rows and cast.sums_dtype is not None:  # float32 partial sums, rounded after the psum
         local = dataclasses.replace(cast, sums_dtype=jnp.dtype(F32))
 
     @sh.per_shard
     def lower(history, scale, seeded, *tensors):
         state = fused.DelayedState(history, scale, seeded) if cast.delayed else None
-        call = fused.activation_backward_call if backward else fused.activation_forward_call
-        run = lambda c, s, a: (call(c, s, *tensors, activation, a), ())  # noqa: E731
-        if not axes:
+
+        def run(c, s, a):
+            return _activation_call(backward, c, s, tensors, activation, a), ()
+
+        if not amax_axes:
             result, _ = run(cast, state, None)
             return _flat(result)
-        result, _ = _global_cast(local, state, axes, run)
-        return _flat(_psum_sums(result, cast, axes))
+        result, _ = _global_cast(local, state, amax_axes, run)
+        return _flat(_psum_sums(result, cast, rows))
 
     rep = sh.replicated(mesh)
-    tensors = (_rows(mesh, axes),) * (len(arg_shapes) - 3)
-    return mesh, lower, _cast_out_shardings(mesh, cast, axes), (rep, rep, rep, *tensors)
+    d_a = (sh.named(mesh, [rows, features]),) if backward else ()
+    return (mesh, lower, _cast_out_shardings(mesh, cast, v_dims),
+            (rep, rep, rep, *d_a, sh.named(mesh, h_dims)))
 
 
 def _activation_infer(backward, cast, activation, mesh, arg_shapes, result_shape):
-    return _cast_out_shardings(mesh, cast, _row_axes(mesh, arg_shapes[-1]))
+    *_, v_dims = _activation_dims(backward, activation, mesh, arg_shapes[-1])
+    return _cast_out_shardings(mesh, cast, v_dims)
 
 
 def _activation_rule(backward, cast, activation, mesh, operand_types, result_types):
-    # h is [r, g]; a (forward) and d_a (backward) are [r, f] (SwiGLU: f = g / 2).
-    prefix = "s l, s, s, r f, r g" if backward else "s l, s, s, r g"
-    return _cast_rule(prefix, "g" if backward else "f", cast)
+    # a (forward) and d_a (backward) are [r, f]. GELU's h is [r, f] too;
+    # SwiGLU's [r, g] = [gate | up] (g = 2f, no sharding passes between g
+    # and f) or paired [r, two, f] (a device's f columns of both halves).
+    if activation == "gelu":
+        h = "f"
+    else:
+        h = "two f" if _paired(operand_types[-1].shape) else "g"
+    prefix = f"s l, s, s, r f, r {h}" if backward else f"s l, s, s, r {h}"
+    return _cast_rule(prefix, h if backward else "f", cast)
 
 
 @functools.partial(custom_partitioning, static_argnums=(0, 1, 2))
 def _activation_p(backward, cast, activation, history, scale, seeded, *tensors):
     state = fused.DelayedState(history, scale, seeded) if cast.delayed else None
-    call = fused.activation_backward_call if backward else fused.activation_forward_call
-    return _flat(call(cast, state, *tensors, activation))
+    return _flat(_activation_call(backward, cast, state, tensors, activation))
 
 
 _activation_p.def_partition(partition=_activation_partition,
@@ -292,15 +370,18 @@ _activation_p.def_partition(partition=_activation_partition,
 
 def _activation(backward: bool, cast, state, tensors, activation):
     if not sh.use_partitioned(*tensors, state):
-        call = fused.activation_backward_call if backward else fused.activation_forward_call
-        return call(cast, state, *tensors, activation)
+        return _activation_call(backward, cast, state, tensors, activation)
     flat = _activation_p(backward, cast, activation, *_state_args(cast, state), *tensors)
     return _unflat(cast, flat)[0]
 
 
 def activation_forward(cast: fused.FusedCast, state, h, activation: str) -> fused.CastResult:
+    """The cast of a = act(h); h [rows, F], [rows, 2F] or SwiGLU's paired
+    [rows, 2, F]."""
     return _activation(False, cast, state, (h,), activation)
 
 
 def activation_backward(cast: fused.FusedCast, state, d_a, h, activation: str):
+    """The cast of dh = d_a * act'(h), shaped as h (paired: see
+    _activation_call)."""
     return _activation(True, cast, state, (d_a, h), activation)

@@ -29,10 +29,12 @@ each device must hold a multiple of 128 of them (whole tiles of the
 wgrad's columnwise copies); otherwise a ValueError says so.
 
 Shapes: x [..., hidden]; gamma, beta [hidden]; kernel_1 [hidden, F]
-(GELU) or [hidden, 2F] = [gate | up] along the last dim (SwiGLU: the gate
-is kernel_1[:, :F], the up projection kernel_1[:, F:]); kernel_2 [F, N];
-bias_1 [kernel_1.shape[1]], bias_2 [N]. hidden, F and N are positive
-multiples of the GEMM alignment (16); the token count may be anything >= 0.
+(GELU) or, for SwiGLU, [hidden, 2F] = [gate | up] along the last dim (the
+gate is kernel_1[:, :F], the up projection kernel_1[:, F:]) or the paired
+[hidden, 2, F] (gate kernel_1[:, 0], up kernel_1[:, 1]: the layout for
+tensor parallelism, fp8kit/jax/_mlp_fc1.py); kernel_2 [F, N]; bias_1
+kernel_1.shape[1:], bias_2 [N]. hidden, F and N are positive multiples of
+the GEMM alignment (16); the token count may be anything >= 0.
 
 Delayed scaling: one DelayedScalingState of two Linears,
 DelayedScalingState.create(recipe, num_linears=2), rows
@@ -43,12 +45,22 @@ updated as dense's (fp8kit/jax/delayed_scaling.py): seeded by the first
 cast, recorded in a differentiated call, the new state returned as the
 state's cotangent.
 
-Sharding (a mesh in context): data parallel over the tokens; the norm and
-activation run on each shard of the rows with the global amax (the state
-stays replicated and equal to the unsharded one), the GEMMs follow
-fp8kit.jax.gemm's rules. The hidden and ffn dimensions of the norm and the
-activation are replicated (no tensor parallelism of the ffn dimension:
-a kernel sharded along it is gathered before the activation).
+Sharding (a mesh in context): data parallel over the tokens and tensor
+parallel over F (Megatron's layout): shard x's tokens, kernel_1 and bias_1
+along F (their last dim) and kernel_2 along its rows. The norm then runs
+on each device's tokens, fc1 gives each device its columns of h, the
+activation runs on them, and fc2 sums its devices' partial products over
+the tensor axis (psum; y is replicated over it); backward mirrors it
+(d_ln summed over the tensor axis). Every cast takes its scale from the
+global amax (pmax over the axes its tensor is split on), so the FP8 bytes
+and the delayed-scaling state are the unsharded call's; the GEMMs follow
+fp8kit.jax.gemm's rules (an F slice that breaks their alignment is
+replicated). SwiGLU's [hidden, 2F] kernel_1 sharded along its columns is
+refused (a device would hold gates without their ups; _mlp_fc1.py says
+when): use the paired [hidden, 2, F]. Under BlockScaling each device must hold whole blocks (in
+training, F per device a multiple of 512: 128x128 blocks and their scales'
+4-block padding), refused otherwise with the mesh axis named. The norm's
+hidden dimension is replicated.
 """
 
 from __future__ import annotations
@@ -62,6 +74,7 @@ import jax.numpy as jnp
 
 from fp8kit.jax import _fused_steps as steps
 from fp8kit.jax import _linear, matmul
+from fp8kit.jax import _mlp_fc1 as fc1_steps
 from fp8kit.jax.delayed_scaling import DelayedScalingState
 from fp8kit.jax._linear import LinearCall
 
@@ -84,6 +97,7 @@ class _Config:
     gamma_dtype: jnp.dtype
     beta_dtype: Optional[jnp.dtype]
     specs: Optional[tuple]  # the arguments' sharding types (Explicit axes), else None
+    fc1_axes: Optional[tuple]  # _mlp_fc1.explicit_axes
 
     def plans(self, m: int, hidden: int, n1: int, n2: int, grads: bool):
         f = n1 // 2 if self.activation == "swiglu" else n1
@@ -92,15 +106,15 @@ class _Config:
 
 def _forward(cfg: _Config, x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, state,
              grads: bool):
-    (m, hidden), n1, n2 = x.shape, kernel_1.shape[1], kernel_2.shape[1]
+    (m, hidden), n1, n2 = x.shape, math.prod(kernel_1.shape[1:]), kernel_2.shape[1]
     plan1, plan2 = cfg.plans(cfg.fc1.gemm_rows(m), hidden, n1, n2, grads)
     gamma, beta = gamma.astype(x.dtype), None if beta is None else beta.astype(x.dtype)
     state, ln, mean, rsigma = steps.norm_forward(cfg.fc1, cfg.normalization, cfg.epsilon, x,
                                                  gamma, beta, state, plan1["quantize"][_X],
                                                  grads)
-    state, k1 = _linear.quantize_kernel(cfg.fc1, kernel_1, state, plan1["quantize"][_KERNEL],
-                                        grads)
-    h = _linear.unpad_token_rows(_linear.forward_gemm(cfg.fc1, ln, k1, bias_1, n1), m)
+    state, k1 = fc1_steps.quantize_kernel(cfg.fc1, kernel_1, state, plan1["quantize"][_KERNEL],
+                                          grads)
+    h = fc1_steps.forward_gemm(cfg.fc1, ln, k1, bias_1, m, cfg.fc1_axes)
     state, a = steps.activation_forward(cfg.fc2, cfg.activation, h, state,
                                         plan2["quantize"][_X], grads)
     state, k2 = _linear.quantize_kernel(cfg.fc2, kernel_2, state, plan2["quantize"][_KERNEL],
@@ -108,7 +122,7 @@ def _forward(cfg: _Config, x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, s
     y = _linear.unpad_token_rows(_linear.forward_gemm(cfg.fc2, a, k2, bias_2, n2), m)
     y = steps.retype_rows(y, cfg.specs)
     saved = (x, gamma, mean, rsigma, _linear.keep(ln, plan1["saved_input"]),
-             _linear.keep(k1, plan1["saved_weight"]), h, _linear.keep(a, plan2["saved_input"]),
+             fc1_steps.keep(k1, plan1["saved_weight"]), h, _linear.keep(a, plan2["saved_input"]),
              _linear.keep(k2, plan2["saved_weight"]), state)
     return y, saved
 
@@ -123,7 +137,7 @@ def _fwd(cfg, x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, state):
 
 def _bwd(cfg: _Config, res, dy):
     x, gamma, mean, rsigma, ln, k1, h, a, k2, state = res
-    (m, hidden), n1, n2 = x.shape, h.shape[1], dy.shape[1]
+    (m, hidden), n1, n2 = x.shape, math.prod(h.shape[1:]), dy.shape[1]
     dy = _linear.pad_token_rows(cfg.fc2, dy)
     plan1, plan2 = cfg.plans(dy.shape[0], hidden, n1, n2, True)
     state, dq2, db2 = _linear.quantize_grad(cfg.fc2, dy, state, plan2["quantize"][_GRAD])
@@ -131,7 +145,7 @@ def _bwd(cfg: _Config, res, dy):
     state, dh, db1 = steps.activation_backward(cfg.fc1, cfg.activation,
                                                _linear.unpad_token_rows(d_a, m), h, state,
                                                plan1["quantize"][_GRAD])
-    d_ln, dk1 = _linear.grad_gemms(cfg.fc1, plan1, dh, ln, k1)
+    d_ln, dk1 = fc1_steps.grad_gemms(cfg.fc1, plan1, dh, ln, k1, cfg.fc1_axes)
     d_ln = _linear.unpad_token_rows(d_ln, m)
     dx, dgamma, dbeta = steps.norm_backward(cfg.normalization, cfg.epsilon, d_ln, x, mean,
                                             rsigma, gamma, cfg.gamma_dtype)
@@ -153,8 +167,9 @@ def layernorm_mlp(x, gamma, beta, kernel_1, kernel_2, bias_1=None, bias_2=None, 
     x:            [..., hidden] float32/bfloat16/float16; y has x's dtype, [..., N].
     gamma, beta:  [hidden]; beta None for normalization="rmsnorm".
     kernel_1:     [hidden, F] (activation="gelu", tanh approximation) or
-                  [hidden, 2F] = [gate | up] (activation="swiglu").
-    kernel_2:     [F, N].  bias_1: [kernel_1.shape[1]] or None; bias_2: [N] or None.
+                  [hidden, 2F] = [gate | up] or the paired [hidden, 2, F]
+                  (activation="swiglu"; the paired layout for sharding F).
+    kernel_2:     [F, N].  bias_1: kernel_1.shape[1:] or None; bias_2: [N] or None.
     recipe:       fp8kit.recipe.DelayedScaling (then `state` is required:
                   DelayedScalingState.create(recipe, num_linears=2), updated
                   through its cotangent), CurrentScaling or BlockScaling (no
@@ -167,13 +182,18 @@ def layernorm_mlp(x, gamma, beta, kernel_1, kernel_2, bias_1=None, bias_2=None, 
     if activation not in ACTIVATIONS:
         raise ValueError(f"{_FN}: activation={activation!r}; use 'gelu' or 'swiglu'")
     swiglu = activation == "swiglu"
-    kernel_1 = _linear.check_kernel(_FN, "kernel_1", kernel_1, x.shape, "x",
-                                    n_multiple=2 if swiglu else 1)
-    f = kernel_1.shape[1] // 2 if swiglu else kernel_1.shape[1]
-    kernel_2 = _linear.check_kernel(_FN, "kernel_2", kernel_2, (f,),
-                                    "the activation (SwiGLU: kernel_1.shape[1] / 2)" if swiglu
-                                    else "the activation (kernel_1.shape[1])")
-    bias_1 = _linear.check_bias(_FN, "bias_1", bias_1, kernel_1.shape[1])
+    if swiglu and jnp.ndim(kernel_1) == 3:
+        kernel_1, bias_1 = fc1_steps.check_paired(_FN, kernel_1, bias_1, x.shape)
+        f, f_of = kernel_1.shape[2], "the activation (paired SwiGLU: kernel_1.shape[2])"
+    else:
+        kernel_1 = _linear.check_kernel(_FN, "kernel_1", kernel_1, x.shape, "x",
+                                        n_multiple=2 if swiglu else 1)
+        bias_1 = _linear.check_bias(_FN, "bias_1", bias_1, kernel_1.shape[1])
+        f = kernel_1.shape[1] // 2 if swiglu else kernel_1.shape[1]
+        f_of = ("the activation (SwiGLU: kernel_1.shape[1] / 2)" if swiglu
+                else "the activation (kernel_1.shape[1])")
+    kernel_2 = _linear.check_kernel(_FN, "kernel_2", kernel_2, (f,), f_of)
+    fc1_steps.check_sharding(_FN, activation, kernel_1)
     bias_2 = _linear.check_bias(_FN, "bias_2", bias_2, kernel_2.shape[1])
     lead, hidden, n = x.shape[:-1], x.shape[-1], kernel_2.shape[1]
     x = x.reshape(math.prod(lead), hidden)
@@ -188,6 +208,7 @@ def layernorm_mlp(x, gamma, beta, kernel_1, kernel_2, bias_1=None, bias_2=None, 
     args = (x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, state)
     cfg = _Config(fc1=fc1, fc2=fc2, normalization=normalization, epsilon=epsilon,
                   activation=activation, gamma_dtype=dtype(gamma), beta_dtype=dtype(beta),
-                  specs=steps.explicit_specs(*args))
+                  specs=steps.explicit_specs(*args),
+                  fc1_axes=fc1_steps.explicit_axes(x, kernel_1))
     y = _mlp(cfg, *args)
     return y.reshape(*lead, n)
