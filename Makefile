@@ -12,7 +12,8 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 JOBS ?= $(shell nproc)
 # The pinned stack: torch's CPU build on CI machines; the rest from PyPI.
-PY_DEPS := torch==2.13.0 jax ml_dtypes numpy pybind11 scikit-build-core ninja \
+# flax (optional for fp8kit) is here for the tests of fp8kit.jax.flax.
+PY_DEPS := torch==2.13.0 jax flax ml_dtypes numpy pybind11 scikit-build-core ninja \
            pytest hypothesis absl-py matplotlib
 
 .PHONY: demo test venv system-deps install bazel-test bazel-consumer-test pip-test \

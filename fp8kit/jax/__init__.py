@@ -30,6 +30,9 @@ Sharding: under a mesh context (`with jax.set_mesh(mesh):`) the custom
 calls are partitioned instead of gathered (data parallel, and tensor
 parallel for dense and layernorm_mlp); see fp8kit/jax/_sharding.py.
 
+Flax: fp8kit.jax.flax, imported on its own (it needs Flax), holds Dense,
+LayerNormDense and LayerNormMLP modules over these functions.
+
 Modules, in import order (each imports only modules above it, so there
 are no cycles; tests/jax/test_jax_imports.py checks it):
 

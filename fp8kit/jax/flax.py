@@ -1,0 +1,178 @@
+"""Flax (linen) modules over fp8kit.jax's FP8 layers; import this module on
+its own (`import fp8kit.jax.flax`): it needs Flax, which fp8kit does not
+depend on.
+
+    Dense(features)                     fp8kit.jax.dense
+    LayerNormDense(features)            fp8kit.jax.layernorm_dense
+    LayerNormMLP(ffn_features)          fp8kit.jax.layernorm_mlp
+
+Each module holds its parameters in "params", named as the function's
+arguments (kernel, bias; gamma, beta; kernel_1, bias_1, kernel_2,
+bias_2), and calls the function with them; the output and every gradient
+are the function's. Under DelayedScaling its DelayedScalingState lives in
+the "fp8_state" collection (variable "scaling"), created by init. It
+updates as the function's state does: the new state is the cotangent of
+the old one, so differentiate the loss with respect to "fp8_state" too and
+take that gradient as the next state (not an optimizer step):
+
+    variables = model.init(key, x)      # {"params": ..., "fp8_state": ...}
+
+    def loss_fn(params, fp8_state, x, y):
+        out = model.apply({"params": params, "fp8_state": fp8_state}, x)
+        return jnp.mean((out.astype(jnp.float32) - y) ** 2)
+
+    grads, fp8_state = jax.grad(loss_fn, argnums=(0, 1))(params, fp8_state, x, y)
+
+apply reads the state and never writes it (no mutable=); a call that is
+not differentiated leaves it as it was. Call each module once per step
+(the cotangents of a state used twice would be summed). CurrentScaling
+and BlockScaling keep no state and make no "fp8_state" collection.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+try:
+    import flax.linen as nn
+except ImportError as e:  # flax is optional: say how to get it
+    raise ImportError("fp8kit.jax.flax needs Flax, which fp8kit does not install: "
+                      "pip install flax") from e
+
+import jax.numpy as jnp
+
+from fp8kit import recipe as recipe_lib
+from fp8kit.jax.delayed_scaling import DelayedScalingState
+from fp8kit.jax.dense_layer import dense
+from fp8kit.jax.fused_dense_layer import layernorm_dense
+from fp8kit.jax.fused_mlp_layer import layernorm_mlp
+
+STATE_COLLECTION = "fp8_state"
+Initializer = Callable[..., Any]
+_DEFAULT_RECIPE = recipe_lib.DelayedScaling()
+
+
+def _scaling_state(module: nn.Module, num_linears: int) -> Optional[DelayedScalingState]:
+    """module's DelayedScalingState (created by init), None for a stateless
+    recipe."""
+    if not isinstance(module.recipe, recipe_lib.DelayedScaling):
+        return None
+    if not module.is_initializing() and not module.has_variable(STATE_COLLECTION, "scaling"):
+        raise ValueError(
+            f"fp8kit.jax.flax.{type(module).__name__}: DelayedScaling keeps its state in the "
+            f"'{STATE_COLLECTION}' collection, which apply was not given; pass the variables "
+            f"init made: model.apply({{'params': params, '{STATE_COLLECTION}': fp8_state}}, x)")
+    return module.variable(STATE_COLLECTION, "scaling", DelayedScalingState.create,
+                           module.recipe, num_linears).value
+
+
+def _norm_params(module: nn.Module, hidden: int):
+    """gamma and (LayerNorm) beta [hidden]."""
+    gamma = module.param("gamma", module.gamma_init, (hidden,), module.param_dtype)
+    beta = None
+    if module.normalization == "layernorm":
+        beta = module.param("beta", module.beta_init, (hidden,), module.param_dtype)
+    return gamma, beta
+
+
+class Dense(nn.Module):
+    """y = x @ kernel + bias in FP8 (fp8kit.jax.dense); x [..., K]."""
+
+    features: int
+    use_bias: bool = True
+    recipe: Any = _DEFAULT_RECIPE  # an fp8kit.recipe recipe
+    kernel_init: Initializer = nn.initializers.lecun_normal()
+    bias_init: Initializer = nn.initializers.zeros
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features),
+                            self.param_dtype)
+        bias = (self.param("bias", self.bias_init, (self.features,), self.param_dtype)
+                if self.use_bias else None)
+        return dense(x, kernel, bias, state=_scaling_state(self, 1), recipe=self.recipe)
+
+
+class LayerNormDense(nn.Module):
+    """y = norm(x) @ kernel + bias, the norm writing the FP8 input
+    (fp8kit.jax.layernorm_dense); x [..., hidden]."""
+
+    features: int
+    normalization: str = "layernorm"  # or "rmsnorm" (no beta)
+    epsilon: float = 1e-5
+    use_bias: bool = True
+    recipe: Any = _DEFAULT_RECIPE
+    kernel_init: Initializer = nn.initializers.lecun_normal()
+    bias_init: Initializer = nn.initializers.zeros
+    gamma_init: Initializer = nn.initializers.ones
+    beta_init: Initializer = nn.initializers.zeros
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        hidden = x.shape[-1]
+        gamma, beta = _norm_params(self, hidden)
+        kernel = self.param("kernel", self.kernel_init, (hidden, self.features), self.param_dtype)
+        bias = (self.param("bias", self.bias_init, (self.features,), self.param_dtype)
+                if self.use_bias else None)
+        return layernorm_dense(x, gamma, beta, kernel, bias, normalization=self.normalization,
+                               epsilon=self.epsilon, state=_scaling_state(self, 1),
+                               recipe=self.recipe)
+
+
+class LayerNormMLP(nn.Module):
+    """y = act(norm(x) @ kernel_1 + bias_1) @ kernel_2 + bias_2, the norm and
+    the activation writing the FP8 inputs (fp8kit.jax.layernorm_mlp);
+    x [..., hidden], y [..., out_features (default hidden)].
+
+    SwiGLU's kernel_1 is [hidden, 2F] = [gate | up], or with paired=True
+    [hidden, 2, F] (bias_1 [2, F]): the layout whose last dim can be split
+    over a tensor-parallel mesh axis. kernel_init draws kernel_1 as
+    [hidden, 2F] in both layouts (the paired one is its reshape), so one
+    key gives the same layer either way."""
+
+    ffn_features: int
+    out_features: Optional[int] = None
+    activation: str = "gelu"  # or "swiglu"
+    normalization: str = "layernorm"  # or "rmsnorm" (no beta)
+    epsilon: float = 1e-5
+    use_bias: bool = True
+    paired: bool = False
+    recipe: Any = _DEFAULT_RECIPE
+    kernel_init: Initializer = nn.initializers.lecun_normal()
+    bias_init: Initializer = nn.initializers.zeros
+    gamma_init: Initializer = nn.initializers.ones
+    beta_init: Initializer = nn.initializers.zeros
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        if self.paired and self.activation != "swiglu":
+            raise ValueError(f"fp8kit.jax.flax.LayerNormMLP: paired=True is SwiGLU's kernel_1 "
+                             f"layout [hidden, 2, F]; activation={self.activation!r} takes "
+                             "[hidden, F]: pass paired=False")
+        hidden, f = x.shape[-1], self.ffn_features
+        n1 = 2 * f if self.activation == "swiglu" else f
+        k1_shape, b1_shape = ((hidden, 2, f), (2, f)) if self.paired else ((hidden, n1), (n1,))
+        gamma, beta = _norm_params(self, hidden)
+
+        def drawn_as_concatenated(init):
+            """init, drawing a paired parameter as [..., 2F] and reshaping it."""
+            if not self.paired:
+                return init
+            return lambda key, shape, dtype: init(key, (*shape[:-2], n1), dtype).reshape(shape)
+
+        kernel_1 = self.param("kernel_1", drawn_as_concatenated(self.kernel_init), k1_shape,
+                              self.param_dtype)
+        out = hidden if self.out_features is None else self.out_features
+        kernel_2 = self.param("kernel_2", self.kernel_init, (f, out), self.param_dtype)
+        bias_1 = bias_2 = None
+        if self.use_bias:
+            bias_1 = self.param("bias_1", drawn_as_concatenated(self.bias_init), b1_shape,
+                                self.param_dtype)
+            bias_2 = self.param("bias_2", self.bias_init, (out,), self.param_dtype)
+        return layernorm_mlp(x, gamma, beta, kernel_1, kernel_2, bias_1, bias_2,
+                             normalization=self.normalization, activation=self.activation,
+                             epsilon=self.epsilon, state=_scaling_state(self, 2),
+                             recipe=self.recipe)
