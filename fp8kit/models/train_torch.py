@@ -21,7 +21,7 @@ are mutations inside it), and AOTAutograd compiles its backward with it.
 The optimizer step (clipping, AdamW) stays eager: the learning rate is a
 Python float that changes every step, which a compiled optimizer step
 would recompile for unless it were held in a tensor, and on a GPU AdamW
-already runs PyTorch's multi-tensor kernels. evaluate() runs eagerly (a
+already runs as PyTorch's fused kernels. evaluate() runs eagerly (a
 no-grad forward would be a second compiled graph).
 """
 
@@ -74,8 +74,13 @@ class TorchTrainer:
         groups = [{"params": [p for p in params if decays(p.ndim)],
                    "weight_decay": train_cfg.weight_decay},
                   {"params": [p for p in params if not decays(p.ndim)], "weight_decay": 0.0}]
+        # On a GPU, PyTorch's fused AdamW: one pass over each parameter's
+        # master weight, gradient and moments. The multi-tensor (foreach)
+        # default's kernels (clipping included) took 20 ms of a 1B step on an
+        # H200, about a quarter of an FP8 step, for every recipe alike.
         self.optimizer = torch.optim.AdamW(groups, lr=train_cfg.lr, eps=train_cfg.eps,
-                                           betas=(train_cfg.beta1, train_cfg.beta2))
+                                           betas=(train_cfg.beta1, train_cfg.beta2),
+                                           fused=self.device.type == "cuda")
         train_tokens, _ = data.split(data.corpus())
         self.sampler = data.BatchSampler(train_tokens, train_cfg.batch, model_cfg.seq_len,
                                          train_cfg.seed)
