@@ -6,9 +6,15 @@
 // then cast from there into the rowwise copy, the columnwise copy, or both.
 // The tile is exactly one 128x128 block, or 128 rowwise 1x128 tiles and 128
 // columnwise ones, so every scale is computed inside one thread block and no
-// second pass or grid-wide reduction is needed. Each of the 256 threads
-// owns half of one tile row (rowwise) or half of one tile column
-// (columnwise): 64 elements, cast 8 at a time into one 8-byte store.
+// second pass or grid-wide reduction is needed.
+//
+// Memory access: the tile is read in 16-byte loads, four per thread in
+// flight before any is used (a scalar load per element keeps few in flight,
+// and this kernel is bound by memory); the amaxes are taken per half line
+// (a thread per half of a tile row or column); the casts are written 16
+// threads to a stored row, each thread 8 consecutive bytes, so a warp
+// stores two whole 128-byte rows (a thread per line would scatter its
+// warp's 8-byte stores over 32 rows).
 //
 // The scale and the cast are the CPU reference's (compute_scale.h and the
 // conversion cvt4 checks against fp8_convert.h), so both give the same bits.
@@ -31,7 +37,7 @@ namespace {
 constexpr int kTile = 128;           // = kBlockLen
 constexpr int kPitch = kTile + 1;    // floats per shared row: column reads hit distinct banks
 constexpr int kThreads = 2 * kTile;  // two threads per tile row or column
-constexpr int kHalf = kTile / 2;     // elements per thread and pass
+constexpr int kHalf = kTile / 2;     // elements per thread of an amax pass (half a line)
 constexpr size_t kSmemBytes = size_t(kTile) * kPitch * sizeof(float);
 
 struct BlockCastParams {
@@ -44,6 +50,7 @@ struct BlockCastParams {
   uint8_t* columnwise;  // columnwise copy [cols, rows] or NULL
   float* columnwise_scales;
   BlockScaleLayout columnwise_layout;
+  bool vector_in;                       // 16-byte loads of 8 elements are aligned
   bool vector_data, vector_columnwise;  // 8-byte stores are aligned
   float fp8_max;
   float amax_epsilon;
@@ -51,23 +58,35 @@ struct BlockCastParams {
 };
 
 // Tile elements into shared memory as float32; outside the input: 0, which
-// leaves every amax as it is.
+// leaves every amax as it is. The tile is kGroups groups of 8 consecutive
+// row elements; each thread loads kLoadBatch groups (16-byte loads where
+// p.vector_in) before converting and storing them.
+constexpr int kGroupsPerRow = kTile / 8;
+constexpr int kGroups = kTile * kGroupsPerRow;
+constexpr int kLoadBatch = 4;
+
 template <int kIn>
 __device__ void load_tile(const BlockCastParams& p, int64_t r0, int64_t c0, float* tile) {
-  for (int i = threadIdx.x; i < kTile * kTile; i += kThreads) {
-    const int r = i / kTile, c = i % kTile;
-    float x = 0.0f;
-    if (r0 + r < p.rows && c0 + c < p.cols) {
-      const uint32_t bits = load_bits<kIn>(p.in, (r0 + r) * p.cols + c0 + c);
-      if constexpr (kIn == FP8KIT_FLOAT32) {
-        x = __uint_as_float(bits);
-      } else if constexpr (kIn == FP8KIT_BFLOAT16) {
-        x = __uint_as_float(bits << 16);
+  for (int g0 = threadIdx.x; g0 < kGroups; g0 += kThreads * kLoadBatch) {
+    Raw8<kIn> raw[kLoadBatch];
+#pragma unroll
+    for (int b = 0; b < kLoadBatch; ++b) {
+      const int g = g0 + b * kThreads;
+      const int64_t r = r0 + g / kGroupsPerRow, c = c0 + (g % kGroupsPerRow) * 8;
+      const int valid = r < p.rows ? int(min(int64_t(8), max(int64_t(0), p.cols - c))) : 0;
+      if (valid == 8 && p.vector_in) {
+        load_raw8<kIn>(p.in, r * p.cols + c, raw[b]);
       } else {
-        x = __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+        load_raw8_partial<kIn>(p.in, r * p.cols + c, valid, raw[b]);
       }
     }
-    tile[r * kPitch + c] = x;
+#pragma unroll
+    for (int b = 0; b < kLoadBatch; ++b) {
+      const int g = g0 + b * kThreads;
+      float* dst = tile + (g / kGroupsPerRow) * kPitch + (g % kGroupsPerRow) * 8;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) dst[j] = raw_get<kIn>(raw[b], j);
+    }
   }
 }
 
@@ -95,70 +114,77 @@ __device__ __forceinline__ float scale_from_amax_bits(const BlockCastParams& p, 
                                  p.power_2_scale);
 }
 
-// Casts this thread's 64 elements with `scale` into out[0 .. valid), 8 per
-// store (`vector`: out is 8-byte aligned and all 64 are valid).
-template <bool kE4M3, bool kColumn>
-__device__ void cast_half_line(const float* tile, int line, int half, float scale, uint8_t* out,
-                               int valid, bool vector) {
-#pragma unroll
-  for (int k0 = 0; k0 < kHalf; k0 += 8) {
-    float y[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) y[j] = __fmul_rn(line_at<kColumn>(tile, line, half, k0 + j), scale);
-    const uint2 q = make_uint2(cvt4<kE4M3>(y[0], y[1], y[2], y[3]),
-                               cvt4<kE4M3>(y[4], y[5], y[6], y[7]));
-    if (vector) {
-      *reinterpret_cast<uint2*>(out + k0) = q;
-    } else {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        if (k0 + j < valid) out[k0 + j] = uint8_t((j < 4 ? q.x : q.y) >> (8 * (j % 4)));
-      }
-    }
-  }
-}
-
-// One copy (rowwise: kColumn false) of the tile at (r0, c0): each thread casts
-// half of tile line `line` (a row, or a column for the columnwise copy) into
-// the copy's stored row r0 + line (c0 + line) at column c0 (r0). `block_scale`
-// is the 128x128 block's scale; 1x128 tiles compute their own from
-// `line_amax`, the line's amax bits.
-template <bool kE4M3, bool kColumn, bool k128x128>
-__device__ void cast_copy(const BlockCastParams& p, const float* tile, int64_t r0, int64_t c0,
-                          float block_scale, const uint32_t* line_amax) {
-  const int line = threadIdx.x % kTile, half = threadIdx.x / kTile;
-  // The copy as stored, [stored_rows, stored_cols]: this thread writes its
-  // row s from column t0 + half * kHalf on.
-  const int64_t stored_rows = kColumn ? p.cols : p.rows;
-  const int64_t stored_cols = kColumn ? p.rows : p.cols;
-  const int64_t s = (kColumn ? c0 : r0) + line, t0 = kColumn ? r0 : c0;
-  uint8_t* copy = kColumn ? p.columnwise : p.data;
+// The copy's scale_inv entries for this tile: one per line (1x128, a
+// thread per line), or the block's one (128x128), and the layout's padding.
+template <bool kColumn, bool k128x128>
+__device__ void write_scales(const BlockCastParams& p, int64_t s0, int64_t t0,
+                             int64_t stored_rows, float block_scale, const uint32_t* line_amax) {
   float* scales = kColumn ? p.columnwise_scales : p.scales;
   const BlockScaleLayout& layout = kColumn ? p.columnwise_layout : p.layout;
-  const float scale = k128x128 ? block_scale : scale_from_amax_bits(p, line_amax[line]);
-  if (s < stored_rows) {
-    const int64_t t = t0 + half * kHalf;
-    const int valid = int(min(int64_t(kHalf), max(int64_t(0), stored_cols - t)));
-    const bool vector = (kColumn ? p.vector_columnwise : p.vector_data) && valid == kHalf;
-    if (valid > 0) {
-      cast_half_line<kE4M3, kColumn>(tile, line, half, scale, copy + s * stored_cols + t, valid,
-                                     vector);
+  if constexpr (!k128x128) {
+    if (threadIdx.x < kTile) {
+      const int64_t s = s0 + threadIdx.x;
+      if (s < stored_rows) {
+        scales[layout.index(s, t0)] = reciprocal(scale_from_amax_bits(p, line_amax[threadIdx.x]));
+      } else if (s < layout.inner) {
+        scales[layout.index(s, t0)] = 0.0f;  // padding of the last tile row
+      }
     }
-    if (!k128x128 && half == 0) scales[layout.index(s, t0)] = reciprocal(scale);
-  } else if (!k128x128 && half == 0 && s < layout.inner) {
-    scales[layout.index(s, t0)] = 0.0f;  // padding of the last tile row
-  }
-  if (k128x128 && threadIdx.x < 4) {
+  } else if (threadIdx.x < 4) {
     // This block's scale_inv, then (last block of a scale row) the padding.
-    const int64_t outer = (kColumn ? c0 : r0) / kTile;
+    const int64_t outer = s0 / kTile;
     const int64_t j = t0 / kTile;
-    if (threadIdx.x == 0) scales[outer * layout.inner + j] = reciprocal(scale);
+    if (threadIdx.x == 0) scales[outer * layout.inner + j] = reciprocal(block_scale);
     if (j == layout.used_inner - 1) {
       for (int64_t pad = layout.used_inner + threadIdx.x; pad < layout.inner; pad += 4) {
         scales[outer * layout.inner + pad] = 0.0f;
       }
     }
   }
+}
+
+// One copy (rowwise: kColumn false) of the tile at (r0, c0). The copy as
+// stored is [stored_rows, stored_cols]; tile line `line` (a row, or a column
+// for the columnwise copy) is its row s0 + line, from column t0 on. 16
+// threads cast a line, 8 elements and one 8-byte store each, 16 lines per
+// pass. `block_scale` is the 128x128 block's scale; 1x128 tiles compute
+// theirs from `line_amax`, the line's amax bits.
+template <bool kE4M3, bool kColumn, bool k128x128>
+__device__ void cast_copy(const BlockCastParams& p, const float* tile, int64_t r0, int64_t c0,
+                          float block_scale, const uint32_t* line_amax) {
+  constexpr int kLinesPerPass = kThreads / kGroupsPerRow;
+  const int64_t stored_rows = kColumn ? p.cols : p.rows;
+  const int64_t stored_cols = kColumn ? p.rows : p.cols;
+  const int64_t s0 = kColumn ? c0 : r0, t0 = kColumn ? r0 : c0;
+  uint8_t* copy = kColumn ? p.columnwise : p.data;
+  const int group = threadIdx.x % kGroupsPerRow;  // elements 8 * group .. + 7 of each line
+  const int64_t t = t0 + group * 8;
+  const int valid = int(min(int64_t(8), max(int64_t(0), stored_cols - t)));
+  const bool vector = (kColumn ? p.vector_columnwise : p.vector_data) && valid == 8;
+  for (int line = threadIdx.x / kGroupsPerRow; line < kTile; line += kLinesPerPass) {
+    const int64_t s = s0 + line;
+    if (s >= stored_rows || valid == 0) continue;
+    const float scale = k128x128 ? block_scale : scale_from_amax_bits(p, line_amax[line]);
+    float y[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int along = group * 8 + j;
+      const float x = kColumn ? tile[along * kPitch + line] : tile[line * kPitch + along];
+      y[j] = __fmul_rn(x, scale);
+    }
+    const uint2 q = make_uint2(cvt4<kE4M3>(y[0], y[1], y[2], y[3]),
+                               cvt4<kE4M3>(y[4], y[5], y[6], y[7]));
+    uint8_t* out = copy + s * stored_cols + t;
+    if (vector) {
+      *reinterpret_cast<uint2*>(out) = q;
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if (j < valid) out[j] = uint8_t((j < 4 ? q.x : q.y) >> (8 * (j % 4)));
+      }
+    }
+  }
+  write_scales<kColumn, k128x128>(p, s0, t0, stored_rows, block_scale, line_amax);
 }
 
 template <int kIn, bool kE4M3, bool k128x128>
@@ -253,6 +279,7 @@ void quantize_block_scaling(const fp8kit_tensor& input, fp8kit_tensor& output,
   p.columnwise = static_cast<uint8_t*>(output.columnwise_data);
   p.columnwise_scales = output.columnwise_block_scale_inv;
   p.columnwise_layout = BlockScaleLayout::of(output.scaling_mode, cols, rows);
+  p.vector_in = cols % 8 == 0 && is_aligned(input.data, 16);
   p.vector_data = cols % 8 == 0 && is_aligned(output.data, 8);
   p.vector_columnwise = rows % 8 == 0 && is_aligned(output.columnwise_data, 8);
   p.fp8_max = fp8kit_fp8_max(output.dtype);
