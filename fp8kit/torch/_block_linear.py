@@ -62,10 +62,9 @@ class _BlockLinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x_cw, x_cw_sinv, w_cw, w_cw_sinv = ctx.saved_tensors
-        # The gradients asked for come from cfg, not ctx.needs_input_grad,
-        # which torch 2.11's dynamo traces as all False in a compiled
-        # backward (pytorch/pytorch#159299).
-        fwd, bwd, eps, pow2, dgrad, wgrad, need_b = ctx.cfg
+        fwd, bwd, eps, pow2, dgrad, wgrad = ctx.cfg
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        dgrad, wgrad = dgrad and need_x, wgrad and need_w
         dy = dy.contiguous()
         dx = dw = db = None
         if dgrad or wgrad:
@@ -85,7 +84,7 @@ class _BlockLinearFunction(torch.autograd.Function):
 def _forward(ctx, x, weight, bias, cfg):
     """The forward GEMM; with ctx (a pass that computes gradients) it saves
     the columnwise copies backward reads."""
-    fwd, bwd, eps, pow2, dgrad, wgrad, _ = cfg
+    fwd, bwd, eps, pow2, dgrad, wgrad = cfg
     x_d, x_s, x_cw, x_cws = _ops.quantize_block(x, fwd, ROW, True, wgrad, eps, pow2)
     w_d, w_s, w_cw, w_cws = _ops.quantize_block(weight, fwd, BLOCK, True, dgrad, eps, pow2)
     gemm_dtype = _gemm_dtype(x.dtype)
@@ -150,11 +149,10 @@ def block_linear(layer: str, recipe, input: torch.Tensor, weight: torch.Tensor,
     grad = torch.is_grad_enabled()
     dgrad = grad and x.requires_grad
     wgrad = grad and weight.requires_grad
-    bgrad = grad and bias is not None and bias.requires_grad
     fmt = recipe.fp8_format
     cfg = (_checks.TORCH_FP8[fmt.forward_dtype], _checks.TORCH_FP8[fmt.backward_dtype],
-           float(recipe.amax_epsilon), bool(recipe.power_2_scale), dgrad, wgrad, bgrad)
-    if dgrad or wgrad or bgrad:
+           float(recipe.amax_epsilon), bool(recipe.power_2_scale), dgrad, wgrad)
+    if dgrad or wgrad or (grad and bias is not None and bias.requires_grad):
         y = _BlockLinearFunction.apply(x.contiguous(), weight.contiguous(), bias, cfg)
     else:
         y = _forward(None, x.contiguous(), weight.contiguous(), bias, cfg)

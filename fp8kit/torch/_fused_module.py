@@ -36,19 +36,6 @@ NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 _any_autocast = torch._C._is_any_autocast_enabled
 
 
-def gradient_needs(tensors) -> tuple | None:
-    """What the layer's autograd.Function reads instead of
-    ctx.needs_input_grad: (False, then whether each of `tensors` requires a
-    gradient), indexed as the Function's inputs (call first); None when no
-    gradient is asked for. Taken before .apply, as plain constants: torch
-    2.11's dynamo traces ctx.needs_input_grad inside a compiled backward as
-    all False (pytorch/pytorch#159299), so every gradient came out zero."""
-    if not torch.is_grad_enabled():
-        return None
-    needs = tuple(t is not None and t.requires_grad for t in tensors)
-    return (False, *needs) if any(needs) else None
-
-
 def check_normalization(cls: str, normalization, eps) -> None:
     if normalization not in NORMALIZATIONS:
         raise ValueError(f"fp8kit.torch.{cls}: normalization is {normalization!r}; use "

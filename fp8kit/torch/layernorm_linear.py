@@ -45,7 +45,7 @@ from fp8kit.recipe import BlockScaling
 from fp8kit.torch import _fused_gemm as G
 from fp8kit.torch._block_linear import block_linear
 from fp8kit.torch._fused_module import (FusedLayer, check_features, check_normalization,
-                                        gradient_needs, init_linear, read_norm)
+                                        init_linear, read_norm)
 from fp8kit.torch.autocast import STATE as _AUTOCAST
 
 
@@ -108,10 +108,9 @@ class LayerNormLinear(FusedLayer):
             y = block_linear("LayerNormLinear", recipe, self._norm(x, gamma, beta), weight, bias)
             return y.view(*input.shape[:-1], self.out_features)
         steps, (state,), fast = self._select_states(recipe, (weight,))
+        call = _Call(steps, state, fast, self.normalization, self.eps)
         tensors = (x, gamma, beta, weight, bias)
-        needs = gradient_needs(tensors)
-        call = _Call(steps, state, fast, self.normalization, self.eps, needs)
-        if needs is not None:
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
             y = _LayerNormLinearFunction.apply(call, *tensors)
         else:
             y = _forward(call, x, gamma, beta, weight, bias, None)
@@ -130,7 +129,6 @@ class _Call(NamedTuple):
     fast: bool
     normalization: str
     eps: float
-    needs: tuple | None  # gradient_needs of the tensors
 
 
 def _forward(call, x, gamma, beta, weight, bias, ctx):
@@ -140,8 +138,8 @@ def _forward(call, x, gamma, beta, weight, bias, ctx):
     m, k = x.shape
     n = weight.shape[0]
     record = ctx is not None
-    dgrad = record and any(call.needs[1:4])
-    wgrad = record and call.needs[4]
+    dgrad = record and any(ctx.needs_input_grad[1:4])
+    wgrad = record and ctx.needs_input_grad[4]
     p = G.plan(m, k, n, dgrad, wgrad, st.non_tn)
     x_data, x_cw, x_sinv, mean, rsigma, _ = steps.norm_forward(
         x, gamma, beta, call.normalization, call.eps, st, G.INPUT, record, *p.input)
@@ -166,7 +164,7 @@ class _LayerNormLinearFunction(torch.autograd.Function):
         x, mean, rsigma, gamma, x_kept, x_sinv, w_kept, w_sinv = ctx.saved_tensors
         call, fwd_plan = ctx.call, ctx.plan
         st, steps = call.state, call.steps
-        needs = call.needs
+        needs = ctx.needs_input_grad
         m, k = x.shape
         n = dy.shape[-1]
         want_dgrad, want_wgrad = any(needs[1:4]), needs[4]

@@ -55,7 +55,7 @@ from fp8kit.recipe import BlockScaling
 from fp8kit.torch import _fused_gemm as G
 from fp8kit.torch._block_linear import block_linear
 from fp8kit.torch._fused_module import (FusedLayer, check_features, check_normalization,
-                                        gradient_needs, init_linear, read_norm)
+                                        init_linear, read_norm)
 from fp8kit.torch.autocast import STATE as _AUTOCAST
 
 ACTIVATIONS = ("gelu", "swiglu")
@@ -148,10 +148,9 @@ class LayerNormMLP(FusedLayer):
             y = block_linear("LayerNormMLP", recipe, self._act(h), w2, b2)
             return y.view(*input.shape[:-1], self.hidden_size)
         steps, states, fast = self._select_states(recipe, (params[2], params[4]))
+        call = _Call(steps, states, fast, self.normalization, self.eps, self.activation)
         tensors = (x, *params)
-        needs = gradient_needs(tensors)
-        call = _Call(steps, states, fast, self.normalization, self.eps, self.activation, needs)
-        if needs is not None:
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
             y = _LayerNormMLPFunction.apply(call, *tensors)
         else:
             y = _forward(call, *tensors, None)
@@ -171,11 +170,10 @@ class _Call(NamedTuple):
     normalization: str
     eps: float
     activation: str
-    needs: tuple | None  # gradient_needs of the tensors
 
 
-# call.needs indices of _LayerNormMLPFunction.apply(call, x, gamma, beta, w1,
-# b1, w2, b2).
+# needs_input_grad indices of _LayerNormMLPFunction.apply(call, x, gamma,
+# beta, w1, b1, w2, b2).
 _X, _GAMMA, _BETA, _W1, _B1, _W2, _B2 = range(1, 8)
 
 
@@ -200,7 +198,7 @@ def _forward(call, x, gamma, beta, w1, b1, w2, b2, ctx):
     m, k = x.shape
     f1, f = w1.shape[0], w2.shape[1]
     record = ctx is not None
-    p1, p2 = _plans(call, m, k, f1, f, call.needs if record else None)
+    p1, p2 = _plans(call, m, k, f1, f, ctx.needs_input_grad if record else None)
     x_data, x_cw, x_sinv, mean, rsigma, _ = steps.norm_forward(
         x, gamma, beta, call.normalization, call.eps, st1, G.INPUT, record, *p1.input)
     w1_data, w1_cw, w1_sinv = G.weight_copies(steps, st1, w1, record, p1,
@@ -235,7 +233,7 @@ class _LayerNormMLPFunction(torch.autograd.Function):
         st1, st2 = call.states
         steps = call.steps
         fwd1, fwd2 = ctx.plans
-        needs = call.needs
+        needs = ctx.needs_input_grad
         m, k = x.shape
         f1 = h.shape[-1]
         f = f1 // 2 if call.activation == "swiglu" else f1
