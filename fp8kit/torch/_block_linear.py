@@ -98,7 +98,10 @@ def _forward(ctx, x, weight, bias, cfg):
         ctx.bias_dtype = None if bias is None else bias.dtype
         ctx.save_for_backward(x_cw if wgrad else None, x_cws if wgrad else None,
                               w_cw if dgrad else None, w_cws if dgrad else None)
-    return y.to(x.dtype)
+    # y itself when the dtypes match: .to() would return an alias of it,
+    # which torch 2.11's dynamo treats as a second output and routes the
+    # gradient to (pytorch/pytorch#180642: compiled gradients came out zero).
+    return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
 def check_features(layer: str, in_features: int, out_features: int) -> None:

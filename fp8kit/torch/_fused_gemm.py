@@ -104,7 +104,12 @@ def fprop(steps, x_data, x_scale_inv, w_data, w_scale_inv, bias: Optional[torch.
     y = steps.gemm(x_data, x_scale_inv, None, w_data, w_scale_inv, None, False, True, out_dtype,
                    fused_bias, False, None, False, not fast_accumulation, None, None, None)
     if bias is not None and fused_bias is None:
-        y.add_(bias)
+        # Out of place: the fused layers' autograd.Functions return y, and
+        # torch 2.11's dynamo routes the gradient of a returned tensor that
+        # was modified in place inside the forward to the wrong output, so
+        # the compiled layers' gradients came out zero
+        # (pytorch/pytorch#180642).
+        y = y + bias
     return y
 
 
