@@ -10,6 +10,8 @@ import subprocess
 import sys
 import traceback
 
+import pytest
+
 _RESULTS = "FP8KIT_SHARDING_RESULTS "
 
 
@@ -45,6 +47,18 @@ def child_results(script: str, platform: str = "cpu", mesh_shape: str = "2x4"):
         if line.startswith(_RESULTS):
             return json.loads(line[len(_RESULTS):]), ""
     return None, f"child exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+
+
+def assert_case_ok(script: str, case: str, platform: str = "cpu",
+                   mesh_shape: str = "2x4") -> None:
+    """The parent's assertion: `case` of `script`'s child on `platform`
+    passed (its traceback, or the child's output, as the failure). A GPU
+    child needs two GPUs (skipped otherwise, or with FP8KIT_SKIP_MULTI_GPU)."""
+    if platform == "gpu" and (os.environ.get("FP8KIT_SKIP_MULTI_GPU") or gpu_count() < 2):
+        pytest.skip("needs 2 GPUs and fp8kit built with CUDA")
+    results, failure = child_results(script, platform, mesh_shape)
+    assert results is not None, failure
+    assert results[case] == "ok", results[case]
 
 
 @functools.lru_cache(maxsize=None)

@@ -12,12 +12,11 @@ multiplied whole on one device); the weight, bias and norm parameter
 gradients, summed over tokens split across devices, to float32 rounding.
 """
 
-import os
 import sys
 
 import pytest
 
-from sharding_child import child_results, gpu_count, run_cases, sum_atol
+from sharding_child import assert_case_ok, run_cases, sum_atol
 
 CASES = ["mlp_rmsnorm_swiglu_auto", "mlp_layernorm_gelu_explicit", "layernorm_dense_auto",
          "refused_auto_axes", "refused_explicit_axes"]
@@ -133,19 +132,13 @@ def _child(platform: str, mesh_shape: tuple[int, int]):
 
 @pytest.mark.parametrize("case", CASES)
 def test_block_fused_sharded_matches_unsharded(case):
-    results, failure = child_results(__file__)
-    assert results is not None, failure
-    assert results[case] == "ok", results[case]
+    assert_case_ok(__file__, case)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES)
 def test_block_fused_sharded_on_gpus(case):
-    if os.environ.get("FP8KIT_SKIP_MULTI_GPU") or gpu_count() < 2:
-        pytest.skip("needs 2 GPUs and fp8kit built with CUDA")
-    results, failure = child_results(__file__, "gpu", "2x1")
-    assert results is not None, failure
-    assert results[case] == "ok", results[case]
+    assert_case_ok(__file__, case, "gpu", "2x1")
 
 
 if __name__ == "__main__":

@@ -9,12 +9,11 @@ GEMMs whose reduction is not split come out bit for bit; a split K (or the
 dense layer's wgrad, summed over sharded tokens) to float32 rounding.
 """
 
-import os
 import sys
 
 import pytest
 
-from sharding_child import child_results, gpu_count, run_cases, sum_atol
+from sharding_child import assert_case_ok, run_cases, sum_atol
 
 CASES = ["quantize_1x128_dp_tp", "quantize_128x128_tp", "quantize_rank3_dp",
          "refused_auto_axes", "refused_explicit_axes", "refused_128x128_padding",
@@ -181,19 +180,13 @@ def _child(platform: str, mesh_shape: tuple[int, int]):  # noqa: C901
 
 @pytest.mark.parametrize("case", CASES)
 def test_block_sharded_matches_unsharded(case):
-    results, failure = child_results(__file__)
-    assert results is not None, failure
-    assert results[case] == "ok", results[case]
+    assert_case_ok(__file__, case)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES)
 def test_block_sharded_on_gpus(case):
-    if os.environ.get("FP8KIT_SKIP_MULTI_GPU") or gpu_count() < 2:
-        pytest.skip("needs 2 GPUs and fp8kit built with CUDA")
-    results, failure = child_results(__file__, "gpu", "2x1")
-    assert results is not None, failure
-    assert results[case] == "ok", results[case]
+    assert_case_ok(__file__, case, "gpu", "2x1")
 
 
 if __name__ == "__main__":

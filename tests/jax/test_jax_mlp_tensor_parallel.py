@@ -23,13 +23,12 @@ along its pair dimension, and under BlockScaling an F slice that splits
 a kernel's 128x128 block.
 """
 
-import os
 import re
 import sys
 
 import pytest
 
-from sharding_child import child_results, gpu_count, run_cases, sum_atol
+from sharding_child import assert_case_ok, run_cases, sum_atol
 
 TP_CASES = [f"{act}_{recipe}_{axes}" for act in ("gelu", "swiglu")
             for recipe in ("current", "delayed") for axes in ("auto", "explicit")]
@@ -223,19 +222,13 @@ def _child(platform: str, mesh_shape: tuple[int, int]):  # noqa: C901
 @pytest.mark.parametrize("mesh_shape", MESHES)
 @pytest.mark.parametrize("case", CASES)
 def test_tensor_parallel_matches_unsharded(case, mesh_shape):
-    results, failure = child_results(__file__, "cpu", mesh_shape)
-    assert results is not None, failure
-    assert results[case] == "ok", results[case]
+    assert_case_ok(__file__, case, "cpu", mesh_shape)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES)
 def test_tensor_parallel_on_gpus(case):
-    if os.environ.get("FP8KIT_SKIP_MULTI_GPU") or gpu_count() < 2:
-        pytest.skip("needs 2 GPUs and fp8kit built with CUDA")
-    results, failure = child_results(__file__, "gpu", "1x2")
-    assert results is not None, failure
-    assert results[case] == "ok", results[case]
+    assert_case_ok(__file__, case, "gpu", "1x2")
 
 
 if __name__ == "__main__":

@@ -14,12 +14,11 @@ psum adds partial products) and that the compiled program holds no
 all-gather: the operands are never gathered whole.
 """
 
-import os
 import sys
 
 import pytest
 
-from sharding_child import child_results, gpu_count, run_cases, sum_atol
+from sharding_child import assert_case_ok, run_cases, sum_atol
 
 # The dense layer under each layout, recipe and kind of mesh axes. Layouts
 # of x [4, 16, 64] (tokens, features) and kernel [64, 128]: "dp" shards the
@@ -275,20 +274,14 @@ def _child(platform: str, mesh_shape: tuple[int, int]):  # noqa: C901
 
 @pytest.mark.parametrize("case", CASES)
 def test_sharded_matches_unsharded(case):
-    results, failure = child_results(__file__)
-    assert results is not None, failure
-    assert results[case] == "ok", results[case]
+    assert_case_ok(__file__, case)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mesh_shape", ["2x1", "1x2"])
 @pytest.mark.parametrize("case", CASES)
 def test_sharded_on_gpus(case, mesh_shape):
-    if os.environ.get("FP8KIT_SKIP_MULTI_GPU") or gpu_count() < 2:
-        pytest.skip("needs 2 GPUs and fp8kit built with CUDA")
-    results, failure = child_results(__file__, "gpu", mesh_shape)
-    assert results is not None, failure
-    assert results[case] == "ok", results[case]
+    assert_case_ok(__file__, case, "gpu", mesh_shape)
 
 
 if __name__ == "__main__":
