@@ -1,20 +1,28 @@
 """Where does the GPU time of one large training step of a layer go?
 
 torch.profiler (CUPTI, which sees every kernel of the process, XLA's too)
-over ITERS fwd+bwd calls at tokens x features x features, printed as tables
-of CUDA kernels sorted by total GPU time, each followed by the GPU's busy
-and idle time per call:
-  torch  fp8kit.torch.Linear (delayed scaling, weight re-quantized every
-         call) and bf16 torch.nn.Linear, with bias;
-  jax    the jit'd fwd+bwd of fp8kit.jax.dense (delayed) and of bf16 x @ w,
-         as the bench times them (no bias), plus the ops of the optimized
-         HLO that are not fusions of elementwise work.
+over ITERS fwd+bwd calls, printed as tables of CUDA kernels sorted by total
+GPU time, each followed by the GPU's busy and idle time per call. The
+layers (--layers):
+  linear  at tokens x features x features:
+          torch  fp8kit.torch.Linear (delayed scaling, weight re-quantized
+                 every call) and bf16 torch.nn.Linear, with bias;
+          jax    the jit'd fwd+bwd of fp8kit.jax.dense (delayed) and of bf16
+                 x @ w, as the bench times them (no bias), plus the ops of
+                 the optimized HLO that are not fusions of elementwise work;
+  block   (torch) the same Linear under BlockScaling, and bf16;
+  mlp     the SwiGLU MLP block (RMSNorm, hidden = features, ffn) as the
+          fused bench builds it: torch fp8kit.torch.LayerNormMLP and the
+          unfused composition with delayed and current scaling, bf16, and
+          TransformerEngine's LayerNormMLP when it is installed; jax
+          fp8kit.jax.layernorm_mlp and the unfused dense calls, both
+          recipes, and bf16.
 The kernel times, not the wall time, are the point: which GEMM ran how
-long, and what the casts, reductions and copies cost. scripts/gpu_check.sh
-runs it as its kprofile stage.
+long, and what the casts, norms, activations, reductions and copies cost.
+scripts/gpu_check.sh runs it as its kprofile stage.
 
     python scripts/kernel_profile.py [--tokens 8192 --features 8192 --iters 10]
-                                     [--frameworks torch,jax]
+        [--frameworks torch,jax] [--layers linear,block,mlp --ffn 14336]
 """
 
 import argparse
@@ -27,7 +35,7 @@ from torch.profiler import ProfilerActivity, profile
 import fp8kit.torch as ft
 from fp8kit.bench import torch_layers
 from fp8kit.bench.kernel_times import busy_and_span
-from fp8kit.recipe import DelayedScaling
+from fp8kit.recipe import BlockScaling, CurrentScaling, DelayedScaling
 
 
 def kernel_table(fn, iters: int, sync) -> str:
@@ -50,38 +58,110 @@ def kernel_table(fn, iters: int, sync) -> str:
             f"{(span - busy) / iters:.0f} us per call")
 
 
-def torch_tables(t: int, f: int, iters: int) -> None:
+def torch_linear_tables(t: int, f: int, iters: int, recipe) -> None:
     layers = torch_layers.make_layers(f, f, "cuda", seed=0)
     layers["fp8kit"].cache_fp8_weight = False
     data = torch_layers.inputs(t, f, f, "cuda", copies=1, seed=0)
     for name, layer in layers.items():
         fn = torch_layers.fwd_bwd_fn(layer, data)
-        with ft.autocast(enabled=name == "fp8kit", recipe=DelayedScaling()):
-            print(f"== torch {name}: {iters} x fwd+bwd, {t}x{f}x{f}, CUDA time per kernel")
+        with ft.autocast(enabled=name == "fp8kit", recipe=recipe):
+            label = f"fp8kit {type(recipe).__name__}" if name == "fp8kit" else name
+            print(f"== torch {label}: {iters} x fwd+bwd, {t}x{f}x{f}, CUDA time per kernel")
             print(kernel_table(fn, iters, torch.cuda.synchronize))
 
 
-def jax_tables(t: int, f: int, iters: int) -> None:
+def torch_mlp_tables(t: int, hidden: int, ffn: int, iters: int) -> None:
+    from fp8kit.bench import fused_torch, te_peer
+    layers = fused_torch.make_layers("swiglu", hidden, ffn, "cuda", seed=0)
+    x = torch.randn(t, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    data = [(x, torch.randn(t, hidden, device="cuda", dtype=torch.bfloat16))]
+    steps = {"bf16": (fused_torch._fwd_bwd(layers["bf16"], data), None)}
+    for kind in ("fused", "unfused"):
+        for rname, recipe in (("delayed", DelayedScaling()), ("current", CurrentScaling())):
+            steps[f"fp8kit {kind} {rname}"] = (fused_torch._fwd_bwd(layers[kind], data),
+                                               lambda recipe=recipe: ft.autocast(recipe=recipe))
+    te, missing = te_peer.torch_module()
+    if te is None:
+        print(f"== torch TE LayerNormMLP: not profiled: {missing}")
+    else:
+        b = layers["bf16"]
+        for rname in ("delayed", "current"):
+            layer = te_peer.torch_layer(te, b.norm, b.fc1, b.fc2, b.activation)
+            steps[f"TE {rname}"] = (fused_torch._fwd_bwd(layer, data),
+                                    te_peer.torch_autocast(te, rname))
+    for name, (fn, enter) in steps.items():
+        # Each call in its own autocast, as a training step runs it (TE
+        # updates its delayed scales as the autocast exits).
+        def call(i, fn=fn, enter=enter):
+            if enter is None:
+                return fn(i)
+            with enter():
+                return fn(i)
+        print(f"== torch MLP {name}: {iters} x fwd+bwd, {t}x{hidden}x{ffn} SwiGLU, "
+              "CUDA time per kernel")
+        print(kernel_table(call, iters, torch.cuda.synchronize))
+
+
+def torch_tables(t: int, f: int, ffn: int, iters: int, layers) -> None:
+    if "linear" in layers:
+        torch_linear_tables(t, f, iters, DelayedScaling())
+    if "block" in layers:
+        torch_linear_tables(t, f, iters, BlockScaling())
+    if "mlp" in layers:
+        torch_mlp_tables(t, f, ffn, iters)
+
+
+def _jax_fwd_bwd(fn):
+    """jit of (*args, dy) -> (fn(*args), its vjp at dy)."""
+    import jax
+
+    def run(*args):
+        *inputs, dy = args
+        y, vjp = jax.vjp(fn, *inputs)
+        return y, vjp(dy)
+    return jax.jit(run)
+
+
+def _jax_mlp_cases(t, hidden, ffn, dy, keys):
+    """The MLP block's jax cases as the fused bench builds them."""
+    import jax
+    import jax.numpy as jnp
+    from fp8kit.bench import mlp_jax
+    kx, k1, k2 = keys
+    x = jax.random.normal(kx, (t, hidden), jnp.bfloat16)
+    gamma = jnp.ones((hidden,), jnp.bfloat16)
+    w1 = (jax.random.normal(k1, (hidden, 2 * ffn), jnp.float32) / hidden ** 0.5).astype(
+        jnp.bfloat16)
+    w2 = (jax.random.normal(k2, (ffn, hidden), jnp.float32) / ffn ** 0.5).astype(jnp.bfloat16)
+    cases = {"MLP bf16": (_jax_fwd_bwd(mlp_jax._bf16_block("swiglu")),
+                          (x, gamma, w1, w2, None, dy))}
+    for kind, make in (("fused", mlp_jax._fused_block), ("unfused", mlp_jax._unfused_block)):
+        for rname, recipe in (("delayed", DelayedScaling()), ("current", CurrentScaling())):
+            cases[f"MLP fp8kit {kind} {rname}"] = (
+                _jax_fwd_bwd(make("swiglu", recipe)),
+                (x, gamma, w1, w2, mlp_jax._fresh_state(kind, recipe), dy))
+    return cases
+
+
+def jax_tables(t: int, f: int, ffn: int, iters: int, layers) -> None:
     import jax  # here, not at the top: --frameworks torch runs without JAX
     import jax.numpy as jnp
     import fp8kit.jax as fj
-    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
-    x = jax.random.normal(k1, (t, f), jnp.bfloat16)
-    w = (jax.random.normal(k2, (f, f), jnp.float32) / f ** 0.5).astype(jnp.bfloat16)
+    k1, k2, k3, k4 = jax.random.split(jax.random.PRNGKey(0), 4)
     dy = jax.random.normal(k3, (t, f), jnp.bfloat16)
-    recipe = DelayedScaling()
-    st = fj.DelayedScalingState.create(recipe)
-
-    def fwd_bwd(fn):
-        def run(x, w, st, dy):
-            y, vjp = jax.vjp(fn, x, w, st)
-            return y, vjp(dy)
-        return jax.jit(run)
-
-    fns = {"fp8kit delayed": fwd_bwd(lambda x, w, st: fj.dense(x, w, state=st, recipe=recipe)),
-           "bf16": fwd_bwd(lambda x, w, st: x @ w)}
-    for name, jf in fns.items():
-        hlo = jf.lower(x, w, st, dy).compile().as_text()
+    cases = {}  # name: (jitted fwd+bwd, its arguments)
+    if "linear" in layers:
+        x = jax.random.normal(k1, (t, f), jnp.bfloat16)
+        w = (jax.random.normal(k2, (f, f), jnp.float32) / f ** 0.5).astype(jnp.bfloat16)
+        recipe = DelayedScaling()
+        cases["fp8kit delayed"] = (
+            _jax_fwd_bwd(lambda x, w, st: fj.dense(x, w, state=st, recipe=recipe)),
+            (x, w, fj.DelayedScalingState.create(recipe), dy))
+        cases["bf16"] = (_jax_fwd_bwd(lambda x, w, st: x @ w), (x, w, None, dy))
+    if "mlp" in layers:
+        cases.update(_jax_mlp_cases(t, f, ffn, dy, (k1, k2, k4)))
+    for name, (jf, args) in cases.items():
+        hlo = jf.lower(*args).compile().as_text()
         entry = hlo[hlo.index("\nENTRY"):]
         print(f"== jax {name}: ops of the optimized HLO's entry computation")
         for line in entry.splitlines()[1:]:
@@ -90,11 +170,11 @@ def jax_tables(t: int, f: int, iters: int) -> None:
                                         "constant", "bitcast"):
                 what = re.search(r'custom_call_target="([^"]+)"|kind=(k\w+)', line)
                 print("  ", m.group(2), what.group(what.lastindex) if what else "", m.group(1))
-        print(f"== jax {name}: {iters} x jit'd fwd+bwd, {t}x{f}x{f}, CUDA time per kernel")
+        print(f"== jax {name}: {iters} x jit'd fwd+bwd, CUDA time per kernel")
         last = []  # the newest output: sync waits for it without another call
 
-        def call(i, jf=jf, last=last):
-            last[:] = [jf(x, w, st, dy)]
+        def call(i, jf=jf, args=args, last=last):
+            last[:] = [jf(*args)]
         print(kernel_table(call, iters, lambda last=last: jax.block_until_ready(last[0])))
 
 
@@ -103,11 +183,18 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--features", type=int, default=8192)
+    ap.add_argument("--ffn", type=int, default=14336, help="the MLP's ffn width (--layers mlp)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--frameworks", default="torch,jax")
+    ap.add_argument("--layers", default="linear", help="comma-separated: linear, block, mlp")
     args = ap.parse_args()
+    layers = set(args.layers.split(","))
+    if not layers <= {"linear", "block", "mlp"}:
+        ap.error(f"--layers: unknown {sorted(layers - {'linear', 'block', 'mlp'})}; "
+                 "choose from linear, block, mlp")
     for fw in args.frameworks.split(","):
-        {"torch": torch_tables, "jax": jax_tables}[fw](args.tokens, args.features, args.iters)
+        {"torch": torch_tables, "jax": jax_tables}[fw](args.tokens, args.features, args.ffn,
+                                                       args.iters, layers)
 
 
 if __name__ == "__main__":
