@@ -2,7 +2,7 @@
 the Llama-style decoder, bf16 vs fp8kit's delayed, current and block
 scaling, in PyTorch and JAX.
 
-    python -m fp8kit.models.bench --config 1b [--batch 1] [--steps 10]
+    python -m fp8kit.models.bench --config 1b [--batch 1] [--steps 30]
     python -m fp8kit.models.bench --config tiny --seq-len 64   # a CPU smoke run
     python -m fp8kit.models.bench --config 1b --frameworks torch \\
         --recipes bf16,delayed,current,torchao --compile      # compiled steps too
@@ -188,8 +188,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, help="override the config's layer count")
     p.add_argument("--seq-len", type=int, help="override the config's sequence length")
     p.add_argument("--batch", type=int, default=1, help="sequences per step")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
-    p.add_argument("--steps", type=int, default=10, help="timed steps")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    p.add_argument("--steps", type=int, default=30, help="timed steps")
     p.add_argument("--frameworks", default=",".join(FRAMEWORKS))
     p.add_argument("--recipes", default=",".join(RECIPES),
                    help=f"subset of {','.join(RECIPES + TORCH_ONLY)}")
