@@ -7,14 +7,8 @@ import numpy as np
 import pytest
 
 import fp8kit.jax as fj
+from jax_gpus import gpus
 from fp8kit.jax._ffi import amax_call
-
-
-def _gpus():
-    try:
-        return jax.devices("gpu") if fj.BUILT_WITH_CUDA else []
-    except RuntimeError:
-        return []
 
 
 def _np_amax(x) -> np.float32:
@@ -91,10 +85,10 @@ def test_handler_reports_core_errors_instead_of_crashing():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _gpus(), reason="needs a CUDA GPU and fp8kit built with CUDA")
+@pytest.mark.skipif(not gpus(), reason="needs a CUDA GPU and fp8kit built with CUDA")
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
 def test_gpu_matches_numpy(dtype):
-    gpu = _gpus()[0]
+    gpu = gpus()[0]
     x = (np.random.default_rng(2).standard_normal((1000, 257)) * 7).astype(np.float32)
     x[5, 3] = -1000.0
     xg = jax.device_put(jnp.asarray(x, dtype), gpu)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import fp8kit.jax as fj
+from jax_gpus import gpus
 from fp8kit.recipe import AmaxReduction, CurrentScaling, DelayedScaling, Format
 
 F32 = np.float32
@@ -59,13 +60,6 @@ def _reference(recipe, state, x, w, b, dy):
     mags = (np.abs(xq) @ np.abs(wq), np.abs(gq) @ np.abs(wq).T, np.abs(xq).T @ np.abs(gq))
     db = None if b is None else dy2.astype(np.float64).sum(0)
     return (y, gq @ wq.T, xq.T @ gq, db), mags
-
-
-def _gpus():
-    try:
-        return jax.devices("gpu") if fj.BUILT_WITH_CUDA else []
-    except RuntimeError:
-        return []
 
 
 def _assert_close(got, want, mag, out_dtype, what, accumulation=1e-5):
@@ -128,10 +122,10 @@ def test_forward_and_grads_match_the_quantized_math(recipe, with_bias, lead):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _gpus(), reason="needs a CUDA GPU and fp8kit built with CUDA")
+@pytest.mark.skipif(not gpus(), reason="needs a CUDA GPU and fp8kit built with CUDA")
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda r: f"{type(r).__name__}-{r.fp8_format.value}")
 def test_gpu_forward_and_grads_match_the_quantized_math(recipe):
-    gpu = _gpus()[0]
+    gpu = gpus()[0]
     x, w, b, dy = _inputs(np.random.default_rng(8), (256,), 512, 384)
     state = _state(recipe, [3.0, 40.0, 2.0**14])
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import fp8kit.jax as fj
+from jax_gpus import gpus
 from fp8kit.recipe import CurrentScaling, DelayedScaling, Format
 
 from fused_layers_float64 import Scales, roll
@@ -328,15 +329,8 @@ def test_layernorm_dense_bad_arguments():
 
 # --- CUDA against CPU ----------------------------------------------------------------------
 
-def _gpus():
-    try:
-        return jax.devices("gpu") if fj.BUILT_WITH_CUDA else []
-    except RuntimeError:
-        return []
-
-
 @pytest.mark.gpu
-@pytest.mark.skipif(not _gpus(), reason="needs a CUDA build of fp8kit and a GPU")
+@pytest.mark.skipif(not gpus(), reason="needs a CUDA build of fp8kit and a GPU")
 @pytest.mark.parametrize("recipe", RECIPES[:2], ids=RECIPE_IDS[:2])
 @pytest.mark.parametrize("norm,act", [("layernorm", "gelu"), ("rmsnorm", "swiglu")])
 def test_cuda_matches_cpu(recipe, norm, act):
@@ -345,7 +339,7 @@ def test_cuda_matches_cpu(recipe, norm, act):
     x = rng.standard_normal((130, HIDDEN)).astype(np.float32)
     dy = (rng.standard_normal((130, N)) * 1e-2).astype(np.float32)
     results = []
-    for device in (jax.devices("cpu")[0], _gpus()[0]):
+    for device in (jax.devices("cpu")[0], gpus()[0]):
         with jax.default_device(device):
             args = [None if a is None else jax.device_put(jnp.asarray(a), device) for a in
                     (x.astype(jnp.bfloat16), p["gamma"], p["beta"], p["kernel_1"],

@@ -9,16 +9,10 @@ import numpy as np
 import pytest
 
 import fp8kit.jax as fj
+from jax_gpus import gpus
 from fp8kit.jax._ffi import GemmLayout, gemm_call
 
 FP8 = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
-
-
-def _gpus():
-    try:
-        return jax.devices("gpu") if fj.BUILT_WITH_CUDA else []
-    except RuntimeError:
-        return []
 
 
 def _operand(rng, shape, fmt, scale_inv, columnwise=True):
@@ -159,11 +153,11 @@ def test_abstract_evaluation():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _gpus(), reason="needs a CUDA GPU and fp8kit built with CUDA")
+@pytest.mark.skipif(not gpus(), reason="needs a CUDA GPU and fp8kit built with CUDA")
 @pytest.mark.parametrize("trans_a,trans_b", [(False, True), (False, False), (True, False)])
 @pytest.mark.parametrize("split", [True, False])
 def test_gpu_matches_float64(trans_a, trans_b, split):
-    gpu = _gpus()[0]
+    gpu = gpus()[0]
     rng = np.random.default_rng(7)
     m, k, n = 256, 512, 384
     a, a64 = _operand(rng, (k, m) if trans_a else (m, k), "e4m3", 0.5)

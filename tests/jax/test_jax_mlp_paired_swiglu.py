@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import fp8kit.jax as fj
+from jax_gpus import gpus
 from fp8kit.recipe import BlockScaling, CurrentScaling, DelayedScaling, Format
 
 HIDDEN, FFN, N = 32, 48, 16
@@ -170,15 +171,8 @@ def test_paired_bad_arguments_raise_before_lowering(change, match):
 
 # --- CUDA against CPU ----------------------------------------------------------------------
 
-def _gpus():
-    try:
-        return jax.devices("gpu") if fj.BUILT_WITH_CUDA else []
-    except RuntimeError:
-        return []
-
-
 @pytest.mark.gpu
-@pytest.mark.skipif(not _gpus(), reason="needs a CUDA build of fp8kit and a GPU")
+@pytest.mark.skipif(not gpus(), reason="needs a CUDA build of fp8kit and a GPU")
 @pytest.mark.parametrize("recipe", PER_TENSOR[:2], ids=["current", "delayed"])
 def test_paired_cuda_matches_cpu(recipe):
     rng = np.random.default_rng(9)
@@ -186,7 +180,7 @@ def test_paired_cuda_matches_cpu(recipe):
     x = jnp.asarray(rng.standard_normal((130, HIDDEN)), jnp.bfloat16)
     dy = jnp.asarray(rng.standard_normal((130, N)) * 1e-2, jnp.bfloat16)
     results = []
-    for device in (jax.devices("cpu")[0], _gpus()[0]):
+    for device in (jax.devices("cpu")[0], gpus()[0]):
         with jax.default_device(device):
             state = (fj.DelayedScalingState.create(recipe, num_linears=2)
                      if isinstance(recipe, DelayedScaling) else None)

@@ -15,17 +15,11 @@ import numpy as np
 import pytest
 
 import fp8kit.jax as fj
+from jax_gpus import gpus
 
 FP8 = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
 FP8_MAX = {k: float(ml_dtypes.finfo(v).max) for k, v in FP8.items()}
 F32 = np.float32
-
-
-def _gpus():
-    try:
-        return jax.devices("gpu") if fj.BUILT_WITH_CUDA else []
-    except RuntimeError:
-        return []
 
 
 def _ref_quantize_bits(x, scale, fmt) -> np.ndarray:
@@ -316,10 +310,10 @@ def test_scaled_tensor_format_follows_its_data():
 # --- GPU: bit-identical to the CPU ----------------------------------------------------
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _gpus(), reason="needs a CUDA GPU and fp8kit built with CUDA")
+@pytest.mark.skipif(not gpus(), reason="needs a CUDA GPU and fp8kit built with CUDA")
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 def test_gpu_bit_identical_to_cpu(fmt):
-    gpu, cpu = _gpus()[0], jax.devices("cpu")[0]
+    gpu, cpu = gpus()[0], jax.devices("cpu")[0]
     cases = [ALL_BF16.reshape(256, 256),
              _random_f32(np.random.default_rng(9), 1 << 16).reshape(64, 1024),
              np.random.default_rng(10).standard_normal((3, 37, 129)).astype(np.float16)]
