@@ -262,16 +262,28 @@ def main(argv=None) -> int:
             if fw != "torch" and recipe in TORCH_ONLY:
                 continue   # torchao is PyTorch's; TE's JAX layers do not fit this model's code
             for mode in modes(fw, recipe, args.compile):
-                print(f"  {fw} {recipe} {mode} ...", flush=True)
+                print(f"  {fw} {recipe} {mode} ...", end=" ", flush=True)
                 rows.append(_in_fresh_process(fw, model_cfg, recipe, mode, args.batch,
                                               args.warmup, args.steps))
+                print(_summary(rows[-1]), flush=True)
+                # After every run, so a run cut short by a time limit keeps what it measured.
+                if args.json:
+                    _write_json(args.json, args.config, model_cfg, args.batch, rows)
     print(_table(rows))
-    if args.json:
-        path = pathlib.Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"config": args.config, "model": dataclasses.asdict(model_cfg),
-                                    "batch": args.batch, "runs": rows}, indent=1))
     return 0
+
+
+def _summary(run: dict) -> str:
+    if "error" in run:
+        return f"not run: {run['error']}"
+    return f"{run['tokens_per_s']:.0f} tokens/s, {run['step_ms']:.1f} ms/step"
+
+
+def _write_json(path: str, config: str, model_cfg, batch: int, rows) -> None:
+    out = pathlib.Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"config": config, "model": dataclasses.asdict(model_cfg),
+                               "batch": batch, "runs": rows}, indent=1))
 
 
 if __name__ == "__main__":
