@@ -81,37 +81,57 @@ __device__ __forceinline__ int64_t output_col(const ActParams& p, int64_t tile_c
   }
 }
 
-// The values of row `row`, input columns col..col+7: v[0] the
-// activation's 8 outputs; for SwiGLU backward v[0] = d_gate and v[1] =
-// d_up of those columns.
+// The raw inputs of one row for 8 input columns: GELU h; SwiGLU gate, up;
+// GELU backward d_a, h; SwiGLU backward d_a, gate, up.
 template <int kIn, ActOp kOp>
-__device__ __forceinline__ void act_values(const ActParams& p, int64_t row, int64_t col,
-                                           float (&v)[TileShape<kOp>::kMicroTiles][8]) {
+struct ActRaw {
+  static constexpr int kLoads = kOp == ActOp::kGeluForward    ? 1
+                                : kOp == ActOp::kSwigluBackward ? 3
+                                                                : 2;
+  Raw8<kIn> r[kLoads];
+};
+
+// Rows a thread loads before computing any of them: their 16-byte loads are
+// in flight together (one row at a time kept a SwiGLU backward thread
+// waiting on three loads per row, about half the H200's bandwidth). Two
+// for float32 inputs, whose rows take twice the registers.
+template <int kIn>
+constexpr int kActLoadBatch = kIn == FP8KIT_FLOAT32 ? 2 : 4;
+
+template <int kIn, ActOp kOp>
+__device__ __forceinline__ void load_act_row(const ActParams& p, int64_t row, int64_t col,
+                                             ActRaw<kIn, kOp>& a) {
   if constexpr (kOp == ActOp::kGeluForward) {
-    float h[8];
-    load8<kIn>(p.h, row * p.f + col, h);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) v[0][j] = gelu_f32(h[j]);
+    load_raw8<kIn>(p.h, row * p.f + col, a.r[0]);
   } else if constexpr (kOp == ActOp::kSwigluForward) {
-    float gate[8], up[8];
-    load8<kIn>(p.h, row * 2 * p.f + col, gate);
-    load8<kIn>(p.h, row * 2 * p.f + p.f + col, up);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) v[0][j] = swiglu_f32(gate[j], up[j]);
+    load_raw8<kIn>(p.h, row * 2 * p.f + col, a.r[0]);
+    load_raw8<kIn>(p.h, row * 2 * p.f + p.f + col, a.r[1]);
   } else if constexpr (kOp == ActOp::kGeluBackward) {
-    float da[8], h[8];
-    load8<kIn>(p.d_a, row * p.f + col, da);
-    load8<kIn>(p.h, row * p.f + col, h);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) v[0][j] = gelu_backward_f32(da[j], h[j]);
+    load_raw8<kIn>(p.d_a, row * p.f + col, a.r[0]);
+    load_raw8<kIn>(p.h, row * p.f + col, a.r[1]);
   } else {
-    float da[8], gate[8], up[8];
-    load8<kIn>(p.d_a, row * p.f + col, da);
-    load8<kIn>(p.h, row * 2 * p.f + col, gate);
-    load8<kIn>(p.h, row * 2 * p.f + p.f + col, up);
+    load_raw8<kIn>(p.d_a, row * p.f + col, a.r[0]);
+    load_raw8<kIn>(p.h, row * 2 * p.f + col, a.r[1]);
+    load_raw8<kIn>(p.h, row * 2 * p.f + p.f + col, a.r[2]);
+  }
+}
+
+// The values of a row's 8 input columns: v[0] the activation's 8 outputs;
+// for SwiGLU backward v[0] = d_gate and v[1] = d_up of those columns.
+template <int kIn, ActOp kOp>
+__device__ __forceinline__ void act_values(const ActRaw<kIn, kOp>& a,
+                                           float (&v)[TileShape<kOp>::kMicroTiles][8]) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const SwigluGrad g = swiglu_grad_f32(da[j], gate[j], up[j]);
+  for (int j = 0; j < 8; ++j) {
+    if constexpr (kOp == ActOp::kGeluForward) {
+      v[0][j] = gelu_f32(raw_get<kIn>(a.r[0], j));
+    } else if constexpr (kOp == ActOp::kSwigluForward) {
+      v[0][j] = swiglu_f32(raw_get<kIn>(a.r[0], j), raw_get<kIn>(a.r[1], j));
+    } else if constexpr (kOp == ActOp::kGeluBackward) {
+      v[0][j] = gelu_backward_f32(raw_get<kIn>(a.r[0], j), raw_get<kIn>(a.r[1], j));
+    } else {
+      const SwigluGrad g = swiglu_grad_f32(raw_get<kIn>(a.r[0], j), raw_get<kIn>(a.r[1], j),
+                                           raw_get<kIn>(a.r[2], j));
       v[0][j] = g.d_gate;
       v[1][j] = g.d_up;
     }
@@ -185,8 +205,16 @@ __global__ void __launch_bounds__(TileShape<kOp>::kThreads) act_kernel(const Act
   uint32_t amax_bits = 0;
   uint2 q[kMicroTiles][8];
   float sums[kMicroTiles][8] = {};
+  constexpr int kBatch = kActLoadBatch<kIn>;
+  ActRaw<kIn, kOp> raw[kBatch];
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
+    if (k % kBatch == 0) {  // the next kBatch rows' loads, all in flight before any is used
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        if (col_ok && r0 + k + b < p.rows) load_act_row<kIn, kOp>(p, r0 + k + b, col, raw[b]);
+      }
+    }
 #pragma unroll
     for (int mt = 0; mt < kMicroTiles; ++mt) q[mt][k] = make_uint2(0, 0);
     const int64_t row = r0 + k;
@@ -201,7 +229,7 @@ __global__ void __launch_bounds__(TileShape<kOp>::kThreads) act_kernel(const Act
       continue;
     }
     float v[kMicroTiles][8];
-    act_values<kIn, kOp>(p, row, col, v);
+    act_values<kIn, kOp>(raw[k % kBatch], v);
 #pragma unroll
     for (int mt = 0; mt < kMicroTiles; ++mt) {
       fold_amax8(v[mt], amax_bits);
