@@ -7,7 +7,8 @@
 //      c2 = sum(g) / H in the row-sum order (lane l adds chunks l, l+32,
 //      ... in order; then the xor butterfly), one read of dy and x;
 //   2. the block walks the columns, a thread owning 8 of them: for each
-//      row of the tile in order it re-reads dy and x (from L2), writes dx
+//      row of the tile in order (loads 4 rows ahead) it re-reads dy and x
+//      (from L2), writes dx
 //      with 16-byte stores and adds dy * xhat and dy to its column
 //      partials, which end in the workspace: [tiles][hidden] for dgamma,
 //      then [tiles][hidden] for dbeta.
@@ -91,25 +92,38 @@ __global__ void __launch_bounds__(kBwdThreads) norm_backward_kernel(const NormBa
   }
   __syncthreads();
 
-  // 2. dx and the column partials, rows in order.
+  // 2. dx and the column partials, rows in order; kRowBatch rows' loads
+  // in flight together (one row at a time left the loop waiting on L2).
+  constexpr int kRowBatch = kIn == FP8KIT_FLOAT32 ? 2 : 4;
   const int64_t tile_rows = p.rows - r0 < kBwdTileRows ? p.rows - r0 : kBwdTileRows;
   for (int64_t c0 = int64_t(tid) * 8; c0 < p.hidden; c0 += int64_t(kBwdThreads) * 8) {
     float g[8], dgamma[8] = {}, dbeta[8] = {};
     load8<kIn>(p.gamma, c0, g);
-    for (int tr = 0; tr < tile_rows; ++tr) {
-      const int64_t idx = (r0 + tr) * p.hidden + c0;
-      float dy[8], x[8], dx[8];
-      load8<kIn>(p.dy, idx, dy);
-      load8<kIn>(p.x, idx, x);
+    for (int tr0 = 0; tr0 < tile_rows; tr0 += kRowBatch) {
+      Raw8<kIn> raw_dy[kRowBatch], raw_x[kRowBatch];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float xhat = norm_xhat(x[j], tile_mean[tr], tile_rsigma[tr]);
-        dx[j] = norm_dx(p.layernorm, mul_rn(dy[j], g[j]), xhat, tile_c1[tr], tile_c2[tr],
-                        tile_rsigma[tr]);
-        dgamma[j] = add_rn(dgamma[j], mul_rn(dy[j], xhat));
-        dbeta[j] = add_rn(dbeta[j], dy[j]);
+      for (int b = 0; b < kRowBatch; ++b) {
+        if (tr0 + b < tile_rows) {
+          load_raw8<kIn>(p.dy, (r0 + tr0 + b) * p.hidden + c0, raw_dy[b]);
+          load_raw8<kIn>(p.x, (r0 + tr0 + b) * p.hidden + c0, raw_x[b]);
+        }
       }
-      store8<kIn>(p.dx, idx, dx);
+#pragma unroll
+      for (int b = 0; b < kRowBatch; ++b) {
+        const int tr = tr0 + b;
+        if (tr >= tile_rows) break;
+        float dx[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float dy = raw_get<kIn>(raw_dy[b], j);
+          const float xhat = norm_xhat(raw_get<kIn>(raw_x[b], j), tile_mean[tr], tile_rsigma[tr]);
+          dx[j] = norm_dx(p.layernorm, mul_rn(dy, g[j]), xhat, tile_c1[tr], tile_c2[tr],
+                          tile_rsigma[tr]);
+          dgamma[j] = add_rn(dgamma[j], mul_rn(dy, xhat));
+          dbeta[j] = add_rn(dbeta[j], dy);
+        }
+        store8<kIn>(p.dx, (r0 + tr) * p.hidden + c0, dx);
+      }
     }
     float* dg = p.dgamma_partials + int64_t(blockIdx.x) * p.hidden + c0;
     float* db = p.dbeta_partials + int64_t(blockIdx.x) * p.hidden + c0;

@@ -9,7 +9,8 @@
 //      reads the row twice (mean, then the squared deviations);
 //   2. cast: the block walks the hidden dimension in tiles of 16 rows x
 //      128 columns, one 8-element vector per thread: re-reads x (from L2:
-//      the block read these rows just before), computes y in float32,
+//      the block read these rows just before; the next tile's vector is
+//      loaded while this one is cast), computes y in float32,
 //      writes y (optional), the rowwise FP8 bytes (8-byte stores), and
 //      parks them in a 16 x 128 shared tile (8-byte stores, no bank
 //      conflict), from which thread c < 128 gathers column c's 16 bytes
@@ -138,12 +139,21 @@ __global__ void __launch_bounds__(kNormThreads) norm_forward_kernel(const NormFo
   const float rsigma = row_ok ? tile_rsigma[tr] : 0.0f;
   const int64_t tile_rows_left = p.rows - r0;
   uint32_t amax_bits = 0;
+  // x of the next column tile is loaded while this one is cast (one load
+  // per tile kept each thread waiting on L2 between the barriers).
+  Raw8<kIn> next_x;
+  if (row_ok && cg * 8 < p.hidden) load_raw8<kIn>(p.x, row * p.hidden + cg * 8, next_x);
   for (int64_t c0 = 0; c0 < p.hidden; c0 += kNormTileCols) {
     const int64_t col = c0 + cg * 8;
     const bool ok = row_ok && col < p.hidden;  // hidden % 8 == 0: whole groups
+    const Raw8<kIn> raw_x = next_x;
+    if (row_ok && col + kNormTileCols < p.hidden) {
+      load_raw8<kIn>(p.x, row * p.hidden + col + kNormTileCols, next_x);
+    }
     if (ok) {
       float x[8], g[8], b[8], y[8];
-      load8<kIn>(p.x, row * p.hidden + col, x);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) x[j] = raw_get<kIn>(raw_x, j);
       load8<kIn>(p.gamma, col, g);
       if (p.layernorm) load8<kIn>(p.beta, col, b);
 #pragma unroll
