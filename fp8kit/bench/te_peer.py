@@ -122,3 +122,69 @@ def jax_mlp(tej, recipe_name: str, act: str, x, gamma, k1, k2, eps: float):
             y = module.apply(variables, x[None])
         return (y[0] if isinstance(y, tuple) else y)[0]   # (out, norm output) in some versions
     return block, variables
+
+
+def jax_layers(tej, recipe_name: str):
+    """llama_jax.JaxLayers of TE-JAX's flax LayerNormDenseGeneral,
+    DenseGeneral and LayerNormMLP (RMSNorm, no biases), for the JAX
+    decoder: the model's own weights are their params, and their non-param
+    collections (TE's scaling metadata, created when a module is
+    initialized under TE's autocast) are the FP8 state, whose gradient is
+    its next value (te.update_collections' convention, the decoder's too).
+    Every call runs under TE's autocast with the recipe of that name."""
+    import jax
+    import jax.numpy as jnp
+    from flax.core import meta, unfreeze
+
+    from fp8kit.models.llama_jax import JaxLayers
+
+    def layernorm_dense_module(features, epsilon):
+        return tej.flax.LayerNormDenseGeneral(
+            features=features, layernorm_type="rmsnorm", epsilon=epsilon, use_bias=False,
+            return_layernorm_output=False, dtype=jnp.float32)
+
+    def dense_module(features):
+        return tej.flax.DenseGeneral(features=features, use_bias=False, dtype=jnp.float32)
+
+    def mlp_module(ffn, epsilon):
+        return tej.flax.LayerNormMLP(
+            intermediate_dim=ffn, activations=("silu", "linear"), layernorm_type="rmsnorm",
+            epsilon=epsilon, use_bias=False, intermediate_dropout_rate=0.0,
+            return_layernorm_output=False, dtype=jnp.float32)
+
+    def apply(module, params, state, x):
+        with jax_autocast(tej, recipe_name):
+            y = module.apply({"params": params, **state}, x)
+        return y[0] if isinstance(y, tuple) else y   # (out, norm output) from the norm layers
+
+    def layernorm_dense(x, gamma, beta, kernel, *, normalization, epsilon, state, recipe):
+        return apply(layernorm_dense_module(kernel.shape[1], epsilon),
+                     {"scale": gamma, "kernel": kernel}, state, x)
+
+    def dense(x, kernel, *, state, recipe):
+        return apply(dense_module(kernel.shape[1]), {"kernel": kernel}, state, x)
+
+    def layernorm_mlp(x, gamma, beta, kernel_1, kernel_2, *, normalization, activation,
+                      epsilon, state, recipe):
+        hidden, ffn = kernel_2.shape[1], kernel_2.shape[0]
+        # [w_gate | w_up] -> TE's [hidden, 2, ffn]: silu of the first, times the second.
+        return apply(mlp_module(ffn, epsilon),
+                     {"scale": gamma, "wi_kernel": kernel_1.reshape(hidden, 2, ffn),
+                      "wo_kernel": kernel_2}, state, x)
+
+    def state_of(module, x):
+        """The module's non-param collections after init under TE's autocast."""
+        with jax_autocast(tej, recipe_name):
+            variables = meta.unbox(unfreeze(module.init(jax.random.PRNGKey(0), x)))
+        variables.pop("params")
+        return variables
+
+    def create_states(cfg, recipe):
+        x = jnp.zeros((1, 128, cfg.hidden), jnp.float32)   # 128 tokens: FP8 GEMM-sized
+        kinds = {"qkv": state_of(layernorm_dense_module(cfg.hidden + 2 * cfg.kv_width,
+                                                        cfg.norm_eps), x),
+                 "wo": state_of(dense_module(cfg.hidden), x.astype(jnp.bfloat16)),
+                 "mlp": state_of(mlp_module(cfg.ffn, cfg.norm_eps), x)}
+        return {"layers": [jax.tree.map(jnp.copy, kinds) for _ in range(cfg.layers)]}
+
+    return JaxLayers(layernorm_dense, dense, layernorm_mlp, create_states)

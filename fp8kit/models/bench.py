@@ -11,10 +11,12 @@ Each (framework, recipe, mode) runs in a fresh process (so that one run's
 allocator caches and compiled programs do not count against the next):
 the training step (forward, backward, clipping, AdamW) runs `--warmup`
 times untimed (compilation, autotuning), then `--steps` times timed.
-The recipes te-delayed and te-current (PyTorch only, a CUDA GPU with
-TransformerEngine installed) run the same model with TransformerEngine's
-te.Linear, te.LayerNormLinear and te.LayerNormMLP in place of fp8kit's,
-under te.autocast with the same recipe settings.
+The recipes te-delayed and te-current (a CUDA GPU with TransformerEngine
+installed) run the same model with TransformerEngine's layers in place of
+fp8kit's, under TE's autocast with the same recipe settings: in PyTorch
+te.Linear, te.LayerNormLinear and te.LayerNormMLP; in JAX its flax
+LayerNormDenseGeneral, DenseGeneral and LayerNormMLP
+(fp8kit/bench/te_peer.py's jax_layers).
 
 The mode column says how a step runs: PyTorch "eager", or "compile" with
 --compile, which adds a compiled run of every PyTorch recipe next to its
@@ -54,9 +56,9 @@ from fp8kit.models.schedule import TrainConfig
 
 FRAMEWORKS = ("torch", "jax")
 RECIPES = ("bf16", "delayed", "current", "block")
-TE_RECIPES = ("te-delayed", "te-current")   # TransformerEngine, PyTorch only
+TE_RECIPES = ("te-delayed", "te-current")   # TransformerEngine
 TORCHAO = "torchao"                          # torchao's Float8Linear, PyTorch only, compiled
-TORCH_ONLY = TE_RECIPES + (TORCHAO,)
+TORCH_ONLY = (TORCHAO,)
 
 
 def _recipe(name: str):
@@ -119,7 +121,16 @@ def torch_trainer(model_cfg, train_cfg, recipe_name, params, compile: bool = Fal
 def jax_trainer(model_cfg, train_cfg, recipe_name, params):
     """As torch_trainer, for JAX (whose allocator's peak has no reset)."""
     from fp8kit.models.train_jax import JaxTrainer
-    trainer = JaxTrainer(model_cfg, train_cfg, _recipe(recipe_name), params=params)
+    if recipe_name in TE_RECIPES:
+        from fp8kit.bench import te_peer
+        tej, missing = te_peer.jax_module()
+        if tej is None:
+            raise RuntimeError(missing)
+        name = recipe_name[len("te-"):]
+        trainer = JaxTrainer(model_cfg, train_cfg, _recipe(name), params=params,
+                             layers=te_peer.jax_layers(tej, name))
+    else:
+        trainer = JaxTrainer(model_cfg, train_cfg, _recipe(recipe_name), params=params)
     return trainer, lambda: None, lambda: (trainer.device.memory_stats() or {}).get(
         "peak_bytes_in_use")
 
@@ -192,7 +203,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=30, help="timed steps")
     p.add_argument("--frameworks", default=",".join(FRAMEWORKS))
     p.add_argument("--recipes", default=",".join(RECIPES),
-                   help=f"subset of {','.join(RECIPES + TORCH_ONLY)}")
+                   help=f"subset of {','.join(RECIPES + TE_RECIPES + TORCH_ONLY)}")
     p.add_argument("--compile", action="store_true",
                    help="also run each PyTorch recipe under torch.compile (torchao needs it)")
     p.add_argument("--json", help="also write the results here")
@@ -236,7 +247,7 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
         frameworks = choices(args.frameworks, FRAMEWORKS, "--frameworks")
-        recipes = choices(args.recipes, RECIPES + TORCH_ONLY, "--recipes")
+        recipes = choices(args.recipes, RECIPES + TE_RECIPES + TORCH_ONLY, "--recipes")
         if TORCHAO in recipes and not args.compile:
             raise ValueError(f"--recipes {TORCHAO} runs compiled only (torchao's eager "
                              "Float8Linear is slower than bf16): add --compile")
@@ -260,7 +271,7 @@ def main(argv=None) -> int:
     for fw in frameworks:
         for recipe in recipes:
             if fw != "torch" and recipe in TORCH_ONLY:
-                continue   # torchao is PyTorch's; TE's JAX layers do not fit this model's code
+                continue   # torchao is PyTorch's
             for mode in modes(fw, recipe, args.compile):
                 print(f"  {fw} {recipe} {mode} ...", end=" ", flush=True)
                 rows.append(_in_fresh_process(fw, model_cfg, recipe, mode, args.batch,

@@ -20,9 +20,16 @@ return float32; q, k, v then go to bf16.
 Delayed scaling's state leaves as its "gradient" (fp8kit.jax.dense's
 convention): differentiate the loss with respect to (params, fp8_states)
 and take the states' cotangent as the next states.
+
+The three calls come from a JaxLayers (fp8kit.jax's by default): a peer
+library's layers with the same signatures and the same state convention
+run the same model (fp8kit/bench/te_peer.py builds TransformerEngine's).
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -46,10 +53,10 @@ def model_params(params: dict, recipe) -> dict:
     return {**params, "layers": [fuse_kernels(layer) for layer in params["layers"]]}
 
 
-def create_fp8_states(cfg: LlamaConfig, recipe):
+def _fp8kit_states(cfg: LlamaConfig, recipe):
     """{"layers": [{"qkv", "wo", "mlp": DelayedScalingState}]} under
     DelayedScaling ("mlp" holds layernorm_mlp's two Linears); None under
-    CurrentScaling or BlockScaling (stateless) or recipe=None."""
+    CurrentScaling or BlockScaling (stateless)."""
     if not isinstance(recipe, DelayedScaling):
         return None
     create = fj.DelayedScalingState.create
@@ -57,13 +64,36 @@ def create_fp8_states(cfg: LlamaConfig, recipe):
                         "mlp": create(recipe, num_linears=2)} for _ in range(cfg.layers)]}
 
 
-def project(x, kernel, state, recipe):
+@dataclasses.dataclass(frozen=True)
+class JaxLayers:
+    """The FP8 calls of a decoder layer, each with fp8kit.jax's signature
+    (layernorm_dense, dense, layernorm_mlp: the keyword arguments state and
+    recipe included), and create_states(cfg, recipe): the states pytree
+    {"layers": [{"qkv", "wo", "mlp": state}]} or None. A state's cotangent
+    is its next value."""
+
+    layernorm_dense: Callable
+    dense: Callable
+    layernorm_mlp: Callable
+    create_states: Callable
+
+
+FP8KIT_LAYERS = JaxLayers(fj.layernorm_dense, fj.dense, fj.layernorm_mlp, _fp8kit_states)
+
+
+def create_fp8_states(cfg: LlamaConfig, recipe, layers: JaxLayers = FP8KIT_LAYERS):
+    """The FP8 states of every layer (layers.create_states), None with
+    recipe=None."""
+    return None if recipe is None else layers.create_states(cfg, recipe)
+
+
+def project(x, kernel, state, recipe, layers: JaxLayers = FP8KIT_LAYERS):
     """x bf16 [..., in] @ kernel [in, out], the float32 kernel cast to bf16
-    first (as torch.autocast does): FP8 through fp8kit with a recipe."""
+    first (as torch.autocast does): FP8 through layers.dense with a recipe."""
     kernel = kernel.astype(BF16)
     if recipe is None:
         return jnp.dot(x, kernel)
-    return fj.dense(x, kernel, state=state, recipe=recipe)
+    return layers.dense(x, kernel, state=state, recipe=recipe)
 
 
 def rms_norm(x, weight, eps: float):
@@ -83,28 +113,29 @@ def _state(states, name):
     return None if states is None else states[name]
 
 
-def norm_qkv(p, states, x, cfg: LlamaConfig, recipe):
+def norm_qkv(p, states, x, cfg: LlamaConfig, recipe, layers: JaxLayers):
     """RMSNorm and the q, k, v projections of x (the float32 stream): q, k, v in bf16."""
     if recipe is None:
         h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
         return tuple(project(h, p[n], None, None) for n in ("wq", "wk", "wv"))
-    qkv = fj.layernorm_dense(x, p["attn_norm"], None, p["wqkv"], normalization="rmsnorm",
-                             epsilon=cfg.norm_eps, state=_state(states, "qkv"), recipe=recipe)
+    qkv = layers.layernorm_dense(x, p["attn_norm"], None, p["wqkv"], normalization="rmsnorm",
+                                 epsilon=cfg.norm_eps, state=_state(states, "qkv"),
+                                 recipe=recipe)
     q, k, v = jnp.split(qkv, [cfg.hidden, cfg.hidden + cfg.kv_width], axis=-1)
     return q.astype(BF16), k.astype(BF16), v.astype(BF16)
 
 
-def attention(p, states, x, cos, sin, cfg: LlamaConfig, recipe):
+def attention(p, states, x, cos, sin, cfg: LlamaConfig, recipe, layers: JaxLayers):
     b, s, _ = x.shape
-    q, k, v = norm_qkv(p, states, x, cfg, recipe)
+    q, k, v = norm_qkv(p, states, x, cfg, recipe, layers)
     q = apply_rope(q.reshape(b, s, cfg.heads, cfg.head_dim), cos, sin)
     k = apply_rope(k.reshape(b, s, cfg.num_kv_heads, cfg.head_dim), cos, sin)
     v = v.reshape(b, s, cfg.num_kv_heads, cfg.head_dim)
     o = jax.nn.dot_product_attention(q, k, v, is_causal=True)
-    return project(o.reshape(b, s, cfg.hidden), p["wo"], _state(states, "wo"), recipe)
+    return project(o.reshape(b, s, cfg.hidden), p["wo"], _state(states, "wo"), recipe, layers)
 
 
-def norm_mlp(p, states, x, cfg: LlamaConfig, recipe):
+def norm_mlp(p, states, x, cfg: LlamaConfig, recipe, layers: JaxLayers):
     """RMSNorm and the SwiGLU MLP of x (the float32 stream): bf16 with
     recipe=None, float32 from the fused FP8 call."""
     if recipe is None:
@@ -112,14 +143,17 @@ def norm_mlp(p, states, x, cfg: LlamaConfig, recipe):
         gate, up = project(h, p["w_gate"], None, None), project(h, p["w_up"], None, None)
         g = jax.nn.silu(gate.astype(F32)) * up.astype(F32)
         return project(g.astype(BF16), p["w_down"], None, None)
-    return fj.layernorm_mlp(x, p["mlp_norm"], None, p["w_gate_up"], p["w_down"],
-                            normalization="rmsnorm", activation="swiglu", epsilon=cfg.norm_eps,
-                            state=_state(states, "mlp"), recipe=recipe)
+    return layers.layernorm_mlp(x, p["mlp_norm"], None, p["w_gate_up"], p["w_down"],
+                                normalization="rmsnorm", activation="swiglu",
+                                epsilon=cfg.norm_eps, state=_state(states, "mlp"),
+                                recipe=recipe)
 
 
-def forward(params, fp8_states, tokens, cfg: LlamaConfig, recipe):
+def forward(params, fp8_states, tokens, cfg: LlamaConfig, recipe,
+            layers: JaxLayers = FP8KIT_LAYERS):
     """tokens int32 [batch, seq] -> float32 logits [batch, seq, vocab];
-    params in model_params(..., recipe)'s layout."""
+    params in model_params(..., recipe)'s layout, fp8_states from
+    create_fp8_states(cfg, recipe, layers)."""
     s = tokens.shape[1]
     if s > cfg.seq_len:
         raise ValueError(f"llama_jax.forward: sequence of {s} tokens is longer than the "
@@ -128,8 +162,8 @@ def forward(params, fp8_states, tokens, cfg: LlamaConfig, recipe):
     x = params["embed"][tokens]                       # the float32 residual stream
     for i, p in enumerate(params["layers"]):
         states = None if fp8_states is None else fp8_states["layers"][i]
-        x = x + attention(p, states, x, cos, sin, cfg, recipe)
-        x = x + norm_mlp(p, states, x, cfg, recipe)
+        x = x + attention(p, states, x, cos, sin, cfg, recipe, layers)
+        x = x + norm_mlp(p, states, x, cfg, recipe, layers)
     h = rms_norm(x, params["final_norm"], cfg.norm_eps)
     # The output head stays in bf16 whatever the recipe, as FP8 training
     # recipes usually keep it: FP8 logits measurably hurt the loss.

@@ -63,20 +63,20 @@ def _adamw(params, grads, opt, lr, cfg: TrainConfig):
     return jax.tree.map(update, params, m, v), {"count": count, "m": m, "v": v}
 
 
-@functools.partial(jax.jit, static_argnames=("model_cfg", "recipe"))
-def _loss(params, fp8_states, batch, model_cfg, recipe):
-    logits = llama_jax.forward(params, fp8_states, batch[:, :-1], model_cfg, recipe)
+@functools.partial(jax.jit, static_argnames=("model_cfg", "recipe", "layers"))
+def _loss(params, fp8_states, batch, model_cfg, recipe, layers):
+    logits = llama_jax.forward(params, fp8_states, batch[:, :-1], model_cfg, recipe, layers)
     return llama_jax.cross_entropy(logits, batch[:, 1:])
 
 
 # jit-compiled once per (configs, recipe), whichever trainer calls it.
-@functools.partial(jax.jit, static_argnames=("model_cfg", "train_cfg", "recipe"))
-def _train_step(params, fp8_states, opt, batch, lr, *, model_cfg, train_cfg, recipe):
+@functools.partial(jax.jit, static_argnames=("model_cfg", "train_cfg", "recipe", "layers"))
+def _train_step(params, fp8_states, opt, batch, lr, *, model_cfg, train_cfg, recipe, layers):
     if fp8_states is None:
-        loss, grads = jax.value_and_grad(_loss)(params, None, batch, model_cfg, recipe)
+        loss, grads = jax.value_and_grad(_loss)(params, None, batch, model_cfg, recipe, layers)
     else:
         loss, (grads, fp8_states) = jax.value_and_grad(_loss, argnums=(0, 1))(
-            params, fp8_states, batch, model_cfg, recipe)
+            params, fp8_states, batch, model_cfg, recipe, layers)
     grads = _clip_by_global_norm(grads, train_cfg.clip_norm)
     params, opt = _adamw(params, grads, opt, lr, train_cfg)
     return params, fp8_states, opt, loss
@@ -84,13 +84,16 @@ def _train_step(params, fp8_states, opt, batch, lr, *, model_cfg, train_cfg, rec
 
 class JaxTrainer:
     """One training run. recipe None trains in bf16; params (NumPy, as
-    init_params makes them) default to init_params(model_cfg, train_cfg.seed)."""
+    init_params makes them) default to init_params(model_cfg, train_cfg.seed);
+    layers: the FP8 calls (llama_jax.JaxLayers), fp8kit.jax's by default."""
 
     framework = "jax"
 
     def __init__(self, model_cfg: LlamaConfig, train_cfg: TrainConfig, recipe=None,
-                 params: dict | None = None, device=None):
+                 params: dict | None = None, device=None,
+                 layers: llama_jax.JaxLayers = llama_jax.FP8KIT_LAYERS):
         self.model_cfg, self.train_cfg, self.recipe = model_cfg, train_cfg, recipe
+        self.layers = layers
         self.device = device if device is not None else default_device()
         if params is None:
             params = init_params(model_cfg, train_cfg.seed)
@@ -98,8 +101,8 @@ class JaxTrainer:
         # Every array committed to the device, as the step's outputs are:
         # otherwise the second step compiles the step once more.
         self.params = jax.device_put(params, self.device)
-        self.fp8_states = jax.device_put(llama_jax.create_fp8_states(model_cfg, recipe),
-                                         self.device)
+        self.fp8_states = jax.device_put(
+            llama_jax.create_fp8_states(model_cfg, recipe, layers), self.device)
         zeros = jax.tree.map(lambda p: np.zeros(p.shape, np.float32), params)
         self.opt_state = jax.device_put({"count": np.zeros((), np.int32), "m": zeros,
                                          "v": zeros}, self.device)
@@ -114,7 +117,7 @@ class JaxTrainer:
         lr = np.float32(learning_rate(self.step, self.train_cfg))
         self.params, self.fp8_states, self.opt_state, loss = _train_step(
             self.params, self.fp8_states, self.opt_state, batch, lr, model_cfg=self.model_cfg,
-            train_cfg=self.train_cfg, recipe=self.recipe)
+            train_cfg=self.train_cfg, recipe=self.recipe, layers=self.layers)
         self.step += 1
         return float(loss)
 
@@ -122,7 +125,8 @@ class JaxTrainer:
         """Mean loss over NumPy batches [batch, seq_len + 1]; the FP8
         scaling states are read, not updated (nothing is differentiated)."""
         losses = [float(_loss(self.params, self.fp8_states, jax.device_put(b, self.device),
-                              model_cfg=self.model_cfg, recipe=self.recipe)) for b in batches]
+                              model_cfg=self.model_cfg, recipe=self.recipe,
+                              layers=self.layers)) for b in batches]
         return sum(losses) / len(losses)
 
     # ------------------------------------------------------- checkpoints

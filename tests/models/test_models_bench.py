@@ -39,12 +39,12 @@ def test_smoke_run_reports_every_framework_and_recipe(tmp_path, capsys):
                     reason="TransformerEngine is installed: its rows would run")
 def test_transformer_engine_rows_say_why_they_did_not_run(capsys):
     """The TE peer recipes are optional: without TransformerEngine each one
-    reports why in the table (the other runs go on); JAX has no TE row."""
+    reports why in the table, in both frameworks (the other runs go on)."""
     assert bench.main(SMOKE + ["--recipes", "bf16,te-current"]) == 0
     out = capsys.readouterr().out
     assert ("torch     te-current eager   not run: TransformerEngine (PyTorch) not available"
             in out)
-    assert "jax       te-current" not in out
+    assert "jax       te-current jit     not run: TransformerEngine (JAX) not available" in out
     assert out.count("  1.00 ") == 2   # each framework's bf16 against itself
 
 

@@ -165,3 +165,37 @@ def test_batches_are_seeded_windows_of_the_corpus():
 def test_bad_train_configs_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         TrainConfig(**kwargs)
+
+
+def test_jax_decoder_runs_a_peers_layers():
+    """JaxTrainer(layers=...) routes every FP8 call of the decoder through
+    the given JaxLayers (as TransformerEngine's are plugged in) and threads
+    their states: layers that wrap fp8kit.jax's own calls train exactly as
+    the default ones, and the wrappers saw every call and state."""
+    import fp8kit.jax as fj
+    from fp8kit.models import llama_jax
+    seen = {"layernorm_dense": 0, "dense": 0, "layernorm_mlp": 0}
+
+    def counted(name, fn):
+        def call(*args, **kwargs):
+            seen[name] += 1   # once per layer each time the step is traced
+            assert isinstance(kwargs["state"], fj.DelayedScalingState)
+            return fn(*args, **kwargs)
+        return call
+
+    states = []
+
+    def create_states(cfg, recipe):
+        states.append(recipe)
+        return llama_jax.FP8KIT_LAYERS.create_states(cfg, recipe)
+
+    layers = llama_jax.JaxLayers(counted("layernorm_dense", fj.layernorm_dense),
+                                 counted("dense", fj.dense),
+                                 counted("layernorm_mlp", fj.layernorm_mlp), create_states)
+    peer = JaxTrainer(SMALL, SMALL_TRAIN, DELAYED, layers=layers)
+    own = JaxTrainer(SMALL, SMALL_TRAIN, DELAYED)
+    assert states == [DELAYED]
+    for _ in range(3):
+        assert peer.train_step() == own.train_step()
+    assert_identical(snapshot(peer), snapshot(own))
+    assert seen == {k: SMALL.layers for k in seen}   # one trace of the step
