@@ -101,9 +101,12 @@ def jax_mlp(tej, recipe_name: str, act: str, x, gamma, k1, k2, eps: float):
     hidden, ffn = k2.shape[1], k2.shape[0]
     acts = ("silu", "linear") if act == "swiglu" else ("gelu",)
     with jax_autocast(tej, recipe_name):
+        # return_layernorm_output=False: with the default (True) TE-JAX
+        # runs the norm apart from the first GEMM instead of its fused path.
         module = tej.flax.LayerNormMLP(intermediate_dim=ffn, activations=acts,
                                        layernorm_type="rmsnorm", epsilon=eps, use_bias=False,
-                                       intermediate_dropout_rate=0.0, dtype=jnp.bfloat16)
+                                       intermediate_dropout_rate=0.0,
+                                       return_layernorm_output=False, dtype=jnp.bfloat16)
         # Plain arrays: init returns its parameters boxed with their
         # logical sharding axes (flax's LogicallyPartitioned).
         variables = meta.unbox(unfreeze(module.init(jax.random.PRNGKey(0), x[None])))
