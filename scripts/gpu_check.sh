@@ -7,7 +7,12 @@
 #
 #   scripts/gpu_check.sh [OUTDIR]          (default: out/gpu)
 #   STAGES="build info cpp pytest sanitizer bench" scripts/gpu_check.sh
-#   (also: kprofile, the kernel times of one large Linear step)
+#   (also, not by default: kprofile, the kernel times of one large Linear
+#   step; models, the decoder's tokens/s and memory at the 1b config, 8
+#   sequences per step, and the 8b_slice, every recipe with TransformerEngine
+#   where installed, then the 1b step compiled next to torchao's; convergence,
+#   1000 steps of the 1b decoder in FP8 and bf16; step_profile, where a 1b
+#   step's GPU time goes)
 #   SANITIZE_PY_TOOLS="memcheck racecheck synccheck initcheck" adds the other
 #   tools to the Python part of the sanitizer stage (see sanitizer_py below)
 #   SANITIZE_SHARDS=N splits each sanitizer stage into N processes run at
@@ -175,6 +180,27 @@ bench() {
 demo() { (cd /tmp && "$PY" -m fp8kit.demo --out "$OUTDIR/demo_loss.png"); }
 # Kernel times of one large Linear step (not a measurement of record).
 kprofile() { (cd /tmp && "$PY" "$REPO/scripts/kernel_profile.py"); }
+# The decoder (python -m fp8kit.models.bench; each compile of the 1b step
+# takes 1.5-2 minutes on the H200).
+models() {
+  local recipes=bf16,delayed,current,te-delayed,te-current
+  (cd /tmp &&
+    "$PY" -m fp8kit.models.bench --config 1b --batch 8 --recipes "$recipes" \
+      --json "$OUTDIR/models_1b.json" &&
+    "$PY" -m fp8kit.models.bench --config 8b_slice --recipes "$recipes" \
+      --json "$OUTDIR/models_8b_slice.json" &&
+    "$PY" -m fp8kit.models.bench --config 1b --batch 8 --frameworks torch \
+      --recipes bf16,delayed,current,torchao --compile --steps 15 \
+      --json "$OUTDIR/models_1b_compile.json")
+}
+convergence() {
+  (cd /tmp && "$PY" -m fp8kit.demo --config 1b --steps 1000 --batch 1 \
+    --out "$OUTDIR/convergence_1b.png")
+}
+step_profile() {
+  (cd /tmp && "$PY" -m fp8kit.models.step_profile --config 1b --batch 8 --frameworks torch \
+    --recipes bf16,delayed,te-current)
+}
 
 has build && run_stage build build
 has info && run_stage info info
@@ -187,4 +213,7 @@ fi
 has bench && run_stage bench bench
 has demo && run_stage demo demo
 has kprofile && run_stage kprofile kprofile
+has models && run_stage models models
+has convergence && run_stage convergence convergence
+has step_profile && run_stage step_profile step_profile
 exit $status
