@@ -130,6 +130,7 @@ def jax_mlp(tej, recipe_name: str, act: str, x, gamma, k1, k2, eps: float):
 def jax_layers(tej, recipe_name: str):
     """llama_jax.JaxLayers of TE-JAX's flax LayerNormDenseGeneral,
     DenseGeneral and LayerNormMLP (RMSNorm, no biases), for the JAX
+    decoder, with bf16 seams as TE's PyTorch layers run in the PyTorch
     decoder: the model's own weights are their params, and their non-param
     collections (TE's scaling metadata, created when a module is
     initialized under TE's autocast) are the FP8 state, whose gradient is
@@ -183,11 +184,12 @@ def jax_layers(tej, recipe_name: str):
         return variables
 
     def create_states(cfg, recipe):
-        x = jnp.zeros((1, 128, cfg.hidden), jnp.float32)   # 128 tokens: FP8 GEMM-sized
+        x = jnp.zeros((1, 128, cfg.hidden), jnp.bfloat16)   # 128 tokens: FP8 GEMM-sized
         kinds = {"qkv": state_of(layernorm_dense_module(cfg.hidden + 2 * cfg.kv_width,
                                                         cfg.norm_eps), x),
-                 "wo": state_of(dense_module(cfg.hidden), x.astype(jnp.bfloat16)),
+                 "wo": state_of(dense_module(cfg.hidden), x),
                  "mlp": state_of(mlp_module(cfg.ffn, cfg.norm_eps), x)}
         return {"layers": [jax.tree.map(jnp.copy, kinds) for _ in range(cfg.layers)]}
 
-    return JaxLayers(layernorm_dense, dense, layernorm_mlp, create_states)
+    return JaxLayers(layernorm_dense, dense, layernorm_mlp, create_states,
+                     float32_seams=False)

@@ -15,7 +15,8 @@ all). With a recipe each layer makes three FP8 calls:
               whole SwiGLU MLP, kernel_1 "w_gate_up" = [w_gate | w_up]
 The two fused calls read the float32 residual stream and the float32
 master weights as they are (as the PyTorch model's fused layers do) and
-return float32; q, k, v then go to bf16.
+return float32 (JaxLayers.float32_seams; False hands them bf16); q, k, v
+then go to bf16.
 
 Delayed scaling's state leaves as its "gradient" (fp8kit.jax.dense's
 convention): differentiate the loss with respect to (params, fp8_states)
@@ -70,12 +71,16 @@ class JaxLayers:
     (layernorm_dense, dense, layernorm_mlp: the keyword arguments state and
     recipe included), and create_states(cfg, recipe): the states pytree
     {"layers": [{"qkv", "wo", "mlp": state}]} or None. A state's cotangent
-    is its next value."""
+    is its next value. float32_seams: the fused calls read the float32
+    stream and return float32 (fp8kit's); False hands them a bf16 copy of
+    the stream and takes bf16 back, as a bf16 model's layers run. The
+    kernels are the float32 master weights either way."""
 
     layernorm_dense: Callable
     dense: Callable
     layernorm_mlp: Callable
     create_states: Callable
+    float32_seams: bool = True
 
 
 FP8KIT_LAYERS = JaxLayers(fj.layernorm_dense, fj.dense, fj.layernorm_mlp, _fp8kit_states)
@@ -109,6 +114,11 @@ def apply_rope(x, cos, sin):
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(BF16)
 
 
+def _seam(x, layers: JaxLayers):
+    """The float32 stream as a fused call takes it (JaxLayers.float32_seams)."""
+    return x if layers.float32_seams else x.astype(BF16)
+
+
 def _state(states, name):
     return None if states is None else states[name]
 
@@ -118,9 +128,9 @@ def norm_qkv(p, states, x, cfg: LlamaConfig, recipe, layers: JaxLayers):
     if recipe is None:
         h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
         return tuple(project(h, p[n], None, None) for n in ("wq", "wk", "wv"))
-    qkv = layers.layernorm_dense(x, p["attn_norm"], None, p["wqkv"], normalization="rmsnorm",
-                                 epsilon=cfg.norm_eps, state=_state(states, "qkv"),
-                                 recipe=recipe)
+    qkv = layers.layernorm_dense(_seam(x, layers), p["attn_norm"], None, p["wqkv"],
+                                 normalization="rmsnorm", epsilon=cfg.norm_eps,
+                                 state=_state(states, "qkv"), recipe=recipe)
     q, k, v = jnp.split(qkv, [cfg.hidden, cfg.hidden + cfg.kv_width], axis=-1)
     return q.astype(BF16), k.astype(BF16), v.astype(BF16)
 
@@ -143,7 +153,8 @@ def norm_mlp(p, states, x, cfg: LlamaConfig, recipe, layers: JaxLayers):
         gate, up = project(h, p["w_gate"], None, None), project(h, p["w_up"], None, None)
         g = jax.nn.silu(gate.astype(F32)) * up.astype(F32)
         return project(g.astype(BF16), p["w_down"], None, None)
-    return layers.layernorm_mlp(x, p["mlp_norm"], None, p["w_gate_up"], p["w_down"],
+    return layers.layernorm_mlp(_seam(x, layers), p["mlp_norm"], None, p["w_gate_up"],
+                                p["w_down"],
                                 normalization="rmsnorm", activation="swiglu",
                                 epsilon=cfg.norm_eps, state=_state(states, "mlp"),
                                 recipe=recipe)

@@ -199,3 +199,29 @@ def test_jax_decoder_runs_a_peers_layers():
         assert peer.train_step() == own.train_step()
     assert_identical(snapshot(peer), snapshot(own))
     assert seen == {k: SMALL.layers for k in seen}   # one trace of the step
+
+
+def test_jax_decoder_with_bf16_seams():
+    """JaxLayers(float32_seams=False) hands the fused calls a bf16 copy of
+    the float32 stream (TE's layers run so) and the decoder still tracks
+    the float32-seams run."""
+    import fp8kit.jax as fj
+    from fp8kit.models import llama_jax
+    dtypes = set()
+
+    def seen(fn):
+        def call(x, *args, **kwargs):
+            dtypes.add(x.dtype)
+            return fn(x, *args, **kwargs)
+        return call
+
+    layers = llama_jax.JaxLayers(seen(fj.layernorm_dense), fj.dense, seen(fj.layernorm_mlp),
+                                 llama_jax.FP8KIT_LAYERS.create_states, float32_seams=False)
+    bf16_seams = JaxTrainer(SMALL, SMALL_TRAIN, DELAYED, layers=layers)
+    float32_seams = JaxTrainer(SMALL, SMALL_TRAIN, DELAYED)
+    a = [bf16_seams.train_step() for _ in range(4)]
+    b = [float32_seams.train_step() for _ in range(4)]
+    assert dtypes == {jnp.dtype(jnp.bfloat16)}
+    assert a[-1] < a[0] - 0.3
+    for x, y in zip(a, b):
+        assert abs(x - y) < 0.03, (a, b)
