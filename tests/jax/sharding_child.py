@@ -90,3 +90,17 @@ def sum_atol(platform: str, want, floor: float) -> float:
     if platform == "cpu":
         return floor
     return max(floor, 2.0 ** -10 * float(np.abs(np.asarray(want, np.float64)).max(initial=0.0)))
+
+
+def assert_matches(name: str, got, want, platform: str, bit_exact: bool,
+                   floor: float = 1e-3) -> None:
+    """got equal to want bit for bit where the sharded computation sums as
+    the unsharded one does (bit_exact), else within 2^-7 relative and
+    sum_atol(platform, want, floor) absolute."""
+    import numpy as np
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    if bit_exact:
+        np.testing.assert_array_equal(got, want, err_msg=name)
+    else:
+        np.testing.assert_allclose(got, want, rtol=2**-7, atol=sum_atol(platform, want, floor),
+                                   err_msg=name)

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from sharding_child import assert_case_ok, run_cases, sum_atol
+from sharding_child import assert_case_ok, assert_matches, run_cases
 
 CASES = ["mlp_rmsnorm_swiglu_auto", "mlp_layernorm_gelu_explicit", "layernorm_dense_auto",
          "refused_auto_axes", "refused_explicit_axes"]
@@ -81,17 +81,10 @@ def _child(platform: str, mesh_shape: tuple[int, int]):
                           put(dy, P("dp", None, None)))
         (y, (dx, dp)), (ref_y, (ref_dx, ref_dp)) = got, ref
         for name, a, want in (("y", y, ref_y), ("dx", dx, ref_dx)):
-            a, want = np.asarray(a, np.float32), np.asarray(want, np.float32)
-            if exact:
-                np.testing.assert_array_equal(a, want, err_msg=name)
-            else:
-                np.testing.assert_allclose(a, want, rtol=2**-7,
-                                           atol=sum_atol(platform, want, 1e-3), err_msg=name)
+            assert_matches(name, a, want, platform, exact)
         for i, (a, want) in enumerate(zip(dp, ref_dp)):
             if want is not None:
-                np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(want, np.float32),
-                                           rtol=2**-7, atol=sum_atol(platform, want, 1e-4),
-                                           err_msg=f"param grad {i}")
+                assert_matches(f"param grad {i}", a, want, platform, False, 1e-4)
         if axes == "explicit":
             assert jax.typeof(y).sharding.spec[0] == "dp", jax.typeof(y)
             assert jax.typeof(dx).sharding.spec[0] == "dp", jax.typeof(dx)

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from sharding_child import assert_case_ok, run_cases, sum_atol
+from sharding_child import assert_case_ok, assert_matches, run_cases, sum_atol
 
 CASES = ["quantize_1x128_dp_tp", "quantize_128x128_tp", "quantize_rank3_dp",
          "refused_auto_axes", "refused_explicit_axes", "refused_128x128_padding",
@@ -149,12 +149,7 @@ def _child(platform: str, mesh_shape: tuple[int, int]):  # noqa: C901
                        put(dy, y_spec, on), on=on)
         for name, a, ref, bit_exact in zip(("y", "dx", "dk", "db"), (y, *g), (want[0], *want[1]),
                                            exact):
-            a, ref = np.asarray(a, np.float32), np.asarray(ref, np.float32)
-            if bit_exact and exact_gemm:
-                np.testing.assert_array_equal(a, ref, err_msg=name)
-            else:
-                np.testing.assert_allclose(a, ref, rtol=2**-7,
-                                           atol=sum_atol(platform, ref, 1e-3), err_msg=name)
+            assert_matches(name, a, ref, platform, bit_exact and exact_gemm)
         return y, g
 
     def case_dense_dp():

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from sharding_child import assert_case_ok, run_cases, sum_atol
+from sharding_child import assert_case_ok, assert_matches, run_cases
 
 MLP_CASES = [f"mlp_{norm}_{act}_{recipe}_{axes}"
              for norm, act in (("layernorm", "gelu"), ("rmsnorm", "swiglu"))
@@ -92,17 +92,10 @@ def _child(platform: str, mesh_shape: tuple[int, int]):
         assert "all-gather" not in txt, "the compiled program gathers an operand"
         (y, (dx, dp, ds)), (ref_y, (ref_dx, ref_dp, ref_ds)) = got, ref
         for name, a, want in (("y", y, ref_y), ("dx", dx, ref_dx)):
-            a, want = np.asarray(a, np.float32), np.asarray(want, np.float32)
-            if exact:
-                np.testing.assert_array_equal(a, want, err_msg=name)
-            else:
-                np.testing.assert_allclose(a, want, rtol=2**-7,
-                                           atol=sum_atol(platform, want, 1e-3), err_msg=name)
+            assert_matches(name, a, want, platform, exact)
         for i, (a, want) in enumerate(zip(dp, ref_dp)):
             if want is not None:
-                np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(want, np.float32),
-                                           rtol=2**-7, atol=sum_atol(platform, want, 1e-5),
-                                           err_msg=f"param grad {i}")
+                assert_matches(f"param grad {i}", a, want, platform, False, 1e-5)
         if delayed:
             for a, want in zip(jax.tree_util.tree_leaves(ds), jax.tree_util.tree_leaves(ref_ds)):
                 np.testing.assert_array_equal(np.asarray(a), np.asarray(want))

@@ -28,7 +28,7 @@ import sys
 
 import pytest
 
-from sharding_child import assert_case_ok, run_cases, sum_atol
+from sharding_child import assert_case_ok, assert_matches, run_cases
 
 TP_CASES = [f"{act}_{recipe}_{axes}" for act in ("gelu", "swiglu")
             for recipe in ("current", "delayed") for axes in ("auto", "explicit")]
@@ -129,12 +129,7 @@ def _child(platform: str, mesh_shape: tuple[int, int]):  # noqa: C901
         checks += [(f"d{k}", dw[k], ref_dw[k], k in whole_sums and not tokens_split)
                    for k in ref_dw]
         for name, a, want, bit_exact in checks:
-            a, want = np.asarray(a, np.float32), np.asarray(want, np.float32)
-            if bit_exact and exact:
-                np.testing.assert_array_equal(a, want, err_msg=name)
-            else:
-                np.testing.assert_allclose(a, want, rtol=2**-7,
-                                           atol=sum_atol(platform, want, 1e-3), err_msg=name)
+            assert_matches(name, a, want, platform, bit_exact and exact)
         if delayed:  # every cast's amax is global: the state is the unsharded one
             for a, want in zip(jax.tree_util.tree_leaves(ds), jax.tree_util.tree_leaves(ref_ds)):
                 np.testing.assert_array_equal(np.asarray(a), np.asarray(want))

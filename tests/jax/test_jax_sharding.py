@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from sharding_child import assert_case_ok, run_cases, sum_atol
+from sharding_child import assert_case_ok, assert_matches, run_cases
 
 # The dense layer under each layout, recipe and kind of mesh axes. Layouts
 # of x [4, 16, 64] (tokens, features) and kernel [64, 128]: "dp" shards the
@@ -189,12 +189,7 @@ def _child(platform: str, mesh_shape: tuple[int, int]):  # noqa: C901
         (y, g), (ref_y, ref_g) = got, ref
         for name, a, want, bit_exact in zip(("y", "dx", "dk", "db"), (y, *g[:3]),
                                             (ref_y, *ref_g[:3]), exact):
-            a, want = np.asarray(a, np.float32), np.asarray(want, np.float32)
-            if bit_exact and exact_gemm:
-                np.testing.assert_array_equal(a, want, err_msg=name)
-            else:
-                np.testing.assert_allclose(a, want, rtol=2**-7,
-                                           atol=sum_atol(platform, want, 1e-3), err_msg=name)
+            assert_matches(name, a, want, platform, bit_exact and exact_gemm)
         if state is not None:
             for a, want in zip(jax.tree_util.tree_leaves(g[3]),
                                jax.tree_util.tree_leaves(ref_g[3])):
