@@ -189,7 +189,7 @@ def jax_layers(tej, recipe_name: str):
                                                         cfg.norm_eps), x),
                  "wo": state_of(dense_module(cfg.hidden), x),
                  "mlp": state_of(mlp_module(cfg.ffn, cfg.norm_eps), x)}
-        return {"layers": [jax.tree.map(jnp.copy, kinds) for _ in range(cfg.layers)]}
+        return {"layers": [dict(kinds) for _ in range(cfg.layers)]}   # arrays are immutable
 
     return JaxLayers(layernorm_dense, dense, layernorm_mlp, create_states,
                      float32_seams=False)
