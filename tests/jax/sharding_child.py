@@ -84,12 +84,14 @@ def gpu_count() -> int:
 def sum_atol(platform: str, want, floor: float) -> float:
     """Absolute tolerance of a sum split across devices another way than the
     unsharded one. On GPUs Hopper's FP8 tensor cores keep about 2^-10 of the
-    largest partial sum, so such a sum may move by that much of the
-    array's scale, not only of each element."""
+    largest partial sum, so each of the two sums may move by that much of
+    the array's scale, not only of each element, and they differ by up to
+    twice it: 2^-9 (on two H200s a split dgrad's dx moved by 1.1 x 2^-10
+    of max|dx|)."""
     import numpy as np
     if platform == "cpu":
         return floor
-    return max(floor, 2.0 ** -10 * float(np.abs(np.asarray(want, np.float64)).max(initial=0.0)))
+    return max(floor, 2.0 ** -9 * float(np.abs(np.asarray(want, np.float64)).max(initial=0.0)))
 
 
 def assert_matches(name: str, got, want, platform: str, bit_exact: bool,
