@@ -484,8 +484,26 @@ def test_fsdp_bench_on_the_cpu(tmp_path):
     assert r.returncode == 0, r.stderr
     rows = json.loads(out.read_text())["rows"]
     assert sorted(rows) == ["bf16", "fp8kit", "fp8kit-cs"]
-    assert all(row["output_check"] == "ok" for row in rows.values()), rows
+    assert all(row["check"] == "ok" for row in rows.values()), rows
     # No biases: the FP8 all-gathers move half of bf16's bytes.
     for fp8 in ("fp8kit", "fp8kit-cs"):
         assert 2 * rows[fp8]["all_gather_bytes_per_step"] == \
             rows["bf16"]["all_gather_bytes_per_step"]
+
+
+def test_fsdp_bench_decoder_on_the_cpu(tmp_path):
+    out = tmp_path / "fsdp.json"
+    r = _tool("fsdp_bench.py", "--cpu", "--model", "decoder", "--variants", "bf16,fp8kit-cs",
+              "--reshard-after-forward", "false", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert sorted(rows) == ["bf16", "fp8kit-cs"]
+    assert all(row["check"] == "ok" for row in rows.values()), rows
+    # The projections' weights go in FP8, the embedding, norms and lm_head in bf16.
+    assert 0 < rows["fp8kit-cs"]["all_gather_bytes_per_step"] < \
+        rows["bf16"]["all_gather_bytes_per_step"]
+
+
+def test_fsdp_bench_refuses_an_unknown_variant():
+    r = _tool("fsdp_bench.py", "--cpu", "--variants", "bf16,fp8")
+    assert r.returncode == 2 and "--variants: unknown ['fp8']" in r.stderr, r.stderr
