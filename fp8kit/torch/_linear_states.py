@@ -35,10 +35,14 @@ class RecipeStates:
         self._lock = threading.Lock()
         self._states = {}      # scaling key -> ext.LinearState
         self._latest = None    # (recipe, state, fast) of the latest select
-        # A plain int naming this object: compiled code hands the trace-time
+        # A string naming this object: compiled code hands the trace-time
         # selection (fp8kit.torch._traced_linear) this constant, which every
-        # torch.compile version takes, rather than the object.
-        self.key = next(_KEYS)
+        # torch.compile version takes, rather than the object. Not an int:
+        # dynamo makes an int that differs between calls of one compiled
+        # function (each layer of a model compiled per layer) a symbolic
+        # value, which the selection cannot take (a graph break under
+        # FSDP2); a string is guarded by equality (one graph per layer).
+        self.key = f"fp8kit-linear-states-{next(_KEYS)}"
         _BY_KEY[self.key] = self
 
     def select(self, recipe, weight, cache_weight: bool):
@@ -96,6 +100,6 @@ class RecipeStates:
         return out
 
 
-def by_key(key: int) -> RecipeStates:
+def by_key(key: str) -> RecipeStates:
     """The live RecipeStates whose .key is `key`."""
     return _BY_KEY[key]

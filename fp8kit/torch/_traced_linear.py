@@ -49,7 +49,7 @@ class TracedState(NamedTuple):
 
 
 @torch.compiler.assume_constant_result
-def _selection(states_key: int, recipe_type, recipe_values, device, cache_weight: bool):
+def _selection(states_key: str, recipe_type, recipe_values, device, cache_weight: bool):
     """(the state's tensors, its recipe as linear_forward's recipe
     arguments, its non_tn, forward_fast_accumulation) for the recipe
     recipe_type(*recipe_values) in the RecipeStates `states_key` names,

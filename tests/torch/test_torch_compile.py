@@ -168,6 +168,28 @@ def test_explain_finds_one_graph_and_no_break():
     assert explained.break_reasons == []
 
 
+@torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True)
+def test_layers_compiled_one_by_one_do_not_break_the_graph():
+    """Each layer compiled on its own (torchtitan's way, and FSDP2's
+    modules), so one compiled forward sees every layer's state in turn:
+    with a changing int attribute dynamo would make it symbolic (as it
+    does under FSDP2; here the config does it) and the state selection
+    would break the graph. Every layer runs compiled, equal to eager."""
+    eager = mlp("cpu")
+    model = copy.deepcopy(eager)
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    fp8_layers = [layer for layer in model if isinstance(layer, ft.Linear)]
+    for layer in fp8_layers:
+        layer.compile(backend=counter, fullgraph=True)
+    x, dy = torch.randn(24, 32), torch.randn(24, 16)
+    for _ in range(2):
+        want = train_step(eager, x, dy, CurrentScaling())
+        got = train_step(model, x, dy, CurrentScaling())
+        assert_bits_equal(got, want)
+    assert counter.frame_count == len(fp8_layers)  # each compiled once, none fell back
+    assert_same_layers(model, eager)
+
+
 def test_recipe_changes_recompile_and_compute_with_the_new_recipe():
     eager = mlp("cpu")
     model = copy.deepcopy(eager)
