@@ -18,9 +18,13 @@ K0, K1 = math.sqrt(2.0 / math.pi), 0.044715
 
 
 def q(v, scale, fmt):
-    """Quantize-dequantize with a float32 scale: the value the FP8 GEMM sees."""
+    """Quantize-dequantize with a float32 scale: the value the FP8 GEMM sees.
+    The scaled value is rounded to float32 first, as the kernels compute it,
+    then to FP8: ml_dtypes rounds a float64 straight to FP8 since 0.7, which
+    differs where the float32 rounding lands on an FP8 tie."""
     scale = F32(scale)
-    y = np.clip(np.asarray(v, np.float64) * np.float64(scale), -FP8_MAX[fmt], FP8_MAX[fmt])
+    y = (np.asarray(v, np.float64) * np.float64(scale)).astype(np.float32)
+    y = np.clip(y, F32(-FP8_MAX[fmt]), F32(FP8_MAX[fmt]))
     return y.astype(FP8[fmt]).astype(np.float64) * np.float64(F32(1) / scale)
 
 
