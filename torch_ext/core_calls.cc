@@ -100,6 +100,19 @@ void dequantize_into(const at::Tensor& q, bool from_columnwise, at::IntArrayRef 
   }));
 }
 
+void columnwise_from_rowwise_into(const at::Tensor& data, fp8kit_dtype fp8,
+                                  const at::Tensor& columnwise) {
+  FP8KIT_PROFILE_SCOPE("fp8kit::columnwise_from_rowwise");
+  const fp8kit_device_type dev = fp8kit_device(data.device());
+  fp8kit_tensor t = describe(data, fp8, dev);
+  t.scaling_mode = FP8KIT_SCALING_PER_TENSOR;
+  t.columnwise_data = columnwise.data_ptr();
+  void* stream = current_stream(data.device());
+  check_status(call_core(dev == FP8KIT_DEVICE_CPU, [&] {
+    return fp8kit_columnwise_from_rowwise(&t, stream);
+  }));
+}
+
 void amax_into(const at::Tensor& x, float* amax) {
   FP8KIT_PROFILE_SCOPE("fp8kit::amax");
   const fp8kit_device_type dev = fp8kit_device(x.device());

@@ -43,6 +43,11 @@ at::Tensor alloc_columnwise(const at::Tensor& x, fp8kit_dtype fp8);
 void dequantize_into(const at::Tensor& q, bool from_columnwise, at::IntArrayRef logical_shape,
                      fp8kit_dtype fp8, const float* scale_inv, const at::Tensor& out);
 
+// columnwise (contiguous, [cols, rows]) = the transpose of contiguous FP8
+// `data`, flattened to [rows, cols] (fp8kit_columnwise_from_rowwise).
+void columnwise_from_rowwise_into(const at::Tensor& data, fp8kit_dtype fp8,
+                                  const at::Tensor& columnwise);
+
 // Writes max|x| of contiguous high-precision x to `amax` (device pointer).
 void amax_into(const at::Tensor& x, float* amax);
 

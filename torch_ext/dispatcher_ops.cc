@@ -72,6 +72,10 @@ at::Tensor dequantize_op(const at::Tensor& data, const at::Tensor& scale_inv,
   return dequantize("fp8kit::dequantize", data, scale_inv, out_dtype, from_columnwise, logical);
 }
 
+at::Tensor columnwise_from_rowwise_op(const at::Tensor& data) {
+  return columnwise_from_rowwise("fp8kit::columnwise_from_rowwise", data);
+}
+
 void delayed_scaling_update_op(at::TensorList amax_histories, at::TensorList amaxes,
                                at::TensorList scales, at::TensorList scale_invs,
                                std::vector<std::string> fp8_dtypes, int64_t margin,
@@ -104,6 +108,7 @@ void register_kernels(torch::Library& m) {
   m.impl("quantize", &quantize_op);
   m.impl("quantize_current_scaling", &quantize_current_scaling_op);
   m.impl("dequantize", &dequantize_op);
+  m.impl("columnwise_from_rowwise", &columnwise_from_rowwise_op);
   m.impl("delayed_scaling_update", &delayed_scaling_update_op);
   m.impl("gemm", &gemm_op);
   register_linear_kernels(m);
@@ -126,6 +131,7 @@ TORCH_LIBRARY(fp8kit, m) {
   m.def(
       "dequantize(Tensor data, Tensor scale_inv, ScalarType out_dtype, bool "
       "from_columnwise=False, int[]? shape=None) -> Tensor");
+  m.def("columnwise_from_rowwise(Tensor data) -> Tensor");
   m.def(
       "delayed_scaling_update(Tensor(a!)[] amax_histories, Tensor[] amaxes, Tensor(b!)[] "
       "scales, Tensor(c!)[] scale_invs, str[] fp8_dtypes, int margin=0, str "

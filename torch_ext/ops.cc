@@ -137,6 +137,17 @@ at::Tensor dequantize(const char* fn, const at::Tensor& data_in, const at::Tenso
   return out;
 }
 
+at::Tensor columnwise_from_rowwise(const char* fn, const at::Tensor& data_in) {
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  const fp8kit_dtype f = check_fp8(fn, "data", data_in);
+  device_type_of(data_in, fn, "data");
+  const at::Tensor data = data_in.contiguous();
+  DeviceScope scope(data.device());
+  at::Tensor out = at::empty(columnwise_shape(data.sizes()), data.options());
+  columnwise_from_rowwise_into(data, f, out);
+  return out;
+}
+
 void delayed_scaling_update(const char* fn, const std::vector<at::Tensor>& histories,
                             const std::vector<at::Tensor>& amaxes,
                             const std::vector<at::Tensor>& scales,
@@ -338,6 +349,14 @@ void register_ops(py::module_& m) {
       py::arg("from_columnwise") = false, py::arg("shape") = py::none(),
       "data * scale_inv in out_dtype; from_columnwise reads [last, prod(leading)] data and "
       "returns the tensor of `shape` (default: the 2-D transpose).");
+  m.def(
+      "columnwise_from_rowwise",
+      [](const at::Tensor& data) {
+        return columnwise_from_rowwise("fp8kit.torch.columnwise_from_rowwise", data);
+      },
+      py::arg("data"),
+      "The columnwise copy of FP8 data: its [prod(leading dims), last dim] view transposed, "
+      "byte for byte.");
   m.def(
       "delayed_scaling_update",
       [](const std::vector<at::Tensor>& histories, const std::vector<at::Tensor>& amaxes,

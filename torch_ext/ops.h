@@ -19,6 +19,10 @@ using OptTensor = std::optional<at::Tensor>;
 // max |x| as a float32 0-d tensor on x's device.
 at::Tensor amax(const char* fn, const at::Tensor& x);
 
+// The columnwise copy of FP8 `data` (any shape, made contiguous): its 2-D
+// view [prod(leading dims), last dim] transposed, exactly.
+at::Tensor columnwise_from_rowwise(const char* fn, const at::Tensor& data);
+
 // Quantizes x with the given float32[1] scale: (data or nullopt,
 // columnwise_data or nullopt, scale_inv[1]); amax_out, when given,
 // receives max |x|.

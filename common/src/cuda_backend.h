@@ -41,6 +41,7 @@ void compute_scale(const float* amax, float* scale, float* scale_inv, float fp8_
                    const fp8kit_current_scaling_config& config, int device_index, void* stream);
 void dequantize(const fp8kit_tensor& input, fp8kit_tensor& output, bool from_columnwise,
                 void* stream);
+void columnwise_from_rowwise(fp8kit_tensor& tensor, void* stream);
 void delayed_scaling_update(const fp8kit_delayed_scaling_state* states, int count,
                             const fp8kit_delayed_scaling_config& config, int device_index,
                             void* stream);

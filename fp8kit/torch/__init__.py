@@ -1,7 +1,8 @@
 """fp8kit's PyTorch front end.
 
 Functional ops (fp8kit.torch.ops): amax, quantize, quantize_current_scaling,
-dequantize, delayed_scaling_update, gemm, supports_non_tn_fp8_gemm; and
+dequantize, columnwise_from_rowwise, delayed_scaling_update, gemm,
+supports_non_tn_fp8_gemm; and
 block-scaled (fp8kit.torch.block_ops): quantize_block, dequantize_block,
 gemm_block, block_scale_inv_shape, supports_block_scaled_fp8_gemm.
 Quantizers (C++): Float8Quantizer (delayed scaling),
@@ -27,14 +28,16 @@ from fp8kit.torch.float8_tensor import Float8Tensor
 from fp8kit.torch.layernorm_linear import LayerNormLinear
 from fp8kit.torch.layernorm_mlp import LayerNormMLP
 from fp8kit.torch.linear import Linear
-from fp8kit.torch.ops import (amax, built_with_cuda, delayed_scaling_update, dequantize, gemm,
-                              quantize, quantize_current_scaling, supports_non_tn_fp8_gemm)
+from fp8kit.torch.ops import (amax, built_with_cuda, columnwise_from_rowwise,
+                              delayed_scaling_update, dequantize, gemm, quantize,
+                              quantize_current_scaling, supports_non_tn_fp8_gemm)
 from fp8kit.torch.quantized_tensor import QuantizedTensor
 from fp8kit.torch.quantizers import (Float8BlockQuantizer, Float8CurrentScalingQuantizer,
                                      Float8Quantizer, Quantizer, quantizer_for)
 
 __all__ = [
-    "amax", "quantize", "quantize_current_scaling", "dequantize", "delayed_scaling_update",
+    "amax", "quantize", "quantize_current_scaling", "dequantize", "columnwise_from_rowwise",
+    "delayed_scaling_update",
     "gemm", "supports_non_tn_fp8_gemm", "built_with_cuda", "Quantizer", "Float8Quantizer",
     "Float8CurrentScalingQuantizer", "quantizer_for", "QuantizedTensor", "Float8Tensor",
     "Linear", "LayerNormLinear", "LayerNormMLP", "autocast", "current_recipe", "DelayedScaling",

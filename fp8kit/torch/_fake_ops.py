@@ -84,6 +84,11 @@ def _dequantize(data, scale_inv, out_dtype, from_columnwise=False, shape=None):
     return dequantized(data, out_dtype, from_columnwise, shape)
 
 
+@torch.library.register_fake("fp8kit::columnwise_from_rowwise")
+def _columnwise_from_rowwise(data):
+    return data.new_empty(columnwise_shape(data.shape))
+
+
 @torch.library.register_fake("fp8kit::delayed_scaling_update")
 def _delayed_scaling_update(amax_histories, amaxes, scales, scale_invs, fp8_dtypes, margin=0,
                             amax_reduction="max"):

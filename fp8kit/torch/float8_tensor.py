@@ -54,8 +54,10 @@ _columnwise_shape = ext.columnwise_shape  # (shape[-1], prod(shape[:-1]))
 
 
 def _transpose_2d(q: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    """[rows, cols] FP8 data (any shape with that 2-D view) transposed, contiguous."""
-    return q.view(torch.uint8).reshape(rows, cols).t().contiguous().view(q.dtype)
+    """[rows, cols] FP8 data (any shape with that 2-D view) transposed,
+    contiguous: the core's byte transpose (a strided copy reads one byte
+    per access, 0.39 ms for an 8192 x 8192 weight on an H200)."""
+    return torch.ops.fp8kit.columnwise_from_rowwise(q.reshape(rows, cols))
 
 
 def replay(steps, x: torch.Tensor) -> torch.Tensor:

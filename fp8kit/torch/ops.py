@@ -19,6 +19,7 @@ kernels in fp8kit.torch._fake_ops:
                              amax_epsilon=0., power_2_scale=False)
         -> (data, columnwise_data, scale, scale_inv, amax)
     dequantize(data, scale_inv, out_dtype, from_columnwise=False, shape=None)
+    columnwise_from_rowwise(data) -> Tensor
     gemm(a, a_scale_inv, a_columnwise, b, b_scale_inv, b_columnwise, trans_a,
          trans_b, out_dtype, bias=None, gelu=False, use_split_accumulator=True,
          d_scale=None) -> Tensor
@@ -111,6 +112,15 @@ def dequantize(data: torch.Tensor, scale_inv: torch.Tensor,
     _checks.dtype(fn, "out_dtype", out_dtype)
     return ext.dequantize(data, scale_inv, out_dtype, bool(from_columnwise),
                           None if shape is None else [int(s) for s in shape])
+
+
+def columnwise_from_rowwise(data: torch.Tensor) -> torch.Tensor:
+    """The columnwise copy of FP8 `data`: its [prod(leading dims), last dim]
+    view transposed, byte for byte (what quantize(..., columnwise=True)
+    would have written), for FP8 data that arrives rowwise only."""
+    fn = "fp8kit.torch.columnwise_from_rowwise"
+    _checks.tensor(fn, "data", data)
+    return ext.columnwise_from_rowwise(data)
 
 
 def delayed_scaling_update(amax_histories, amaxes, scales, scale_invs, fp8_dtypes,

@@ -1,5 +1,6 @@
 """Properties of fp8kit.torch's functional API (amax, quantize,
-quantize_current_scaling, dequantize, delayed_scaling_update, gemm): on
+quantize_current_scaling, dequantize, columnwise_from_rowwise,
+delayed_scaling_update, gemm): on
 any dtype, shape (0-size included), memory layout and value (NaN, inf,
 extreme scales), the result is the reference's - bit for bit where the
 contract is exact - or the call raises a clear error naming the function.
@@ -181,6 +182,31 @@ def check_dequantize_rejects(device, case):
         "columnwise_shape": dict(from_columnwise=True, shape=(3, 5)),
     }[case])
     expect_clear_error("fp8kit.torch.dequantize", ft.dequantize, **args)
+
+
+# ----------------------------------------------- columnwise_from_rowwise ---
+
+@prop(max_examples=40, b=fp8_arrays(), fmt=fp8_names, transposed_view=st.booleans())
+def check_columnwise_from_rowwise(device, b, fmt, transposed_view):
+    dev = device_or_skip(device)
+    if transposed_view and b.ndim >= 2:
+        data = fp8_tensor(np.swapaxes(b, -1, -2), fmt, dev).transpose(-1, -2)
+    else:
+        data = fp8_tensor(b, fmt, dev)
+    got = ft.columnwise_from_rowwise(data)
+    want = ref.columnwise_bits(b)
+    assert got.dtype == data.dtype and got.device == data.device
+    assert tuple(got.shape) == want.shape, (tuple(got.shape), want.shape)
+    np.testing.assert_array_equal(got.view(torch.uint8).cpu().numpy(), want)
+
+
+@prop(max_examples=10, case=st.sampled_from(["fp32", "uint8", "list", "none"]))
+def check_columnwise_from_rowwise_rejects(device, case):
+    dev = device_or_skip(device)
+    data = {"fp32": lambda: torch.zeros(4, 8, device=dev),
+            "uint8": lambda: torch.zeros(4, 8, dtype=torch.uint8, device=dev),
+            "list": lambda: [1, 2], "none": lambda: None}[case]()
+    expect_clear_error("fp8kit.torch.columnwise_from_rowwise", ft.columnwise_from_rowwise, data)
 
 
 # ------------------------------------------------ delayed_scaling_update ---

@@ -61,7 +61,7 @@ def scale_of(value: float, device) -> torch.Tensor:
 
 def test_every_op_is_registered():
     for name in ("amax", "quantize", "quantize_current_scaling", "dequantize", "gemm",
-                 "delayed_scaling_update"):
+                 "delayed_scaling_update", "columnwise_from_rowwise"):
         assert isinstance(getattr(ops, name), torch._ops.OpOverloadPacket), name
 
 
@@ -131,6 +131,25 @@ def test_dequantize(device, out_dtype):
     for args, kwargs in cases:
         opcheck(ops.dequantize.default, args, kwargs)
         assert_bits_equal(ops.dequantize(*args, **kwargs), ft.dequantize(*args, **kwargs))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(), (7,), (64, 64), (100, 257), (2, 64, 132), (0, 4)])
+def test_columnwise_from_rowwise_is_the_byte_transpose(device, shape):
+    """Against torch's strided copy, and equal to quantize's own columnwise
+    copy; a misaligned view (offset by one byte) too."""
+    dev = device_of(device)
+    torch.manual_seed(5)
+    x = torch.randn(shape, device=dev) * 10
+    data, cw, scale_inv, _ = ops.quantize(x, scale_of(1.0, dev), E5M2, True, True)
+    got = ops.columnwise_from_rowwise(data)
+    assert_bits_equal(got, cw)
+    assert_bits_equal(ft.columnwise_from_rowwise(data), cw)
+    opcheck(ops.columnwise_from_rowwise.default, (data,))
+    bytes_ = torch.randint(0, 256, (1 + 96 * 68,), dtype=torch.uint8, device=dev)
+    view = bytes_[1:].view(E4M3).reshape(96, 68)
+    want = view.view(torch.uint8).t().contiguous().view(E4M3)
+    assert_bits_equal(ops.columnwise_from_rowwise(view), want)
 
 
 def _gemm_operands(dev, trans_a, trans_b, m=16, k=32, n=24):
@@ -218,6 +237,8 @@ def test_bad_arguments_name_the_argument_and_the_fix():
         ops.gemm(data, scale_inv, None, b3, scale_inv, None, False, True, torch.float32)
     with pytest.raises(ValueError, match="fp8kit::gemm: a and a_columnwise are both None"):
         ops.gemm(None, scale_inv, None, data, scale_inv, None, False, True, torch.float32)
+    with pytest.raises(TypeError, match="fp8kit::columnwise_from_rowwise: data has dtype torch.float32; expected FP8"):
+        ops.columnwise_from_rowwise(x)
     with pytest.raises(ValueError, match="fp8kit::delayed_scaling_update: margin is -1"):
         ops.delayed_scaling_update(*_delayed_state("cpu", n=1), ["e4m3"], -1)
 

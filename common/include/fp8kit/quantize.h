@@ -87,6 +87,16 @@ FP8KIT_API fp8kit_status fp8kit_compute_scale(const float* amax, float* scale, f
 FP8KIT_API fp8kit_status fp8kit_dequantize(const fp8kit_tensor* input, fp8kit_tensor* output,
                                            int from_columnwise, void* stream);
 
+/* Columnwise from rowwise: writes tensor->columnwise_data, the transpose of
+ * tensor->data (the 2-D view [prod(shape[:-1]), shape[-1]] stored as
+ * [shape[-1], prod(shape[:-1])], fp8kit/tensor.h), byte for byte: exact,
+ * no scale read or written. For an FP8 tensor that arrives rowwise only
+ * (an all-gathered weight) on a device whose FP8 GEMMs take the TN layout
+ * only. tensor: E4M3 or E5M2 with per-tensor scaling (a block-scaled
+ * copy has scales of its own: quantize it instead), data and
+ * columnwise_data both set, on the same device. */
+FP8KIT_API fp8kit_status fp8kit_columnwise_from_rowwise(fp8kit_tensor* tensor, void* stream);
+
 #ifdef __cplusplus
 }  /* extern "C" */
 #endif
