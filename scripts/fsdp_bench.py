@@ -161,6 +161,11 @@ def _run_variant(variant, a, device, sent, params):
         from fp8kit.torch.distributed import enable_fp8_all_gather
         enable_fp8_all_gather(model)
     if a.compile:
+        # Each variant compiles anew; and fp8kit's layers compile one graph
+        # per layer (their scaling state is a constant of the graph), so
+        # the layers of one model need as many compilations of the same code.
+        torch._dynamo.reset()
+        torch._dynamo.config.recompile_limit = max(8, 2 * len(units))
         for unit in units:
             unit.compile()
     _shard(model, units, a.reshard_after_forward)
