@@ -98,6 +98,7 @@ def _fsdp_worker(rank, world_size, device, recipe_name, reshard, bf16, micro_bat
             out["weight_amax"] = [getattr(m, w).full_tensor().abs().max() for m in model
                                   for w in GEMM_WEIGHTS if hasattr(m, w)]
         out["scales"].append([(st.amax_history, st.scale) for st in gemm_states(model)])
+        out["recipes"] = [st.recipe["scaling"] for st in gemm_states(model)]
         opt.step()
         opt.zero_grad()
     # The unsharded reference of step 0 on every rank's batches: a fresh
@@ -161,6 +162,9 @@ def test_fsdp_fp8_all_gather(backend, world_size):
                 assert sorted(sent) == sorted(gathers), case
             if not fp8:
                 continue
+            # Backward runs outside the autocast: its re-gathers cast with the
+            # forward's recipe and make no state of the default one.
+            assert rank["recipes"] == [recipe] * 4, case
             # One weight cast for the whole weight: each rank's output is the
             # unsharded model's on its batch, bit for bit.
             for y, ref in zip(rank["y"], rank["ref_y"]):

@@ -37,13 +37,16 @@ Both all-reduces carry a signature of the recipe, so ranks running
 different recipes raise at once. BlockScaling, which casts each weight per
 128x128 block itself, is refused with an error naming the fix.
 
-A re-gather in backward (reshard_after_forward=True) casts with the same
-scale as the forward and records nothing, so backward reads the forward's
-FP8 weight. reshard_after_forward as an int (resharding to a smaller
-group) is not supported by FSDP2 for such parameters. Outside
-fp8kit.torch.autocast the gathered weight is still FP8 (FSDP2 fixes the
-all-gather's dtype at the first one), and the layer computes with it
-dequantized.
+A gather outside fp8kit.torch.autocast (the re-gather in backward with
+reshard_after_forward=True, since autograd runs backward outside the
+forward's autocast; an eval forward) casts with the recipe of the layer's
+last gather under autocast (the default recipe before any), so a
+re-gather in backward casts with the same scale as the forward and records
+nothing; backward reads the forward's FP8 weight. reshard_after_forward as
+an int (resharding to a smaller group) is not supported by FSDP2 for such
+parameters. Outside fp8kit.torch.autocast the gathered weight is still FP8
+(FSDP2 fixes the all-gather's dtype at the first one), and the layer
+computes with it dequantized.
 """
 
 from __future__ import annotations
@@ -69,6 +72,8 @@ aten = torch.ops.aten
 # all-gather cast, waiting for the layer's forward to record it.
 _SEEDED = weakref.WeakKeyDictionary()
 _PENDING_AMAX = weakref.WeakKeyDictionary()
+# Per layer, the recipe of its last all-gather under fp8kit.torch.autocast.
+_GATHER_RECIPE = weakref.WeakKeyDictionary()
 
 # Ops whose result is (a view, copy or piece of) the parameter itself: FSDP2
 # shards, pads and moves the parameter with them, and the result must stay
@@ -154,7 +159,11 @@ class FP8AllGatherWeight(torch.Tensor):
 
     # --------------------------------------------------------- FSDP2 hooks
     def fsdp_pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy):
-        recipe = current_recipe() or DEFAULT_RECIPE
+        recipe = current_recipe()
+        if recipe is None:
+            recipe = _GATHER_RECIPE.get(module, DEFAULT_RECIPE)
+        else:
+            _GATHER_RECIPE[module] = recipe
         if isinstance(recipe, BlockScaling):
             raise TypeError(
                 f"{_FN}: the layers' weights are all-gathered in per-tensor FP8, but "
