@@ -13,10 +13,11 @@
 #   where installed, then the 1b step compiled next to torchao's; convergence,
 #   1000 steps of the 1b decoder in FP8 and bf16; step_profile, where a 1b
 #   step's GPU time goes)
-#   SANITIZE_PY_TOOLS="memcheck racecheck synccheck initcheck" adds the other
-#   tools to the Python part of the sanitizer stage (see sanitizer_py below)
-#   SANITIZE_SHARDS=N splits each sanitizer stage into N processes run at
-#   once (the tools are slow and mostly use the CPU; see sharded below)
+#   The sanitizer stage runs every (suite, tool) pair at once, each split
+#   into SANITIZE_SHARDS processes (default 3; the tools are slow and mostly
+#   use the CPU; see sharded below); SANITIZE_CPP_TOOLS / SANITIZE_PY_TOOLS
+#   pick the tools (default all four for each suite); SANITIZE_TIMEOUT_S
+#   bounds each pair (default none), so a cut stage says so in its log
 # scripts/README.md lists this and the other tools.
 #
 # Needs: nvcc + cuBLASLt, python3 with torch and jax (the GPU machine's
@@ -51,6 +52,7 @@ run_stage() {  # name, command...
     echo "   $name FAILED ($((SECONDS - t0)) s); tail:" | tee -a "$OUTDIR/summary.log"
     tail -n 40 "$OUTDIR/$name.log" | tee -a "$OUTDIR/summary.log"
     status=1
+    return 1
   fi
 }
 has() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -95,19 +97,23 @@ pytests() { (cd /tmp && "$PY" -m pytest -q -p no:cacheprovider -rs ${PYTEST_ARGS
 SANITIZER=${COMPUTE_SANITIZER:-compute-sanitizer}
 # Set to "" to skip a suite (unset: the default tools).
 SANITIZE_CPP_TOOLS=${SANITIZE_CPP_TOOLS-memcheck racecheck synccheck initcheck}
-SANITIZE_PY_TOOLS=${SANITIZE_PY_TOOLS-memcheck}
+SANITIZE_PY_TOOLS=${SANITIZE_PY_TOOLS-memcheck racecheck synccheck initcheck}
+SANITIZE_TIMEOUT_S=${SANITIZE_TIMEOUT_S:-0}   # 0: no limit
 sanitize() {  # tool, extra sanitizer flags (one string, may be empty), command...
-  local tool=$1 extra=$2; shift 2
+  local tool=$1 extra=$2 rc; shift 2
   # shellcheck disable=SC2086  # $extra: zero or more flags, split on purpose
-  "$SANITIZER" --tool "$tool" --error-exitcode 1 --target-processes all \
-    --require-cuda-init no --print-limit 200 $extra "$@"
+  timeout --kill-after=20 "$SANITIZE_TIMEOUT_S" "$SANITIZER" --tool "$tool" --error-exitcode 1 \
+    --target-processes all --require-cuda-init no --print-limit 200 $extra "$@"
+  rc=$?
+  [ $rc = 124 ] && echo "CUT: $tool ran past SANITIZE_TIMEOUT_S=${SANITIZE_TIMEOUT_S} s (no result)"
+  return $rc
 }
 # N shards of one suite run at once, each writing <log>.<i>; the stage fails
 # when any shard does. The C++ suite shards through GoogleTest's own
 # GTEST_TOTAL_SHARDS / GTEST_SHARD_INDEX; the Python GPU tests by test file,
 # round robin. A sanitizer's report names the test, so nothing is lost by
 # splitting.
-SANITIZE_SHARDS=${SANITIZE_SHARDS:-1}
+SANITIZE_SHARDS=${SANITIZE_SHARDS:-3}
 sharded() {  # command... (run with SHARD and SHARDS set, output to the shard's log)
   local pids=() rc=0 i
   for ((i = 0; i < SANITIZE_SHARDS; i++)); do
@@ -121,14 +127,19 @@ sharded() {  # command... (run with SHARD and SHARDS set, output to the shard's 
 }
 sanitizer_cpp() {  # tool
   # Every test runs under every tool. memcheck and racecheck check every
-  # kernel (racecheck takes about 10 minutes: one to two per cuBLASLt GEMM
-  # test; restricted to fp8kit's kernels it fails on cuBLASLt's with "failed
-  # to handle a hardware exception"); synccheck and initcheck check
-  # fp8kit's own kernels (kns=fp8kit).
-  local only_ours=""
+  # kernel (restricted to fp8kit's kernels racecheck fails on cuBLASLt's
+  # with "failed to handle a hardware exception"); synccheck and initcheck
+  # check fp8kit's own kernels (kns=fp8kit). memcheck runs the GEMM
+  # autotuner as users do (its scratch output and fallbacks included); the
+  # other tools run with FP8KIT_GEMM_AUTOTUNE=0: autotuning a new GEMM
+  # shape launches cuBLASLt up to 8 x 41 times (no fp8kit kernel among
+  # them), a second or more each under racecheck, which made racecheck
+  # alone outlast a 10-minute call.
+  local only_ours="" tune=0
   case $1 in synccheck|initcheck) only_ours="--kernel-name kns=fp8kit" ;; esac
-  STAGE_NAME=sanitizer-cpp-$1 sharded env_shard_gtest sanitize "$1" "$only_ours" \
-    "$REPO"/build/gpu-cpp/fp8kit_core_test --gtest_color=no
+  [ "$1" = memcheck ] && tune=1
+  FP8KIT_GEMM_AUTOTUNE=$tune STAGE_NAME=sanitizer-cpp-$1 sharded env_shard_gtest \
+    sanitize "$1" "$only_ours" "$REPO"/build/gpu-cpp/fp8kit_core_test --gtest_color=no
 }
 env_shard_gtest() { GTEST_TOTAL_SHARDS=$SHARDS GTEST_SHARD_INDEX=$SHARD "$@"; }
 # The GPU test files of shard SHARD of SHARDS (every file: pytest -m gpu
@@ -158,10 +169,15 @@ py_shard_files() {
 #    default, where a failing API call is fp8kit's own bug.
 #  - Slower kernels: the hardening suite's hypothesis deadline is turned off
 #    and its child timeout raised; its example counts are quartered.
+#  - No autotuning, fp8kit's (FP8KIT_GEMM_AUTOTUNE=0; the C++ memcheck
+#    stage covers it) or XLA's (--xla_gpu_autotune_level=0): both time many
+#    candidate kernels per new shape, each slowed by the tool, and none of
+#    them is an fp8kit kernel.
 sanitizer_py() {  # tool
   local flags="--report-api-errors no"
   [ "$1" = memcheck ] || flags="$flags --kernel-name kns=fp8kit"
   (cd /tmp && PYTORCH_NO_CUDA_MEMORY_CACHING=1 XLA_PYTHON_CLIENT_ALLOCATOR=platform \
+    FP8KIT_GEMM_AUTOTUNE=0 XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_autotune_level=0" \
     FP8KIT_HARDENING_DEADLINE_MS=none FP8KIT_HARDENING_TIMEOUT_S=3600 \
     FP8KIT_HARDENING_EXAMPLES=0.25 \
     STAGE_NAME=sanitizer-py-$1 sharded sanitize_py_shard "$1" "$flags")
@@ -207,8 +223,14 @@ has info && run_stage info info
 has cpp && run_stage cpp cpp
 has pytest && run_stage pytest pytests
 if has sanitizer; then
-  for tool in $SANITIZE_CPP_TOOLS; do run_stage "sanitizer-cpp-$tool" sanitizer_cpp "$tool"; done
-  for tool in $SANITIZE_PY_TOOLS; do run_stage "sanitizer-py-$tool" sanitizer_py "$tool"; done
+  # Every (suite, tool) pair at once: the slowest single test of any pair,
+  # not the sum of the pairs, sets the stage's time.
+  pids=()
+  for tool in $SANITIZE_CPP_TOOLS; do run_stage "sanitizer-cpp-$tool" sanitizer_cpp "$tool" &
+    pids+=($!); done
+  for tool in $SANITIZE_PY_TOOLS; do run_stage "sanitizer-py-$tool" sanitizer_py "$tool" &
+    pids+=($!); done
+  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
 fi
 has bench && run_stage bench bench
 has demo && run_stage demo demo
