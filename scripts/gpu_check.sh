@@ -13,11 +13,12 @@
 #   where installed, then the 1b step compiled next to torchao's; convergence,
 #   1000 steps of the 1b decoder in FP8 and bf16; step_profile, where a 1b
 #   step's GPU time goes)
-#   The sanitizer stage runs every (suite, tool) pair at once, each split
-#   into SANITIZE_SHARDS processes (default 3; the tools are slow and mostly
-#   use the CPU; see sharded below); SANITIZE_CPP_TOOLS / SANITIZE_PY_TOOLS
-#   pick the tools (default all four for each suite); SANITIZE_TIMEOUT_S
-#   bounds each pair (default none), so a cut stage says so in its log
+#   The sanitizer stage runs each (suite, tool) pair split into
+#   SANITIZE_SHARDS processes (default 8; see sharded below), the pairs one
+#   after another on one GPU and side by side on several (one lane of pairs
+#   per GPU); SANITIZE_CPP_TOOLS / SANITIZE_PY_TOOLS pick the tools (see
+#   sanitizer_py for the Python default); SANITIZE_TIMEOUT_S bounds each
+#   shard (default none), so a cut shard says so in its log
 # scripts/README.md lists this and the other tools.
 #
 # Needs: nvcc + cuBLASLt, python3 with torch and jax (the GPU machine's
@@ -97,7 +98,7 @@ pytests() { (cd /tmp && "$PY" -m pytest -q -p no:cacheprovider -rs ${PYTEST_ARGS
 SANITIZER=${COMPUTE_SANITIZER:-compute-sanitizer}
 # Set to "" to skip a suite (unset: the default tools).
 SANITIZE_CPP_TOOLS=${SANITIZE_CPP_TOOLS-memcheck racecheck synccheck initcheck}
-SANITIZE_PY_TOOLS=${SANITIZE_PY_TOOLS-memcheck racecheck synccheck initcheck}
+SANITIZE_PY_TOOLS=${SANITIZE_PY_TOOLS-memcheck synccheck initcheck}
 SANITIZE_TIMEOUT_S=${SANITIZE_TIMEOUT_S:-0}   # 0: no limit
 sanitize() {  # tool, extra sanitizer flags (one string, may be empty), command...
   local tool=$1 extra=$2 rc; shift 2
@@ -105,7 +106,7 @@ sanitize() {  # tool, extra sanitizer flags (one string, may be empty), command.
   timeout --kill-after=20 "$SANITIZE_TIMEOUT_S" "$SANITIZER" --tool "$tool" --error-exitcode 1 \
     --target-processes all --require-cuda-init no --print-limit 200 $extra "$@"
   rc=$?
-  [ $rc = 124 ] && echo "CUT: $tool ran past SANITIZE_TIMEOUT_S=${SANITIZE_TIMEOUT_S} s (no result)"
+  [ "$rc" = 124 ] && echo "CUT: $tool ran past SANITIZE_TIMEOUT_S=${SANITIZE_TIMEOUT_S} s (no result)"
   return $rc
 }
 # N shards of one suite run at once, each writing <log>.<i>; the stage fails
@@ -113,7 +114,7 @@ sanitize() {  # tool, extra sanitizer flags (one string, may be empty), command.
 # GTEST_TOTAL_SHARDS / GTEST_SHARD_INDEX; the Python GPU tests by test file,
 # round robin. A sanitizer's report names the test, so nothing is lost by
 # splitting.
-SANITIZE_SHARDS=${SANITIZE_SHARDS:-3}
+SANITIZE_SHARDS=${SANITIZE_SHARDS:-8}
 sharded() {  # command... (run with SHARD and SHARDS set, output to the shard's log)
   local pids=() rc=0 i
   for ((i = 0; i < SANITIZE_SHARDS; i++)); do
@@ -156,12 +157,17 @@ py_shard_files() {
 #    inside a pooled block, so both allocate each buffer on its own here
 #    (PYTORCH_NO_CUDA_MEMORY_CACHING=1, XLA_PYTHON_CLIENT_ALLOCATOR=platform):
 #    memcheck then sees every fp8kit output's true bounds.
-#  - racecheck, synccheck and initcheck check fp8kit's kernels only
-#    (--kernel-name kns=fp8kit: every fp8kit kernel lives in namespace
-#    fp8kit). This is the one narrow suppression: XLA's autotuner runs
-#    candidate kernels on buffers it never initialises (initcheck reports
-#    every one), and racecheck over all of torch's and XLA's kernels makes
-#    the run take hours. The C++ stages check cuBLASLt under all four tools.
+#  - synccheck checks fp8kit's kernels only (--kernel-name kns=fp8kit:
+#    every fp8kit kernel lives in namespace fp8kit).
+#  - initcheck checks every kernel: under a kernel filter it does not track
+#    the writes of the kernels it skips, so every fp8kit read of a tensor
+#    torch wrote (torch.randn's output, say) was reported. XLA's autotuner,
+#    which runs candidates on buffers it never initialises, is off (below).
+#  - racecheck is not in the default list: restricted to fp8kit's kernels
+#    it stops with "failed to handle a hardware exception" (as in the C++
+#    suite), and over every kernel of torch and XLA it would take hours.
+#    fp8kit's kernels are racechecked by the C++ stage, which runs each
+#    of them (SANITIZE_PY_TOOLS can still name it).
 #  - --report-api-errors no: torch and XLA probe the driver with calls that
 #    are expected to fail (pointer attributes of host memory, optional
 #    symbols) and handle the result; reported, each would fail the stage.
@@ -175,7 +181,7 @@ py_shard_files() {
 #    them is an fp8kit kernel.
 sanitizer_py() {  # tool
   local flags="--report-api-errors no"
-  [ "$1" = memcheck ] || flags="$flags --kernel-name kns=fp8kit"
+  case $1 in synccheck|racecheck) flags="$flags --kernel-name kns=fp8kit" ;; esac
   (cd /tmp && PYTORCH_NO_CUDA_MEMORY_CACHING=1 XLA_PYTHON_CLIENT_ALLOCATOR=platform \
     FP8KIT_GEMM_AUTOTUNE=0 XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_autotune_level=0" \
     FP8KIT_HARDENING_DEADLINE_MS=none FP8KIT_HARDENING_TIMEOUT_S=3600 \
@@ -222,16 +228,35 @@ has build && run_stage build build
 has info && run_stage info info
 has cpp && run_stage cpp cpp
 has pytest && run_stage pytest pytests
-if has sanitizer; then
-  # Every (suite, tool) pair at once: the slowest single test of any pair,
-  # not the sum of the pairs, sets the stage's time.
-  pids=()
-  for tool in $SANITIZE_CPP_TOOLS; do run_stage "sanitizer-cpp-$tool" sanitizer_cpp "$tool" &
-    pids+=($!); done
-  for tool in $SANITIZE_PY_TOOLS; do run_stage "sanitizer-py-$tool" sanitizer_py "$tool" &
-    pids+=($!); done
-  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
-fi
+# The sanitizer's (suite, tool) pairs in lanes, one lane per GPU (pair i in
+# lane i mod GPUs), each lane's pairs one after another on its GPU. On one
+# GPU all pairs at once slowed each other far past the sum of their times
+# (the processes share the GPU by time slicing); a lane's shards share it.
+# A lane sees only its GPU, so under the sanitizer the tests that need two
+# GPUs skip (their kernels are the one-GPU tests' kernels).
+sanitizer_lanes() {
+  local pairs=() gpus lane i pids=() rc=0
+  for tool in $SANITIZE_CPP_TOOLS; do pairs+=("cpp $tool"); done
+  for tool in $SANITIZE_PY_TOOLS; do pairs+=("py $tool"); done
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  ((gpus >= 1)) || gpus=1
+  ((gpus > ${#pairs[@]})) && gpus=${#pairs[@]}
+  for ((lane = 0; lane < gpus; lane++)); do
+    (
+      lane_rc=0
+      ((gpus > 1)) && export CUDA_VISIBLE_DEVICES=$lane
+      for ((i = lane; i < ${#pairs[@]}; i += gpus)); do
+        read -r suite tool <<<"${pairs[$i]}"
+        run_stage "sanitizer-$suite-$tool" "sanitizer_$suite" "$tool" || lane_rc=1
+      done
+      exit $lane_rc
+    ) &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  return $rc
+}
+if has sanitizer; then sanitizer_lanes || status=1; fi
 has bench && run_stage bench bench
 has demo && run_stage demo demo
 has kprofile && run_stage kprofile kprofile
