@@ -32,6 +32,12 @@ with tensorwise scaling; it runs compiled only, since torchao's eager
 Float8Linear is slower than bf16 (its casts are separate PyTorch ops that
 only inductor fuses).
 
+The steps follow the training recipe of fp8kit/models/schedule.py from
+its start (its learning-rate warmup included: at the peak rate from the
+first step the bf16 8b_slice diverged within 13 steps), and a run whose
+final loss is more than a nat above the uniform guess ln(vocab) is marked
+diverged: its numbers time a broken training run, not the model's.
+
 tokens/s = batch x seq_len x steps / their wall time; 'x bf16' divides
 it by the tokens/s of the bf16 run of the same framework and mode. Peak memory is the
 device allocator's peak over the timed steps (PyTorch on CUDA) or over the
@@ -46,6 +52,7 @@ import argparse
 import concurrent.futures
 import dataclasses
 import json
+import math
 import multiprocessing
 import pathlib
 import sys
@@ -151,13 +158,25 @@ def _compile_error() -> type:
     return torch._dynamo.exc.TorchDynamoException
 
 
+def train_config(batch: int, warmup: int, steps: int) -> TrainConfig:
+    """The training recipe of a measured run: TrainConfig's own, learning-rate
+    warmup included, over warmup + steps steps."""
+    return TrainConfig(steps=warmup + steps, batch=batch)
+
+
+def diverged(loss: float, model_cfg) -> bool:
+    """Whether a run's final loss is more than a nat worse than guessing
+    uniformly (ln(vocab), about where an untrained model starts)."""
+    return not math.isfinite(loss) or loss > math.log(model_cfg.vocab) + 1.0
+
+
 def measure(framework: str, model_cfg, recipe_name: str, mode: str, batch: int, warmup: int,
             steps: int) -> dict:
     """One (framework, recipe, mode) run in this process; a dict of plain
     values (with 'error' instead of the numbers when the run could not be
     made)."""
     from fp8kit.models.init import init_params
-    train_cfg = TrainConfig(steps=warmup + steps, batch=batch, warmup_steps=0)
+    train_cfg = train_config(batch, warmup, steps)
     run = {"framework": framework, "recipe": recipe_name, "mode": mode}
     try:
         if framework == "torch":
@@ -183,7 +202,8 @@ def measure(framework: str, model_cfg, recipe_name: str, mode: str, batch: int, 
     seconds = time.perf_counter() - t0
     return {**run, "device": str(trainer.device),
             "tokens_per_s": batch * model_cfg.seq_len * steps / seconds,
-            "step_ms": 1e3 * seconds / steps, "peak_memory_bytes": peak(), "last_loss": loss}
+            "step_ms": 1e3 * seconds / steps, "peak_memory_bytes": peak(), "last_loss": loss,
+            "diverged": diverged(loss, model_cfg)}
 
 
 def _in_fresh_process(*args) -> dict:
@@ -239,7 +259,7 @@ def _table(rows) -> str:
         ratio = f"{r['tokens_per_s'] / base:6.2f}" if base else f"{'-':>6}"
         lines.append(f"{name} {r['device']:<8} | "
                      f"{r['tokens_per_s']:10.0f} {ratio} {r['step_ms']:9.1f} {peak} | "
-                     f"{r['last_loss']:7.3f}")
+                     f"{r['last_loss']:7.3f}" + (" diverged" if r["diverged"] else ""))
     return "\n".join(lines)
 
 
@@ -287,7 +307,8 @@ def main(argv=None) -> int:
 def _summary(run: dict) -> str:
     if "error" in run:
         return f"not run: {run['error']}"
-    return f"{run['tokens_per_s']:.0f} tokens/s, {run['step_ms']:.1f} ms/step"
+    return (f"{run['tokens_per_s']:.0f} tokens/s, {run['step_ms']:.1f} ms/step"
+            + (f", DIVERGED (loss {run['last_loss']:.3g})" if run["diverged"] else ""))
 
 
 def _write_json(path: str, config: str, model_cfg, batch: int, rows) -> None:

@@ -21,7 +21,6 @@ import sys
 
 from fp8kit.models import bench
 from fp8kit.models.config import CONFIGS
-from fp8kit.models.schedule import TrainConfig
 
 
 def profile_run(framework: str, model_cfg, recipe_name: str, batch: int, warmup: int,
@@ -33,7 +32,7 @@ def profile_run(framework: str, model_cfg, recipe_name: str, batch: int, warmup:
 
     from fp8kit.bench import kernel_times
     from fp8kit.models.init import init_params
-    train_cfg = TrainConfig(steps=warmup + steps, batch=batch, warmup_steps=0)
+    train_cfg = bench.train_config(batch, warmup, steps)
     make = bench.torch_trainer if framework == "torch" else bench.jax_trainer
     trainer, _, _ = make(model_cfg, train_cfg, recipe_name, init_params(model_cfg, train_cfg.seed))
     for _ in range(warmup):

@@ -30,6 +30,7 @@ def test_smoke_run_reports_every_framework_and_recipe(tmp_path, capsys):
     for r in runs.values():
         assert r["tokens_per_s"] > 0 and r["step_ms"] > 0
         assert 3.0 < r["last_loss"] < 6.0             # trained from ln(256) = 5.5
+        assert r["diverged"] is False
         assert r["peak_memory_bytes"] is None          # no device allocator on a CPU
         assert f"{r['framework']:<9} {r['recipe']:<10} {r['mode']:<7} cpu" in stdout
     assert doc["model"]["layers"] == 1 and doc["model"]["hidden"] == 128
@@ -102,3 +103,25 @@ def test_a_model_that_does_not_compile_is_reported(monkeypatch):
 def test_bad_arguments_are_reported(args, message, capsys):
     assert bench.main(args) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_run_far_above_the_uniform_guess_is_marked_diverged():
+    """The bench flags a run whose loss ends more than a nat above ln(vocab)
+    (the bf16 8b_slice at the peak learning rate from step 0 ended at 18.2),
+    and a non-finite one; a run near the start (ln 256 = 5.55) is not."""
+    cfg = CONFIGS["tiny"]
+    assert [bench.diverged(x, cfg) for x in (5.6, 6.5, 7.6, 18.2, float("nan"), float("inf"))] \
+        == [False, False, True, True, True, True]
+    row = {"framework": "torch", "recipe": "bf16", "mode": "eager", "device": "cuda",
+           "tokens_per_s": 1.0, "step_ms": 1.0, "peak_memory_bytes": None, "last_loss": 18.2,
+           "diverged": True}
+    assert bench._table([row]).splitlines()[-1].endswith("18.200 diverged")
+
+
+def test_measured_runs_warm_the_learning_rate_up_like_training():
+    """The measured steps start at the training recipe's warmup, not at the
+    peak learning rate."""
+    from fp8kit.models.schedule import TrainConfig, learning_rate
+    cfg = bench.train_config(batch=8, warmup=5, steps=30)
+    assert (cfg.steps, cfg.batch, cfg.warmup_steps) == (35, 8, TrainConfig().warmup_steps)
+    assert learning_rate(0, cfg) < cfg.lr / 10
