@@ -5,6 +5,7 @@ claims; the harness pieces (timing, targets, mismatch handling) on their
 own. No timing assertions: CPU numbers mean nothing."""
 
 import contextlib
+import importlib.util
 import io
 import json
 import os
@@ -19,11 +20,13 @@ pytest.importorskip("jax")
 pytest.importorskip("matplotlib")
 
 from fp8kit import bench  # noqa: E402
-from fp8kit.bench import gemm_block, progress, results, timing  # noqa: E402
+from fp8kit.bench import fused_torch, gemm_block, norm_cast, progress, results, timing  # noqa: E402
 from fp8kit.bench.results import Row  # noqa: E402
 
 SECTIONS = ("gemm", "quantize", "linear", "overhead", "fused", "compile")
 GPU = torch.cuda.is_available()
+# TransformerEngine's rows (the P3 ones among them) run where it is installed, on a GPU.
+TE = GPU and importlib.util.find_spec("transformer_engine") is not None
 
 
 def _run(argv):
@@ -72,9 +75,10 @@ def test_rows_are_checked_and_measured_side_by_side(suite):
     checks = " ".join(r["check"] for r in doc["rows"])
     assert "bit-exact" in checks                     # quantization, bit for bit
     # Every target has rows (quick sizes stand in for the real ones).
-    # P7 and P10 need TransformerEngine or torchao beside fp8kit: not in a CPU run.
-    assert set(doc["targets"]) == {"P1", "P2", "P3", "P4", "P5-gemm", "P5-fwd", "P5-fwd+bwd",
-                                   "P6-gemm", "P6-linear", "P10-eager"}
+    # P3, P7 and P10 need TransformerEngine or torchao beside fp8kit: not in a CPU run.
+    assert set(doc["targets"]) == {"P1", "P2", "P4", "P5-gemm", "P5-fwd", "P5-fwd+bwd",
+                                   "P6-gemm", "P6-linear", "P6-quantize", "P7-norm",
+                                   "P10-eager"} | ({"P3"} if TE else set())
     assert all(t["met"] is None for t in doc["targets"].values())
     # P6-gemm's peer, torch's block-scaled scaled_mm, runs on a GPU only.
     assert all(t["complete"] == (GPU or tid != "P6-gemm") for tid, t in doc["targets"].items())
@@ -98,8 +102,16 @@ def test_linear_and_overhead_rows(suite):
                  if r["group"].startswith(f"PyTorch Linear {mode},")}
         assert cases == {"delayed", "current", "delayed, weight cached",
                          "current, weight cached", "delayed, fast fwd acc", "block"} | extra, mode
-    p3 = [r for r in torch_linear if r["target"] == "P3"]
-    assert p3 and all("fwd+bwd" in r["group"] and r["case"].endswith(" delayed") for r in p3)
+    te_rows = [r for r in torch_linear if "TransformerEngine" in r["group"]]
+    if TE:   # P3: delayed and current against TE's te.Linear, fwd+bwd
+        p3 = [r for r in te_rows if r["target"] == "P3"]
+        assert {r["case"].split()[1] for r in p3} == {"delayed", "current"}
+        assert all("fwd+bwd" in r["group"] for r in p3)
+    else:    # no TE: no TE rows, and the first bf16 row of each fwd+bwd case says why
+        assert te_rows == []
+        notes = [r["note"] for r in torch_linear if r["group"].startswith("PyTorch Linear "
+                                                                          "fwd+bwd,")]
+        assert sum("no TE rows: TransformerEngine" in n for n in notes) == 2   # QUICK_SIZES
     p6 = [r for r in torch_linear if r["target"] == "P6-linear"]
     assert p6 and all("fwd+bwd" in r["group"] and r["case"].endswith(" block") for r in p6)
     assert all(r["fp8kit_s"] > 0 and r["check"].startswith("rel err y") for r in p6)
@@ -127,6 +139,21 @@ def test_block_gemm_rows(suite):
     assert all(r["fp8kit_s"] > 0 and r["anchor_s"] > 0 for r in bf16)
     if not GPU:   # the table says why the P6-gemm rows have no numbers
         assert "runs on CUDA only" in out
+
+
+def test_block_quantize_rows(suite):
+    """Block quantization (P6-quantize): each mode's two copies checked by
+    dequantizing them, then timed against a copy of the input."""
+    from fp8kit.bench import quantize
+    _, _, _, d = suite
+    rows = [r for r in json.loads((d / "bench.json").read_text())["rows"]
+            if r["group"] == quantize.G_BLOCK]
+    assert {r["case"].split()[0] for r in rows} == set(quantize.BLOCK_MODES)
+    assert len(rows) == len(quantize.BLOCK_MODES) * len(quantize.QUICK_SHAPES)
+    for r in rows:
+        assert r["target"] == "P6-quantize" and r["unit"] == "TB/s" and r["error"] is None
+        assert r["check"].startswith("dequantized vs x: rowwise rel err")
+        assert r["fp8kit_s"] > 0 and r["anchor_s"] > 0
 
 
 def _wrong_block_scale(monkeypatch):
@@ -216,7 +243,16 @@ def test_fused_rows(suite):
              if r["section"] == "fused"]
     jax_rows = [r for r in fused if r["group"].startswith("JAX jit: MLP block")]
     assert jax_rows and all(r["error"] is None and r["fp8kit_s"] > 0 for r in jax_rows)
-    rows = [r for r in fused if r not in jax_rows]
+    norm_rows = [r for r in fused if r["group"] == norm_cast.GROUP]
+    assert {r["case"].split()[0] for r in norm_rows} == {"RMSNorm", "LayerNorm"}
+    for r in norm_rows:   # the norm kernel alone, checked, against a copy
+        assert r["target"] == "P7-norm" and r["error"] is None and r["unit"] == "TB/s"
+        assert r["check"].startswith("columnwise = rowwise.T bit-exact; vs float64 rel err")
+        assert r["fp8kit_s"] > 0 and r["anchor_s"] > 0
+    # Peak memory rows need CUDA's allocator.
+    assert any("extra peak memory" in r["group"] for r in fused) == GPU
+    rows = [r for r in fused if r not in jax_rows and r not in norm_rows
+            and "extra peak memory" not in r["group"]]
     groups = {r["group"] for r in rows}
     assert any("LayerNormMLP" in g and "swiglu" in g for g in groups)
     assert any("LayerNormMLP" in g and "gelu" in g for g in groups)
@@ -507,3 +543,27 @@ def test_fsdp_bench_decoder_on_the_cpu(tmp_path):
 def test_fsdp_bench_refuses_an_unknown_variant():
     r = _tool("fsdp_bench.py", "--cpu", "--variants", "bf16,fp8")
     assert r.returncode == 2 and "--variants: unknown ['fp8']" in r.stderr, r.stderr
+
+
+def test_memory_rows_compare_bytes_not_times():
+    """The fused section's peak-memory rows: MiB, ratio = the anchor's bytes
+    over fp8kit's (> 1: fp8kit needs less), every FP8 variant against bf16
+    and fp8kit's fused layer against TE's per recipe."""
+    mib = 2 ** 20
+    peaks = {"bf16": 1472 * mib, "unfused delayed": 1552 * mib, "fused delayed": 1400 * mib,
+             "fused current": 1500 * mib, "TE delayed": 2212 * mib, "TE current": 2348 * mib}
+    rows = fused_torch.memory_rows("LayerNormMLP (swiglu)", "8192x4096x14336", peaks)
+    by = {(r.group.rsplit(", ", 1)[1], r.case.split(" ", 1)[1]): r for r in rows}
+    assert set(by) == {("fp8kit vs bf16", "fused current"), ("fp8kit vs bf16", "fused delayed"),
+                       ("fp8kit vs bf16", "unfused delayed"),
+                       ("fp8kit fused vs TransformerEngine", "fused delayed"),
+                       ("fp8kit fused vs TransformerEngine", "fused current")}
+    r = by[("fp8kit vs bf16", "unfused delayed")]
+    assert (r.unit, r.value("fp8kit"), r.value("anchor")) == ("MiB", 1552, 1472)
+    assert r.ratio == pytest.approx(1472 / 1552) and r.fp8kit_s is None
+    assert by[("fp8kit fused vs TransformerEngine", "fused current")].ratio == \
+        pytest.approx(2348 / 1500)
+    assert "1.565" in results.table(rows, claims=True)   # 2348 / 1500
+    # Without TE's peaks there are no TE rows.
+    assert all("TransformerEngine" not in r.group for r in fused_torch.memory_rows(
+        "LayerNormMLP (swiglu)", "8192x4096x14336", {"bf16": 1, "fused delayed": 1}))

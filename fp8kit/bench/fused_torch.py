@@ -15,10 +15,16 @@ with the forward GEMM's fast accumulation, TE's own choice), with the same
 weights and inputs, checked against bf16 before it is timed, all in one measure()
 (interleaved rounds). With TE present, a second group gives fp8kit's fused
 layer against TE's directly (target P7 for the SwiGLU MLP).
+
+On a GPU, two more groups give each variant's extra peak memory: what one
+fwd+bwd call allocates at its peak beyond what was allocated before it
+(weights, inputs, the FP8 scaling state), in MiB, against bf16 and against
+TE (ratio = the anchor's bytes / fp8kit's: > 1, fp8kit needs less).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 from fp8kit.bench import checks, te_peer, timing
@@ -125,8 +131,9 @@ def _add_te(layers, data, want, fns, around, found, errors) -> str:
     for rname in ("delayed", "current"):
         name = f"TE {rname}"
         try:
-            fn = _te_step(_fwd_bwd(te_peer.torch_layer(te, b.norm, b.fc1, b.fc2, b.activation),
-                                   data), te_peer.torch_autocast(te, rname))
+            fn = te_peer.per_call_autocast(
+                _fwd_bwd(te_peer.torch_layer(te, b.norm, b.fc1, b.fc2, b.activation), data),
+                te_peer.torch_autocast(te, rname))
             for i in range(2):  # delayed: TE updates its scales as each autocast exits
                 fn(0)
             found[name] = _check(fn(0), want)
@@ -136,20 +143,13 @@ def _add_te(layers, data, want, fns, around, found, errors) -> str:
     return ""
 
 
-def _te_step(fn, enter):
-    """fn(i) in its own TE autocast, as a training step runs it: TE reduces
-    amaxes and updates delayed scales when the autocast exits, so one
-    autocast around many calls would skip that work."""
-    def step(i):
-        with enter():
-            return fn(i)
-    return step
+def _layer_name(kind: str) -> str:
+    return "LayerNormLinear (RMSNorm, QKV)" if kind == "qkv" else f"LayerNormMLP ({kind})"
 
 
 def _te_rows(kind, case_size, flops, t, found, errors) -> list:
     """fp8kit fused vs TE, per recipe (P7 for the SwiGLU MLP)."""
-    layer = "LayerNormLinear (RMSNorm, QKV)" if kind == "qkv" else f"LayerNormMLP ({kind})"
-    group = f"PyTorch {layer} fwd+bwd, fp8kit fused vs TransformerEngine"
+    group = f"PyTorch {_layer_name(kind)} fwd+bwd, fp8kit fused vs TransformerEngine"
     rows = []
     for rname in _recipes():
         te_rname = rname.replace(FAST, "")
@@ -165,6 +165,41 @@ def _te_rows(kind, case_size, flops, t, found, errors) -> list:
             row.fp8kit_s, row.anchor_s = t[kit].median_s, t[peer].median_s
             row.timing = {"fp8kit": t[kit].to_json(), "anchor": t[peer].to_json()}
         rows.append(row)
+    return rows
+
+
+def _extra_peak_bytes(fn, enter) -> int:
+    """Bytes CUDA's allocator held at the peak of one call of fn (inside
+    enter(), a context manager) beyond what it held before the call."""
+    import torch
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    with enter():
+        out = fn(0)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    del out
+    return peak
+
+
+def memory_rows(layer: str, case_size: str, peaks: dict) -> list:
+    """Extra peak memory rows from {variant: bytes}: every FP8 variant
+    against bf16, and fp8kit's fused layer against TE's per recipe."""
+    rows = []
+
+    def add(group, anchor_name, kit, peer):
+        if kit in peaks and peer in peaks:
+            rows.append(Row(SECTION, group, f"{case_size} {kit}", peaks[kit], "MiB",
+                            anchor_name, fp8kit_work=peaks[kit], anchor_work=peaks[peer],
+                            check="one fwd+bwd call, CUDA allocator peak"))
+    for name in sorted(peaks):
+        if name != "bf16" and not name.startswith("TE "):
+            add(f"PyTorch {layer} fwd+bwd, extra peak memory, fp8kit vs bf16",
+                "bf16 torch modules", name, "bf16")
+    for rname in ("delayed", "current"):
+        add(f"PyTorch {layer} fwd+bwd, extra peak memory, fp8kit fused vs TransformerEngine",
+            f"TransformerEngine {rname}", f"fused {rname}", f"TE {rname}")
     return rows
 
 
@@ -200,6 +235,8 @@ def run_case(ctx: Context, kind: str, tokens: int, hidden: int, width: int, seed
     te_missing = (_add_te(layers, data, want, fns, around, found, errors)
                   if dev == "cuda" else "TransformerEngine peer needs a GPU")
     t = timing.measure(fns, timing.torch_clock(dev), ctx.settings, around=around)
+    peaks = ({name: _extra_peak_bytes(fn, around.get(name, contextlib.nullcontext))
+              for name, fn in fns.items()} if dev == "cuda" else {})
     if kind == "qkv":
         flops = 3 * 2.0 * tokens * hidden * width
         group = "PyTorch LayerNormLinear fwd+bwd (RMSNorm, QKV), fp8kit vs bf16"
@@ -220,6 +257,7 @@ def run_case(ctx: Context, kind: str, tokens: int, hidden: int, width: int, seed
     if te_missing:
         rows[0].note = te_missing
     rows += _te_rows(kind, f"{tokens}x{hidden}x{width}", flops, t, found, errors)
+    rows += memory_rows(_layer_name(kind), f"{tokens}x{hidden}x{width}", peaks)
     del data, layers
     if dev == "cuda":
         torch.cuda.empty_cache()

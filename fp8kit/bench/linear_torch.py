@@ -1,12 +1,17 @@
 """Linear section, PyTorch (targets P3 and P6-linear): fp8kit.torch.Linear,
 bf16 in and out, eager, forward and fwd+bwd, against bf16 torch.nn.Linear
-on the same weights and inputs in the same run, and against torchao's
-Float8Linear when it is installed (a GPU only). Layers and calls:
-torch_layers.py. The targets apply to fwd+bwd at 8192 tokens x 8192 x 8192
-with the weight re-quantized every call as in a training step: P3 with the
-default recipe (delayed scaling), P6-linear with BlockScaling (where
-fp8kit's block-scaled GEMM does not run, its row says why instead of a
-number). Current scaling, the forward pass alone, the weight-cached rows
+on the same weights and inputs in the same run, against torchao's
+Float8Linear when it is installed, and, fwd+bwd at the three large shapes,
+against TransformerEngine's te.Linear under the same recipe when TE is
+installed (both peers need a GPU). Layers and calls: torch_layers.py.
+The targets apply to fwd+bwd with the weight re-quantized every call as
+in a training step: P3, delayed and current scaling against TE at 8192^3
+and the two Llama shapes (the rows exist only where TE runs; the first
+bf16 row notes why otherwise); P6-linear, BlockScaling against bf16 at
+8192^3 (where fp8kit's block-scaled GEMM does not run, its row says why
+instead of a number), with TE's Float8BlockScaling beside it for
+information. Current scaling against bf16, the forward pass alone, the
+weight-cached rows
 (gradient accumulation, inference), the forward GEMM with fast
 accumulation (the recipe's opt-in forward_fast_accumulation; its check
 shows the accuracy it costs) and the other sizes are for information. At
@@ -26,15 +31,20 @@ from fp8kit.bench.results import Row
 
 SECTION = "linear"
 TARGET_SIZE = (8192, 8192, 8192)  # tokens, in_features, out_features
-SIZES = [(4096, 4096, 4096), TARGET_SIZE]
+TE_SIZES = [TARGET_SIZE, (8192, 4096, 14336), (8192, 14336, 4096)]   # P3's shapes
+SIZES = [(4096, 4096, 4096)] + TE_SIZES
 QUICK_SIZES = [(64, 64, 64), (128, 128, 64)]
 MODES = ("fwd+bwd", "fwd")
 PASSES = {"fwd": 1, "fwd+bwd": 3}  # GEMMs per call: forward; + dgrad, wgrad
-TARGETS = {"delayed": "P3", "block": "P6-linear"}  # variant -> its target (fwd+bwd, TARGET_SIZE)
+TE_TARGETS = {"delayed": "P3", "current": "P3", "block": None}   # fp8kit variant vs TE's
 
 
 def group_bf16(mode: str) -> str:
     return f"PyTorch Linear {mode}, fp8kit vs bf16 nn.Linear"
+
+
+def group_te(mode: str) -> str:
+    return f"PyTorch Linear {mode}, fp8kit vs TransformerEngine te.Linear, same recipe"
 
 
 def group_torchao(mode: str) -> str:
@@ -50,20 +60,31 @@ def run_size(ctx: Context, tokens: int, k: int, n: int, seed: int, mode: str) ->
     flops = PASSES[mode] * 2.0 * tokens * k * n
     case = f"{tokens}x{k}x{n}"
     is_target = mode == "fwd+bwd" and (ctx.quick or (tokens, k, n) == TARGET_SIZE)
+    with_te = mode == "fwd+bwd" and (ctx.quick or (tokens, k, n) in TE_SIZES)
     variants = torch_layers.standard_variants(cached=True) + [torch_layers.fast_forward_variant()]
     block = torch_layers.block_variant()
     block_missing = fp8kit_block_missing(dev)
+    te_recipes = [r for r in TE_TARGETS if r != "block" or not block_missing] if with_te else []
     out = torch_layers.run_layers(ctx, k, n, data, mode,
-                                  variants + ([] if block_missing else [block]), seed)
+                                  variants + ([] if block_missing else [block]), seed,
+                                  te_recipes=te_recipes)
     rows = []
     for v in variants + [block]:
         rows.append(Row(SECTION, group_bf16(mode), f"{case} {v.name}", tokens * k * n,
                         "TFLOP/s", "bf16 nn.Linear", fp8kit_work=flops, anchor_work=flops,
-                        target=TARGETS.get(v.name) if is_target else None,
+                        target="P6-linear" if is_target and v is block else None,
                         note="" if v.cache_weight else "weight re-quantized every call"))
         out.fill(rows[-1], v.name)
     if block_missing:
         rows[-1].note = block_missing
+    if out.te_missing:
+        rows[0].note += f"; no TE rows: {out.te_missing}"
+    for rname in te_recipes if not out.te_missing else ():
+        rows.append(Row(SECTION, group_te(mode), f"{case} {rname}", tokens * k * n, "TFLOP/s",
+                        f"TransformerEngine {rname}", fp8kit_work=flops, anchor_work=flops,
+                        target=TE_TARGETS[rname], note="weight re-quantized every call"))
+        out.fill(rows[-1], rname, f"TE {rname}")
+        rows[-1].check = f"{out.checks.get(rname, '-')}; {out.checks.get(f'TE {rname}', '-')}"
     if "torchao" in out.checks or "torchao" in out.errors:
         rows.append(Row(SECTION, group_torchao(mode), f"{case} delayed", tokens * k * n,
                         "TFLOP/s", "torchao Float8Linear", fp8kit_work=flops,

@@ -12,6 +12,10 @@ Bytes are counted as the targets count them:
                                     input, 6 B/el moved at best; counted as 4 B/el, its limit
                                     is copy bandwidth x 4/6. Target P2: a fraction of that
                                     limit.
+  block scaling, row+col            quantize_block 1x128 (activations, gradients) and 128x128
+                                    (weights), both copies in one pass: 4 B/el (the float32
+                                    block scales, at most 1/16 B/el, are not counted).
+                                    Target P6-quantize: a fraction of copy bandwidth.
 
 Peers (information): the same current-scaling cast+transpose written in
 eager PyTorch and, in the full mode, compiled with torch.compile; and, in
@@ -47,6 +51,9 @@ G_CURRENT = "current scaling cast+transpose (two-pass), vs its limit"
 G_EAGER = "current scaling cast+transpose vs torch eager"
 G_COMPILE = "current scaling cast+transpose vs torch.compile"
 G_COMPILE_DELAYED = "delayed scaling cast+transpose vs torch.compile"
+G_BLOCK = "1x128 and 128x128 block quantization (bf16 -> e4m3 row+col, scales), vs copy"
+BLOCK_MODES = ("block_1x128", "block_128x128")
+BLOCK_TOL = 2.0 ** -4   # ||dequantized - x|| / ||x||: E4M3 rounds by <= 2^-4
 
 
 def _torch_delayed_cast_transpose(x, scale):
@@ -162,6 +169,8 @@ def run_shape(ctx: Context, rows_: int, cols: int, seed: int) -> list[Row]:
     except checks.Mismatch as e:
         r_cur.error = r_eag.error = f"not timed: {e}"
 
+    out += _block_rows(x0, xs, copies, fns, row)
+
     r_cmp = r_cmpd = None
     if ctx.torch_compile and not ctx.quick:
         r_cmp = row(G_COMPILE, "torch.compile", 4, 4)
@@ -187,8 +196,9 @@ def run_shape(ctx: Context, rows_: int, cols: int, seed: int) -> list[Row]:
     t = timing.measure(fns, timing.torch_clock(dev), ctx.settings)
     t_copy = t["copy"].median_s
     copy_note = f"copy {4 * n / t_copy / 1e12:.3g} TB/s (4 B/el), {copies} input copies"
+    blocks = [(r, r.case.split()[0], t_copy) for r in out if r.group == G_BLOCK]
     for r, key, anchor_s in ((r_del, "delayed", t_copy), (r_row, "rowwise", t_copy * 3 / 4),
-                             (r_cur, "current", t_copy * 6 / 4)):
+                             (r_cur, "current", t_copy * 6 / 4), *blocks):
         r.note = copy_note
         if key in t:
             r.fp8kit_s, r.anchor_s = t[key].median_s, anchor_s
@@ -204,6 +214,35 @@ def run_shape(ctx: Context, rows_: int, cols: int, seed: int) -> list[Row]:
     if dev == "cuda":
         torch.cuda.empty_cache()
     return out
+
+
+def _block_rows(x0, xs, copies, fns, row) -> list[Row]:
+    """One row per block scaling mode; its function joins fns once its two
+    copies dequantize to x within E4M3's rounding (quantize_block's bits
+    against the float64 model are the unit tests' job)."""
+    import torch
+    import fp8kit.torch as ft
+    rows = []
+    for mode in BLOCK_MODES:
+        r = row(G_BLOCK, "copy-speed limit (4 B/el)", 4, 4, "P6-quantize")
+        r.case = f"{mode} {r.case}"
+        rows.append(r)
+
+        def fn(i, mode=mode):
+            return ft.quantize_block(xs[i % copies], "e4m3", mode, True, True)
+        try:
+            data, sinv, cw, cw_sinv = fn(0)
+            errs = [checks.norm_rel_err(ft.dequantize_block(d, s, mode, torch.float32, from_cw),
+                                        x0.float())
+                    for d, s, from_cw in ((data, sinv, False), (cw, cw_sinv, True))]
+            for what, err in zip(("rowwise", "columnwise"), errs):
+                checks.within(f"{mode} {what}", err, BLOCK_TOL, "rel err")
+            r.check = (f"dequantized vs x: rowwise rel err {errs[0]:.2g}, columnwise "
+                       f"{errs[1]:.2g} <= {BLOCK_TOL:g}")
+            fns[mode] = fn
+        except checks.Mismatch as e:
+            r.error = f"not timed: {e}"
+    return rows
 
 
 def cases(ctx: Context) -> list[Case]:

@@ -11,6 +11,9 @@ from fp8kit.bench.targets import TARGETS
 
 _SCALE = {"TFLOP/s": 1e-12, "TB/s": 1e-12}   # throughput units: work / seconds * scale
 _TIME = {"ms": 1e3, "us": 1e6}               # time units: seconds * factor
+# Size units: the work is bytes (value: bytes * factor), no times; the ratio
+# is anchor bytes / fp8kit bytes (> 1: fp8kit needs less).
+_SIZE = {"MiB": 2.0 ** -20}
 
 
 @dataclasses.dataclass
@@ -19,11 +22,11 @@ class Row:
     group: str                    # a plot panel and table block ("e4m3 GEMM, split accumulation")
     case: str                     # what varies within the group, e.g. "8192x8192x8192"
     size: float                   # orders the cases (FLOPs, elements)
-    unit: str                     # TFLOP/s, TB/s, ms or us
+    unit: str                     # TFLOP/s, TB/s, ms, us or MiB
     anchor: str                   # what fp8kit is compared with
     fp8kit_s: Optional[float] = None
     anchor_s: Optional[float] = None
-    fp8kit_work: Optional[float] = None   # FLOPs or bytes per call (throughput units)
+    fp8kit_work: Optional[float] = None   # FLOPs or bytes per call (throughput, size units)
     anchor_work: Optional[float] = None
     target: Optional[str] = None          # key of TARGETS, or None (for information)
     check: str = ""                       # how fp8kit's output was checked, and the result
@@ -40,6 +43,8 @@ class Row:
     def value(self, side: str) -> Optional[float]:
         t = self.fp8kit_s if side == "fp8kit" else self.anchor_s
         work = self.fp8kit_work if side == "fp8kit" else self.anchor_work
+        if self.unit in _SIZE:
+            return None if work is None else work * _SIZE[self.unit]
         if t is None:
             return None
         if self.unit in _TIME:
@@ -48,6 +53,10 @@ class Row:
 
     @property
     def ratio(self) -> Optional[float]:
+        if self.unit in _SIZE:
+            if not self.fp8kit_work or self.anchor_work is None:
+                return None
+            return self.anchor_work / self.fp8kit_work
         if not self.fp8kit_s or not self.anchor_s:
             return None
         return self.anchor_s / self.fp8kit_s

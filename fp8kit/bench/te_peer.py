@@ -6,7 +6,10 @@ The peer layers are built from the same weights as fp8kit's and checked
 against the same bf16 output before they are timed, so a mapping mistake
 shows up as an untimed row, not as a wrong number. Recipes follow fp8kit's
 defaults (E4M3 forward, E5M2 gradients, history 16, max): TE's delayed
-scaling and its current (per-tensor) scaling.
+scaling and its current (per-tensor) scaling; and for block scaling TE's
+Float8BlockScaling with its defaults, which are fp8kit's BlockScaling's
+(E4M3 everywhere, 1x128 tiles for activations and gradients, 128x128
+blocks for weights, power-of-two scales).
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ def torch_module():
 
 
 def recipe(name: str):
-    """TE's recipe 'delayed' or 'current', with fp8kit's defaults."""
+    """TE's recipe 'delayed', 'current' or 'block', with fp8kit's defaults."""
     from transformer_engine.common import recipe as r
     if name == "delayed":
         return r.DelayedScaling(fp8_format=r.Format.HYBRID, amax_history_len=16,
                                 amax_compute_algo="max")
+    if name == "block":
+        return r.Float8BlockScaling()
     return r.Float8CurrentScaling(fp8_format=r.Format.HYBRID)
 
 
@@ -49,6 +54,27 @@ def _copy(dst, src):
         raise ValueError(f"TE parameter shape {tuple(dst.shape)} != {tuple(src.shape)}")
     with torch.no_grad():
         dst.copy_(src)
+
+
+def per_call_autocast(fn, enter):
+    """fn(i) in its own TE autocast, as a training step runs it: TE reduces
+    amaxes and updates delayed scales when the autocast exits, so one
+    autocast around many calls would skip that work."""
+    def step(i):
+        with enter():
+            return fn(i)
+    return step
+
+
+def torch_linear(te, base):
+    """te.Linear with the weight and bias of a bf16 torch.nn.Linear."""
+    import torch
+    layer = te.Linear(base.in_features, base.out_features, bias=base.bias is not None,
+                      params_dtype=torch.bfloat16, device=base.weight.device)
+    _copy(layer.weight, base.weight)
+    if base.bias is not None:
+        _copy(layer.bias, base.bias)
+    return layer
 
 
 def torch_layer(te, norm, fc1, fc2, activation):

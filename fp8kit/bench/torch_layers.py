@@ -5,6 +5,8 @@ with the same weights, and the calls they time.
     fp8kit   fp8kit.torch.Linear, bf16 weights, inside fp8kit.torch.autocast
     torchao  torchao's Float8Linear (tensorwise dynamic scaling), when torchao
              is installed and a GPU is present (a peer, for information)
+    TE       TransformerEngine's te.Linear under its delayed, current or block
+             recipe (te_peer.py), when asked for and installed (a GPU only)
 
 fp8kit layers run with cache_fp8_weight=False unless asked otherwise: a
 training step changes the weights, so each timed call re-quantizes the
@@ -26,7 +28,7 @@ import dataclasses
 import functools
 from typing import Optional
 
-from fp8kit.bench import checks, timing
+from fp8kit.bench import checks, te_peer, timing
 
 FWD_TOL = 0.08   # ||fp8 - bf16|| / ||bf16|| of the output (e4m3 x e4m3)
 BWD_TOL = 0.15   # of the input and weight gradients (e5m2 gradients under HYBRID)
@@ -145,13 +147,15 @@ def block_variant() -> Variant:
 
 @dataclasses.dataclass
 class Outcome:
-    """What run_layers measured, keyed by "bf16", a variant's name or "torchao"."""
+    """What run_layers measured, keyed by "bf16", a variant's name, "torchao"
+    or "TE <recipe>"."""
 
     timings: dict                     # name -> timing.Timing (only the checked ones)
     checks: dict                      # name -> description of the passed check
     errors: dict                      # name -> why it was not timed
     host_s: dict                      # name -> host seconds per call (when asked)
     torchao_missing: Optional[str]    # why there is no torchao layer, or None
+    te_missing: Optional[str] = None  # why there are no TE layers (when asked), or None
 
     def fill(self, row, kit: str, anchor: str = "bf16") -> None:
         """Sets row's check or error and its times: `kit` in the fp8kit
@@ -167,8 +171,28 @@ class Outcome:
                                   anchor_host_s=self.host_s[anchor])
 
 
+def _add_te(te_recipes, base, data, make, want, fns, found, errors, dev) -> Optional[str]:
+    """TE's te.Linear per recipe name into fns ("TE <recipe>"), each its
+    own layer (its own FP8 state) in its own autocast per call; returns why
+    TE is missing, or None."""
+    te, missing = te_peer.torch_module() if dev == "cuda" else (
+        None, "TransformerEngine peer needs a GPU")
+    for rname in te_recipes if te is not None else ():
+        name = f"TE {rname}"
+        try:
+            fn = te_peer.per_call_autocast(make(te_peer.torch_linear(te, base), data),
+                                           te_peer.torch_autocast(te, rname))
+            for _ in range(2):   # delayed: TE updates its scales as each autocast exits
+                fn(0)
+            found[name] = "TE vs bf16: " + check_against_bf16("TE", fn(0), want)
+            fns[name] = fn
+        except Exception as e:  # noqa: BLE001  (a failing peer must not cost fp8kit's rows)
+            errors[name] = f"TE not timed: {type(e).__name__}: {str(e)[:300]}"
+    return missing
+
+
 def run_layers(ctx, k: int, n: int, data, mode: str, variants, seed: int,
-               host_iters: int = 0, sustained: bool = False) -> Outcome:
+               host_iters: int = 0, sustained: bool = False, te_recipes=()) -> Outcome:
     """Times bf16 nn.Linear, one fp8kit.torch.Linear per variant and (on a
     GPU, when installed) torchao's Float8Linear, all with the same weights,
     on `data` (see inputs()); mode "fwd" or "fwd+bwd". Each output is
@@ -177,7 +201,8 @@ def run_layers(ctx, k: int, n: int, data, mode: str, variants, seed: int,
     batch (as in a model whose forward runs many layers in one autocast),
     or on every call for variants that ask for it. host_iters > 0 also
     measures host time per call (timing.host_seconds). sustained: time with
-    timing.measure_sustained, without torchao."""
+    timing.measure_sustained, without torchao. te_recipes: TE's te.Linear
+    under each of these recipes ("delayed", "current", "block") too."""
     import fp8kit.torch as ft
 
     dev = ctx.torch_device
@@ -209,10 +234,12 @@ def run_layers(ctx, k: int, n: int, data, mode: str, variants, seed: int,
             fns["torchao"] = fn
         except checks.Mismatch as e:
             errors["torchao"] = f"torchao not timed: {e}"
+    te_missing = (_add_te(te_recipes, base, data, make, want, fns, found, errors, dev)
+                  if te_recipes else None)
     clock = timing.torch_clock(dev)
     if sustained:
         t = timing.measure_sustained(fns, clock, ctx.quick, around=around)
     else:
         t = timing.measure(fns, clock, ctx.settings, around=around)
     host = timing.host_seconds(fns, clock, host_iters, around) if host_iters else {}
-    return Outcome(t, found, errors, host, why)
+    return Outcome(t, found, errors, host, why, te_missing)
