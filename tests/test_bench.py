@@ -27,6 +27,7 @@ SECTIONS = ("gemm", "quantize", "linear", "overhead", "fused", "compile")
 GPU = torch.cuda.is_available()
 # TransformerEngine's rows (the P3 ones among them) run where it is installed, on a GPU.
 TE = GPU and importlib.util.find_spec("transformer_engine") is not None
+TE_JAX = TE   # its JAX half (P5-fwd, P5-fwd+bwd) comes with the same package
 
 
 def _run(argv):
@@ -75,10 +76,11 @@ def test_rows_are_checked_and_measured_side_by_side(suite):
     checks = " ".join(r["check"] for r in doc["rows"])
     assert "bit-exact" in checks                     # quantization, bit for bit
     # Every target has rows (quick sizes stand in for the real ones).
-    # P3, P7 and P10 need TransformerEngine or torchao beside fp8kit: not in a CPU run.
-    assert set(doc["targets"]) == {"P1", "P2", "P4", "P5-gemm", "P5-fwd", "P5-fwd+bwd",
-                                   "P6-gemm", "P6-linear", "P6-quantize", "P7-norm",
-                                   "P10-eager"} | ({"P3"} if TE else set())
+    # P3, P5-fwd, P5-fwd+bwd, P7 and P10 need TransformerEngine or torchao
+    # beside fp8kit: not in a CPU run.
+    assert set(doc["targets"]) == {"P1", "P2", "P4", "P5-gemm", "P6-gemm", "P6-linear",
+                                   "P6-quantize", "P7-norm", "P10-eager"} | \
+        ({"P3"} if TE else set()) | ({"P5-fwd", "P5-fwd+bwd"} if TE_JAX else set())
     assert all(t["met"] is None for t in doc["targets"].values())
     # P6-gemm's peer, torch's block-scaled scaled_mm, runs on a GPU only.
     assert all(t["complete"] == (GPU or tid != "P6-gemm") for tid, t in doc["targets"].items())
@@ -263,6 +265,24 @@ def test_fused_rows(suite):
     for r in rows:
         assert r["error"] is None and r["check"].startswith("rel err"), r
         assert r["fp8kit_s"] > 0 and r["anchor_s"] > 0
+
+
+def test_jax_dense_rows_against_te(suite):
+    """JAX dense: every recipe against bf16 (information); against TE-JAX's
+    DenseGeneral with the same recipe where it is installed (P5-fwd and
+    P5-fwd+bwd), else a note on the delayed fwd row says why."""
+    _, _, _, d = suite
+    rows = [r for r in json.loads((d / "bench.json").read_text())["rows"]
+            if r["group"].startswith("JAX jit: dense")]
+    te = [r for r in rows if "TransformerEngine" in r["group"]]
+    assert all(r["target"] is None for r in rows if r not in te)
+    if TE_JAX:
+        assert {(r["target"], r["case"].split()[1]) for r in te} == {
+            (t, rn) for t in ("P5-fwd", "P5-fwd+bwd") for rn in ("delayed", "current")}
+    else:
+        assert te == []
+        notes = [r["note"] for r in rows if r["group"] == "JAX jit: dense fwd, fp8kit vs bf16"]
+        assert sum(n.startswith("no TE-JAX rows: TransformerEngine (JAX)") for n in notes) == 2
 
 
 def test_compile_rows(suite):

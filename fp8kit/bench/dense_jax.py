@@ -14,14 +14,19 @@ default device, same inputs side by side:
                       (b given as [N, K]): XLA then calls the same cuBLASLt
                       FP8 kernel fp8kit does; for information (parity).
   dense fwd    fp8kit.jax.dense, bf16 in and out, quantization included,
-               vs x @ w in bf16. Target P5-fwd (delayed scaling, default
-               recipe). Rows with the recipe's opt-in fast accumulation in
-               the forward GEMM are for information.
+               vs x @ w in bf16 (information; rows with the recipe's opt-in
+               fast accumulation in the forward GEMM too), and, where
+               TransformerEngine-JAX is installed, vs its flax DenseGeneral
+               under the same recipe with the same kernel: target P5-fwd,
+               delayed and current scaling.
   dense fwd+bwd  the output and both gradients for a random cotangent
                (jax.vjp: every GEMM stays alive, which a sum() loss would not
-               guarantee), vs the same in bf16. Target P5-fwd+bwd (delayed).
+               guarantee), vs the same in bf16 and in TE-JAX. Target
+               P5-fwd+bwd against TE-JAX, both recipes.
 
-Targets apply at 8192^3; other sizes are for information. The
+Targets apply at 8192^3; other sizes are for information. Without TE-JAX
+the P5-fwd and P5-fwd+bwd rows do not exist and the first bf16 row says
+why. The
 delayed-scaling state is the one after a training step on the same inputs
 (the scales training would have); its update (the state cotangent) is part
 of fwd+bwd.
@@ -31,7 +36,7 @@ from __future__ import annotations
 
 import functools
 
-from fp8kit.bench import checks, timing
+from fp8kit.bench import checks, te_peer, timing
 from fp8kit.bench.context import Case, Context
 from fp8kit.bench.results import Row
 
@@ -45,6 +50,10 @@ G_GEMM = "JAX jit: fp8kit.jax.gemm on e4m3 vs lax.dot_general on e4m3"
 G_GEMM_NN = "JAX jit: fp8kit.jax.gemm vs lax.dot, e4m3 [M,K] x [K,N]"
 G_FWD = "JAX jit: dense fwd, fp8kit vs bf16"
 G_FWD_BWD = "JAX jit: dense fwd+bwd (random cotangent), fp8kit vs bf16"
+G_TE_FWD = "JAX jit: dense fwd, fp8kit vs TransformerEngine-JAX DenseGeneral, same recipe"
+G_TE_FWD_BWD = ("JAX jit: dense fwd+bwd (random cotangent), fp8kit vs TransformerEngine-JAX "
+                "DenseGeneral, same recipe")
+TE_RECIPES = ("delayed", "current")
 
 
 def _device():
@@ -190,12 +199,10 @@ def run_dense(ctx: Context, s: int) -> list[Row]:
         f_fwd, f_fb = jax.jit(f), fwd_bwd(f)
         st = _trained_state(f_fb, recipe, x, w, dy) if isinstance(recipe, DelayedScaling) \
             else None
-        tgt = name == "delayed" and is_target
         r1 = Row(SECTION, G_FWD, f"{s}^3 {name}", s ** 3, "TFLOP/s", "bf16 x @ w",
-                 fp8kit_work=flops, anchor_work=flops, target="P5-fwd" if tgt else None)
+                 fp8kit_work=flops, anchor_work=flops)
         r2 = Row(SECTION, G_FWD_BWD, f"{s}^3 {name}", s ** 3, "TFLOP/s", "bf16 (jax.vjp)",
-                 fp8kit_work=3 * flops, anchor_work=3 * flops,
-                 target="P5-fwd+bwd" if tgt else None)
+                 fp8kit_work=3 * flops, anchor_work=3 * flops)
         rows_fwd[name], rows_fb[name] = r1, r2
         try:
             r1.check = checks.within("dense fwd", checks.norm_rel_err(f_fwd(x, w, st), want_y),
@@ -218,6 +225,12 @@ def run_dense(ctx: Context, s: int) -> list[Row]:
                                              g=f_fb, st=st)
         except checks.Mismatch as e:
             r2.error = f"not timed: {e}"
+    te_rows = {}
+    if is_target:
+        te_missing = _add_te(s, xs, dys, w, (want_y, want_fb), flops, fns_fwd, fns_fb,
+                             rows_fwd, rows_fb, te_rows)
+        if te_missing:
+            rows_fwd["delayed"].note = f"no TE-JAX rows: {te_missing}"
     clock = timing.jax_clock()
     rows_sustained = {}
     if is_target and "delayed" in fns_fb:
@@ -227,8 +240,9 @@ def run_dense(ctx: Context, s: int) -> list[Row]:
             "bf16 (jax.vjp)", fp8kit_work=3 * flops, anchor_work=3 * flops,
             check=rows_fb["delayed"].check)
     fns_sustained = {name: fns_fb[name] for name in ("bf16", *rows_sustained)}
-    for fns, rows, sustained in ((fns_fwd, rows_fwd, False), (fns_fb, rows_fb, False),
-                                 (fns_sustained, rows_sustained, True)):
+    for fns, rows, sustained, kind in ((fns_fwd, rows_fwd, False, "fwd"),
+                                       (fns_fb, rows_fb, False, "fwd+bwd"),
+                                       (fns_sustained, rows_sustained, True, "sustained")):
         if not rows:
             continue
         t = (timing.measure_sustained(fns, clock, ctx.quick) if sustained
@@ -239,7 +253,59 @@ def run_dense(ctx: Context, s: int) -> list[Row]:
                 row.timing = {"fp8kit": t[name].to_json(), "anchor": t["bf16"].to_json()}
                 if sustained:
                     row.note = timing.gpu_note(t[name], t["bf16"])
-    return list(rows_fwd.values()) + list(rows_fb.values()) + list(rows_sustained.values())
+        for (te_kind, name), row in te_rows.items():
+            if te_kind == kind and name in t and f"TE {name}" in t:
+                a, b = t[name], t[f"TE {name}"]
+                row.fp8kit_s, row.anchor_s = a.median_s, b.median_s
+                row.timing = {"fp8kit": a.to_json(), "anchor": b.to_json()}
+    return (list(rows_fwd.values()) + list(rows_fb.values()) + list(rows_sustained.values())
+            + list(te_rows.values()))
+
+
+def _add_te(s, xs, dys, w, want, flops, fns_fwd, fns_fb, rows_fwd, rows_fb, te_rows):
+    """TE-JAX's DenseGeneral per recipe ("TE delayed", "TE current") into
+    the fwd and fwd+bwd functions, checked as fp8kit's are, and the rows
+    comparing the two (P5-fwd, P5-fwd+bwd) into te_rows, keyed by ("fwd" or
+    "fwd+bwd", recipe); returns why TE-JAX is missing, or None."""
+    import jax
+    tej, missing = te_peer.jax_module()
+    if tej is None:
+        return missing
+    want_y, want_fb = want
+    x, dy, n = xs[0], dys[0], len(xs)
+    for rname in TE_RECIPES:
+        name = f"TE {rname}"
+        r1 = Row(SECTION, G_TE_FWD, f"{s}^3 {rname}", s ** 3, "TFLOP/s",
+                 f"TransformerEngine-JAX {rname}", fp8kit_work=flops, anchor_work=flops,
+                 target="P5-fwd")
+        r2 = Row(SECTION, G_TE_FWD_BWD, f"{s}^3 {rname}", s ** 3, "TFLOP/s",
+                 f"TransformerEngine-JAX {rname}", fp8kit_work=3 * flops,
+                 anchor_work=3 * flops, target="P5-fwd+bwd")
+        te_rows[("fwd", rname)], te_rows[("fwd+bwd", rname)] = r1, r2
+        try:
+            layer, variables = te_peer.jax_dense(tej, rname, x, w)
+
+            def run(x, w, dy, layer=layer, variables=variables):
+                y, vjp = jax.vjp(lambda x, w: layer(x, w, variables), x, w)
+                return y, vjp(dy)
+            f_fwd = jax.jit(functools.partial(layer, variables=variables))
+            f_fb = jax.jit(run)
+            e_y = checks.norm_rel_err(f_fwd(x, w), want_y)
+            checks.within("TE-JAX dense fwd", e_y, FWD_TOL, "rel err")
+            y, (dx, dw) = f_fb(x, w, dy)
+            errs = [checks.norm_rel_err(g, wg) for g, wg in
+                    ((y, want_fb[0]), (dx, want_fb[1][0]), (dw, want_fb[1][1]))]
+            for what, err, tol in zip(("y", "dx", "dw"), errs, (FWD_TOL, BWD_TOL, BWD_TOL)):
+                checks.within(f"TE-JAX dense {what}", err, tol, "rel err")
+        except Exception as e:  # noqa: BLE001  (a failing peer must not cost fp8kit's rows)
+            r1.error = r2.error = f"TE not timed: {type(e).__name__}: {str(e)[:300]}"
+            continue
+        r1.check = f"fp8kit {rows_fwd[rname].check or '-'}; TE rel err {e_y:.2g}"
+        r2.check = (f"fp8kit {rows_fb[rname].check or '-'}; TE rel err y {errs[0]:.2g}, dx "
+                    f"{errs[1]:.2g} dw {errs[2]:.2g}")
+        fns_fwd[name] = functools.partial(lambda i, g: g(xs[i % n], w), g=f_fwd)
+        fns_fb[name] = functools.partial(lambda i, g: g(xs[i % n], w, dys[i % n]), g=f_fb)
+    return None
 
 
 def cases(ctx: Context) -> list[Case]:

@@ -115,6 +115,31 @@ def jax_autocast(tej, recipe_name: str):
     return tej.fp8_autocast(enabled=True, fp8_recipe=te_recipe)
 
 
+def jax_dense(tej, recipe_name: str, x, kernel):
+    """(layer, variables): TE-JAX's flax DenseGeneral (no bias, bf16) with
+    `kernel` [in, out] as its kernel, and layer(x, kernel, variables) -> y
+    (the kernel apart, so a vjp gives its gradient as fp8kit.jax.dense's
+    does). Raises ValueError when the parameter tree is not {kernel}."""
+    import jax
+    import jax.numpy as jnp
+    from flax.core import meta, unfreeze
+
+    with jax_autocast(tej, recipe_name):
+        module = tej.flax.DenseGeneral(features=kernel.shape[1], use_bias=False,
+                                       dtype=jnp.bfloat16)
+        variables = meta.unbox(unfreeze(module.init(jax.random.PRNGKey(0), x)))
+    params = variables.pop("params")
+    if set(params) != {"kernel"} or params["kernel"].shape != kernel.shape:
+        raise ValueError(f"TE-JAX DenseGeneral parameters "
+                         f"{ {k: v.shape for k, v in params.items()} }, expected kernel "
+                         f"{kernel.shape}")
+
+    def layer(x, kernel, variables):
+        with jax_autocast(tej, recipe_name):
+            return module.apply({"params": {"kernel": kernel}, **variables}, x)
+    return layer, variables
+
+
 def jax_mlp(tej, recipe_name: str, act: str, x, gamma, k1, k2, eps: float):
     """(block, variables): TE-JAX's flax LayerNormMLP (RMSNorm, no biases)
     with fp8kit's weights written into its parameters, and
