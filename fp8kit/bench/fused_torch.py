@@ -1,7 +1,8 @@
 """Fused layers section, PyTorch: the Llama-3-8B MLP block (RMSNorm ->
 fc1 -> SwiGLU or GELU -> fc2; 8192 tokens, hidden 4096, ffn 14336) and a
-LayerNormLinear QKV projection (8192 x 4096 -> 3 x 4096), fwd+bwd, bf16
-in and out, eager. For information (no target):
+LayerNormLinear QKV projection (8192 x 4096 -> 3 x 4096), and both at
+hidden 8192 (SwiGLU, ffn 28672; QKV 8192 -> 3 x 8192), fwd+bwd, bf16 in
+and out, eager:
 
     bf16     torch.nn.RMSNorm + torch.nn.Linear + activation in bf16 (anchor)
     unfused  the same with fp8kit.torch.Linear for the projections
@@ -14,7 +15,8 @@ each FP8 variant under delayed and current scaling (the fused layers also
 with the forward GEMM's fast accumulation, TE's own choice), with the same
 weights and inputs, checked against bf16 before it is timed, all in one measure()
 (interleaved rounds). With TE present, a second group gives fp8kit's fused
-layer against TE's directly (target P7 for the SwiGLU MLP).
+layer against TE's directly (target P7 for the Llama-3-8B SwiGLU MLP; the
+rest is for information).
 
 On a GPU, two more groups give each variant's extra peak memory: what one
 fwd+bwd call allocates at its peak beyond what was allocated before it
@@ -32,8 +34,10 @@ from fp8kit.bench.context import Case, Context
 from fp8kit.bench.results import Row
 
 SECTION = "fused"
-MLP_SIZE = (8192, 4096, 14336)       # tokens, hidden, ffn (Llama-3-8B)
+MLP_SIZE = (8192, 4096, 14336)       # tokens, hidden, ffn (Llama-3-8B; P7's)
 QKV_SIZE = (8192, 4096, 3 * 4096)    # tokens, hidden, out_features
+WIDE_MLP_SIZE = (8192, 8192, 28672)  # hidden 8192 (Llama-3-70B's widths)
+WIDE_QKV_SIZE = (8192, 8192, 3 * 8192)
 QUICK_MLP_SIZE = (45, 64, 96)    # 45 tokens: wgrad pads the token dimension
 QUICK_QKV_SIZE = (45, 64, 192)
 FWD_TOL = 0.1    # ||fp8 - bf16|| / ||bf16|| of the output (two E4M3 GEMMs)
@@ -147,8 +151,8 @@ def _layer_name(kind: str) -> str:
     return "LayerNormLinear (RMSNorm, QKV)" if kind == "qkv" else f"LayerNormMLP ({kind})"
 
 
-def _te_rows(kind, case_size, flops, t, found, errors) -> list:
-    """fp8kit fused vs TE, per recipe (P7 for the SwiGLU MLP)."""
+def _te_rows(kind, case_size, flops, t, found, errors, p7: bool) -> list:
+    """fp8kit fused vs TE, per recipe (P7 for the Llama-3-8B SwiGLU MLP: p7)."""
     group = f"PyTorch {_layer_name(kind)} fwd+bwd, fp8kit fused vs TransformerEngine"
     rows = []
     for rname in _recipes():
@@ -158,7 +162,7 @@ def _te_rows(kind, case_size, flops, t, found, errors) -> list:
             continue
         row = Row(SECTION, group, f"{case_size} {rname}", flops, "TFLOP/s",
                   f"TransformerEngine {te_rname}", fp8kit_work=flops, anchor_work=flops,
-                  target="P7" if kind == "swiglu" and FAST not in rname else None,
+                  target="P7" if p7 and kind == "swiglu" and FAST not in rname else None,
                   check=f"fp8kit {found.get(kit, '-')}; TE {found.get(peer, '-')}",
                   error=errors.get(kit) or errors.get(peer))
         if kit in t and peer in t:
@@ -256,7 +260,8 @@ def run_case(ctx: Context, kind: str, tokens: int, hidden: int, width: int, seed
     rows.sort(key=lambda r: r.case)
     if te_missing:
         rows[0].note = te_missing
-    rows += _te_rows(kind, f"{tokens}x{hidden}x{width}", flops, t, found, errors)
+    p7 = (tokens, hidden, width) in (MLP_SIZE, QUICK_MLP_SIZE)
+    rows += _te_rows(kind, f"{tokens}x{hidden}x{width}", flops, t, found, errors, p7)
     rows += memory_rows(_layer_name(kind), f"{tokens}x{hidden}x{width}", peaks)
     del data, layers
     if dev == "cuda":
@@ -265,12 +270,12 @@ def run_case(ctx: Context, kind: str, tokens: int, hidden: int, width: int, seed
 
 
 def cases(ctx: Context) -> list[Case]:
-    mlp = QUICK_MLP_SIZE if ctx.quick else MLP_SIZE
-    qkv = QUICK_QKV_SIZE if ctx.quick else QKV_SIZE
-    out = [Case(SECTION, f"PyTorch LayerNormMLP {kind}", f"torch LayerNormMLP {kind} "
-                f"{'x'.join(map(str, mlp))}", functools.partial(run_case, ctx, kind, *mlp, i))
-           for i, kind in enumerate(("swiglu", "gelu"))]
-    out.append(Case(SECTION, "PyTorch LayerNormLinear", f"torch LayerNormLinear "
-                    f"{'x'.join(map(str, qkv))}", functools.partial(run_case, ctx, "qkv", *qkv,
-                                                                   2)))
-    return out
+    if ctx.quick:
+        runs = [("swiglu", QUICK_MLP_SIZE), ("gelu", QUICK_MLP_SIZE), ("qkv", QUICK_QKV_SIZE)]
+    else:
+        runs = [("swiglu", MLP_SIZE), ("gelu", MLP_SIZE), ("qkv", QKV_SIZE),
+                ("swiglu", WIDE_MLP_SIZE), ("qkv", WIDE_QKV_SIZE)]
+    return [Case(SECTION, f"PyTorch {_layer_name(kind)}",
+                 f"torch {_layer_name(kind)} {'x'.join(map(str, size))}",
+                 functools.partial(run_case, ctx, kind, *size, seed))
+            for seed, (kind, size) in enumerate(runs)]

@@ -1,6 +1,7 @@
-"""MLP block section, JAX (part of "fused"; for information, no target):
-the Llama-3-8B MLP block, RMSNorm -> fc1 -> SwiGLU (or GELU) -> fc2, 8192
-tokens, hidden 4096, ffn 14336, forward and backward (jax.vjp with a random
+"""MLP block section, JAX (part of "fused"): the Llama-3-8B MLP block,
+RMSNorm -> fc1 -> SwiGLU (or GELU) -> fc2, 8192 tokens, hidden 4096, ffn
+14336, and the SwiGLU block at hidden 8192, ffn 28672 (Llama-3-70B's
+widths), forward and backward (jax.vjp with a random
 cotangent, so every GEMM stays alive) under jax.jit, each row against the
 same block in bf16 (plain jnp) on the same inputs:
 
@@ -13,8 +14,9 @@ same block in bf16 (plain jnp) on the same inputs:
 each with delayed scaling (a state after one training step: the scales
 training would have) and current scaling. The ratio is bf16 time / fp8kit
 time. With TE present, a second group gives fp8kit's fused block against
-TE's directly (target P7 for SwiGLU). The quick mode runs tiny shapes (the
-CPU smoke run).
+TE's directly (target P7 for the Llama-3-8B SwiGLU block; the hidden-8192
+rows are for information). The quick mode runs tiny shapes (the CPU smoke
+run).
 """
 
 from __future__ import annotations
@@ -26,13 +28,15 @@ from fp8kit.bench.context import Case, Context
 from fp8kit.bench.results import Row
 
 SECTION = "fused"
-# (tokens, hidden, ffn) of the Llama-3-8B MLP block; quick: a tiny one.
+# (tokens, hidden, ffn) of the Llama-3-8B MLP block (P7's), and at hidden
+# 8192 (Llama-3-70B's widths, SwiGLU only); quick: a tiny one.
 SHAPE = (8192, 4096, 14336)
+WIDE_SHAPE = (8192, 8192, 28672)
 QUICK_SHAPE = (64, 64, 128)
 ACTIVATIONS = ("swiglu", "gelu")
 FWD_TOL, BWD_TOL = 0.1, 0.2   # two FP8 GEMMs in series (and SwiGLU's product)
-G_MLP = "JAX jit: MLP block fwd+bwd (RMSNorm, Llama-3-8B), fp8kit vs bf16"
-G_TE = "JAX jit: MLP block fwd+bwd (RMSNorm, Llama-3-8B), fp8kit fused vs TransformerEngine"
+G_MLP = "JAX jit: MLP block fwd+bwd (RMSNorm), fp8kit vs bf16"
+G_TE = "JAX jit: MLP block fwd+bwd (RMSNorm), fp8kit fused vs TransformerEngine"
 EPS = 1e-5
 
 
@@ -93,13 +97,13 @@ def _fresh_state(kind: str, recipe):
     return (fj.DelayedScalingState.create(recipe), fj.DelayedScalingState.create(recipe))
 
 
-def run_mlp(ctx: Context, act: str) -> list[Row]:
+def run_mlp(ctx: Context, act: str, shape: tuple) -> list[Row]:
     import jax
     import jax.numpy as jnp
     import numpy as np
     from fp8kit.recipe import CurrentScaling, DelayedScaling
 
-    m, hidden, ffn = QUICK_SHAPE if ctx.quick else SHAPE
+    m, hidden, ffn = shape
     n1 = 2 * ffn if act == "swiglu" else ffn
     dev = jax.devices()[0]
     kx, k1k, k2k, kg, kd = jax.random.split(jax.random.PRNGKey(7), 5)
@@ -206,7 +210,8 @@ def _te_rows(act, shape, gemm_flops, t, rows) -> list[Row]:
             continue
         row = Row(SECTION, G_TE, f"{act} {m}x{hidden}x{ffn} {rname}", gemm_flops, "TFLOP/s",
                   f"TransformerEngine-JAX {rname}", fp8kit_work=3 * gemm_flops,
-                  anchor_work=3 * gemm_flops, target="P7" if act == "swiglu" else None,
+                  anchor_work=3 * gemm_flops,
+                  target="P7" if act == "swiglu" and shape in (SHAPE, QUICK_SHAPE) else None,
                   check=f"fp8kit {kit.check or '-'}; TE {peer.check or '-'}",
                   error=kit.error or peer.error)
         if f"fused {rname}" in t and f"TE {rname}" in t:
@@ -220,5 +225,9 @@ def _te_rows(act, shape, gemm_flops, t, rows) -> list[Row]:
 def cases(ctx: Context) -> list[Case]:
     import jax  # noqa: F401  (ImportError here: the suite reports JAX as not run)
     import fp8kit.jax  # noqa: F401
-    return [Case(SECTION, G_MLP, f"JAX MLP block {act}", functools.partial(run_mlp, ctx, act))
-            for act in ACTIVATIONS]
+    if ctx.quick:
+        runs = [(act, QUICK_SHAPE) for act in ACTIVATIONS]
+    else:
+        runs = [(act, SHAPE) for act in ACTIVATIONS] + [("swiglu", WIDE_SHAPE)]
+    return [Case(SECTION, G_MLP, f"JAX MLP block {act} {'x'.join(map(str, shape))}",
+                 functools.partial(run_mlp, ctx, act, shape)) for act, shape in runs]
