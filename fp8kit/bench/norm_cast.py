@@ -23,6 +23,7 @@ import functools
 
 from fp8kit.bench import checks, timing
 from fp8kit.bench.context import Case, Context
+from fp8kit.bench.quantize import bf16_inputs
 from fp8kit.bench.results import Row
 
 SECTION = "fused"
@@ -79,12 +80,9 @@ def run_shape(ctx: Context, tokens: int, hidden: int, seed: int) -> list[Row]:
 
     dev = ctx.torch_device
     n = tokens * hidden
-    g = torch.Generator(device=dev).manual_seed(seed)
-    copies = timing.copies_for_l2(4 * n)
-    xs = [torch.randn(tokens, hidden, device=dev, dtype=torch.bfloat16, generator=g)
-          for _ in range(copies)]
-    dsts = [torch.empty_like(x) for x in xs]
-    fns = {"copy": lambda i: dsts[i % copies].copy_(xs[i % copies])}
+    xs, copy = bf16_inputs(tokens, hidden, dev, seed)
+    copies = len(xs)
+    fns = {"copy": copy}
     rows = {}
     for norm in NORMS:
         row = Row(SECTION, GROUP, f"{norm} {tokens}x{hidden}", n, "TB/s",
@@ -113,7 +111,7 @@ def run_shape(ctx: Context, tokens: int, hidden: int, seed: int) -> list[Row]:
             if dev == "cuda":
                 hbm = 4 * n / t[norm].median_s / 1e12 / HBM_DATASHEET_TBS
                 row.check += f"; {100 * hbm:.0f}% of the {HBM_DATASHEET_TBS:g} TB/s datasheet HBM"
-    del xs, dsts
+    del xs, copy, fns
     if dev == "cuda":
         torch.cuda.empty_cache()
     return list(rows.values())

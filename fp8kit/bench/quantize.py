@@ -80,17 +80,27 @@ def _torch_amax_cast_transpose(x):
     return q, q.t().contiguous(), (1.0 / scale), amax
 
 
+def bf16_inputs(rows_: int, cols: int, dev: str, seed: int):
+    """(xs, copy): enough random bf16 [rows_, cols] copies to rotate past the
+    L2 at 4 B/element, and copy(i), the device-to-device copy of xs[i] that
+    is the bandwidth limit of the rows timed against it."""
+    import torch
+    g = torch.Generator(device=dev).manual_seed(seed)
+    copies = timing.copies_for_l2(4 * rows_ * cols)
+    xs = [torch.randn(rows_, cols, device=dev, dtype=torch.bfloat16, generator=g)
+          for _ in range(copies)]
+    dsts = [torch.empty_like(x) for x in xs]
+    return xs, lambda i: dsts[i % copies].copy_(xs[i % copies])
+
+
 def run_shape(ctx: Context, rows_: int, cols: int, seed: int) -> list[Row]:
     import torch
     from fp8kit import _torch_ext as ext
 
     dev = ctx.torch_device
     n = rows_ * cols
-    g = torch.Generator(device=dev).manual_seed(seed)
-    copies = timing.copies_for_l2(4 * n)
-    xs = [torch.randn(rows_, cols, device=dev, dtype=torch.bfloat16, generator=g)
-          for _ in range(copies)]
-    dsts = [torch.empty_like(x) for x in xs]
+    xs, copy = bf16_inputs(rows_, cols, dev, seed)
+    copies = len(xs)
     amaxes = [torch.zeros(1, device=dev, dtype=torch.float32) for _ in xs]
     # The scale training would use (delayed scaling: from an earlier amax).
     scale = (torch.finfo(torch.float8_e4m3fn).max / xs[0].abs().max().float()).reshape(1)
@@ -103,9 +113,6 @@ def run_shape(ctx: Context, rows_: int, cols: int, seed: int) -> list[Row]:
 
     def kit_current(i):
         return ext.quantize_current_scaling(xs[i % copies], "e4m3", True, True)
-
-    def copy(i):
-        return dsts[i % copies].copy_(xs[i % copies])
 
     def eager(i):
         return _torch_amax_cast_transpose(xs[i % copies])
@@ -210,7 +217,7 @@ def run_shape(ctx: Context, rows_: int, cols: int, seed: int) -> list[Row]:
             r.timing = {"fp8kit": t[kit].to_json(), "anchor": t[key].to_json()}
         elif r is not None and not r.error:
             r.error = f"not timed: fp8kit's {kit} scaling failed its check"
-    del xs, dsts
+    del xs, copy
     if dev == "cuda":
         torch.cuda.empty_cache()
     return out
