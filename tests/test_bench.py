@@ -587,3 +587,67 @@ def test_memory_rows_compare_bytes_not_times():
     # Without TE's peaks there are no TE rows.
     assert all("TransformerEngine" not in r.group for r in fused_torch.memory_rows(
         "LayerNormMLP (swiglu)", "8192x4096x14336", {"bf16": 1, "fused delayed": 1}))
+
+
+class _FakeTorchTE:
+    """Stands in for transformer_engine.pytorch where it is not installed: a
+    bf16 te.Linear and an autocast that does nothing, so the TE rows'
+    plumbing (layers from the bf16 weights, checks, timing, targets) runs."""
+
+    class Linear(torch.nn.Linear):
+        def __init__(self, in_features, out_features, bias=True, params_dtype=None,
+                     device=None):
+            super().__init__(in_features, out_features, bias=bias, dtype=params_dtype,
+                             device=device)
+
+    @staticmethod
+    def autocast(enabled, recipe):
+        return contextlib.nullcontext()
+
+
+def test_linear_rows_against_te_where_it_runs(tmp_path, monkeypatch):
+    """With a te.Linear present, each fwd+bwd case gets fp8kit vs TE rows
+    for delayed and current scaling (P3) and block scaling (information),
+    checked and timed in the same rounds."""
+    from fp8kit.bench import te_peer, torch_layers
+    monkeypatch.setattr(torch_layers, "_te_for", lambda dev: (_FakeTorchTE, None))
+    monkeypatch.setattr(te_peer, "recipe", lambda name: name)
+    json_path = tmp_path / "linear.json"
+    rc, out, err = _run(["--quick", "--sections", "linear_torch", "--rounds", "1", "--out",
+                         str(tmp_path), "--json", str(json_path), "--no-plots"])
+    assert rc == 0, out + err
+    rows = [r for r in json.loads(json_path.read_text())["rows"]
+            if "TransformerEngine" in r["group"]]
+    assert {(r["case"].split()[1], r["target"]) for r in rows} == {
+        ("delayed", "P3"), ("current", "P3"), ("block", None)}
+    assert len(rows) == 3 * 2   # QUICK_SIZES
+    for r in rows:
+        assert r["error"] is None and r["fp8kit_s"] > 0 and r["anchor_s"] > 0, r
+        assert "; TE vs bf16: rel err y" in r["check"]
+        assert r["anchor"] == f"TransformerEngine {r['case'].split()[1]}"
+
+
+def test_jax_dense_rows_against_te_where_it_runs(tmp_path, monkeypatch):
+    """With TE-JAX present (here flax's own DenseGeneral in its place, under
+    an autocast that does nothing), the JAX dense rows gain fp8kit vs TE
+    rows for both recipes, fwd (P5-fwd) and fwd+bwd (P5-fwd+bwd)."""
+    import types
+    flax_linen = pytest.importorskip("flax.linen")
+    from fp8kit.bench import te_peer
+    fake = types.SimpleNamespace(
+        flax=types.SimpleNamespace(DenseGeneral=flax_linen.DenseGeneral),
+        autocast=lambda enabled, recipe: contextlib.nullcontext())
+    monkeypatch.setattr(te_peer, "jax_module", lambda: (fake, None))
+    monkeypatch.setattr(te_peer, "recipe", lambda name: name)
+    json_path = tmp_path / "dense.json"
+    rc, out, err = _run(["--quick", "--sections", "dense_jax", "--rounds", "1", "--out",
+                         str(tmp_path), "--json", str(json_path), "--no-plots"])
+    assert rc == 0, out + err
+    rows = [r for r in json.loads(json_path.read_text())["rows"]
+            if "TransformerEngine" in r["group"]]
+    assert sorted((r["target"], r["case"]) for r in rows) == sorted(
+        (t, f"{s}^3 {rn}") for t in ("P5-fwd", "P5-fwd+bwd") for rn in ("delayed", "current")
+        for s in (64, 128))
+    for r in rows:
+        assert r["error"] is None and r["fp8kit_s"] > 0 and r["anchor_s"] > 0, r
+        assert "; TE rel err" in r["check"]

@@ -171,12 +171,18 @@ class Outcome:
                                   anchor_host_s=self.host_s[anchor])
 
 
+def _te_for(dev: str):
+    """(transformer_engine.pytorch, None), or (None, why not) (it needs a GPU)."""
+    if dev != "cuda":
+        return None, "TransformerEngine peer needs a GPU"
+    return te_peer.torch_module()
+
+
 def _add_te(te_recipes, base, data, make, want, fns, found, errors, dev) -> Optional[str]:
     """TE's te.Linear per recipe name into fns ("TE <recipe>"), each its
     own layer (its own FP8 state) in its own autocast per call; returns why
     TE is missing, or None."""
-    te, missing = te_peer.torch_module() if dev == "cuda" else (
-        None, "TransformerEngine peer needs a GPU")
+    te, missing = _te_for(dev)
     for rname in te_recipes if te is not None else ():
         name = f"TE {rname}"
         try:
