@@ -8,9 +8,12 @@
 #   scripts/gpu_check.sh [OUTDIR]          (default: out/gpu)
 #   STAGES="build info cpp pytest sanitizer bench" scripts/gpu_check.sh
 #   (also, not by default: kprofile, the kernel times of one large Linear
-#   step; models, the decoder's tokens/s and memory at the 1b config, 8
-#   sequences per step, and the 8b_slice, every recipe with TransformerEngine
-#   where installed, then the 1b step compiled next to torchao's; convergence,
+#   step; models, the PyTorch decoder's tokens/s and memory at the 1b config,
+#   8 sequences per step, and the 8b_slice, every recipe with
+#   TransformerEngine where installed; models_jax, the same for the JAX
+#   decoder (TE-JAX where installed); models_compile, the PyTorch 1b step
+#   compiled whole next to torchao's (each of the three fills most of a
+#   10-minute call); convergence,
 #   1000 steps of the 1b decoder in FP8 and bf16; step_profile, where a 1b
 #   step's GPU time goes)
 #   The sanitizer stage runs each (suite, tool) pair split into
@@ -204,16 +207,20 @@ demo() { (cd /tmp && "$PY" -m fp8kit.demo --out "$OUTDIR/demo_loss.png"); }
 kprofile() { (cd /tmp && "$PY" "$REPO/scripts/kernel_profile.py"); }
 # The decoder (python -m fp8kit.models.bench; each compile of the 1b step
 # takes 1.5-2 minutes on the H200).
-models() {
-  local recipes=bf16,delayed,current,te-delayed,te-current
+MODEL_RECIPES=bf16,delayed,current,te-delayed,te-current
+models_in() {  # framework
   (cd /tmp &&
-    "$PY" -m fp8kit.models.bench --config 1b --batch 8 --recipes "$recipes" \
-      --json "$OUTDIR/models_1b.json" &&
-    "$PY" -m fp8kit.models.bench --config 8b_slice --recipes "$recipes" \
-      --json "$OUTDIR/models_8b_slice.json" &&
-    "$PY" -m fp8kit.models.bench --config 1b --batch 8 --frameworks torch \
-      --recipes bf16,delayed,current,torchao --compile --steps 15 \
-      --json "$OUTDIR/models_1b_compile.json")
+    "$PY" -m fp8kit.models.bench --config 1b --batch 8 --frameworks "$1" \
+      --recipes "$MODEL_RECIPES" --json "$OUTDIR/models_1b_$1.json" &&
+    "$PY" -m fp8kit.models.bench --config 8b_slice --frameworks "$1" \
+      --recipes "$MODEL_RECIPES" --json "$OUTDIR/models_8b_slice_$1.json")
+}
+models() { models_in torch; }
+models_jax() { models_in jax; }
+models_compile() {
+  (cd /tmp && "$PY" -m fp8kit.models.bench --config 1b --batch 8 --frameworks torch \
+    --recipes bf16,delayed,current,torchao --compile --steps 15 \
+    --json "$OUTDIR/models_1b_compile.json")
 }
 convergence() {
   (cd /tmp && "$PY" -m fp8kit.demo --config 1b --steps 1000 --batch 1 \
@@ -261,6 +268,8 @@ has bench && run_stage bench bench
 has demo && run_stage demo demo
 has kprofile && run_stage kprofile kprofile
 has models && run_stage models models
+has models_jax && run_stage models_jax models_jax
+has models_compile && run_stage models_compile models_compile
 has convergence && run_stage convergence convergence
 has step_profile && run_stage step_profile step_profile
 exit $status
