@@ -7,6 +7,7 @@
 #
 #   scripts/gpu_check.sh [OUTDIR]          (default: out/gpu)
 #   STAGES="build info cpp pytest sanitizer bench" scripts/gpu_check.sh
+#   BENCH_SECTIONS=fused,linear STAGES=bench scripts/gpu_check.sh
 #   (also, not by default: kprofile, the kernel times of one large Linear
 #   step; models, the PyTorch decoder's tokens/s and memory at the 1b config,
 #   8 sequences per step, and the 8b_slice, every recipe with
@@ -198,9 +199,14 @@ sanitize_py_shard() {  # tool, flags
   [ $rc = 5 ] && rc=0   # pytest: no GPU test in this shard's files
   return $rc
 }
+# BENCH_SECTIONS picks the suite's sections (python -m fp8kit.bench
+# --sections; default all): the whole suite takes longer than one device call.
 bench() {
   # The suite (python -m fp8kit.bench) measures every anchor in the same run.
-  (cd /tmp && "$PY" -m fp8kit.bench --full --out "$OUTDIR/bench" --plain-progress)
+  local sections=()
+  [ -n "${BENCH_SECTIONS:-}" ] && sections=(--sections "$BENCH_SECTIONS")
+  (cd /tmp && "$PY" -m fp8kit.bench --full --out "$OUTDIR/bench" --plain-progress \
+    "${sections[@]}")
 }
 demo() { (cd /tmp && "$PY" -m fp8kit.demo --out "$OUTDIR/demo_loss.png"); }
 # Kernel times of one large Linear step (not a measurement of record).
