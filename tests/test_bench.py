@@ -605,6 +605,16 @@ class _FakeTorchTE:
         return contextlib.nullcontext()
 
 
+def _te_rows_of_section(section, tmp_path):
+    """The TransformerEngine rows of one section's quick run."""
+    json_path = tmp_path / f"{section}.json"
+    rc, out, err = _run(["--quick", "--sections", section, "--rounds", "1", "--out",
+                         str(tmp_path), "--json", str(json_path), "--no-plots"])
+    assert rc == 0, out + err
+    return [r for r in json.loads(json_path.read_text())["rows"]
+            if "TransformerEngine" in r["group"]]
+
+
 def test_linear_rows_against_te_where_it_runs(tmp_path, monkeypatch):
     """With a te.Linear present, each fwd+bwd case gets fp8kit vs TE rows
     for delayed and current scaling (P3) and block scaling (information),
@@ -612,12 +622,7 @@ def test_linear_rows_against_te_where_it_runs(tmp_path, monkeypatch):
     from fp8kit.bench import te_peer, torch_layers
     monkeypatch.setattr(torch_layers, "_te_for", lambda dev: (_FakeTorchTE, None))
     monkeypatch.setattr(te_peer, "recipe", lambda name: name)
-    json_path = tmp_path / "linear.json"
-    rc, out, err = _run(["--quick", "--sections", "linear_torch", "--rounds", "1", "--out",
-                         str(tmp_path), "--json", str(json_path), "--no-plots"])
-    assert rc == 0, out + err
-    rows = [r for r in json.loads(json_path.read_text())["rows"]
-            if "TransformerEngine" in r["group"]]
+    rows = _te_rows_of_section("linear_torch", tmp_path)
     assert {(r["case"].split()[1], r["target"]) for r in rows} == {
         ("delayed", "P3"), ("current", "P3"), ("block", None)}
     assert len(rows) == 3 * 2   # QUICK_SIZES
@@ -639,12 +644,7 @@ def test_jax_dense_rows_against_te_where_it_runs(tmp_path, monkeypatch):
         autocast=lambda enabled, recipe: contextlib.nullcontext())
     monkeypatch.setattr(te_peer, "jax_module", lambda: (fake, None))
     monkeypatch.setattr(te_peer, "recipe", lambda name: name)
-    json_path = tmp_path / "dense.json"
-    rc, out, err = _run(["--quick", "--sections", "dense_jax", "--rounds", "1", "--out",
-                         str(tmp_path), "--json", str(json_path), "--no-plots"])
-    assert rc == 0, out + err
-    rows = [r for r in json.loads(json_path.read_text())["rows"]
-            if "TransformerEngine" in r["group"]]
+    rows = _te_rows_of_section("dense_jax", tmp_path)
     assert sorted((r["target"], r["case"]) for r in rows) == sorted(
         (t, f"{s}^3 {rn}") for t in ("P5-fwd", "P5-fwd+bwd") for rn in ("delayed", "current")
         for s in (64, 128))
