@@ -14,9 +14,9 @@
 #   TransformerEngine where installed; models_jax, the same for the JAX
 #   decoder (TE-JAX where installed); models_compile, the PyTorch 1b step
 #   compiled whole next to torchao's (each of the three fills most of a
-#   10-minute call); convergence,
-#   1000 steps of the 1b decoder in FP8 and bf16; step_profile, where a 1b
-#   step's GPU time goes)
+#   10-minute call); convergence, 1000 steps of the 1b decoder in FP8 and
+#   bf16 (CONVERGENCE_SEED=N: another initialization and batch order);
+#   step_profile, where a 1b step's GPU time goes)
 #   The sanitizer stage runs each (suite, tool) pair split into
 #   SANITIZE_SHARDS processes (default 8; see sharded below), the pairs one
 #   after another on one GPU and side by side on several (one lane of pairs
@@ -223,14 +223,22 @@ models_in() {  # framework
 }
 models() { models_in torch; }
 models_jax() { models_in jax; }
+# torchao first: its compilation takes the longest (over five minutes for
+# the 1b decoder), and a call's time limit should cut fp8kit's rows, which
+# other stages measure too, rather than the peer's.
 models_compile() {
   (cd /tmp && "$PY" -m fp8kit.models.bench --config 1b --batch 8 --frameworks torch \
-    --recipes bf16,delayed,current,torchao --compile --steps 15 \
+    --recipes torchao,bf16,delayed --compile --steps 15 \
     --json "$OUTDIR/models_1b_compile.json")
 }
+# CONVERGENCE_SEED picks the initial weights and the batch order (default:
+# the demo's): runs with two seeds show how far two bf16 runs differ, the
+# scale against which FP8's difference from bf16 is read.
 convergence() {
-  (cd /tmp && "$PY" -m fp8kit.demo --config 1b --steps 1000 --batch 1 \
-    --out "$OUTDIR/convergence_1b.png")
+  local seed=()
+  [ -n "${CONVERGENCE_SEED:-}" ] && seed=(--seed "$CONVERGENCE_SEED")
+  (cd /tmp && "$PY" -m fp8kit.demo --config 1b --steps 1000 --batch 1 "${seed[@]}" \
+    --out "$OUTDIR/convergence_1b${CONVERGENCE_SEED:+_seed$CONVERGENCE_SEED}.png")
 }
 step_profile() {
   (cd /tmp && "$PY" -m fp8kit.models.step_profile --config 1b --batch 8 --frameworks torch \
