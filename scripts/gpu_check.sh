@@ -15,7 +15,7 @@
 #   decoder (TE-JAX where installed); models_compile, the PyTorch 1b step
 #   compiled whole next to torchao's (each of the three fills most of a
 #   10-minute call); convergence, 1000 steps of the 1b decoder in FP8 and
-#   bf16 (CONVERGENCE_SEED=N: another initialization and batch order);
+#   bf16 (CONVERGENCE_ARGS: more demo flags, e.g. "--seed 1");
 #   step_profile, where a 1b step's GPU time goes)
 #   The sanitizer stage runs each (suite, tool) pair split into
 #   SANITIZE_SHARDS processes (default 8; see sharded below), the pairs one
@@ -231,14 +231,16 @@ models_compile() {
     --recipes torchao,bf16,delayed --compile --steps 15 \
     --json "$OUTDIR/models_1b_compile.json")
 }
-# CONVERGENCE_SEED picks the initial weights and the batch order (default:
-# the demo's): runs with two seeds show how far two bf16 runs differ, the
-# scale against which FP8's difference from bf16 is read.
+# CONVERGENCE_ARGS: more demo flags, one run per OUTDIR. "--seed 1" (other
+# initial weights and batch order) shows how far two bf16 runs differ, the
+# scale against which FP8's difference from bf16 is read; "--bf16-seams"
+# gives the FP8 model's fused layers the bf16 model's seams, so that only
+# FP8's casts tell the two apart.
 convergence() {
-  local seed=()
-  [ -n "${CONVERGENCE_SEED:-}" ] && seed=(--seed "$CONVERGENCE_SEED")
-  (cd /tmp && "$PY" -m fp8kit.demo --config 1b --steps 1000 --batch 1 "${seed[@]}" \
-    --out "$OUTDIR/convergence_1b${CONVERGENCE_SEED:+_seed$CONVERGENCE_SEED}.png")
+  local extra=()
+  read -r -a extra <<<"${CONVERGENCE_ARGS:-}"
+  (cd /tmp && "$PY" -m fp8kit.demo --config 1b --steps 1000 --batch 1 "${extra[@]}" \
+    --out "$OUTDIR/convergence_1b.png")
 }
 step_profile() {
   (cd /tmp && "$PY" -m fp8kit.models.step_profile --config 1b --batch 8 --frameworks torch \

@@ -81,6 +81,23 @@ def test_fp8_learns_and_tracks_bf16(demo_run):
     assert abs(runs[("jax", "bf16")]["val_loss"] - runs[("torch", "bf16")]["val_loss"]) < 0.03
 
 
+def test_bf16_seams_change_only_the_fp8_runs(demo_run, tmp_path):
+    """--bf16-seams hands the fused layers bf16 at their seams: the FP8 runs
+    compute differently from the first step on, the bf16 runs do not."""
+    _, _, default_out = demo_run
+    out = tmp_path / "seams.png"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert demo.main(SMALL + ["--steps", "2", "--bf16-seams", "--out", str(out)]) == 0
+    doc, runs = _runs(out)
+    _, default = _runs(default_out)
+    assert doc["recipe"].endswith(", bf16 seams")
+    for fw in ("jax", "torch"):
+        # The first loss is the initial weights' on the first batch.
+        assert runs[(fw, "bf16")]["losses"][0] == default[(fw, "bf16")]["losses"][0], fw
+        assert runs[(fw, "FP8")]["losses"][0] != default[(fw, "FP8")]["losses"][0], fw
+        assert abs(runs[(fw, "FP8")]["losses"][0] - runs[(fw, "bf16")]["losses"][0]) < 0.03
+
+
 def test_bad_arguments_are_reported(capsys):
     assert demo.main(["--hidden", "50", "--steps", "1"]) == 2
     assert "hidden=50 must be a multiple of" in capsys.readouterr().err

@@ -52,6 +52,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--recipe", choices=("delayed", "current", "block"), default="delayed",
                    help="FP8 scaling: delayed (amax history, the default), current or "
                         "block (1x128 activations and gradients, 128x128 weights)")
+    p.add_argument("--bf16-seams", action="store_true",
+                   help="the FP8 runs' fused layers take a bf16 copy of the residual stream "
+                        "and return bf16, as the bf16 model's layers do (by default they read "
+                        "the float32 stream and return float32): FP8's casts alone then tell "
+                        "the FP8 and bf16 losses apart")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is present")
     p.add_argument("--out", default=os.path.join("out", "demo_loss.png"),
                    help="loss-curve PNG (a .json with the same stem is written next to it)")
@@ -70,26 +75,27 @@ def _recipe(name: str):
 
 
 def _load_trainers(names, cpu: bool):
-    """{framework: (trainer class, device)}; a framework that cannot be
-    imported is skipped with the reason (make demo installs both)."""
+    """{framework: (trainer class, device, its fp8kit layers)}; a framework
+    that cannot be imported is skipped with the reason (make demo installs
+    both)."""
     trainers = {}
     for name in names:
         try:
             if name == "jax":
                 import jax
-                from fp8kit.models import train_jax
+                from fp8kit.models import llama_jax, train_jax
                 device = jax.devices("cpu")[0] if cpu else train_jax.default_device()
-                trainers[name] = (train_jax.JaxTrainer, device)
+                trainers[name] = (train_jax.JaxTrainer, device, llama_jax.FP8KIT_LAYERS)
             else:
                 import torch
-                from fp8kit.models import train_torch
+                from fp8kit.models import llama_torch, train_torch
                 device = torch.device("cpu") if cpu else train_torch.default_device()
                 if device.type == "cpu":
                     # The demo's matrices are small and fp8kit's CPU kernels
                     # single-threaded: on a 2-core machine shared with other
                     # work, torch's thread pool spin-waits (bf16 steps 40x slower).
                     torch.set_num_threads(1)
-                trainers[name] = (train_torch.TorchTrainer, device)
+                trainers[name] = (train_torch.TorchTrainer, device, llama_torch.FP8KIT_LAYERS)
         except ImportError as e:
             print(f"skipping {name}: {e}{source_tree_hint()}", flush=True)
     return trainers
@@ -126,7 +132,8 @@ def main(argv=None) -> int:
 
     out_png = pathlib.Path(args.out)
     recipe = _recipe(args.recipe)
-    recipe_name = f"{args.recipe} scaling, {recipe.fp8_format.name} format"
+    recipe_name = f"{args.recipe} scaling, {recipe.fp8_format.name} format" + (
+        ", bf16 seams" if args.bf16_seams else "")
     every = args.log_every or max(1, train_cfg.steps // 10)
     print(f"fp8kit demo: a Llama-style decoder ({model_cfg.layers} layers, hidden "
           f"{model_cfg.hidden}, {model_cfg.heads} heads, {model_cfg.num_params() / 1e6:.2f}M "
@@ -142,12 +149,14 @@ def main(argv=None) -> int:
         print("error: neither JAX nor PyTorch could be loaded", file=sys.stderr)
         return 1
     results = []
-    for fw, (trainer_cls, device) in trainers.items():
+    for fw, (trainer_cls, device, fp8_layers) in trainers.items():
+        if args.bf16_seams:
+            fp8_layers = dataclasses.replace(fp8_layers, float32_seams=False)
         for precision, run_recipe in (("FP8", recipe), ("bf16", None)):
             label = f"{fw} {precision}"
             print(f"{label}: training", flush=True)
             r = run.train(trainer_cls, model_cfg, train_cfg, run_recipe, params, device, label,
-                          every)
+                          every, fp8_layers)
             results.append(r)
             print(f"{label}: done in {r.seconds:.1f} s on {r.device}, held-out loss "
                   f"{r.val_loss:.4f}", flush=True)
