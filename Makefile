@@ -14,7 +14,7 @@ JOBS ?= $(shell nproc)
 # The pinned stack: torch's CPU build on CI machines; the rest from PyPI.
 # flax (optional for fp8kit) is here for the tests of fp8kit.jax.flax.
 PY_DEPS := torch==2.13.0 jax flax ml_dtypes numpy pybind11 scikit-build-core ninja \
-           pytest hypothesis absl-py matplotlib
+           pytest pytest-xdist hypothesis absl-py matplotlib
 
 .PHONY: demo test venv system-deps install bazel-test bazel-consumer-test pip-test \
         cuda-compile-check clean
@@ -68,9 +68,12 @@ bazel-consumer-test: venv
 	else echo "bazel-consumer-test: no nvcc, CUDA build skipped"; fi
 
 # The installed package passes the whole Python suite. Run from outside the
-# source tree so `import fp8kit` finds the installed package.
+# source tree so `import fp8kit` finds the installed package. pytest-xdist
+# spreads the test files over JOBS workers; --dist loadfile keeps each file
+# in one worker, so that its module-scoped fixtures are set up once.
 pip-test: install
-	cd /tmp && "$(abspath $(VENV))/bin/pytest" -q -p no:cacheprovider "$(CURDIR)/tests"
+	cd /tmp && "$(abspath $(VENV))/bin/pytest" -q -p no:cacheprovider -n $(JOBS) --dist loadfile \
+	  "$(CURDIR)/tests"
 
 # cuBLASLt for CUDA builds on a machine whose toolkit has none.
 CUBLAS_WHEEL = $(PY) -c "import nvidia.cu13" 2>/dev/null || $(PIP) install -q nvidia-cublas

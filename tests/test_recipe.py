@@ -30,6 +30,11 @@ class _IntLike:
     def __index__(self):
         return 4
 
+    # The test ids (_case_id) show it: the same in every process, which
+    # pytest-xdist needs (the default repr holds the object's address).
+    def __repr__(self):
+        return "_IntLike()"
+
 
 # (field, bad value, exception) per recipe class. Types first, then ranges.
 DELAYED_BAD = [

@@ -11,6 +11,9 @@ for runs that slow every kernel down (compute-sanitizer). A worker's
 exception is re-raised in the test as RankError(rank, type name, message,
 traceback), so a test can assert on what every rank raised. Workers are top-level functions of a test module
 (spawn imports them by name): worker(rank, world_size, device, *args).
+The ranks rendezvous through a FileStore in a fresh temporary directory,
+not a TCP port, so that several test processes (pytest -n) can run ranks
+at once.
 
 backend "nccl" runs one rank per GPU (device cuda:<rank>) and is skipped
 without torch.cuda.device_count() >= world_size; "gloo" runs on the CPU.
@@ -24,7 +27,8 @@ import datetime
 import os
 import pickle
 import queue
-import socket
+import shutil
+import tempfile
 import time
 import traceback
 
@@ -60,22 +64,16 @@ def gemm_states(model: torch.nn.Module) -> list:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rank_main(worker, rank, world_size, port, backend, args, results):
+def _rank_main(worker, rank, world_size, store_file, backend, args, results):
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import torch.distributed as dist
     device = torch.device("cpu")
     try:
         if backend == "nccl":
             device = torch.device("cuda", rank)
             torch.cuda.set_device(device)
-        dist.init_process_group(backend, rank=rank, world_size=world_size,
+        dist.init_process_group(backend, init_method=f"file://{store_file}",
+                                rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
                                 device_id=device if backend == "nccl" else None)
         # On the CPU: the test process need not touch this rank's device.
@@ -99,9 +97,13 @@ def run_ranks(worker, world_size: int, backend: str = "gloo", args=(),
         pytest.skip(f"NCCL needs {world_size} GPUs, found {torch.cuda.device_count()}")
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    # The ranks meet through a FileStore in a directory of this run's own,
+    # not a TCP port: a free port picked here could be taken by another
+    # process (another pytest worker's ranks) before rank 0 listens on it.
+    rendezvous = tempfile.mkdtemp(prefix="fp8kit-dist-")
+    store_file = os.path.join(rendezvous, "store")
     procs = [ctx.Process(target=_rank_main,
-                         args=(worker, r, world_size, port, backend, args, results))
+                         args=(worker, r, world_size, store_file, backend, args, results))
              for r in range(world_size)]
     for p in procs:
         p.start()
@@ -128,6 +130,7 @@ def run_ranks(worker, world_size: int, backend: str = "gloo", args=(),
             if p.is_alive():
                 p.kill()
                 p.join()
+        shutil.rmtree(rendezvous, ignore_errors=True)
     errors = [RankError(r, *v) for r, (s, v) in sorted(got.items()) if s == "error"]
     if errors:
         errors[0].errors = errors
