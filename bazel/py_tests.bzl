@@ -13,7 +13,10 @@ def fp8kit_py_tests(srcs, deps = ["//fp8kit"], data = [], size = "medium", tags 
     Each test also gets the package's other .py files (conftest.py, shared
     reference helpers such as torch_reference.py) and //tests:pytest_support.
     Tests are visible to //tests only, whose test suites are the public way
-    to run them.
+    to run them. `tags` go on every target of the call: a package whose
+    files want different tags calls the macro once per set of files;
+    "manual" keeps a target out of `bazel test //...` (and of any other
+    target pattern) while `bazel test //pkg:test_name` still runs it.
     """
     helpers = native.glob(["*.py"], exclude = ["test_*.py"])
     for src in srcs:
