@@ -223,9 +223,9 @@ models_in() {  # framework
 }
 models() { models_in torch; }
 models_jax() { models_in jax; }
-# torchao first: its compilation takes the longest (over five minutes for
-# the 1b decoder), and a call's time limit should cut fp8kit's rows, which
-# other stages measure too, rather than the peer's.
+# torchao first: its compilation takes the longest (for the 1b decoder it
+# had not finished after 150 s, twice), and a call's time limit should cut
+# fp8kit's rows, which other stages measure too, rather than the peer's.
 models_compile() {
   (cd /tmp && "$PY" -m fp8kit.models.bench --config 1b --batch 8 --frameworks torch \
     --recipes torchao,bf16,delayed --compile --steps 15 \
