@@ -22,7 +22,8 @@
 #   after another on one GPU and side by side on several (one lane of pairs
 #   per GPU); SANITIZE_CPP_TOOLS / SANITIZE_PY_TOOLS pick the tools (see
 #   sanitizer_py for the Python default); SANITIZE_TIMEOUT_S bounds each
-#   shard (default none), so a cut shard says so in its log
+#   sanitizer process (a C++ shard, one Python test file; default none), so
+#   a cut one says so in its log
 # scripts/README.md lists this and the other tools.
 #
 # Needs: nvcc + cuBLASLt, python3 with torch and jax (the GPU machine's
@@ -116,7 +117,7 @@ sanitize() {  # tool, extra sanitizer flags (one string, may be empty), command.
 # N shards of one suite run at once, each writing <log>.<i>; the stage fails
 # when any shard does. The C++ suite shards through GoogleTest's own
 # GTEST_TOTAL_SHARDS / GTEST_SHARD_INDEX; the Python GPU tests by test file,
-# round robin. A sanitizer's report names the test, so nothing is lost by
+# round robin, one process per file (sanitize_py_shard). A sanitizer's report names the test, so nothing is lost by
 # splitting.
 SANITIZE_SHARDS=${SANITIZE_SHARDS:-8}
 sharded() {  # command... (run with SHARD and SHARDS set, output to the shard's log)
@@ -193,11 +194,20 @@ sanitizer_py() {  # tool
     STAGE_NAME=sanitizer-py-$1 sharded sanitize_py_shard "$1" "$flags")
 }
 sanitize_py_shard() {  # tool, flags
-  # shellcheck disable=SC2046  # one argument per file
-  sanitize "$1" "$2" "$PY" -m pytest -q -p no:cacheprovider -rs -m gpu $(py_shard_files)
-  local rc=$?
-  [ $rc = 5 ] && rc=0   # pytest: no GPU test in this shard's files
-  return $rc
+  # One sanitizer process per test file, verbose: a file whose process
+  # crashes (compute-sanitizer itself has segfaulted under torch + jax
+  # here) or is cut costs only that file, and the log names the file and
+  # the test that was running. The shard fails when any file does.
+  local f rc shard_rc=0
+  for f in $(py_shard_files); do
+    echo "#### $f"
+    sanitize "$1" "$2" "$PY" -m pytest -v -p no:cacheprovider -rs -m gpu "$f"
+    rc=$?
+    [ $rc = 5 ] && rc=0   # pytest: no GPU test in this file
+    echo "#### $f rc=$rc$( ((rc > 128)) && echo " (signal $((rc - 128)))")"
+    ((rc == 0)) || shard_rc=1
+  done
+  return $shard_rc
 }
 # BENCH_SECTIONS picks the suite's sections (python -m fp8kit.bench
 # --sections; default all): the whole suite takes longer than one device call.
