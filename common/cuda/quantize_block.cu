@@ -11,10 +11,13 @@
 // Memory access: the tile is read in 16-byte loads, four per thread in
 // flight before any is used (a scalar load per element keeps few in flight,
 // and this kernel is bound by memory); the amaxes are taken per half line
-// (a thread per half of a tile row or column); the casts are written 16
-// threads to a stored row, each thread 8 consecutive bytes, so a warp
-// stores two whole 128-byte rows (a thread per line would scatter its
-// warp's 8-byte stores over 32 rows).
+// (a thread per half of a tile row or column); the casts are written a
+// thread per 8 consecutive bytes of a stored row. The tile load and the
+// casts give a warp 8 lines x 4 groups of 8 elements (lane % 8 the line,
+// lane / 8 the group), so a warp's shared accesses, along rows or down
+// columns, fall in 32 distinct banks (see pass_line), and a warp's global
+// accesses are 8 rows of 4 groups, whole 32-byte sectors: 32 contiguous
+// bytes a row for the casts, 64 or 128 for the load.
 //
 // The scale and the cast are the CPU reference's (compute_scale.h and the
 // conversion cvt4 checks against fp8_convert.h), so both give the same bits.
@@ -57,23 +60,47 @@ struct BlockCastParams {
   bool power_2_scale;
 };
 
-// Tile elements into shared memory as float32; outside the input: 0, which
-// leaves every amax as it is. The tile is kGroups groups of 8 consecutive
-// row elements; each thread loads kLoadBatch groups (16-byte loads where
-// p.vector_in) before converting and storing them.
+// The tile load and the casts walk the tile in passes of kLinesPerPass
+// lines: a warp takes 8 lines x 4 groups of 8 elements (lane % 8 the line,
+// lane / 8 the group), the block's 4 warps side by side cover a line's 16
+// groups, and 2 such rows of warps 16 lines. Element j of a thread's group
+// lies in bank (line + 8 * group + j) mod 32 both along a row (line *
+// kPitch + 8 * group + j) and down a column ((8 * group + j) * kPitch +
+// line), as kPitch = 1 mod 32; a warp's 8 lines and 4 groups make that 32
+// distinct banks, where 16 groups of 2 lines would give 4 threads a bank.
 constexpr int kGroupsPerRow = kTile / 8;
-constexpr int kGroups = kTile * kGroupsPerRow;
+constexpr int kWarpLines = 8;
+constexpr int kWarpGroups = 32 / kWarpLines;
+constexpr int kGroupWarps = kGroupsPerRow / kWarpGroups;  // warps across a line
+constexpr int kLinesPerPass = kThreads / 32 / kGroupWarps * kWarpLines;
+
+// This thread's group (elements 8 * group .. + 7 of a line) and its line
+// of the first pass.
+__device__ __forceinline__ int pass_group() {
+  return threadIdx.x / 32 % kGroupWarps * kWarpGroups + threadIdx.x % 32 / kWarpLines;
+}
+__device__ __forceinline__ int pass_line() {
+  return threadIdx.x / 32 / kGroupWarps * kWarpLines + threadIdx.x % kWarpLines;
+}
+
+// Tile elements into shared memory as float32; outside the input: 0, which
+// leaves every amax as it is. Each thread loads its group of 8 elements of
+// kLoadBatch lines (16-byte loads where p.vector_in) before converting and
+// storing them.
 constexpr int kLoadBatch = 4;
+static_assert(kTile % (kLinesPerPass * kLoadBatch) == 0, "the load takes whole batches");
 
 template <int kIn>
 __device__ void load_tile(const BlockCastParams& p, int64_t r0, int64_t c0, float* tile) {
-  for (int g0 = threadIdx.x; g0 < kGroups; g0 += kThreads * kLoadBatch) {
+  const int group = pass_group();
+  const int64_t c = c0 + group * 8;
+  const int valid_cols = int(min(int64_t(8), max(int64_t(0), p.cols - c)));
+  for (int line0 = pass_line(); line0 < kTile; line0 += kLinesPerPass * kLoadBatch) {
     Raw8<kIn> raw[kLoadBatch];
 #pragma unroll
     for (int b = 0; b < kLoadBatch; ++b) {
-      const int g = g0 + b * kThreads;
-      const int64_t r = r0 + g / kGroupsPerRow, c = c0 + (g % kGroupsPerRow) * 8;
-      const int valid = r < p.rows ? int(min(int64_t(8), max(int64_t(0), p.cols - c))) : 0;
+      const int64_t r = r0 + line0 + b * kLinesPerPass;
+      const int valid = r < p.rows ? valid_cols : 0;
       if (valid == 8 && p.vector_in) {
         load_raw8<kIn>(p.in, r * p.cols + c, raw[b]);
       } else {
@@ -82,8 +109,7 @@ __device__ void load_tile(const BlockCastParams& p, int64_t r0, int64_t c0, floa
     }
 #pragma unroll
     for (int b = 0; b < kLoadBatch; ++b) {
-      const int g = g0 + b * kThreads;
-      float* dst = tile + (g / kGroupsPerRow) * kPitch + (g % kGroupsPerRow) * 8;
+      float* dst = tile + (line0 + b * kLinesPerPass) * kPitch + group * 8;
 #pragma unroll
       for (int j = 0; j < 8; ++j) dst[j] = raw_get<kIn>(raw[b], j);
     }
@@ -91,7 +117,9 @@ __device__ void load_tile(const BlockCastParams& p, int64_t r0, int64_t c0, floa
 }
 
 // Element k (0..63) of this thread's half line: along a row of the tile
-// (rowwise) or down a column (columnwise).
+// (rowwise) or down a column (columnwise). A warp's 32 threads take 32
+// consecutive lines, the same half: bank (line + k) mod 32 either way, 32
+// distinct banks.
 template <bool kColumn>
 __device__ __forceinline__ float line_at(const float* tile, int line, int half, int k) {
   const int along = half * kHalf + k;
@@ -145,23 +173,22 @@ __device__ void write_scales(const BlockCastParams& p, int64_t s0, int64_t t0,
 
 // One copy (rowwise: kColumn false) of the tile at (r0, c0). The copy as
 // stored is [stored_rows, stored_cols]; tile line `line` (a row, or a column
-// for the columnwise copy) is its row s0 + line, from column t0 on. 16
-// threads cast a line, 8 elements and one 8-byte store each, 16 lines per
-// pass. `block_scale` is the 128x128 block's scale; 1x128 tiles compute
-// theirs from `line_amax`, the line's amax bits.
+// for the columnwise copy) is its row s0 + line, from column t0 on. A
+// thread casts its group of 8 elements of a line (one 8-byte store), one
+// line a pass (see pass_line). `block_scale` is the 128x128 block's scale;
+// 1x128 tiles compute theirs from `line_amax`, the line's amax bits.
 template <bool kE4M3, bool kColumn, bool k128x128>
 __device__ void cast_copy(const BlockCastParams& p, const float* tile, int64_t r0, int64_t c0,
                           float block_scale, const uint32_t* line_amax) {
-  constexpr int kLinesPerPass = kThreads / kGroupsPerRow;
   const int64_t stored_rows = kColumn ? p.cols : p.rows;
   const int64_t stored_cols = kColumn ? p.rows : p.cols;
   const int64_t s0 = kColumn ? c0 : r0, t0 = kColumn ? r0 : c0;
   uint8_t* copy = kColumn ? p.columnwise : p.data;
-  const int group = threadIdx.x % kGroupsPerRow;  // elements 8 * group .. + 7 of each line
+  const int group = pass_group();
   const int64_t t = t0 + group * 8;
   const int valid = int(min(int64_t(8), max(int64_t(0), stored_cols - t)));
   const bool vector = (kColumn ? p.vector_columnwise : p.vector_data) && valid == 8;
-  for (int line = threadIdx.x / kGroupsPerRow; line < kTile; line += kLinesPerPass) {
+  for (int line = pass_line(); line < kTile; line += kLinesPerPass) {
     const int64_t s = s0 + line;
     if (s >= stored_rows || valid == 0) continue;
     const float scale = k128x128 ? block_scale : scale_from_amax_bits(p, line_amax[line]);
