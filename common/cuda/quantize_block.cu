@@ -2,11 +2,16 @@
 // (fp8kit/block_scaling.h) in one pass over the input.
 //
 // One thread block per 128x128 tile of the [rows, cols] input: the tile is
-// read once into shared memory (as float32, exact for every input dtype),
-// then cast from there into the rowwise copy, the columnwise copy, or both.
-// The tile is exactly one 128x128 block, or 128 rowwise 1x128 tiles and 128
-// columnwise ones, so every scale is computed inside one thread block and no
-// second pass or grid-wide reduction is needed.
+// read once into shared memory, then cast from there into the rowwise copy,
+// the columnwise copy, or both. The tile is exactly one 128x128 block, or
+// 128 rowwise 1x128 tiles and 128 columnwise ones, so every scale is
+// computed inside one thread block and no second pass or grid-wide
+// reduction is needed.
+//
+// Shared memory holds float32 input as float32, and bf16 or fp16 input as
+// its 16-bit values, widened (exactly) when read: 32 KiB a block instead of
+// 64.5, so that an SM holds 6 blocks rather than 3 (kBlocksPerSm) and some
+// blocks' loads overlap the others' amaxes and casts.
 //
 // Memory access: the tile is read in 16-byte loads, four per thread in
 // flight before any is used (a scalar load per element keeps few in flight,
@@ -14,10 +19,11 @@
 // (a thread per half of a tile row or column); the casts are written a
 // thread per 8 consecutive bytes of a stored row. The tile load and the
 // casts give a warp 8 lines x 4 groups of 8 elements (lane % 8 the line,
-// lane / 8 the group), so a warp's shared accesses, along rows or down
-// columns, fall in 32 distinct banks (see pass_line), and a warp's global
-// accesses are 8 rows of 4 groups, whole 32-byte sectors: 32 contiguous
-// bytes a row for the casts, 64 or 128 for the load.
+// lane / 8 the group): its global accesses are 8 rows of 4 groups, whole
+// 32-byte sectors (32 contiguous bytes a row for the casts, 64 or 128 for
+// the load), and the tile's layout (SharedTile: padded rows of float32,
+// swizzled 16-byte chunks of 16-bit values) puts its shared accesses, along
+// rows or down columns, in distinct banks, as it does an amax warp's.
 //
 // The scale and the cast are the CPU reference's (compute_scale.h and the
 // conversion cvt4 checks against fp8_convert.h), so both give the same bits.
@@ -38,10 +44,8 @@ namespace cuda {
 namespace {
 
 constexpr int kTile = 128;           // = kBlockLen
-constexpr int kPitch = kTile + 1;    // floats per shared row: column reads hit distinct banks
 constexpr int kThreads = 2 * kTile;  // two threads per tile row or column
 constexpr int kHalf = kTile / 2;     // elements per thread of an amax pass (half a line)
-constexpr size_t kSmemBytes = size_t(kTile) * kPitch * sizeof(float);
 
 struct BlockCastParams {
   const void* in;
@@ -63,11 +67,8 @@ struct BlockCastParams {
 // The tile load and the casts walk the tile in passes of kLinesPerPass
 // lines: a warp takes 8 lines x 4 groups of 8 elements (lane % 8 the line,
 // lane / 8 the group), the block's 4 warps side by side cover a line's 16
-// groups, and 2 such rows of warps 16 lines. Element j of a thread's group
-// lies in bank (line + 8 * group + j) mod 32 both along a row (line *
-// kPitch + 8 * group + j) and down a column ((8 * group + j) * kPitch +
-// line), as kPitch = 1 mod 32; a warp's 8 lines and 4 groups make that 32
-// distinct banks, where 16 groups of 2 lines would give 4 threads a bank.
+// groups, and 2 such rows of warps 16 lines. (The amax passes give a warp
+// 32 consecutive lines, the same half.)
 constexpr int kGroupsPerRow = kTile / 8;
 constexpr int kWarpLines = 8;
 constexpr int kWarpGroups = 32 / kWarpLines;
@@ -83,56 +84,132 @@ __device__ __forceinline__ int pass_line() {
   return threadIdx.x / 32 / kGroupWarps * kWarpLines + threadIdx.x % kWarpLines;
 }
 
-// Tile elements into shared memory as float32; outside the input: 0, which
-// leaves every amax as it is. Each thread loads its group of 8 elements of
-// kLoadBatch lines (16-byte loads where p.vector_in) before converting and
-// storing them.
+// The tile in shared memory, by input type: row r is input row r0 + r.
+// store8 writes group `group` (elements 8 * group .. + 7) of a row from
+// the raw input, row8 reads a group of a row as float32, at one element.
+template <int kIn, bool k16 = kIn != FP8KIT_FLOAT32>
+struct SharedTile;
+
+// float32: rows of kPitch = 129 floats, so element (r, c) lies in bank
+// (r + c) mod 32. A pass's warp (8 lines, 4 groups) reads element j of its
+// groups in bank (line + 8 * group + j) mod 32 along a row and down a
+// column alike: 32 distinct banks (2 lines of 16 groups would give 4
+// threads each bank); an amax warp's 32 consecutive lines: 32 too.
+template <int kIn>
+struct SharedTile<kIn, false> {
+  static constexpr int kPitch = kTile + 1;
+  static constexpr size_t kBytes = size_t(kTile) * kPitch * sizeof(float);
+  float* s;
+
+  __device__ explicit SharedTile(void* smem) : s(static_cast<float*>(smem)) {}
+  __device__ void store8(int row, int group, const Raw8<kIn>& raw) const {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) s[row * kPitch + group * 8 + j] = raw_get<kIn>(raw, j);
+  }
+  __device__ void row8(int row, int group, float (&x)[8]) const {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) x[j] = at(row, group * 8 + j);
+  }
+  __device__ float at(int row, int col) const { return s[row * kPitch + col]; }
+};
+
+// bf16, fp16: the 16-bit values, 256 bytes a row; group g of row r is the
+// row's 16-byte chunk g ^ sw(r), sw(r) = (r ^ (r >> 3)) & 7 (so a group
+// keeps its 128-byte half of the row). A chunk's bank quad (4 banks, 16
+// bytes) is its index mod 8.
+// - Row reads and the load's stores take a group in one 16-byte access. A
+//   pass's warp has lines 8m .. 8m + 7, where sw is (line ^ m) & 7: the 8
+//   threads of each group take the 8 quads, and the warp's 512 bytes the
+//   least, 4 wavefronts; the same for an amax warp's 32 lines.
+// - Column reads take 2 bytes. Element j of the groups of a pass's warp
+//   lies in rows 8 * group + j, sw = (j ^ group) & 7: its 4 groups take 4
+//   quads, its 8 columns 4 words of each, 16 banks in all, one wavefront.
+//   An amax warp reads 32 columns of one row: 4 chunks 4-aligned, which
+//   XOR keeps distinct, 16 banks again.
+// No padding does both: a row of 8k elements (16-byte aligned chunks) is
+// 4k words, so the rows 8 apart of a column read would share their banks.
+template <int kIn>
+struct SharedTile<kIn, true> {
+  static constexpr size_t kBytes = size_t(kTile) * kTile * sizeof(uint16_t);
+  uint4* s;
+
+  __device__ explicit SharedTile(void* smem) : s(static_cast<uint4*>(smem)) {}
+  __device__ static int chunk(int row, int group) {
+    return row * kGroupsPerRow + (group ^ ((row ^ (row >> 3)) & 7));
+  }
+  __device__ void store8(int row, int group, const Raw8<kIn>& raw) const {
+    s[chunk(row, group)] = raw.v[0];
+  }
+  __device__ void row8(int row, int group, float (&x)[8]) const {
+    Raw8<kIn> raw;
+    raw.v[0] = s[chunk(row, group)];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) x[j] = raw_get<kIn>(raw, j);
+  }
+  __device__ float at(int row, int col) const {
+    const uint16_t* elements = reinterpret_cast<const uint16_t*>(s + chunk(row, col / 8));
+    return bits16_to_float<kIn>(elements[col % 8]);
+  }
+};
+
+// The tile from the input; outside the input: 0, which leaves every amax
+// as it is. Each thread loads its group of 8 elements of kLoadBatch lines
+// before storing them: with 16-byte loads where p.vector_in and the batch
+// lies inside the input, else element by element, a line at a time (a
+// batch of those would need more registers than kBlocksPerSm leaves).
 constexpr int kLoadBatch = 4;
 static_assert(kTile % (kLinesPerPass * kLoadBatch) == 0, "the load takes whole batches");
 
 template <int kIn>
-__device__ void load_tile(const BlockCastParams& p, int64_t r0, int64_t c0, float* tile) {
+__device__ void load_tile(const BlockCastParams& p, int64_t r0, int64_t c0,
+                          const SharedTile<kIn>& tile) {
   const int group = pass_group();
   const int64_t c = c0 + group * 8;
   const int valid_cols = int(min(int64_t(8), max(int64_t(0), p.cols - c)));
+  const bool vector = p.vector_in && valid_cols == 8;
   for (int line0 = pass_line(); line0 < kTile; line0 += kLinesPerPass * kLoadBatch) {
-    Raw8<kIn> raw[kLoadBatch];
+    if (vector && r0 + line0 + (kLoadBatch - 1) * kLinesPerPass < p.rows) {
+      Raw8<kIn> raw[kLoadBatch];
 #pragma unroll
-    for (int b = 0; b < kLoadBatch; ++b) {
-      const int64_t r = r0 + line0 + b * kLinesPerPass;
-      const int valid = r < p.rows ? valid_cols : 0;
-      if (valid == 8 && p.vector_in) {
-        load_raw8<kIn>(p.in, r * p.cols + c, raw[b]);
-      } else {
-        load_raw8_partial<kIn>(p.in, r * p.cols + c, valid, raw[b]);
+      for (int b = 0; b < kLoadBatch; ++b) {
+        load_raw8<kIn>(p.in, (r0 + line0 + b * kLinesPerPass) * p.cols + c, raw[b]);
       }
-    }
 #pragma unroll
-    for (int b = 0; b < kLoadBatch; ++b) {
-      float* dst = tile + (line0 + b * kLinesPerPass) * kPitch + group * 8;
+      for (int b = 0; b < kLoadBatch; ++b) tile.store8(line0 + b * kLinesPerPass, group, raw[b]);
+    } else {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) dst[j] = raw_get<kIn>(raw[b], j);
+      for (int b = 0; b < kLoadBatch; ++b) {
+        const int64_t r = r0 + line0 + b * kLinesPerPass;
+        Raw8<kIn> raw;
+        load_raw8_partial<kIn>(p.in, r * p.cols + c, r < p.rows ? valid_cols : 0, raw);
+        tile.store8(line0 + b * kLinesPerPass, group, raw);
+      }
     }
   }
 }
 
-// Element k (0..63) of this thread's half line: along a row of the tile
-// (rowwise) or down a column (columnwise). A warp's 32 threads take 32
-// consecutive lines, the same half: bank (line + k) mod 32 either way, 32
-// distinct banks.
-template <bool kColumn>
-__device__ __forceinline__ float line_at(const float* tile, int line, int half, int k) {
-  const int along = half * kHalf + k;
-  return kColumn ? tile[along * kPitch + line] : tile[line * kPitch + along];
+// Elements 8 * group .. + 7 of tile line `line`: along row `line`
+// (rowwise) or down column `line` (columnwise).
+template <bool kColumn, class Tile>
+__device__ __forceinline__ void line8(const Tile& tile, int line, int group, float (&x)[8]) {
+  if constexpr (kColumn) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) x[j] = tile.at(group * 8 + j, line);
+  } else {
+    tile.row8(line, group, x);
+  }
 }
 
-template <bool kColumn>
-__device__ uint32_t half_line_amax_bits(const float* tile, int line, int half) {
+// Largest |x| bit pattern of this thread's half line.
+template <bool kColumn, class Tile>
+__device__ uint32_t half_line_amax_bits(const Tile& tile, int line, int half) {
+  constexpr int kHalfGroups = kHalf / 8;
   uint32_t amax_bits = 0;
-#pragma unroll 8
-  for (int k = 0; k < kHalf; ++k) {
-    const float x = line_at<kColumn>(tile, line, half, k);
-    amax_bits = max(amax_bits, __float_as_uint(x) & 0x7fffffffu);
+  for (int group = half * kHalfGroups; group < (half + 1) * kHalfGroups; ++group) {
+    float x[8];
+    line8<kColumn>(tile, line, group, x);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) amax_bits = max(amax_bits, __float_as_uint(x[j]) & 0x7fffffffu);
   }
   return amax_bits;
 }
@@ -177,8 +254,8 @@ __device__ void write_scales(const BlockCastParams& p, int64_t s0, int64_t t0,
 // thread casts its group of 8 elements of a line (one 8-byte store), one
 // line a pass (see pass_line). `block_scale` is the 128x128 block's scale;
 // 1x128 tiles compute theirs from `line_amax`, the line's amax bits.
-template <bool kE4M3, bool kColumn, bool k128x128>
-__device__ void cast_copy(const BlockCastParams& p, const float* tile, int64_t r0, int64_t c0,
+template <bool kE4M3, bool kColumn, bool k128x128, class Tile>
+__device__ void cast_copy(const BlockCastParams& p, const Tile& tile, int64_t r0, int64_t c0,
                           float block_scale, const uint32_t* line_amax) {
   const int64_t stored_rows = kColumn ? p.cols : p.rows;
   const int64_t stored_cols = kColumn ? p.rows : p.cols;
@@ -193,12 +270,9 @@ __device__ void cast_copy(const BlockCastParams& p, const float* tile, int64_t r
     if (s >= stored_rows || valid == 0) continue;
     const float scale = k128x128 ? block_scale : scale_from_amax_bits(p, line_amax[line]);
     float y[8];
+    line8<kColumn>(tile, line, group, y);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int along = group * 8 + j;
-      const float x = kColumn ? tile[along * kPitch + line] : tile[line * kPitch + along];
-      y[j] = __fmul_rn(x, scale);
-    }
+    for (int j = 0; j < 8; ++j) y[j] = __fmul_rn(y[j], scale);
     const uint2 q = make_uint2(cvt4<kE4M3>(y[0], y[1], y[2], y[3]),
                                cvt4<kE4M3>(y[4], y[5], y[6], y[7]));
     uint8_t* out = copy + s * stored_cols + t;
@@ -214,9 +288,19 @@ __device__ void cast_copy(const BlockCastParams& p, const float* tile, int64_t r
   write_scales<kColumn, k128x128>(p, s0, t0, stored_rows, block_scale, line_amax);
 }
 
+// Blocks an SM holds (H100, H200: 228 KiB of shared memory, 1 KiB of it
+// reserved a block): 3 with the float32 tile (66.5 KiB a block with the
+// amaxes and the reserve), 6 with the 16-bit one (34 KiB), which leaves 40
+// registers a thread (6 x 256 x 40 of 64 Ki); the kernel is compiled for
+// that many blocks.
+template <int kIn>
+constexpr int kBlocksPerSm = kIn == FP8KIT_FLOAT32 ? 3 : 6;
+
 template <int kIn, bool kE4M3, bool k128x128>
-__global__ void __launch_bounds__(kThreads) block_cast_kernel(const BlockCastParams p) {
-  extern __shared__ float tile[];
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm<kIn>)
+    block_cast_kernel(const BlockCastParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const SharedTile<kIn> tile(smem);
   __shared__ uint32_t half_amax[2][kTile];  // per half line, then per line in [0]
   __shared__ uint32_t warp_amax[kThreads / 32];
   const int64_t r0 = (int64_t(blockIdx.x) / p.tiles_c) * kTile;
@@ -263,10 +347,13 @@ __global__ void __launch_bounds__(kThreads) block_cast_kernel(const BlockCastPar
 template <int kIn, bool kE4M3, bool k128x128>
 void launch_typed(const BlockCastParams& p, cudaStream_t stream, const char* op) {
   auto* kernel = block_cast_kernel<kIn, kE4M3, k128x128>;
-  // The tile needs more than the default 48 KiB of dynamic shared memory.
-  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  int(kSmemBytes)),
-             op, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  constexpr size_t kSmemBytes = SharedTile<kIn>::kBytes;
+  if constexpr (kSmemBytes > 48 * 1024) {
+    // The float32 tile needs more than the default 48 KiB of dynamic shared memory.
+    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(kSmemBytes)),
+               op, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  }
   kernel<<<unsigned(p.tiles_r * p.tiles_c), kThreads, kSmemBytes, stream>>>(p);
   check_launch(op, "launching the block-scaled cast kernel");
 }

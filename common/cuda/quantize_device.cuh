@@ -41,20 +41,25 @@ __device__ __forceinline__ void u4_set_word(uint4& v, int i, uint32_t w) {
   else v.w = w;
 }
 
+// A bf16 or fp16 element (its 16 bits, the rest 0) as float32. Both widen
+// exactly (hardware cvt.f32.f16 is exact too).
+template <int kIn>
+__device__ __forceinline__ float bits16_to_float(uint32_t h) {
+  if constexpr (kIn == FP8KIT_BFLOAT16) {
+    return __uint_as_float(h << 16);
+  } else {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
+  }
+}
+
 // Element i (0..7, a compile-time constant after unrolling) as float32.
-// bf16 and fp16 widen exactly (hardware cvt.f32.f16 is exact too).
 template <int kIn>
 __device__ __forceinline__ float raw_get(const Raw8<kIn>& r, int i) {
   if constexpr (kIn == FP8KIT_FLOAT32) {
     return __uint_as_float(u4_word(r.v[i >> 2], i & 3));
   } else {
     const uint32_t w = u4_word(r.v[0], i >> 1);
-    const uint32_t h = (i & 1) ? (w >> 16) : (w & 0xffffu);
-    if constexpr (kIn == FP8KIT_BFLOAT16) {
-      return __uint_as_float(h << 16);
-    } else {
-      return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
-    }
+    return bits16_to_float<kIn>((i & 1) ? (w >> 16) : (w & 0xffffu));
   }
 }
 
