@@ -148,17 +148,24 @@ sanitizer_cpp() {  # tool
     sanitize "$1" "$only_ours" "$REPO"/build/gpu-cpp/fp8kit_core_test --gtest_color=no
 }
 env_shard_gtest() { GTEST_TOTAL_SHARDS=$SHARDS GTEST_SHARD_INDEX=$SHARD "$@"; }
-# The GPU test files of shard SHARD of SHARDS (every file: pytest -m gpu
-# picks the GPU tests in it), but the memory-growth test: it bounds the
-# host RSS of a process with nothing injected into it, and a sanitizer's
-# agent in the process allocates as the kernels run; the kernels it calls
-# (quantizers, Linear steps) are the ones every other file runs here.
+# The test files that hold GPU tests, "count path" a line, most tests
+# first: collected once, without a sanitizer (a file with none would only
+# start torch and jax under the tool to deselect everything). The
+# memory-growth test is left out: it bounds the host RSS of a process with
+# nothing injected into it, and a sanitizer's agent in the process
+# allocates as the kernels run; the kernels it calls (quantizers, Linear
+# steps) are the ones every other file runs here.
+gpu_test_files() {
+  (cd /tmp && "$PY" -m pytest --collect-only -q -p no:cacheprovider -m gpu "$REPO/tests") |
+    sed -n 's/::.*//p' | grep -v 'hardening/test_memory_growth.py' | sort | uniq -c | sort -rn
+}
+# The files of shard SHARD of SHARDS: round robin down that list, so each
+# shard gets a share of the large files.
 py_shard_files() {
-  local i=0 f
-  for f in "$REPO"/tests/test_*.py "$REPO"/tests/*/test_*.py; do
-    [[ $f == */hardening/test_memory_growth.py ]] && continue
-    ((i++ % SHARDS == SHARD)) && echo "$f"
-  done
+  local i=0 count f
+  while read -r count f; do
+    ((i++ % SHARDS == SHARD)) && echo "$REPO/$f"
+  done <"$OUTDIR/sanitizer-py-files.txt"
 }
 # Python + torch + jax processes, and which tools are practical there:
 #  - memcheck checks every kernel (fp8kit's, cuBLASLt's, the frameworks').
@@ -191,6 +198,8 @@ py_shard_files() {
 sanitizer_py() {  # tool
   local flags="--report-api-errors no"
   case $1 in synccheck|racecheck) flags="$flags --kernel-name kns=fp8kit" ;; esac
+  [ -s "$OUTDIR/sanitizer-py-files.txt" ] || gpu_test_files >"$OUTDIR/sanitizer-py-files.txt"
+  [ -s "$OUTDIR/sanitizer-py-files.txt" ] || { echo "no GPU test collected"; return 1; }
   (cd /tmp && PYTORCH_NO_CUDA_MEMORY_CACHING=1 XLA_PYTHON_CLIENT_ALLOCATOR=platform \
     FP8KIT_GEMM_AUTOTUNE=0 XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_autotune_level=0" \
     FP8KIT_HARDENING_DEADLINE_MS=none FP8KIT_HARDENING_TIMEOUT_S=3600 \
@@ -201,11 +210,13 @@ sanitize_py_shard() {  # tool, flags
   # One sanitizer process per test file, verbose: a file whose process
   # crashes (compute-sanitizer itself has segfaulted under torch + jax
   # here) or is cut costs only that file, and the log names the file and
-  # the test that was running. The shard fails when any file does.
+  # the test that was running; -X faulthandler prints the Python stack of
+  # a crash in the test process (none: the tool itself crashed). The shard
+  # fails when any file does.
   local f rc shard_rc=0
   for f in $(py_shard_files); do
     echo "#### $f"
-    sanitize "$1" "$2" "$PY" -m pytest -v -p no:cacheprovider -rs -m gpu "$f"
+    sanitize "$1" "$2" "$PY" -X faulthandler -m pytest -v -p no:cacheprovider -rs -m gpu "$f"
     rc=$?
     [ $rc = 5 ] && rc=0   # pytest: no GPU test in this file
     echo "#### $f rc=$rc$( ((rc > 128)) && echo " (signal $((rc - 128)))")"
