@@ -1,36 +1,46 @@
 // fp8kit::cuda::quantize_block_scaling: block-scaled quantization
 // (fp8kit/block_scaling.h) in one pass over the input.
 //
-// One thread block per 128x128 tile of the [rows, cols] input: the tile is
-// read once into shared memory, then cast from there into the rowwise copy,
-// the columnwise copy, or both. The tile is exactly one 128x128 block, or
-// 128 rowwise 1x128 tiles and 128 columnwise ones, so every scale is
-// computed inside one thread block and no second pass or grid-wide
-// reduction is needed.
+// One thread block per 128x128 tile of the [rows, cols] input. The tile is
+// exactly one 128x128 block, or 128 rowwise 1x128 tiles and 128 columnwise
+// ones, so every scale is computed inside one thread block and no second
+// pass or grid-wide reduction is needed.
 //
-// Shared memory holds float32 input as float32, and bf16 or fp16 input as
-// its 16-bit values, widened (exactly) when read: 32 KiB a block instead of
-// 64.5, so that an SM holds 6 blocks rather than 3 (kBlocksPerSm) and some
-// blocks' loads overlap the others' amaxes and casts.
+// Each of the 256 threads owns an 8x8 part of the tile (Part) from its
+// load to its stores:
+// 1. It loads the part's 8 rows and, while they are in registers, folds
+//    their |x| into the amax of each of its rows and columns (PartAmax),
+//    then parks the raw rows in shared memory (PartStage, block_part.cuh).
+// 2. Warp shuffles (max_scatter) and a small shared array combine the
+//    parts' amaxes into the tile's 128 row and 128 column amaxes (or the
+//    128x128 block's); a thread per line turns its line's amax into the
+//    scale, once, and writes scale_inv.
+// 3. It reads its rows back and casts them (cast_part): with their rows'
+//    scales into the rowwise copy, and with their columns' scales into
+//    rows of bytes that a byte transpose in registers turns into runs of
+//    8 bytes of the columnwise copy.
+// The amaxes thus cost no pass of their own over the tile in shared
+// memory, and two __syncthreads (one for 128x128) separate the load from
+// the casts. Shared memory only holds the values while the block agrees
+// on its scales (registers would take 32 or 64 more a thread, halving the
+// blocks an SM holds). No thread reads another's values, so the tile
+// needs no layout: each shared access is a warp's 32 consecutive 16-byte
+// vectors, 4 wavefronts, the fewest for 512 bytes, along rows and columns
+// alike (the transpose is in registers).
 //
-// Memory access: the tile is read in 16-byte loads, four per thread in
-// flight before any is used (a scalar load per element keeps few in flight,
-// and this kernel is bound by memory); the amaxes are taken per half line
-// (a thread per half of a tile row or column); the casts are written a
-// thread per 8 consecutive bytes of a stored row. The tile load and the
-// casts give a warp 8 lines x 4 groups of 8 elements (lane % 8 the line,
-// lane / 8 the group): its global accesses are 8 rows of 4 groups, whole
-// 32-byte sectors (32 contiguous bytes a row for the casts, 64 or 128 for
-// the load), and the tile's layout (SharedTile: padded rows of float32,
-// swizzled 16-byte chunks of 16-bit values) puts its shared accesses, along
-// rows or down columns, in distinct banks, as it does an amax warp's.
+// Global accesses: a warp takes 8 part rows x 4 part columns, so a load
+// reads 8 rows of 64 (bf16, fp16) or 128 (float32) contiguous bytes, a
+// rowwise store writes 8 rows of 32 bytes and a columnwise one 4 rows of
+// 64: whole 32-byte sectors.
 //
 // The scale and the cast are the CPU reference's (compute_scale.h and the
 // conversion cvt4 checks against fp8_convert.h), so both give the same bits.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
+#include "block_part.cuh"
 #include "block_scale_layout.h"
 #include "compute_scale.h"
 #include "cuda_backend.h"
@@ -43,9 +53,16 @@ namespace fp8kit {
 namespace cuda {
 namespace {
 
-constexpr int kTile = 128;           // = kBlockLen
-constexpr int kThreads = 2 * kTile;  // two threads per tile row or column
-constexpr int kHalf = kTile / 2;     // elements per thread of an amax pass (half a line)
+constexpr int kTile = 128;  // = kBlockLen
+constexpr int kParts = kTile / kPart;
+constexpr int kThreads = kParts * kParts;
+// A warp's parts: kLaneRows part rows (lane % 8) x kLaneCols part columns
+// (lane / 8); kColWarps warps side by side across the tile, kRowWarps down.
+constexpr int kLaneRows = 8;
+constexpr int kLaneCols = 32 / kLaneRows;
+constexpr int kColWarps = kParts / kLaneCols;
+constexpr int kRowWarps = kParts / kLaneRows;
+static_assert(kThreads == 32 * kColWarps * kRowWarps, "a thread per part");
 
 struct BlockCastParams {
   const void* in;
@@ -64,154 +81,63 @@ struct BlockCastParams {
   bool power_2_scale;
 };
 
-// The tile load and the casts walk the tile in passes of kLinesPerPass
-// lines: a warp takes 8 lines x 4 groups of 8 elements (lane % 8 the line,
-// lane / 8 the group), the block's 4 warps side by side cover a line's 16
-// groups, and 2 such rows of warps 16 lines. (The amax passes give a warp
-// 32 consecutive lines, the same half.)
-constexpr int kGroupsPerRow = kTile / 8;
-constexpr int kWarpLines = 8;
-constexpr int kWarpGroups = 32 / kWarpLines;
-constexpr int kGroupWarps = kGroupsPerRow / kWarpGroups;  // warps across a line
-constexpr int kLinesPerPass = kThreads / 32 / kGroupWarps * kWarpLines;
+// This thread's part: tile rows kPart * row .. + 7 and columns kPart * col
+// .. + 7, input element (r, c) on; rows x cols of it (0 .. 8 each) lie
+// inside the input.
+struct Part {
+  int row, col;
+  int64_t r, c;
+  int rows, cols;
 
-// This thread's group (elements 8 * group .. + 7 of a line) and its line
-// of the first pass.
-__device__ __forceinline__ int pass_group() {
-  return threadIdx.x / 32 % kGroupWarps * kWarpGroups + threadIdx.x % 32 / kWarpLines;
-}
-__device__ __forceinline__ int pass_line() {
-  return threadIdx.x / 32 / kGroupWarps * kWarpLines + threadIdx.x % kWarpLines;
-}
-
-// The tile in shared memory, by input type: row r is input row r0 + r.
-// store8 writes group `group` (elements 8 * group .. + 7) of a row from
-// the raw input, row8 reads a group of a row as float32, at one element.
-template <int kIn, bool k16 = kIn != FP8KIT_FLOAT32>
-struct SharedTile;
-
-// float32: rows of kPitch = 129 floats, so element (r, c) lies in bank
-// (r + c) mod 32. A pass's warp (8 lines, 4 groups) reads element j of its
-// groups in bank (line + 8 * group + j) mod 32 along a row and down a
-// column alike: 32 distinct banks (2 lines of 16 groups would give 4
-// threads each bank); an amax warp's 32 consecutive lines: 32 too.
-template <int kIn>
-struct SharedTile<kIn, false> {
-  static constexpr int kPitch = kTile + 1;
-  static constexpr size_t kBytes = size_t(kTile) * kPitch * sizeof(float);
-  float* s;
-
-  __device__ explicit SharedTile(void* smem) : s(static_cast<float*>(smem)) {}
-  __device__ void store8(int row, int group, const Raw8<kIn>& raw) const {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) s[row * kPitch + group * 8 + j] = raw_get<kIn>(raw, j);
-  }
-  __device__ void row8(int row, int group, float (&x)[8]) const {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) x[j] = at(row, group * 8 + j);
-  }
-  __device__ float at(int row, int col) const { return s[row * kPitch + col]; }
-};
-
-// bf16, fp16: the 16-bit values, 256 bytes a row; group g of row r is the
-// row's 16-byte chunk g ^ sw(r), sw(r) = (r ^ (r >> 3)) & 7 (so a group
-// keeps its 128-byte half of the row). A chunk's bank quad (4 banks, 16
-// bytes) is its index mod 8.
-// - Row reads and the load's stores take a group in one 16-byte access. A
-//   pass's warp has lines 8m .. 8m + 7, where sw is (line ^ m) & 7: the 8
-//   threads of each group take the 8 quads, and the warp's 512 bytes the
-//   least, 4 wavefronts; the same for an amax warp's 32 lines.
-// - Column reads take 2 bytes. Element j of the groups of a pass's warp
-//   lies in rows 8 * group + j, sw = (j ^ group) & 7: its 4 groups take 4
-//   quads, its 8 columns 4 words of each, 16 banks in all, one wavefront.
-//   An amax warp reads 32 columns of one row: 4 chunks 4-aligned, which
-//   XOR keeps distinct, 16 banks again.
-// No padding does both: a row of 8k elements (16-byte aligned chunks) is
-// 4k words, so the rows 8 apart of a column read would share their banks.
-template <int kIn>
-struct SharedTile<kIn, true> {
-  static constexpr size_t kBytes = size_t(kTile) * kTile * sizeof(uint16_t);
-  uint4* s;
-
-  __device__ explicit SharedTile(void* smem) : s(static_cast<uint4*>(smem)) {}
-  __device__ static int chunk(int row, int group) {
-    return row * kGroupsPerRow + (group ^ ((row ^ (row >> 3)) & 7));
-  }
-  __device__ void store8(int row, int group, const Raw8<kIn>& raw) const {
-    s[chunk(row, group)] = raw.v[0];
-  }
-  __device__ void row8(int row, int group, float (&x)[8]) const {
-    Raw8<kIn> raw;
-    raw.v[0] = s[chunk(row, group)];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) x[j] = raw_get<kIn>(raw, j);
-  }
-  __device__ float at(int row, int col) const {
-    const uint16_t* elements = reinterpret_cast<const uint16_t*>(s + chunk(row, col / 8));
-    return bits16_to_float<kIn>(elements[col % 8]);
+  __device__ static Part of(const BlockCastParams& p, int64_t r0, int64_t c0) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    Part part;
+    part.row = warp / kColWarps * kLaneRows + lane % kLaneRows;
+    part.col = warp % kColWarps * kLaneCols + lane / kLaneRows;
+    part.r = r0 + kPart * part.row;
+    part.c = c0 + kPart * part.col;
+    part.rows = int(min(int64_t(kPart), max(int64_t(0), p.rows - part.r)));
+    part.cols = int(min(int64_t(kPart), max(int64_t(0), p.cols - part.c)));
+    return part;
   }
 };
 
-// The tile from the input; outside the input: 0, which leaves every amax
-// as it is. Each thread loads its group of 8 elements of kLoadBatch lines
-// before storing them: with 16-byte loads where p.vector_in and the batch
-// lies inside the input, else element by element, a line at a time (a
-// batch of those would need more registers than kBlocksPerSm leaves).
+// Loads this thread's part into `stage`, folding it into `amax` on the way;
+// outside the input: 0, which leaves every amax as it is. kLoadBatch rows
+// at a time: with 16-byte loads, all in flight before any is used, where
+// p.vector_in and the batch lies inside the input, else element by
+// element, a row at a time (a batch of those would need more registers
+// than kBlocksPerSm leaves).
 constexpr int kLoadBatch = 4;
-static_assert(kTile % (kLinesPerPass * kLoadBatch) == 0, "the load takes whole batches");
+static_assert(kPart % kLoadBatch == 0, "the load takes whole batches");
 
 template <int kIn>
-__device__ void load_tile(const BlockCastParams& p, int64_t r0, int64_t c0,
-                          const SharedTile<kIn>& tile) {
-  const int group = pass_group();
-  const int64_t c = c0 + group * 8;
-  const int valid_cols = int(min(int64_t(8), max(int64_t(0), p.cols - c)));
-  const bool vector = p.vector_in && valid_cols == 8;
-  for (int line0 = pass_line(); line0 < kTile; line0 += kLinesPerPass * kLoadBatch) {
-    if (vector && r0 + line0 + (kLoadBatch - 1) * kLinesPerPass < p.rows) {
+__device__ __forceinline__ void load_part(const BlockCastParams& p, const Part& part,
+                                          const PartStage<kIn, kThreads>& stage,
+                                          PartAmax<kIn>& amax) {
+  const bool vector = p.vector_in && part.cols == kPart;
+#pragma unroll
+  for (int k0 = 0; k0 < kPart; k0 += kLoadBatch) {
+    const int64_t at = (part.r + k0) * p.cols + part.c;
+    if (vector && k0 + kLoadBatch <= part.rows) {
       Raw8<kIn> raw[kLoadBatch];
 #pragma unroll
-      for (int b = 0; b < kLoadBatch; ++b) {
-        load_raw8<kIn>(p.in, (r0 + line0 + b * kLinesPerPass) * p.cols + c, raw[b]);
-      }
+      for (int b = 0; b < kLoadBatch; ++b) load_raw8<kIn>(p.in, at + b * p.cols, raw[b]);
 #pragma unroll
-      for (int b = 0; b < kLoadBatch; ++b) tile.store8(line0 + b * kLinesPerPass, group, raw[b]);
+      for (int b = 0; b < kLoadBatch; ++b) {
+        stage.put(k0 + b, raw[b]);
+        amax.fold(k0 + b, raw[b]);
+      }
     } else {
 #pragma unroll
       for (int b = 0; b < kLoadBatch; ++b) {
-        const int64_t r = r0 + line0 + b * kLinesPerPass;
         Raw8<kIn> raw;
-        load_raw8_partial<kIn>(p.in, r * p.cols + c, r < p.rows ? valid_cols : 0, raw);
-        tile.store8(line0 + b * kLinesPerPass, group, raw);
+        load_raw8_partial<kIn>(p.in, at + b * p.cols, k0 + b < part.rows ? part.cols : 0, raw);
+        stage.put(k0 + b, raw);
+        amax.fold(k0 + b, raw);
       }
     }
   }
-}
-
-// Elements 8 * group .. + 7 of tile line `line`: along row `line`
-// (rowwise) or down column `line` (columnwise).
-template <bool kColumn, class Tile>
-__device__ __forceinline__ void line8(const Tile& tile, int line, int group, float (&x)[8]) {
-  if constexpr (kColumn) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) x[j] = tile.at(group * 8 + j, line);
-  } else {
-    tile.row8(line, group, x);
-  }
-}
-
-// Largest |x| bit pattern of this thread's half line.
-template <bool kColumn, class Tile>
-__device__ uint32_t half_line_amax_bits(const Tile& tile, int line, int half) {
-  constexpr int kHalfGroups = kHalf / 8;
-  uint32_t amax_bits = 0;
-  for (int group = half * kHalfGroups; group < (half + 1) * kHalfGroups; ++group) {
-    float x[8];
-    line8<kColumn>(tile, line, group, x);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) amax_bits = max(amax_bits, __float_as_uint(x[j]) & 0x7fffffffu);
-  }
-  return amax_bits;
 }
 
 __device__ __forceinline__ float scale_from_amax_bits(const BlockCastParams& p, uint32_t bits) {
@@ -219,80 +145,165 @@ __device__ __forceinline__ float scale_from_amax_bits(const BlockCastParams& p, 
                                  p.power_2_scale);
 }
 
-// The copy's scale_inv entries for this tile: one per line (1x128, a
-// thread per line), or the block's one (128x128), and the layout's padding.
-template <bool kColumn, bool k128x128>
-__device__ void write_scales(const BlockCastParams& p, int64_t s0, int64_t t0,
-                             int64_t stored_rows, float block_scale, const uint32_t* line_amax) {
+// A 1x128 copy's scale_inv of stored row s0 + line, whose tile starts at
+// column t0; past the copy's last row, the layout's padding (0).
+template <bool kColumn>
+__device__ void write_line_scale(const BlockCastParams& p, int64_t s0, int64_t t0, int line,
+                                 float scale) {
   float* scales = kColumn ? p.columnwise_scales : p.scales;
   const BlockScaleLayout& layout = kColumn ? p.columnwise_layout : p.layout;
-  if constexpr (!k128x128) {
-    if (threadIdx.x < kTile) {
-      const int64_t s = s0 + threadIdx.x;
-      if (s < stored_rows) {
-        scales[layout.index(s, t0)] = reciprocal(scale_from_amax_bits(p, line_amax[threadIdx.x]));
-      } else if (s < layout.inner) {
-        scales[layout.index(s, t0)] = 0.0f;  // padding of the last tile row
-      }
-    }
-  } else if (threadIdx.x < 4) {
-    // This block's scale_inv, then (last block of a scale row) the padding.
-    const int64_t outer = s0 / kTile;
-    const int64_t j = t0 / kTile;
-    if (threadIdx.x == 0) scales[outer * layout.inner + j] = reciprocal(block_scale);
-    if (j == layout.used_inner - 1) {
-      for (int64_t pad = layout.used_inner + threadIdx.x; pad < layout.inner; pad += 4) {
-        scales[outer * layout.inner + pad] = 0.0f;
-      }
+  const int64_t s = s0 + line;
+  if (s < (kColumn ? p.cols : p.rows)) {
+    scales[layout.index(s, t0)] = reciprocal(scale);
+  } else if (s < layout.inner) {
+    scales[layout.index(s, t0)] = 0.0f;  // padding of the last tile row
+  }
+}
+
+// A 128x128 copy's scale_inv of the block at stored (s0, t0), then (last
+// block of a scale row) the row's padding; threads 0 .. 3.
+template <bool kColumn>
+__device__ void write_block_scale(const BlockCastParams& p, int64_t s0, int64_t t0, float scale) {
+  if (threadIdx.x >= 4) return;
+  float* scales = kColumn ? p.columnwise_scales : p.scales;
+  const BlockScaleLayout& layout = kColumn ? p.columnwise_layout : p.layout;
+  const int64_t outer = s0 / kTile;
+  const int64_t j = t0 / kTile;
+  if (threadIdx.x == 0) scales[outer * layout.inner + j] = reciprocal(scale);
+  if (j == layout.used_inner - 1) {
+    for (int64_t pad = layout.used_inner + threadIdx.x; pad < layout.inner; pad += 4) {
+      scales[outer * layout.inner + pad] = 0.0f;
     }
   }
 }
 
-// One copy (rowwise: kColumn false) of the tile at (r0, c0). The copy as
-// stored is [stored_rows, stored_cols]; tile line `line` (a row, or a column
-// for the columnwise copy) is its row s0 + line, from column t0 on. A
-// thread casts its group of 8 elements of a line (one 8-byte store), one
-// line a pass (see pass_line). `block_scale` is the 128x128 block's scale;
-// 1x128 tiles compute theirs from `line_amax`, the line's amax bits.
-template <bool kE4M3, bool kColumn, bool k128x128, class Tile>
-__device__ void cast_copy(const BlockCastParams& p, const Tile& tile, int64_t r0, int64_t c0,
-                          float block_scale, const uint32_t* line_amax) {
-  const int64_t stored_rows = kColumn ? p.cols : p.rows;
-  const int64_t stored_cols = kColumn ? p.rows : p.cols;
-  const int64_t s0 = kColumn ? c0 : r0, t0 = kColumn ? r0 : c0;
-  uint8_t* copy = kColumn ? p.columnwise : p.data;
-  const int group = pass_group();
-  const int64_t t = t0 + group * 8;
-  const int valid = int(min(int64_t(8), max(int64_t(0), stored_cols - t)));
-  const bool vector = (kColumn ? p.vector_columnwise : p.vector_data) && valid == 8;
-  for (int line = pass_line(); line < kTile; line += kLinesPerPass) {
-    const int64_t s = s0 + line;
-    if (s >= stored_rows || valid == 0) continue;
-    const float scale = k128x128 ? block_scale : scale_from_amax_bits(p, line_amax[line]);
-    float y[8];
-    line8<kColumn>(tile, line, group, y);
+// Where a 1x128 tile row's scale lies in shared memory: the rows a warp
+// reads at once (row k of 8 parts, kPart apart) in 8 consecutive words.
+__device__ __forceinline__ int row_scale_slot(int row) {
+  return row % kPart * kParts + row / kPart;
+}
+
+// Row k of a part times its scale, as 8 FP8 bytes (.x = elements 0..3).
+template <int kIn, bool kE4M3>
+__device__ __forceinline__ uint2 scale_cast8(const Raw8<kIn>& raw, float scale) {
+  float y[kPart];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) y[j] = __fmul_rn(y[j], scale);
-    const uint2 q = make_uint2(cvt4<kE4M3>(y[0], y[1], y[2], y[3]),
-                               cvt4<kE4M3>(y[4], y[5], y[6], y[7]));
-    uint8_t* out = copy + s * stored_cols + t;
-    if (vector) {
-      *reinterpret_cast<uint2*>(out) = q;
-    } else {
+  for (int j = 0; j < kPart; ++j) y[j] = __fmul_rn(raw_get<kIn>(raw, j), scale);
+  return make_uint2(cvt4<kE4M3>(y[0], y[1], y[2], y[3]), cvt4<kE4M3>(y[4], y[5], y[6], y[7]));
+}
+
+// Elements 4h .. 4h + 3 of row k of a part times their columns' scales,
+// as 4 FP8 bytes.
+template <int kIn, bool kE4M3>
+__device__ __forceinline__ uint32_t scale_cast4(const Raw8<kIn>& raw, int h,
+                                                const float (&scale)[4]) {
+  float y[4];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        if (j < valid) out[j] = uint8_t((j < 4 ? q.x : q.y) >> (8 * (j % 4)));
-      }
+  for (int j = 0; j < 4; ++j) y[j] = __fmul_rn(raw_get<kIn>(raw, 4 * h + j), scale[j]);
+  return cvt4<kE4M3>(y[0], y[1], y[2], y[3]);
+}
+
+// 8 FP8 bytes (.x = 0..3) to out[0 .. valid): one 8-byte store where
+// `vector` (aligned, valid == 8), else byte by byte.
+__device__ __forceinline__ void store8(uint8_t* out, uint2 q, bool vector, int valid) {
+  if (vector) {
+    *reinterpret_cast<uint2*>(out) = q;
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < kPart; ++j) {
+    if (j < valid) out[j] = u2_byte(q, j);
+  }
+}
+
+// Row k of this thread's part into the rowwise copy.
+__device__ __forceinline__ void store_row(const BlockCastParams& p, const Part& part, int k,
+                                          uint2 q) {
+  store8(p.data + (part.r + k) * p.cols + part.c, q, p.vector_data && part.cols == kPart,
+         part.cols);
+}
+
+// Columns 4h .. 4h + 3 of this thread's part into the columnwise copy,
+// from t[k], their 4 bytes of row k: transposed in registers (4x4 bytes
+// twice), each column's 8 bytes are one run of its stored row.
+__device__ __forceinline__ void store_columns(const BlockCastParams& p, const Part& part, int h,
+                                              const uint32_t (&t)[kPart]) {
+  uint32_t a0 = t[0], a1 = t[1], a2 = t[2], a3 = t[3];  // rows 0..3
+  uint32_t b0 = t[4], b1 = t[5], b2 = t[6], b3 = t[7];  // rows 4..7
+  transpose4x4(a0, a1, a2, a3);
+  transpose4x4(b0, b1, b2, b3);
+  const uint2 cols[4] = {make_uint2(a0, b0), make_uint2(a1, b1), make_uint2(a2, b2),
+                         make_uint2(a3, b3)};
+  const bool vector = p.vector_columnwise && part.rows == kPart;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int col = 4 * h + j;
+    if (col < part.cols) {
+      store8(p.columnwise + (part.c + col) * p.rows + part.r, cols[j], vector, part.rows);
     }
   }
-  write_scales<kColumn, k128x128>(p, s0, t0, stored_rows, block_scale, line_amax);
+}
+
+// The casts of this thread's part.
+// - 128x128: each row with the block's scale, one cast for both copies
+//   (the same bytes).
+// - 1x128: two passes over the part's rows, the columnwise copy's columns
+//   0..3 with their scales (col_scale), then 4..7; the first pass also
+//   casts each row with its scale (row_scale, at row_scale_slot) into the
+//   rowwise copy. One pass would hold 8 column scales and 16 registers of
+//   bytes to transpose beside the rowwise cast: more than kBlocksPerSm
+//   leaves (44 bytes of it spilled).
+template <int kIn, bool kE4M3, bool k128x128>
+__device__ void cast_part(const BlockCastParams& p, const Part& part,
+                          const PartStage<kIn, kThreads>& stage, float block_scale,
+                          const float* row_scale, const float* col_scale) {
+  if (part.rows == 0 || part.cols == 0) return;  // outside the input (an edge tile)
+  const bool rowwise = p.data != nullptr, columnwise = p.columnwise != nullptr;
+  if constexpr (k128x128) {
+    uint32_t lo[kPart], hi[kPart];
+#pragma unroll
+    for (int k = 0; k < kPart; ++k) {
+      Raw8<kIn> raw;
+      stage.get(k, raw);
+      const uint2 q = scale_cast8<kIn, kE4M3>(raw, block_scale);
+      if (rowwise && k < part.rows) store_row(p, part, k, q);
+      lo[k] = q.x;
+      hi[k] = q.y;
+    }
+    if (columnwise) {
+      store_columns(p, part, 0, lo);
+      store_columns(p, part, 1, hi);
+    }
+  } else {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (h == 1 && !columnwise) break;
+      float scales[4] = {};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (columnwise) scales[j] = col_scale[kPart * part.col + 4 * h + j];
+      }
+      uint32_t t[kPart];
+#pragma unroll
+      for (int k = 0; k < kPart; ++k) {
+        Raw8<kIn> raw;
+        stage.get(k, raw);
+        if (h == 0 && rowwise && k < part.rows) {
+          const float scale = row_scale[row_scale_slot(kPart * part.row + k)];
+          store_row(p, part, k, scale_cast8<kIn, kE4M3>(raw, scale));
+        }
+        if (columnwise) t[k] = scale_cast4<kIn, kE4M3>(raw, h, scales);
+      }
+      if (columnwise) store_columns(p, part, h, t);
+    }
+  }
 }
 
 // Blocks an SM holds (H100, H200: 228 KiB of shared memory, 1 KiB of it
-// reserved a block): 3 with the float32 tile (66.5 KiB a block with the
-// amaxes and the reserve), 6 with the 16-bit one (34 KiB), which leaves 40
-// registers a thread (6 x 256 x 40 of 64 Ki); the kernel is compiled for
-// that many blocks.
+// reserved a block): 3 with float32 input (64 KiB of parts, 4 KiB of
+// amaxes and scales, the reserve: 69 KiB a block), 6 with 16-bit input
+// (37 KiB), which leaves 40 registers a thread (6 x 256 x 40 of 64 Ki);
+// the kernel is compiled for that many blocks.
 template <int kIn>
 constexpr int kBlocksPerSm = kIn == FP8KIT_FLOAT32 ? 3 : 6;
 
@@ -300,59 +311,104 @@ template <int kIn, bool kE4M3, bool k128x128>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kIn>)
     block_cast_kernel(const BlockCastParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  const SharedTile<kIn> tile(smem);
-  __shared__ uint32_t half_amax[2][kTile];  // per half line, then per line in [0]
-  __shared__ uint32_t warp_amax[kThreads / 32];
+  const PartStage<kIn, kThreads> stage(smem);
   const int64_t r0 = (int64_t(blockIdx.x) / p.tiles_c) * kTile;
   const int64_t c0 = (int64_t(blockIdx.x) % p.tiles_c) * kTile;
-  const int line = threadIdx.x % kTile, half = threadIdx.x / kTile;
-  load_tile<kIn>(p, r0, c0, tile);
-  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const Part part = Part::of(p, r0, c0);
+  PartAmax<kIn> amax;
+  load_part<kIn>(p, part, stage, amax);
 
-  float block_scale = 1.0f;
   if constexpr (k128x128) {
-    // max |x| of the whole block: per half row, per warp, then across warps.
-    uint32_t bits = half_line_amax_bits<false>(tile, line, half);
-    for (int offset = 16; offset > 0; offset /= 2) {
-      bits = max(bits, __shfl_xor_sync(0xffffffffu, bits, offset));
-    }
-    if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = bits;
+    // The block's amax: per part, per warp, then across warps.
+    __shared__ uint32_t warp_amax[kThreads / 32];
+    uint32_t bits = 0;
+#pragma unroll
+    for (int k = 0; k < kPart; ++k) bits = max(bits, amax.row_bits(k));
+    bits = __reduce_max_sync(0xffffffffu, bits);
+    if (lane == 0) warp_amax[warp] = bits;
     __syncthreads();
     bits = 0;
 #pragma unroll
     for (int w = 0; w < kThreads / 32; ++w) bits = max(bits, warp_amax[w]);
-    block_scale = scale_from_amax_bits(p, bits);
-  }
-  if (p.data != nullptr) {
-    if constexpr (!k128x128) {
-      half_amax[half][line] = half_line_amax_bits<false>(tile, line, half);
-      __syncthreads();
-      if (half == 0) half_amax[0][line] = max(half_amax[0][line], half_amax[1][line]);
-      __syncthreads();
+    const float scale = scale_from_amax_bits(p, bits);
+    if (p.data != nullptr) write_block_scale<false>(p, r0, c0, scale);
+    if (p.columnwise != nullptr) write_block_scale<true>(p, c0, r0, scale);
+    cast_part<kIn, kE4M3, true>(p, part, stage, scale, nullptr, nullptr);
+  } else {
+    // Line amaxes: over the warp's parts by max_scatter, then over the
+    // warps that share the line (row_part, col_part); a thread per line
+    // (rows: threads 0 .. 127, columns: 128 .. 255) makes its scale.
+    __shared__ uint32_t row_part[kColWarps][kTile];
+    __shared__ uint32_t col_part[kRowWarps][kTile];
+    __shared__ float row_scale[kTile], col_scale[kTile];
+    if (p.data != nullptr) {
+      // The warp's part columns differ in lane bits 3, 4: this lane is
+      // left with rows 2 * (lane / 8) + {0, 1} of its part.
+      uint32_t v[kPart];
+#pragma unroll
+      for (int k = 0; k < kPart; ++k) v[k] = amax.row_bits(k);
+      max_scatter<kPart, 16, 8>(v);
+      const int row = kPart * part.row + 2 * (lane / kLaneRows);
+      row_part[warp % kColWarps][row] = v[0];
+      row_part[warp % kColWarps][row + 1] = v[1];
     }
-    cast_copy<kE4M3, false, k128x128>(p, tile, r0, c0, block_scale, half_amax[0]);
-    __syncthreads();  // half_amax is reused below
-  }
-  if (p.columnwise != nullptr) {
-    if constexpr (!k128x128) {
-      half_amax[half][line] = half_line_amax_bits<true>(tile, line, half);
-      __syncthreads();
-      if (half == 0) half_amax[0][line] = max(half_amax[0][line], half_amax[1][line]);
-      __syncthreads();
+    if (p.columnwise != nullptr) {
+      // The warp's part rows differ in lane bits 0 .. 2: this lane is left
+      // with column lane % 8 of its part.
+      uint32_t v[kPart];
+#pragma unroll
+      for (int j = 0; j < kPart; ++j) v[j] = amax.col_bits(j);
+      max_scatter<kPart, 4, 2, 1>(v);
+      col_part[warp / kColWarps][kPart * part.col + lane % kLaneRows] = v[0];
     }
-    cast_copy<kE4M3, true, k128x128>(p, tile, r0, c0, block_scale, half_amax[0]);
+    __syncthreads();
+    const int line = threadIdx.x % kTile;
+    if (threadIdx.x < kTile) {
+      if (p.data != nullptr) {
+        uint32_t bits = 0;
+#pragma unroll
+        for (int w = 0; w < kColWarps; ++w) bits = max(bits, row_part[w][line]);
+        const float scale = scale_from_amax_bits(p, bits);
+        row_scale[row_scale_slot(line)] = scale;
+        write_line_scale<false>(p, r0, c0, line, scale);
+      }
+    } else if (p.columnwise != nullptr) {
+      uint32_t bits = 0;
+#pragma unroll
+      for (int w = 0; w < kRowWarps; ++w) bits = max(bits, col_part[w][line]);
+      const float scale = scale_from_amax_bits(p, bits);
+      col_scale[line] = scale;
+      write_line_scale<true>(p, c0, r0, line, scale);
+    }
+    __syncthreads();
+    cast_part<kIn, kE4M3, false>(p, part, stage, 1.0f, row_scale, col_scale);
   }
 }
 
 template <int kIn, bool kE4M3, bool k128x128>
 void launch_typed(const BlockCastParams& p, cudaStream_t stream, const char* op) {
   auto* kernel = block_cast_kernel<kIn, kE4M3, k128x128>;
-  constexpr size_t kSmemBytes = SharedTile<kIn>::kBytes;
+  constexpr size_t kSmemBytes = PartStage<kIn, kThreads>::kBytes;
   if constexpr (kSmemBytes > 48 * 1024) {
-    // The float32 tile needs more than the default 48 KiB of dynamic shared memory.
+    // The float32 parts need more than the default 48 KiB of dynamic shared memory.
     cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(kSmemBytes)),
                op, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  }
+  // kBlocksPerSm blocks fit only in the largest shared-memory carveout,
+  // which the driver, left to choose, need not give (it also weighs the L1
+  // cache and kernels running alongside). Asked once per device (a
+  // function's attributes are a device's): bit d of carveout_set.
+  static std::atomic<uint64_t> carveout_set{0};
+  int device = 0;
+  cuda_check(cudaGetDevice(&device), op, "cudaGetDevice");
+  const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
+  if (bit == 0 || (carveout_set.load(std::memory_order_relaxed) & bit) == 0) {
+    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    cudaSharedmemCarveoutMaxShared),
+               op, "cudaFuncSetAttribute(PreferredSharedMemoryCarveout)");
+    carveout_set.fetch_or(bit, std::memory_order_relaxed);
   }
   kernel<<<unsigned(p.tiles_r * p.tiles_c), kThreads, kSmemBytes, stream>>>(p);
   check_launch(op, "launching the block-scaled cast kernel");

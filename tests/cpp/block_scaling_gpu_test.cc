@@ -39,10 +39,11 @@ void expect_gpu_equals_cpu(const Spec& s, const std::vector<uint8_t>& input) {
 TEST(BlockScalingGpu, QuantizeEqualsCpu) {
   QTEST_SKIP_WITHOUT_GPU();
   // Edge tiles in both directions, unaligned row lengths (byte stores), one
-  // row, one column, rank 3, several tiles.
-  const std::vector<std::vector<int64_t>> shapes = {{1, 1},    {3, 5, 130}, {300, 260},
-                                                    {128, 128}, {129, 1},   {1, 257},
-                                                    {512, 1024}, {0, 64},   {264, 136}};
+  // row, one column, rank 3, several tiles, and rows that end inside a
+  // thread's 8 rows and its 16-byte loads (261 = 256 + 5).
+  const std::vector<std::vector<int64_t>> shapes = {
+      {1, 1},      {3, 5, 130}, {300, 260}, {128, 128}, {129, 1},
+      {1, 257},    {512, 1024}, {0, 64},    {264, 136}, {261, 264}};
   uint32_t seed = 40;
   for (const auto& shape : shapes) {
     for (fp8kit_dtype in : {FP8KIT_FLOAT32, FP8KIT_BFLOAT16, FP8KIT_FLOAT16}) {
@@ -66,6 +67,36 @@ TEST(BlockScalingGpu, QuantizeEqualsCpu) {
             expect_gpu_equals_cpu(s, input);
           }
         }
+      }
+    }
+  }
+}
+
+// A NaN or an inf sets the scale of its own lines (1x128) or block
+// (128x128) and of no other: single non-finite values in edge tiles, in a
+// thread's second batch of rows, and near tile borders; with and without
+// 16-byte loads and 8-byte stores.
+TEST(BlockScalingGpu, NonFiniteInOneLineEqualsCpu) {
+  QTEST_SKIP_WITHOUT_GPU();
+  const std::vector<int64_t> shape = {300, 264};
+  const int64_t cols = shape[1];
+  const struct {
+    int64_t r, c;
+    float x;
+  } specials[] = {{290, 131, NAN}, {5, 259, INFINITY}, {130, 7, -INFINITY}, {127, 128, NAN}};
+  uint32_t seed = 70;
+  for (fp8kit_dtype in : {FP8KIT_FLOAT32, FP8KIT_BFLOAT16, FP8KIT_FLOAT16}) {
+    for (fp8kit_scaling_mode mode : kModes) {
+      for (bool misaligned : {false, true}) {
+        std::vector<float> x =
+            qtest::random_values(size_t(qtest::numel(shape)), 3.0f, seed++, false);
+        for (const auto& sp : specials) x[size_t(sp.r * cols + sp.c)] = sp.x;
+        Spec s;
+        s.in_dtype = in;
+        s.shape = shape;
+        s.mode = mode;
+        s.misaligned = misaligned;
+        expect_gpu_equals_cpu(s, qtest::encode_input(x, in));
       }
     }
   }

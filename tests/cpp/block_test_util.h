@@ -76,6 +76,9 @@ struct Spec {
   bool rowwise = true;
   bool columnwise = true;
   fp8kit_current_scaling_config config{0.0f, 0};
+  // The input one element and the copies one byte off their buffers'
+  // alignment (element-wise loads and byte stores whatever the shape).
+  bool misaligned = false;
 };
 
 // The model's copy of a [rows, cols] input, rowwise or columnwise. Padding
@@ -130,8 +133,10 @@ inline Result run_quantize(fp8kit_device_type dev, const Spec& s,
   const ScaleShape rs = model_scale_shape(s.mode, rows, cols);
   const ScaleShape cs = model_scale_shape(s.mode, cols, rows);
   const size_t row_scales = size_t(rs.outer * rs.inner), col_scales = size_t(cs.outer * cs.inner);
-  Buffer in(dev, input.size()), data(dev, n), columnwise(dev, n), scales(dev, row_scales * 4),
-      cw_scales(dev, col_scales * 4);
+  const size_t in_offset = s.misaligned ? fp8kit_dtype_size(s.in_dtype) : 0;
+  const size_t out_offset = s.misaligned ? 1 : 0;
+  Buffer in(dev, input.size(), in_offset), data(dev, n, out_offset),
+      columnwise(dev, n, out_offset), scales(dev, row_scales * 4), cw_scales(dev, col_scales * 4);
   in.upload(input.data(), input.size());
   fp8kit_tensor ti = qtest::make_tensor(dev, s.in_dtype, s.shape, in.ptr());
   fp8kit_tensor to = qtest::make_tensor(dev, s.fp8, s.shape, s.rowwise ? data.ptr() : nullptr);
@@ -186,7 +191,8 @@ inline std::string spec_name(const Spec& s) {
          (s.mode == FP8KIT_SCALING_BLOCK_1X128 ? "1x128" : "128x128") + " [" + shape + "]" +
          (s.rowwise ? " rowwise" : "") + (s.columnwise ? " columnwise" : "") +
          (s.config.power_2_scale ? " pow2" : "") +
-         (s.config.amax_epsilon > 0 ? " eps=" + std::to_string(s.config.amax_epsilon) : "");
+         (s.config.amax_epsilon > 0 ? " eps=" + std::to_string(s.config.amax_epsilon) : "") +
+         (s.misaligned ? " misaligned" : "");
 }
 
 // All 65,536 bf16 bit patterns in order, as little-endian bytes.
