@@ -8,10 +8,10 @@ hang is one failing test with a reproducer - the last example started and
 a command line that reruns the function - not the end of the run.
 
 Environment knobs (all optional): FP8KIT_HARDENING_EXAMPLES scales the
-number of hypothesis examples (default 1), FP8KIT_HARDENING_DEADLINE_MS
-sets the per-example deadline ("none" turns it off),
-FP8KIT_HARDENING_TIMEOUT_S how long one test may run before its child
-counts as hung (default 240).
+number of hypothesis examples and of thread-stress rounds (default 1),
+FP8KIT_HARDENING_DEADLINE_MS sets the per-example deadline ("none" turns
+it off), FP8KIT_HARDENING_TIMEOUT_S how long one test may run before its
+child counts as hung (default 240).
 """
 
 import pytest
