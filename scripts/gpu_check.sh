@@ -107,6 +107,13 @@ SANITIZE_PY_TOOLS=${SANITIZE_PY_TOOLS-memcheck synccheck initcheck}
 SANITIZE_TIMEOUT_S=${SANITIZE_TIMEOUT_S:-0}   # 0: no limit
 sanitize() {  # tool, extra sanitizer flags (one string, may be empty), command...
   local tool=$1 extra=$2 rc; shift 2
+  # cuBLASLt's Hopper GEMMs move their operands and results with TMA bulk
+  # copies, which memcheck and initcheck leave unchecked by default.
+  # Without this flag the Python initcheck reported reads of GEMM outputs
+  # (the bias add after an fp32 GEMM, the activation kernel after the
+  # first MLP GEMM, the copy to the host) as uninitialised, as stores it
+  # does not see would make them.
+  case $tool in memcheck|initcheck) extra="--check-bulk-copy yes${extra:+ $extra}" ;; esac
   # shellcheck disable=SC2086  # $extra: zero or more flags, split on purpose
   timeout --kill-after=20 "$SANITIZE_TIMEOUT_S" "$SANITIZER" --tool "$tool" --error-exitcode 1 \
     --target-processes all --require-cuda-init no --print-limit 200 $extra "$@"
