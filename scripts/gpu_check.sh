@@ -23,7 +23,9 @@
 #   per GPU); SANITIZE_CPP_TOOLS / SANITIZE_PY_TOOLS pick the tools (see
 #   sanitizer_py for the Python default); SANITIZE_TIMEOUT_S bounds each
 #   sanitizer process (a C++ shard, one Python test file; default none), so
-#   a cut one says so in its log
+#   a cut one says so in its log; SANITIZE_DEADLINE_S bounds them all, from
+#   the script's start (none starts after it), and the stage's log lists
+#   every Python file's outcome
 # scripts/README.md lists this and the other tools.
 #
 # Needs: nvcc + cuBLASLt, python3 with torch and jax (the GPU machine's
@@ -105,8 +107,26 @@ SANITIZER=${COMPUTE_SANITIZER:-compute-sanitizer}
 SANITIZE_CPP_TOOLS=${SANITIZE_CPP_TOOLS-memcheck racecheck synccheck initcheck}
 SANITIZE_PY_TOOLS=${SANITIZE_PY_TOOLS-memcheck synccheck initcheck}
 SANITIZE_TIMEOUT_S=${SANITIZE_TIMEOUT_S:-0}   # 0: no limit
+# SANITIZE_DEADLINE_S (0: none): seconds after this script started past
+# which no sanitizer process starts and a running one is cut, so that a run
+# under a wall-clock limit (a device call) still ends with every log
+# written; each file or shard left out says so in its log.
+SANITIZE_DEADLINE_S=${SANITIZE_DEADLINE_S:-0}
+SCRIPT_START=$(date +%s)
+process_limit() {  # prints the next sanitizer process's limit (0: none); fails past the deadline
+  local limit=$SANITIZE_TIMEOUT_S left
+  if ((SANITIZE_DEADLINE_S > 0)); then
+    left=$((SCRIPT_START + SANITIZE_DEADLINE_S - $(date +%s)))
+    ((left > 0)) || return 1
+    ((limit == 0 || left < limit)) && limit=$left
+  fi
+  echo "$limit"
+}
+NOT_RUN=125   # sanitize's status for a process not started (past the deadline)
 sanitize() {  # tool, extra sanitizer flags (one string, may be empty), command...
-  local tool=$1 extra=$2 rc; shift 2
+  local tool=$1 extra=$2 rc limit; shift 2
+  limit=$(process_limit) ||
+    { echo "NOT RUN: past SANITIZE_DEADLINE_S=$SANITIZE_DEADLINE_S s"; return $NOT_RUN; }
   # cuBLASLt's Hopper GEMMs move their operands and results with TMA bulk
   # copies, which memcheck and initcheck leave unchecked by default.
   # Without this flag the Python initcheck reported reads of GEMM outputs
@@ -115,10 +135,10 @@ sanitize() {  # tool, extra sanitizer flags (one string, may be empty), command.
   # does not see would make them.
   case $tool in memcheck|initcheck) extra="--check-bulk-copy yes${extra:+ $extra}" ;; esac
   # shellcheck disable=SC2086  # $extra: zero or more flags, split on purpose
-  timeout --kill-after=20 "$SANITIZE_TIMEOUT_S" "$SANITIZER" --tool "$tool" --error-exitcode 1 \
+  timeout --kill-after=20 "$limit" "$SANITIZER" --tool "$tool" --error-exitcode 1 \
     --target-processes all --require-cuda-init no --print-limit 200 $extra "$@"
   rc=$?
-  [ "$rc" = 124 ] && echo "CUT: $tool ran past SANITIZE_TIMEOUT_S=${SANITIZE_TIMEOUT_S} s (no result)"
+  [ "$rc" = 124 ] && echo "CUT: $tool ran past its limit of $limit s (SANITIZE_TIMEOUT_S=${SANITIZE_TIMEOUT_S}, SANITIZE_DEADLINE_S=${SANITIZE_DEADLINE_S}; no result)"
   return $rc
 }
 # N shards of one suite run at once, each writing <log>.<i>; the stage fails
@@ -217,6 +237,10 @@ sanitizer_py() {  # tool
     FP8KIT_HARDENING_DEADLINE_MS=none FP8KIT_HARDENING_TIMEOUT_S=3600 \
     FP8KIT_HARDENING_EXAMPLES=0.25 \
     STAGE_NAME=sanitizer-py-$1 sharded sanitize_py_shard "$1" "$flags")
+  local rc=$?
+  # Every file's outcome in the stage's own log, the shards' logs in turn.
+  grep -h '^#### .* rc=' "$OUTDIR/sanitizer-py-$1".*.log | sed "s|$REPO/||"
+  return $rc
 }
 sanitize_py_shard() {  # tool, flags
   # One sanitizer process per test file, verbose: a file whose process
@@ -231,7 +255,8 @@ sanitize_py_shard() {  # tool, flags
     sanitize "$1" "$2" "$PY" -X faulthandler -m pytest -v -p no:cacheprovider -rs -m gpu "$f"
     rc=$?
     [ $rc = 5 ] && rc=0   # pytest: no GPU test in this file
-    echo "#### $f rc=$rc$( ((rc > 128)) && echo " (signal $((rc - 128)))")"
+    echo "#### $f rc=$rc$( ((rc > 128)) && echo " (signal $((rc - 128)))"
+      ((rc == NOT_RUN)) && echo " (not run: past the deadline)")"
     ((rc == 0)) || shard_rc=1
   done
   return $shard_rc
