@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import fp8kit.torch as ft
 from block_reference import fake_quantize
-from fp8kit.recipe import BlockScaling, DelayedScaling, Format
+from fp8kit.recipe import BlockScaling, CurrentScaling, DelayedScaling, Format
 from torch_reference import cuda_or_skip
 
 ROW, BLOCK = "block_1x128", "block_128x128"
@@ -111,6 +111,7 @@ def test_linear_matches_the_block_scaled_emulation(fmt, tokens):
 
 
 def test_linear_bf16_is_within_fp8_tolerance_of_float64():
+    torch.manual_seed(0)
     layer = ft.Linear(384, 256, dtype=torch.bfloat16)
     x, dy = inputs((2, 24, 384), 256, torch.bfloat16, seed=2)
     y, g = run(layer, x, dy, BlockScaling())
@@ -122,9 +123,30 @@ def test_linear_bf16_is_within_fp8_tolerance_of_float64():
     for what, a, b in (("y", y, yr), ("dx", g["x"], gr["x"]), ("dw", g["weight"], gr["weight"])):
         assert rel_error(a, b) < 0.06, what
     close(g["bias"], gr["bias"], 2 ** -7, "db")
-    # Per-tensor scaling loses the small features to the outlier; blocks do not.
-    yd, _ = run(layer, x, dy, DelayedScaling())
-    assert rel_error(y, yr) < rel_error(yd, yr)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_one_outlier_token_costs_per_tensor_scaling_the_others(seed):
+    """A token 2^15 times larger than the rest: its per-tensor scale puts
+    the other tokens' values among E4M3's subnormals (a few bits left),
+    while 1x128 tiles give each token its own scale. (An outlier of 50x,
+    as in inputs(), costs per-tensor scaling nothing: E4M3's normal range
+    spans 2^15.)"""
+    torch.manual_seed(seed)
+    layer = ft.Linear(384, 256, dtype=torch.bfloat16)
+    ref = torch.nn.Linear(384, 256, dtype=torch.float64)
+    ref.load_state_dict(layer.state_dict(), strict=False)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(48, 384, generator=g).to(torch.bfloat16)
+    x[0] *= 2 ** 15
+    dy = torch.randn(48, 256, generator=g).to(torch.bfloat16)
+    yr, _ = run(ref, x.double(), dy.double())
+    errors = {}
+    for name, recipe in (("block", BlockScaling()), ("current", CurrentScaling())):
+        y, _ = run(layer, x, dy, recipe)
+        errors[name] = rel_error(y[1:], yr[1:])
+    assert errors["block"] < 0.06, errors
+    assert errors["current"] > 3 * errors["block"], errors
 
 
 def test_forward_without_grad_frozen_parts_and_other_dtypes():
