@@ -30,8 +30,9 @@ TEST(ActivationGpu, EqualsCpu) {
           for (fusedtest::CastSpec spec : fusedtest::cast_specs()) {
             spec.sums = backward && spec.columnwise && qtest::flat2d(shape).first > 1;
             spec.sums_dtype = dtype;
-            const acttest::ActInputs in =
-                acttest::make_inputs(act, dtype, shape, seed++, /*specials=*/seed % 3 == 0);
+            const uint32_t case_seed = seed++;
+            const acttest::ActInputs in = acttest::make_inputs(act, dtype, shape, case_seed,
+                                                               /*specials=*/case_seed % 3 == 0);
             const std::string what = std::string(act == FP8KIT_GELU ? "GELU " : "SwiGLU ") +
                                      (backward ? "backward " : "forward ") +
                                      fp8kit_dtype_name(dtype) + " " + fusedtest::spec_name(spec) +

@@ -119,7 +119,9 @@ TEST(Activation, CpuOutputsAndCastSemantics) {
           for (CastSpec spec : fusedtest::cast_specs()) {
             spec.sums = backward && spec.columnwise && qtest::flat2d(shape).first > 1;
             spec.sums_dtype = dtype;
-            const ActInputs in = acttest::make_inputs(act, dtype, shape, seed++, seed % 2 == 0);
+            const uint32_t case_seed = seed++;
+            const ActInputs in =
+                acttest::make_inputs(act, dtype, shape, case_seed, case_seed % 2 == 0);
             const std::string what = std::string(act == FP8KIT_GELU ? "GELU " : "SwiGLU ") +
                                      (backward ? "backward " : "forward ") +
                                      fp8kit_dtype_name(dtype) + " " + fusedtest::spec_name(spec);

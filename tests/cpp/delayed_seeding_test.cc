@@ -167,7 +167,9 @@ TEST(DelayedRecord, ZeroCastsAsRecordingDoesAndLeavesTheStateBitIdentical) {
     EXPECT_EQ(a[i].columnwise, b[i].columnwise) << what;
     EXPECT_EQ(qtest::float_bits(a[i].out_scale_inv), qtest::float_bits(b[i].out_scale_inv))
         << what;
-    if (members[i].seeded != -1) EXPECT_EQ(b[i].seeded, 1) << what;
+    if (members[i].seeded != -1) {
+      EXPECT_EQ(b[i].seeded, 1) << what;
+    }
   }
   // Again: nothing moved, so nothing moves.
   ASSERT_EQ(off.call(/*record=*/0), FP8KIT_OK) << fp8kit_last_error();

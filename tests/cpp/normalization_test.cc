@@ -117,7 +117,9 @@ TEST(NormForward, CpuMatchesFloat64) {
       m = type == FP8KIT_LAYERNORM ? m / 4096 : 0.0;
       for (int c = 0; c < 4096; ++c) v += (x[size_t(r * 4096 + c)] - m) * (x[size_t(r * 4096 + c)] - m);
       const double rs = 1.0 / std::sqrt(v / 4096 + double(in.config.epsilon));
-      if (type == FP8KIT_LAYERNORM) EXPECT_NEAR(mean[size_t(r)], m, 1e-5 * (std::fabs(m) + 1)) << r;
+      if (type == FP8KIT_LAYERNORM) {
+        EXPECT_NEAR(mean[size_t(r)], m, 1e-5 * (std::fabs(m) + 1)) << r;
+      }
       EXPECT_NEAR(rsigma[size_t(r)], rs, 1e-5 * rs) << r;
       for (int c = 0; c < 4096; ++c) {
         const double xh = (x[size_t(r * 4096 + c)] - m) * rs;
@@ -170,7 +172,9 @@ TEST(NormBackward, CpuMatchesFloat64) {
     }
     for (int c = 0; c < hidden; ++c) {
       EXPECT_NEAR(dgamma[size_t(c)], dgamma64[size_t(c)], 1e-5 * (dgamma_abs[size_t(c)] + 1)) << c;
-      if (ln) EXPECT_NEAR(dbeta[size_t(c)], dbeta64[size_t(c)], 1e-5 * rows) << c;
+      if (ln) {
+        EXPECT_NEAR(dbeta[size_t(c)], dbeta64[size_t(c)], 1e-5 * rows) << c;
+      }
     }
   }
 }
