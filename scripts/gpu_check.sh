@@ -271,8 +271,13 @@ bench() {
     "${sections[@]}")
 }
 demo() { (cd /tmp && "$PY" -m fp8kit.demo --out "$OUTDIR/demo_loss.png"); }
-# Kernel times of one large Linear step (not a measurement of record).
-kprofile() { (cd /tmp && "$PY" "$REPO/scripts/kernel_profile.py"); }
+# Kernel times of one large Linear step (not a measurement of record);
+# KPROFILE_ARGS: the tool's flags, e.g. "--frameworks torch --layers compile".
+kprofile() {
+  local extra=()
+  read -r -a extra <<<"${KPROFILE_ARGS:-}"
+  (cd /tmp && "$PY" "$REPO/scripts/kernel_profile.py" "${extra[@]}")
+}
 # The decoder (python -m fp8kit.models.bench; each compile of the 1b step
 # takes 1.5-2 minutes on the H200).
 MODEL_RECIPES=bf16,delayed,current,te-delayed,te-current
@@ -288,9 +293,11 @@ models_jax() { models_in jax; }
 # torchao first: its compilation takes the longest (for the 1b decoder it
 # had not finished after 150 s, twice), and a call's time limit should cut
 # fp8kit's rows, which other stages measure too, rather than the peer's.
+# Compiled runs only: the eager rows are the models stage's, and each run
+# spends minutes compiling.
 models_compile() {
   (cd /tmp && "$PY" -m fp8kit.models.bench --config 1b --batch 8 --frameworks torch \
-    --recipes torchao,bf16,delayed --compile --steps 15 \
+    --recipes torchao,bf16,delayed --compile-only --steps 15 \
     --json "$OUTDIR/models_1b_compile.json")
 }
 # CONVERGENCE_ARGS: more demo flags, one run per OUTDIR. "--seed 1" (other

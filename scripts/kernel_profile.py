@@ -11,6 +11,9 @@ layers (--layers):
                  x @ w, as the bench times them (no bias), plus the ops of
                  the optimized HLO that are not fusions of elementwise work;
   block   (torch) the same Linear under BlockScaling, and bf16;
+  compile (torch) the same delayed-scaling Linear eager and under
+          torch.compile(fullgraph=True), each call in its own autocast as
+          the bench's compile section times them: what compiling adds;
   mlp     the SwiGLU MLP block (RMSNorm, hidden = features, ffn) as the
           fused bench builds it: torch fp8kit.torch.LayerNormMLP and the
           unfused composition with delayed and current scaling, bf16, and
@@ -70,6 +73,26 @@ def torch_linear_tables(t: int, f: int, iters: int, recipe) -> None:
             print(kernel_table(fn, iters, torch.cuda.synchronize))
 
 
+def torch_compile_tables(t: int, f: int, iters: int) -> None:
+    eager = torch_layers.make_layers(f, f, "cuda", seed=0)["fp8kit"]
+    inner = torch_layers.make_layers(f, f, "cuda", seed=0)["fp8kit"]
+    for layer in (eager, inner):
+        layer.cache_fp8_weight = False
+    data = torch_layers.inputs(t, f, f, "cuda", copies=1, seed=0)
+    recipe = DelayedScaling()
+    for name, layer, params in (
+            ("eager", eager, [eager.weight, eager.bias]),
+            ("compiled", torch.compile(inner, fullgraph=True), [inner.weight, inner.bias])):
+        def call(i, layer=layer, params=params):
+            x, dy = data[i % len(data)]
+            with ft.autocast(recipe=recipe):
+                y = layer(x)
+            return (y, *torch.autograd.grad(y, [x, *params], dy))
+        print(f"== torch fp8kit DelayedScaling {name}: {iters} x fwd+bwd, {t}x{f}x{f}, "
+              "CUDA time per kernel")
+        print(kernel_table(call, iters, torch.cuda.synchronize))
+
+
 def torch_mlp_tables(t: int, hidden: int, ffn: int, iters: int) -> None:
     from fp8kit.bench import fused_torch, te_peer
     layers = fused_torch.make_layers("swiglu", hidden, ffn, "cuda", seed=0)
@@ -107,6 +130,8 @@ def torch_tables(t: int, f: int, ffn: int, iters: int, layers) -> None:
         torch_linear_tables(t, f, iters, DelayedScaling())
     if "block" in layers:
         torch_linear_tables(t, f, iters, BlockScaling())
+    if "compile" in layers:
+        torch_compile_tables(t, f, iters)
     if "mlp" in layers:
         torch_mlp_tables(t, f, ffn, iters)
 
@@ -204,12 +229,14 @@ def main():
     ap.add_argument("--ffn", type=int, default=14336, help="the MLP's ffn width (--layers mlp)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--frameworks", default="torch,jax")
-    ap.add_argument("--layers", default="linear", help="comma-separated: linear, block, mlp")
+    ap.add_argument("--layers", default="linear",
+                    help="comma-separated: linear, block, compile, mlp")
     args = ap.parse_args()
     layers = set(args.layers.split(","))
-    if not layers <= {"linear", "block", "mlp"}:
-        ap.error(f"--layers: unknown {sorted(layers - {'linear', 'block', 'mlp'})}; "
-                 "choose from linear, block, mlp")
+    known = {"linear", "block", "compile", "mlp"}
+    if not layers <= known:
+        ap.error(f"--layers: unknown {sorted(layers - known)}; "
+                 f"choose from {', '.join(sorted(known))}")
     for fw in args.frameworks.split(","):
         {"torch": torch_tables, "jax": jax_tables}[fw](args.tokens, args.features, args.ffn,
                                                        args.iters, layers)

@@ -24,7 +24,9 @@ eager one (TorchTrainer(compile=True): the whole decoder's forward, loss
 and backward as one torch.compile(fullgraph=True) graph, the optimizer
 step eager). A compiled run compiles in its first warm-up step, so
 --compile needs --warmup >= 1; a run that does not compile reports
-dynamo's reason instead of numbers. JAX steps are always jit-compiled
+dynamo's reason instead of numbers; --compile-only leaves the eager runs
+out (a whole 1b compile takes minutes, and the eager rows are the models
+stage's). JAX steps are always jit-compiled
 (mode "jit"). The recipe torchao (PyTorch, with --compile) is the bf16
 model with every projection but the lm_head (which stays bf16, as in
 fp8kit's recipes) converted by torchao.float8's convert_to_float8_training
@@ -142,11 +144,11 @@ def jax_trainer(model_cfg, train_cfg, recipe_name, params):
         "peak_bytes_in_use")
 
 
-def modes(framework: str, recipe_name: str, compile: bool) -> tuple:
+def modes(framework: str, recipe_name: str, compile: bool, compile_only: bool = False) -> tuple:
     """The modes one (framework, recipe) runs in (the module's docstring says why)."""
     if framework == "jax":
         return ("jit",)
-    if recipe_name == TORCHAO:
+    if recipe_name == TORCHAO or compile_only:
         return ("compile",)
     return ("eager", "compile") if compile else ("eager",)
 
@@ -226,6 +228,8 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"subset of {','.join(RECIPES + TE_RECIPES + TORCH_ONLY)}")
     p.add_argument("--compile", action="store_true",
                    help="also run each PyTorch recipe under torch.compile (torchao needs it)")
+    p.add_argument("--compile-only", action="store_true",
+                   help="run each PyTorch recipe under torch.compile only (implies --compile)")
     p.add_argument("--json", help="also write the results here")
     return p
 
@@ -268,6 +272,7 @@ def main(argv=None) -> int:
     try:
         frameworks = choices(args.frameworks, FRAMEWORKS, "--frameworks")
         recipes = choices(args.recipes, RECIPES + TE_RECIPES + TORCH_ONLY, "--recipes")
+        args.compile = args.compile or args.compile_only
         if TORCHAO in recipes and not args.compile:
             raise ValueError(f"--recipes {TORCHAO} runs compiled only (torchao's eager "
                              "Float8Linear is slower than bf16): add --compile")
@@ -292,7 +297,7 @@ def main(argv=None) -> int:
         for recipe in recipes:
             if fw != "torch" and recipe in TORCH_ONLY:
                 continue   # torchao is PyTorch's
-            for mode in modes(fw, recipe, args.compile):
+            for mode in modes(fw, recipe, args.compile, args.compile_only):
                 print(f"  {fw} {recipe} {mode} ...", end=" ", flush=True)
                 rows.append(_in_fresh_process(fw, model_cfg, recipe, mode, args.batch,
                                               args.warmup, args.steps))

@@ -63,6 +63,15 @@ def test_compile_runs_each_torch_recipe_eager_and_compiled(tmp_path, capsys):
     assert stdout.count("  1.00 ") == 2   # each bf16 run against itself
 
 
+def test_compile_only_leaves_the_eager_runs_out(tmp_path):
+    out = tmp_path / "bench.json"
+    assert bench.main(SMOKE + ["--frameworks", "torch,jax", "--recipes", "bf16,delayed",
+                               "--compile-only", "--json", str(out)]) == 0
+    runs = [(r["framework"], r["recipe"], r["mode"]) for r in json.loads(out.read_text())["runs"]]
+    assert runs == [("torch", "bf16", "compile"), ("torch", "delayed", "compile"),
+                    ("jax", "bf16", "jit"), ("jax", "delayed", "jit")]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("torchao") is not None,
                     reason="torchao is installed: its row would run")
 def test_torchao_row_says_why_it_did_not_run(capsys):
