@@ -413,8 +413,21 @@ def test_measure_alternates_and_takes_the_median():
     assert t["a"].median_s == 3.0 and t["b"].median_s == 2.0
     assert t["a"].min_s == 1.0 and t["a"].rounds == 3
     assert t["a"].iters == 10 and t["b"].iters == 2   # 1.0 s / calibration time, clamped
-    # Calibration of each, then rounds alternating a, b, a, b, ...
-    assert [c[0] for c in clock.calls] == ["a", "b", "a", "b", "a", "b", "a", "b"]
+    # Calibration of each, then one batch of each per round, in the rounds' orders.
+    rounds = timing.round_orders(["a", "b"], 3)
+    assert [c[0] for c in clock.calls] == ["a", "b"] + [n for r in rounds for n in r]
+
+
+def test_rounds_vary_which_function_comes_before_which():
+    names = ["bf16", "eager", "compiled", "peer"]
+    orders = timing.round_orders(names, 7)
+    assert len(orders) == 7 and orders[0] == names
+    assert all(sorted(o) == sorted(names) for o in orders)
+    assert orders == timing.round_orders(names, 7)   # the same every run
+    before = {(o[i - 1], o[i]) for o in orders for i in range(1, len(o))}
+    # "compiled" is not always timed right after "eager", as in the order given
+    assert {(a, b) for a, b in before if b == "compiled"} != {("eager", "compiled")}
+    assert timing.round_orders(names, 1) == [names]
 
 
 def test_copies_for_l2():

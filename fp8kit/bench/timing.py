@@ -8,6 +8,11 @@ measured the same way).
     3. Rounds: each round times one batch of every function in turn
        (fp8kit, anchor, fp8kit, anchor, ...), so slow drifts of a shared
        machine (clocks, other jobs) hit both alike. The median round counts.
+       The first round takes the functions in the order given, each later
+       one in a shuffled order (seeded: the same every run): a GPU held at
+       its power cap changes its clock from one batch to the next, and a
+       function always timed right after the same heavy neighbour would
+       carry that neighbour's effect on the clock in every round.
 
 Clocks: PyTorch on CUDA uses CUDA events on the current stream around the
 batch (GPU time of back-to-back calls, launch gaps included - which is
@@ -25,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import random
 import statistics
 import time
 from typing import Callable, ContextManager, Dict, Optional
@@ -160,8 +166,9 @@ def measure(fns: Dict[str, Callable[[int], object]], clock: Clock, settings: Set
         iters[name] = max(settings.min_iters,
                           min(settings.max_iters, int(settings.batch_seconds / max(t, 1e-9))))
     samples = {name: [] for name in fns}
-    for _ in range(settings.rounds):
-        for name, fn in fns.items():
+    for names in round_orders(list(fns), settings.rounds):
+        for name in names:
+            fn = fns[name]
             with ctx(name):
                 t0 = time.monotonic()
                 samples[name].append(clock.batch(fn, iters[name]))
@@ -170,6 +177,16 @@ def measure(fns: Dict[str, Callable[[int], object]], clock: Clock, settings: Set
                          iters=iters[name],
                          gpu=sampler.mean_over(windows[name]) if sampler else None)
             for name, v in samples.items()}
+
+
+def round_orders(names: list, rounds: int) -> list:
+    """The order of the functions in each round: as given in the first,
+    then shuffled with a fixed seed (the module's doc says why)."""
+    shuffle = random.Random(0)
+    orders = [list(names)]
+    for _ in range(rounds - 1):
+        orders.append(shuffle.sample(names, len(names)))
+    return orders[:rounds]
 
 
 # Batches long enough for each function to reach its own steady state: a
