@@ -63,6 +63,30 @@ def test_writes_png_and_json(demo_run):
     assert doc["model"]["hidden"] == 64 and doc["train"]["batch"] == 4
 
 
+@pytest.mark.parametrize("frameworks", [["torch"], ["jax", "torch"]])
+def test_plot_title_fits_the_figure(frameworks, tmp_path, monkeypatch):
+    """The title wraps to the figure's width: with one framework's column it
+    used to run off both edges."""
+    import matplotlib.pyplot as plt
+    from fp8kit.demo import report
+    from fp8kit.demo.result import RunResult
+    from fp8kit.models.config import CONFIGS
+    from fp8kit.models.schedule import TrainConfig
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)   # keep the figure to measure it
+    results = [RunResult(fw, p, "cuda", [3.0] * 1000, 2.5, 1e4, 70.0)
+               for fw in frameworks for p in ("FP8", "bf16")]
+    report.plot(results, CONFIGS["1b"], TrainConfig(steps=1000, batch=1),
+                "delayed scaling, HYBRID format, bf16 seams", tmp_path / "loss.png")
+    (fig,) = figures
+    renderer = fig.canvas.get_renderer()
+    (title,) = [t.get_window_extent(renderer) for t in fig.texts
+                if t.get_text() == fig.get_suptitle()]
+    box = fig.bbox
+    assert box.x0 <= title.x0 and title.x1 <= box.x1, (title, box)
+    plt.close(fig)
+
+
 def test_fp8_learns_and_tracks_bf16(demo_run):
     _, _, out = demo_run
     doc, runs = _runs(out)

@@ -7,12 +7,14 @@ import dataclasses
 import json
 import math
 import pathlib
+import textwrap
 
 import numpy as np
 
 from fp8kit.demo.result import FINAL_WINDOW, RunResult
 
 UNIFORM_GUESS = math.log(256)   # nats per byte of a model that knows nothing
+TITLE_CHARS_PER_COLUMN = 70     # of the plot's title, per 6.5-inch column at the default font
 
 
 def _bf16_twin(results: list[RunResult], r: RunResult):
@@ -90,12 +92,14 @@ def plot(results: list[RunResult], model_cfg, train_cfg, recipe_name: str,
         ax_diff.set_xlabel("step")
         ax_diff.grid(alpha=0.3)
     tokens = train_cfg.batch * model_cfg.seq_len
-    fig.suptitle(
+    title = (
         f"fp8kit demo: Llama-style decoder ({model_cfg.layers} layers, hidden {model_cfg.hidden}, "
         f"{model_cfg.heads} heads) on bytes of Python source; batch {train_cfg.batch} x "
-        f"seq {model_cfg.seq_len} = {tokens} tokens/step\nFP8 = fp8kit ({recipe_name}) on "
+        f"seq {model_cfg.seq_len} = {tokens} tokens/step. FP8 = fp8kit ({recipe_name}) on "
         f"the q, k, v, o, gate, up, down projections; bold curves: {window}-step running "
         "mean, faint: per-step loss")
+    # Wrapped to the figure's width (a one-column plot cut it at both edges).
+    fig.suptitle(textwrap.fill(title, width=TITLE_CHARS_PER_COLUMN * len(frameworks)))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
