@@ -14,6 +14,8 @@ layers (--layers):
   compile (torch) the same delayed-scaling Linear eager and under
           torch.compile(fullgraph=True), each call in its own autocast as
           the bench's compile section times them: what compiling adds;
+          then both timed as the bench times them (25 ms and 1.5 s
+          batches) and their host time per call;
   mlp     the SwiGLU MLP block (RMSNorm, hidden = features, ffn) as the
           fused bench builds it: torch fp8kit.torch.LayerNormMLP and the
           unfused composition with delayed and current scaling, bf16, and
@@ -36,7 +38,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 import fp8kit.torch as ft
-from fp8kit.bench import torch_layers
+from fp8kit.bench import timing, torch_layers
 from fp8kit.bench.kernel_times import busy_and_span
 from fp8kit.recipe import BlockScaling, CurrentScaling, DelayedScaling
 
@@ -80,6 +82,7 @@ def torch_compile_tables(t: int, f: int, iters: int) -> None:
         layer.cache_fp8_weight = False
     data = torch_layers.inputs(t, f, f, "cuda", copies=1, seed=0)
     recipe = DelayedScaling()
+    calls = {}
     for name, layer, params in (
             ("eager", eager, [eager.weight, eager.bias]),
             ("compiled", torch.compile(inner, fullgraph=True), [inner.weight, inner.bias])):
@@ -91,6 +94,18 @@ def torch_compile_tables(t: int, f: int, iters: int) -> None:
         print(f"== torch fp8kit DelayedScaling {name}: {iters} x fwd+bwd, {t}x{f}x{f}, "
               "CUDA time per kernel")
         print(kernel_table(call, iters, torch.cuda.synchronize))
+        calls[name] = call
+    # The same two calls timed as the bench times them, to tell the kernels'
+    # share of a gap between the two from the timing's: interleaved 25 ms
+    # batches, 1.5 s batches, and the host's time per call.
+    clock = timing.torch_clock("cuda")
+    for label, got in (("25 ms batches", timing.measure(calls, clock, timing.Settings())),
+                       ("1.5 s batches", timing.measure_sustained(calls, clock, quick=False))):
+        print(f"   timed in {label}: " + ", ".join(
+            f"{n} {v.median_s * 1e3:.3f} ms" for n, v in got.items()) + " per call")
+    host = timing.host_seconds(calls, clock, iters)
+    print("   host time per call (no wait for the GPU): " + ", ".join(
+        f"{n} {v * 1e6:.0f} us" for n, v in host.items()))
 
 
 def torch_mlp_tables(t: int, hidden: int, ffn: int, iters: int) -> None:
