@@ -107,6 +107,14 @@ SANITIZER=${COMPUTE_SANITIZER:-compute-sanitizer}
 SANITIZE_CPP_TOOLS=${SANITIZE_CPP_TOOLS-memcheck racecheck synccheck initcheck}
 SANITIZE_PY_TOOLS=${SANITIZE_PY_TOOLS-memcheck synccheck initcheck}
 SANITIZE_TIMEOUT_S=${SANITIZE_TIMEOUT_S:-0}   # 0: no limit
+# SANITIZE_FLAGS: more compute-sanitizer flags for every tool, e.g.
+# "--force-blocking-launches" (serial launches, a smaller footprint in the
+# tool; it also runs fp8kit's programmatic dependent launches one after
+# the other). SANITIZE_PY_FILES: test files (paths from the repo root) to
+# run instead of every file with GPU tests, e.g. to rerun the ones whose
+# sanitizer process crashed.
+SANITIZE_FLAGS=${SANITIZE_FLAGS:-}
+SANITIZE_PY_FILES=${SANITIZE_PY_FILES:-}
 # SANITIZE_DEADLINE_S (0: none): seconds after this script started past
 # which no sanitizer process starts and a running one is cut, so that a run
 # under a wall-clock limit (a device call) still ends with every log
@@ -134,6 +142,7 @@ sanitize() {  # tool, extra sanitizer flags (one string, may be empty), command.
   # first MLP GEMM, the copy to the host) as uninitialised, as stores it
   # does not see would make them.
   case $tool in memcheck|initcheck) extra="--check-bulk-copy yes${extra:+ $extra}" ;; esac
+  extra="$extra${SANITIZE_FLAGS:+ $SANITIZE_FLAGS}"
   # shellcheck disable=SC2086  # $extra: zero or more flags, split on purpose
   timeout --kill-after=20 "$limit" "$SANITIZER" --tool "$tool" --error-exitcode 1 \
     --target-processes all --require-cuda-init no --print-limit 200 $extra "$@"
@@ -229,7 +238,12 @@ py_shard_files() {
 sanitizer_py() {  # tool
   local flags="--report-api-errors no"
   case $1 in synccheck|racecheck) flags="$flags --kernel-name kns=fp8kit" ;; esac
-  [ -s "$OUTDIR/sanitizer-py-files.txt" ] || gpu_test_files >"$OUTDIR/sanitizer-py-files.txt"
+  if [ -n "$SANITIZE_PY_FILES" ]; then
+    # shellcheck disable=SC2086  # a list of paths, split on purpose
+    printf '1 %s\n' $SANITIZE_PY_FILES >"$OUTDIR/sanitizer-py-files.txt"
+  else
+    [ -s "$OUTDIR/sanitizer-py-files.txt" ] || gpu_test_files >"$OUTDIR/sanitizer-py-files.txt"
+  fi
   [ -s "$OUTDIR/sanitizer-py-files.txt" ] || { echo "no GPU test collected"; return 1; }
   (cd /tmp && PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
     XLA_PYTHON_CLIENT_ALLOCATOR=${SANITIZE_XLA_ALLOCATOR:-platform} \
