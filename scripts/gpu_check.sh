@@ -294,13 +294,17 @@ kprofile() {
 }
 # The decoder (python -m fp8kit.models.bench; each compile of the 1b step
 # takes 1.5-2 minutes on the H200).
-MODEL_RECIPES=bf16,delayed,current,te-delayed,te-current
+# MODEL_RECIPES: the recipes the models stages run; MODELS_ARGS: more
+# models.bench flags for them (e.g. "--bf16-seams").
+MODEL_RECIPES=${MODEL_RECIPES:-bf16,delayed,current,te-delayed,te-current}
 models_in() {  # framework
+  local extra=()
+  read -r -a extra <<<"${MODELS_ARGS:-}"
   (cd /tmp &&
     "$PY" -m fp8kit.models.bench --config 1b --batch 8 --frameworks "$1" \
-      --recipes "$MODEL_RECIPES" --json "$OUTDIR/models_1b_$1.json" &&
+      --recipes "$MODEL_RECIPES" "${extra[@]}" --json "$OUTDIR/models_1b_$1.json" &&
     "$PY" -m fp8kit.models.bench --config 8b_slice --frameworks "$1" \
-      --recipes "$MODEL_RECIPES" --json "$OUTDIR/models_8b_slice_$1.json")
+      --recipes "$MODEL_RECIPES" "${extra[@]}" --json "$OUTDIR/models_8b_slice_$1.json")
 }
 models() { models_in torch; }
 models_jax() { models_in jax; }
@@ -310,8 +314,10 @@ models_jax() { models_in jax; }
 # Compiled runs only: the eager rows are the models stage's, and each run
 # spends minutes compiling.
 models_compile() {
+  local extra=()
+  read -r -a extra <<<"${MODELS_ARGS:-}"
   (cd /tmp && "$PY" -m fp8kit.models.bench --config 1b --batch 8 --frameworks torch \
-    --recipes torchao,bf16,delayed --compile-only --steps 15 \
+    --recipes torchao,bf16,delayed --compile-only --steps 15 "${extra[@]}" \
     --json "$OUTDIR/models_1b_compile.json")
 }
 # CONVERGENCE_ARGS: more demo flags, one run per OUTDIR. "--seed 1" (other

@@ -34,6 +34,12 @@ with tensorwise scaling; it runs compiled only, since torchao's eager
 Float8Linear is slower than bf16 (its casts are separate PyTorch ops that
 only inductor fuses).
 
+By default fp8kit's fused layers read the float32 residual stream and
+float32 weights and return float32 (fp8kit/models/llama_torch.py says
+why); --bf16-seams hands them bf16 at their seams as the bf16 model's
+layers have it, which keeps SwiGLU's input for backward in bf16 instead of
+float32 (2 bytes x 2 x ffn per token and layer less).
+
 The steps follow the training recipe of fp8kit/models/schedule.py from
 its start (its learning-rate warmup included: at the peak rate from the
 first step the bf16 8b_slice diverged within 13 steps), and a run whose
@@ -102,11 +108,14 @@ def _torchao_convert():
         model, config=config, module_filter_fn=lambda module, fqn: fqn != "lm_head")
 
 
-def torch_trainer(model_cfg, train_cfg, recipe_name, params, compile: bool = False):
+def torch_trainer(model_cfg, train_cfg, recipe_name, params, compile: bool = False,
+                  bf16_seams: bool = False):
     """(TorchTrainer for the recipe named (RECIPES or TORCH_ONLY), compiled
     when asked, reset the peak-memory counter, read it); RuntimeError when
-    TE or torchao is asked for but missing."""
+    TE or torchao is asked for but missing. bf16_seams: fp8kit's fused
+    layers take bf16 at their seams, as the bf16 model's layers do."""
     import torch
+    from fp8kit.models.llama_torch import FP8KIT_LAYERS
     from fp8kit.models.train_torch import TorchTrainer
     if recipe_name in TE_RECIPES:
         from fp8kit.bench import te_peer
@@ -120,15 +129,16 @@ def torch_trainer(model_cfg, train_cfg, recipe_name, params, compile: bool = Fal
                                convert=_torchao_convert(), compile=compile)
     else:
         trainer = TorchTrainer(model_cfg, train_cfg, _recipe(recipe_name), params=params,
-                               compile=compile)
+                               compile=compile, layers=_seams(FP8KIT_LAYERS, bf16_seams))
     if trainer.device.type != "cuda":
         return trainer, lambda: None, lambda: None
     return (trainer, lambda: torch.cuda.reset_peak_memory_stats(trainer.device),
             lambda: torch.cuda.max_memory_allocated(trainer.device))
 
 
-def jax_trainer(model_cfg, train_cfg, recipe_name, params):
+def jax_trainer(model_cfg, train_cfg, recipe_name, params, bf16_seams: bool = False):
     """As torch_trainer, for JAX (whose allocator's peak has no reset)."""
+    from fp8kit.models.llama_jax import FP8KIT_LAYERS
     from fp8kit.models.train_jax import JaxTrainer
     if recipe_name in TE_RECIPES:
         from fp8kit.bench import te_peer
@@ -139,9 +149,15 @@ def jax_trainer(model_cfg, train_cfg, recipe_name, params):
         trainer = JaxTrainer(model_cfg, train_cfg, _recipe(name), params=params,
                              layers=te_peer.jax_layers(tej, name))
     else:
-        trainer = JaxTrainer(model_cfg, train_cfg, _recipe(recipe_name), params=params)
+        trainer = JaxTrainer(model_cfg, train_cfg, _recipe(recipe_name), params=params,
+                             layers=_seams(FP8KIT_LAYERS, bf16_seams))
     return trainer, lambda: None, lambda: (trainer.device.memory_stats() or {}).get(
         "peak_bytes_in_use")
+
+
+def _seams(layers, bf16_seams: bool):
+    """fp8kit's FP8 layers with float32 seams (their default) or bf16 ones."""
+    return dataclasses.replace(layers, float32_seams=False) if bf16_seams else layers
 
 
 def modes(framework: str, recipe_name: str, compile: bool, compile_only: bool = False) -> tuple:
@@ -173,7 +189,7 @@ def diverged(loss: float, model_cfg) -> bool:
 
 
 def measure(framework: str, model_cfg, recipe_name: str, mode: str, batch: int, warmup: int,
-            steps: int) -> dict:
+            steps: int, bf16_seams: bool = False) -> dict:
     """One (framework, recipe, mode) run in this process; a dict of plain
     values (with 'error' instead of the numbers when the run could not be
     made)."""
@@ -183,10 +199,11 @@ def measure(framework: str, model_cfg, recipe_name: str, mode: str, batch: int, 
     try:
         if framework == "torch":
             made = torch_trainer(model_cfg, train_cfg, recipe_name,
-                                 init_params(model_cfg, train_cfg.seed), mode == "compile")
+                                 init_params(model_cfg, train_cfg.seed), mode == "compile",
+                                 bf16_seams)
         else:
             made = jax_trainer(model_cfg, train_cfg, recipe_name,
-                               init_params(model_cfg, train_cfg.seed))
+                               init_params(model_cfg, train_cfg.seed), bf16_seams)
     except RuntimeError as e:
         return {**run, "error": str(e)}
     trainer, reset_peak, peak = made
@@ -230,6 +247,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="also run each PyTorch recipe under torch.compile (torchao needs it)")
     p.add_argument("--compile-only", action="store_true",
                    help="run each PyTorch recipe under torch.compile only (implies --compile)")
+    p.add_argument("--bf16-seams", action="store_true",
+                   help="fp8kit's fused layers take bf16 at their seams, as the bf16 model's "
+                        "layers do (default: the float32 residual stream and weights)")
     p.add_argument("--json", help="also write the results here")
     return p
 
@@ -291,7 +311,8 @@ def main(argv=None) -> int:
     print(f"fp8kit.models.bench: config {args.config} ({model_cfg.num_params() / 1e9:.2f}B "
           f"parameters, {model_cfg.layers} layers, hidden {model_cfg.hidden}), batch "
           f"{args.batch} x seq {model_cfg.seq_len} = {args.batch * model_cfg.seq_len} "
-          f"tokens/step, {args.warmup} warmup + {args.steps} timed steps", flush=True)
+          f"tokens/step, {args.warmup} warmup + {args.steps} timed steps; fp8kit's fused "
+          f"layers with {_seams_name(args.bf16_seams)} seams", flush=True)
     rows = []
     for fw in frameworks:
         for recipe in recipes:
@@ -300,11 +321,12 @@ def main(argv=None) -> int:
             for mode in modes(fw, recipe, args.compile, args.compile_only):
                 print(f"  {fw} {recipe} {mode} ...", end=" ", flush=True)
                 rows.append(_in_fresh_process(fw, model_cfg, recipe, mode, args.batch,
-                                              args.warmup, args.steps))
+                                              args.warmup, args.steps, args.bf16_seams))
                 print(_summary(rows[-1]), flush=True)
                 # After every run, so a run cut short by a time limit keeps what it measured.
                 if args.json:
-                    _write_json(args.json, args.config, model_cfg, args.batch, rows)
+                    _write_json(args.json, args.config, model_cfg, args.batch, args.bf16_seams,
+                                rows)
     print(_table(rows))
     return 0
 
@@ -316,11 +338,17 @@ def _summary(run: dict) -> str:
             + (f", DIVERGED (loss {run['last_loss']:.3g})" if run["diverged"] else ""))
 
 
-def _write_json(path: str, config: str, model_cfg, batch: int, rows) -> None:
+def _seams_name(bf16_seams: bool) -> str:
+    return "bf16" if bf16_seams else "float32"
+
+
+def _write_json(path: str, config: str, model_cfg, batch: int, bf16_seams: bool,
+                rows) -> None:
     out = pathlib.Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"config": config, "model": dataclasses.asdict(model_cfg),
-                               "batch": batch, "runs": rows}, indent=1))
+                               "batch": batch, "fp8kit_seams": _seams_name(bf16_seams),
+                               "runs": rows}, indent=1))
 
 
 if __name__ == "__main__":

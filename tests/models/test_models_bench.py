@@ -72,6 +72,33 @@ def test_compile_only_leaves_the_eager_runs_out(tmp_path):
                     ("jax", "bf16", "jit"), ("jax", "delayed", "jit")]
 
 
+def test_bf16_seams_reach_the_fp8kit_layers_of_both_frameworks(tmp_path, monkeypatch):
+    """--bf16-seams builds fp8kit's fused layers with bf16 seams in both
+    frameworks, in the runs' own processes, and the JSON says which."""
+    out = tmp_path / "bench.json"
+    assert bench.main(SMOKE + ["--recipes", "delayed", "--bf16-seams", "--json",
+                               str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["fp8kit_seams"] == "bf16" and len(doc["runs"]) == 2
+    seen = []
+    for name in ("torch_trainer", "jax_trainer"):
+        made = getattr(bench, name)
+        def spy(*args, made=made, **kwargs):
+            made_trainer = made(*args, **kwargs)
+            trainer = made_trainer[0]
+            layers = (trainer.model.layers[0].mlp.fp8 if trainer.framework == "torch"
+                      else trainer.layers)
+            seen.append(layers.float32_seams)
+            return made_trainer
+        monkeypatch.setattr(bench, name, spy)
+    cfg = dataclasses.replace(CONFIGS["tiny"], layers=1, seq_len=32)
+    for framework in ("torch", "jax"):
+        for bf16_seams in (False, True):
+            bench.measure(framework, cfg, "delayed", "eager" if framework == "torch" else "jit",
+                          batch=2, warmup=0, steps=1, bf16_seams=bf16_seams)
+    assert seen == [True, False, True, False]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("torchao") is not None,
                     reason="torchao is installed: its row would run")
 def test_torchao_row_says_why_it_did_not_run(capsys):
