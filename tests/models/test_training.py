@@ -225,3 +225,123 @@ def test_jax_decoder_with_bf16_seams():
     assert a[-1] < a[0] - 0.3
     for x, y in zip(a, b):
         assert abs(x - y) < 0.03, (a, b)
+
+
+def _stand_in_te_flax():
+    """Flax modules with TransformerEngine-JAX's names, constructor fields,
+    parameter names and shapes, and a non-param collection as TE keeps its
+    scaling metadata in, computing in float32 without FP8: what
+    fp8kit.bench.te_peer.jax_layers builds the decoder's TE-JAX peer from."""
+    import types
+    from typing import Any
+
+    import flax.linen as nn
+
+    def rms_norm(module, x):
+        scale = module.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32)
+        x = x.astype(jnp.float32)
+        return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + module.epsilon) * scale
+
+    def metadata(module, x):
+        """A stand-in for TE's scaling metadata: read (through a zero), so
+        that its cotangent, the decoder's next state, is defined."""
+        amax = module.variable("fp8_metas", "amax", jnp.zeros, (1,), jnp.float32)
+        return x + 0.0 * amax.value[0]
+
+    class LayerNormDenseGeneral(nn.Module):
+        features: int
+        layernorm_type: str
+        epsilon: float
+        use_bias: bool
+        return_layernorm_output: bool
+        dtype: Any
+
+        @nn.compact
+        def __call__(self, x):
+            assert (self.layernorm_type, self.use_bias) == ("rmsnorm", False)
+            h = rms_norm(self, x)
+            kernel = self.param("kernel", nn.initializers.lecun_normal(),
+                                (x.shape[-1], self.features), jnp.float32)
+            return metadata(self, h @ kernel), None   # (out, norm output), as TE returns
+
+    class DenseGeneral(nn.Module):
+        features: int
+        use_bias: bool
+        dtype: Any
+
+        @nn.compact
+        def __call__(self, x):
+            kernel = self.param("kernel", nn.initializers.lecun_normal(),
+                                (x.shape[-1], self.features), jnp.float32)
+            return metadata(self, x.astype(jnp.float32) @ kernel)
+
+    class LayerNormMLP(nn.Module):
+        intermediate_dim: int
+        activations: tuple
+        layernorm_type: str
+        epsilon: float
+        use_bias: bool
+        intermediate_dropout_rate: float
+        return_layernorm_output: bool
+        dtype: Any
+
+        @nn.compact
+        def __call__(self, x):
+            assert self.activations == ("silu", "linear")
+            h = rms_norm(self, x)
+            wi = self.param("wi_kernel", nn.initializers.lecun_normal(),
+                            (x.shape[-1], 2, self.intermediate_dim), jnp.float32)
+            wo = self.param("wo_kernel", nn.initializers.lecun_normal(),
+                            (self.intermediate_dim, x.shape[-1]), jnp.float32)
+            g = jax.nn.silu(h @ wi[:, 0]) * (h @ wi[:, 1])
+            return metadata(self, g @ wo), None
+
+    return types.SimpleNamespace(flax=types.SimpleNamespace(
+        LayerNormDenseGeneral=LayerNormDenseGeneral, DenseGeneral=DenseGeneral,
+        LayerNormMLP=LayerNormMLP))
+
+
+def test_te_jax_peer_layers_map_the_decoder_weights(monkeypatch):
+    """The JAX decoder's TransformerEngine peer (te_peer.jax_layers), run
+    with stand-ins for TE's flax modules where TE is not installed: the
+    model's weights reach TE's parameters in TE's layout (the fused q, k, v
+    kernel; gate and up as wi_kernel's [hidden, 2, ffn]; the down kernel),
+    its scaling collections are created per layer and threaded through the
+    step, and without FP8 the peer's loss is the bf16 model's."""
+    import contextlib
+
+    from fp8kit.bench import te_peer
+    monkeypatch.setattr(te_peer, "jax_autocast", lambda tej, name: contextlib.nullcontext())
+    layers = te_peer.jax_layers(_stand_in_te_flax(), "delayed")
+    peer = JaxTrainer(SMALL, SMALL_TRAIN, DELAYED, layers=layers)
+    bf16 = JaxTrainer(SMALL, SMALL_TRAIN, None)
+    assert [sorted(s) for s in peer.fp8_states["layers"]] == [["mlp", "qkv", "wo"]] * SMALL.layers
+    assert peer.fp8_states["layers"][0]["mlp"] == {"fp8_metas": {"amax": jnp.zeros(1)}}
+    a = [peer.train_step() for _ in range(3)]
+    b = [bf16.train_step() for _ in range(3)]
+    for x, y in zip(a, b):   # float32 against bf16 projections
+        assert abs(x - y) < 0.02 * y, (a, b)
+    assert jax.tree.structure(peer.fp8_states) == jax.tree.structure(
+        layers.create_states(SMALL, DELAYED))
+
+    # Each call against the decoder's own math on the same weights.
+    hidden, ffn, out = 64, 96, 80
+    keys = jax.random.split(jax.random.PRNGKey(0), 5)
+    x = jax.random.normal(keys[0], (2, 8, hidden), jnp.bfloat16)
+    gamma = 1 + 0.1 * jax.random.normal(keys[1], (hidden,))
+    k1 = jax.random.normal(keys[2], (hidden, 2 * ffn)) / hidden ** 0.5   # [gate | up]
+    k2 = jax.random.normal(keys[3], (ffn, hidden)) / ffn ** 0.5
+    kq = jax.random.normal(keys[4], (hidden, out)) / hidden ** 0.5
+    h = x.astype(jnp.float32)
+    h = h * jax.lax.rsqrt(jnp.mean(h * h, -1, keepdims=True) + 1e-5) * gamma
+    states = {name: {"fp8_metas": {"amax": jnp.zeros(1)}} for name in ("qkv", "wo", "mlp")}
+    want_mlp = (jax.nn.silu(h @ k1[:, :ffn]) * (h @ k1[:, ffn:])) @ k2
+    got_mlp = layers.layernorm_mlp(x, gamma, None, k1, k2, normalization="rmsnorm",
+                                   activation="swiglu", epsilon=1e-5, state=states["mlp"],
+                                   recipe=DELAYED)
+    got_qkv = layers.layernorm_dense(x, gamma, None, kq, normalization="rmsnorm", epsilon=1e-5,
+                                     state=states["qkv"], recipe=DELAYED)
+    got_wo = layers.dense(x, kq, state=states["wo"], recipe=DELAYED)
+    for got, want in ((got_mlp, want_mlp), (got_qkv, h @ kq),
+                      (got_wo, x.astype(jnp.float32) @ kq)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
