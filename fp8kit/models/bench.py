@@ -38,7 +38,7 @@ By default fp8kit's fused layers read the float32 residual stream and
 float32 weights and return float32 (fp8kit/models/llama_torch.py says
 why); --bf16-seams hands them bf16 at their seams as the bf16 model's
 layers have it, which keeps SwiGLU's input for backward in bf16 instead of
-float32 (2 bytes x 2 x ffn per token and layer less).
+float32 (2 x 2 x ffn bytes less per token and layer).
 
 The steps follow the training recipe of fp8kit/models/schedule.py from
 its start (its learning-rate warmup included: at the peak rate from the
