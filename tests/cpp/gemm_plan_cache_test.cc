@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <thread>
@@ -23,6 +24,15 @@ namespace {
 #ifdef FP8KIT_WITH_CUDA
 
 size_t plan_count() { return fp8kit::cuda::gemm_plan_cache().size(); }
+
+// Iterations per thread of the many-threads test: FP8KIT_STRESS_ITERATIONS
+// when set to a positive number (the sanitizer stages set it lower: under
+// racecheck each cuBLASLt launch takes a second or more), else `fallback`.
+int stress_iterations(int fallback) {
+  const char* text = std::getenv("FP8KIT_STRESS_ITERATIONS");
+  const int n = text != nullptr ? std::atoi(text) : 0;
+  return n > 0 ? n : fallback;
+}
 
 TEST(GemmPlanCacheCuda, CpuGemmsMakeNoPlans) {
   const size_t before = plan_count();
@@ -118,7 +128,8 @@ TEST(GemmPlanCacheCuda, HammerFromManyThreads) {
   }
   const size_t before = plan_count();
 
-  constexpr int kThreads = 8, kIterations = 40;
+  constexpr int kThreads = 8;
+  const int iterations = stress_iterations(40);
   std::atomic<int> failures{0};
   std::vector<std::string> first_error(kThreads);
   std::vector<std::thread> threads;
@@ -141,7 +152,7 @@ TEST(GemmPlanCacheCuda, HammerFromManyThreads) {
         hosts.emplace_back(new HostSide(host_side(kinds[kind], *inputs[kind])));
         devs.emplace_back(new DeviceCase(kinds[kind], *inputs[kind], *hosts.back()));
       }
-      for (int i = 0; i < kIterations; ++i) {
+      for (int i = 0; i < iterations; ++i) {
         const size_t kind = size_t(t + i) % kinds.size();
         const GemmCase& c = kinds[kind];
         const GemmInputs& in = *inputs[kind];
