@@ -301,7 +301,9 @@ kprofile() {
 # The decoder (python -m fp8kit.models.bench; each compile of the 1b step
 # takes 1.5-2 minutes on the H200).
 # MODEL_RECIPES: the recipes the models stages run; MODELS_ARGS: more
-# models.bench flags for them (e.g. "--bf16-seams").
+# models.bench flags for them (e.g. "--float32-seams": fp8kit's fused
+# layers read the float32 residual stream, instead of the default bf16
+# seams).
 MODEL_RECIPES=${MODEL_RECIPES:-bf16,delayed,current,te-delayed,te-current}
 models_in() {  # framework
   local extra=()
@@ -328,9 +330,10 @@ models_compile() {
 }
 # CONVERGENCE_ARGS: more demo flags, one run per OUTDIR. "--seed 1" (other
 # initial weights and batch order) shows how far two bf16 runs differ, the
-# scale against which FP8's difference from bf16 is read; "--bf16-seams"
-# gives the FP8 model's fused layers the bf16 model's seams, so that only
-# FP8's casts tell the two apart.
+# scale against which FP8's difference from bf16 is read; "--float32-seams"
+# has the FP8 model's fused layers read the float32 residual stream instead
+# of the bf16 model's seams (the default, where only FP8's casts tell the
+# two apart).
 convergence() {
   local extra=()
   read -r -a extra <<<"${CONVERGENCE_ARGS:-}"

@@ -77,7 +77,7 @@ def test_plot_title_fits_the_figure(frameworks, tmp_path, monkeypatch):
     results = [RunResult(fw, p, "cuda", [3.0] * 1000, 2.5, 1e4, 70.0)
                for fw in frameworks for p in ("FP8", "bf16")]
     report.plot(results, CONFIGS["1b"], TrainConfig(steps=1000, batch=1),
-                "delayed scaling, HYBRID format, bf16 seams", tmp_path / "loss.png")
+                "delayed scaling, HYBRID format, float32 seams", tmp_path / "loss.png")
     (fig,) = figures
     renderer = fig.canvas.get_renderer()
     (title,) = [t.get_window_extent(renderer) for t in fig.texts
@@ -105,16 +105,18 @@ def test_fp8_learns_and_tracks_bf16(demo_run):
     assert abs(runs[("jax", "bf16")]["val_loss"] - runs[("torch", "bf16")]["val_loss"]) < 0.03
 
 
-def test_bf16_seams_change_only_the_fp8_runs(demo_run, tmp_path):
-    """--bf16-seams hands the fused layers bf16 at their seams: the FP8 runs
-    compute differently from the first step on, the bf16 runs do not."""
+def test_float32_seams_change_only_the_fp8_runs(demo_run, tmp_path):
+    """--float32-seams has the fused layers read the float32 residual stream
+    at their seams instead of the default bf16: the FP8 runs compute
+    differently from the first step on, the bf16 runs do not."""
     _, _, default_out = demo_run
     out = tmp_path / "seams.png"
     with contextlib.redirect_stdout(io.StringIO()):
-        assert demo.main(SMALL + ["--steps", "2", "--bf16-seams", "--out", str(out)]) == 0
+        assert demo.main(SMALL + ["--steps", "2", "--float32-seams", "--out", str(out)]) == 0
     doc, runs = _runs(out)
-    _, default = _runs(default_out)
-    assert doc["recipe"].endswith(", bf16 seams")
+    default_doc, default = _runs(default_out)
+    assert doc["recipe"] == default_doc["recipe"] + ", float32 seams"
+    assert "seams" not in default_doc["recipe"]   # bf16 seams, the default, go unsaid
     for fw in ("jax", "torch"):
         # The first loss is the initial weights' on the first batch.
         assert runs[(fw, "bf16")]["losses"][0] == default[(fw, "bf16")]["losses"][0], fw

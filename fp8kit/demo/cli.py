@@ -52,11 +52,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--recipe", choices=("delayed", "current", "block"), default="delayed",
                    help="FP8 scaling: delayed (amax history, the default), current or "
                         "block (1x128 activations and gradients, 128x128 weights)")
-    p.add_argument("--bf16-seams", action="store_true",
-                   help="the FP8 runs' fused layers take a bf16 copy of the residual stream "
-                        "and return bf16, as the bf16 model's layers do (by default they read "
-                        "the float32 stream and return float32): FP8's casts alone then tell "
-                        "the FP8 and bf16 losses apart")
+    p.add_argument("--float32-seams", action="store_true",
+                   help="the FP8 runs' fused layers read the float32 residual stream at their "
+                        "seams and return float32, keeping SwiGLU's input in float32 for "
+                        "backward; costs memory (by default they take bf16 at their seams, as "
+                        "the bf16 model's layers do, so that FP8's casts alone tell the FP8 "
+                        "and bf16 losses apart)")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is present")
     p.add_argument("--out", default=os.path.join("out", "demo_loss.png"),
                    help="loss-curve PNG (a .json with the same stem is written next to it)")
@@ -133,7 +134,7 @@ def main(argv=None) -> int:
     out_png = pathlib.Path(args.out)
     recipe = _recipe(args.recipe)
     recipe_name = f"{args.recipe} scaling, {recipe.fp8_format.name} format" + (
-        ", bf16 seams" if args.bf16_seams else "")
+        ", float32 seams" if args.float32_seams else "")
     every = args.log_every or max(1, train_cfg.steps // 10)
     print(f"fp8kit demo: a Llama-style decoder ({model_cfg.layers} layers, hidden "
           f"{model_cfg.hidden}, {model_cfg.heads} heads, {model_cfg.num_params() / 1e6:.2f}M "
@@ -150,8 +151,8 @@ def main(argv=None) -> int:
         return 1
     results = []
     for fw, (trainer_cls, device, fp8_layers) in trainers.items():
-        if args.bf16_seams:
-            fp8_layers = dataclasses.replace(fp8_layers, float32_seams=False)
+        if args.float32_seams:
+            fp8_layers = dataclasses.replace(fp8_layers, float32_seams=True)
         for precision, run_recipe in (("FP8", recipe), ("bf16", None)):
             label = f"{fw} {precision}"
             print(f"{label}: training", flush=True)

@@ -34,11 +34,12 @@ with tensorwise scaling; it runs compiled only, since torchao's eager
 Float8Linear is slower than bf16 (its casts are separate PyTorch ops that
 only inductor fuses).
 
-By default fp8kit's fused layers read the float32 residual stream and
-float32 weights and return float32 (fp8kit/models/llama_torch.py says
-why); --bf16-seams hands them bf16 at their seams as the bf16 model's
-layers have it, which keeps SwiGLU's input for backward in bf16 instead of
-float32 (2 x 2 x ffn bytes less per token and layer).
+By default fp8kit's fused layers take bf16 at their seams, as the bf16
+model's layers and TransformerEngine's have it (fp8kit/models/llama_torch.py
+says why); --float32-seams has them read the float32 residual stream and
+float32 weights and return float32, which keeps SwiGLU's input for
+backward in float32 instead of bf16 (2 x 2 x ffn bytes more per token and
+layer).
 
 The steps follow the training recipe of fp8kit/models/schedule.py from
 its start (its learning-rate warmup included: at the peak rate from the
@@ -109,11 +110,12 @@ def _torchao_convert():
 
 
 def torch_trainer(model_cfg, train_cfg, recipe_name, params, compile: bool = False,
-                  bf16_seams: bool = False):
+                  float32_seams: bool = False):
     """(TorchTrainer for the recipe named (RECIPES or TORCH_ONLY), compiled
     when asked, reset the peak-memory counter, read it); RuntimeError when
-    TE or torchao is asked for but missing. bf16_seams: fp8kit's fused
-    layers take bf16 at their seams, as the bf16 model's layers do."""
+    TE or torchao is asked for but missing. float32_seams: fp8kit's fused
+    layers read the float32 residual stream at their seams (by default they
+    take bf16, as the bf16 model's layers do)."""
     import torch
     from fp8kit.models.llama_torch import FP8KIT_LAYERS
     from fp8kit.models.train_torch import TorchTrainer
@@ -129,14 +131,14 @@ def torch_trainer(model_cfg, train_cfg, recipe_name, params, compile: bool = Fal
                                convert=_torchao_convert(), compile=compile)
     else:
         trainer = TorchTrainer(model_cfg, train_cfg, _recipe(recipe_name), params=params,
-                               compile=compile, layers=_seams(FP8KIT_LAYERS, bf16_seams))
+                               compile=compile, layers=_seams(FP8KIT_LAYERS, float32_seams))
     if trainer.device.type != "cuda":
         return trainer, lambda: None, lambda: None
     return (trainer, lambda: torch.cuda.reset_peak_memory_stats(trainer.device),
             lambda: torch.cuda.max_memory_allocated(trainer.device))
 
 
-def jax_trainer(model_cfg, train_cfg, recipe_name, params, bf16_seams: bool = False):
+def jax_trainer(model_cfg, train_cfg, recipe_name, params, float32_seams: bool = False):
     """As torch_trainer, for JAX (whose allocator's peak has no reset)."""
     from fp8kit.models.llama_jax import FP8KIT_LAYERS
     from fp8kit.models.train_jax import JaxTrainer
@@ -150,14 +152,14 @@ def jax_trainer(model_cfg, train_cfg, recipe_name, params, bf16_seams: bool = Fa
                              layers=te_peer.jax_layers(tej, name))
     else:
         trainer = JaxTrainer(model_cfg, train_cfg, _recipe(recipe_name), params=params,
-                             layers=_seams(FP8KIT_LAYERS, bf16_seams))
+                             layers=_seams(FP8KIT_LAYERS, float32_seams))
     return trainer, lambda: None, lambda: (trainer.device.memory_stats() or {}).get(
         "peak_bytes_in_use")
 
 
-def _seams(layers, bf16_seams: bool):
-    """fp8kit's FP8 layers with float32 seams (their default) or bf16 ones."""
-    return dataclasses.replace(layers, float32_seams=False) if bf16_seams else layers
+def _seams(layers, float32_seams: bool):
+    """fp8kit's FP8 layers with bf16 seams (their default) or float32 ones."""
+    return dataclasses.replace(layers, float32_seams=float32_seams)
 
 
 def modes(framework: str, recipe_name: str, compile: bool, compile_only: bool = False) -> tuple:
@@ -189,7 +191,7 @@ def diverged(loss: float, model_cfg) -> bool:
 
 
 def measure(framework: str, model_cfg, recipe_name: str, mode: str, batch: int, warmup: int,
-            steps: int, bf16_seams: bool = False) -> dict:
+            steps: int, float32_seams: bool = False) -> dict:
     """One (framework, recipe, mode) run in this process; a dict of plain
     values (with 'error' instead of the numbers when the run could not be
     made)."""
@@ -200,10 +202,10 @@ def measure(framework: str, model_cfg, recipe_name: str, mode: str, batch: int, 
         if framework == "torch":
             made = torch_trainer(model_cfg, train_cfg, recipe_name,
                                  init_params(model_cfg, train_cfg.seed), mode == "compile",
-                                 bf16_seams)
+                                 float32_seams)
         else:
             made = jax_trainer(model_cfg, train_cfg, recipe_name,
-                               init_params(model_cfg, train_cfg.seed), bf16_seams)
+                               init_params(model_cfg, train_cfg.seed), float32_seams)
     except RuntimeError as e:
         return {**run, "error": str(e)}
     trainer, reset_peak, peak = made
@@ -247,9 +249,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="also run each PyTorch recipe under torch.compile (torchao needs it)")
     p.add_argument("--compile-only", action="store_true",
                    help="run each PyTorch recipe under torch.compile only (implies --compile)")
-    p.add_argument("--bf16-seams", action="store_true",
-                   help="fp8kit's fused layers take bf16 at their seams, as the bf16 model's "
-                        "layers do (default: the float32 residual stream and weights)")
+    p.add_argument("--float32-seams", action="store_true",
+                   help="fp8kit's fused layers read the float32 residual stream at their "
+                        "seams, keeping SwiGLU's input in float32 for backward; costs memory "
+                        "(default: bf16 seams, as the bf16 model's layers and TE's have)")
     p.add_argument("--json", help="also write the results here")
     return p
 
@@ -312,7 +315,7 @@ def main(argv=None) -> int:
           f"parameters, {model_cfg.layers} layers, hidden {model_cfg.hidden}), batch "
           f"{args.batch} x seq {model_cfg.seq_len} = {args.batch * model_cfg.seq_len} "
           f"tokens/step, {args.warmup} warmup + {args.steps} timed steps; fp8kit's fused "
-          f"layers with {_seams_name(args.bf16_seams)} seams", flush=True)
+          f"layers with {_seams_name(args.float32_seams)} seams", flush=True)
     rows = []
     for fw in frameworks:
         for recipe in recipes:
@@ -321,12 +324,12 @@ def main(argv=None) -> int:
             for mode in modes(fw, recipe, args.compile, args.compile_only):
                 print(f"  {fw} {recipe} {mode} ...", end=" ", flush=True)
                 rows.append(_in_fresh_process(fw, model_cfg, recipe, mode, args.batch,
-                                              args.warmup, args.steps, args.bf16_seams))
+                                              args.warmup, args.steps, args.float32_seams))
                 print(_summary(rows[-1]), flush=True)
                 # After every run, so a run cut short by a time limit keeps what it measured.
                 if args.json:
-                    _write_json(args.json, args.config, model_cfg, args.batch, args.bf16_seams,
-                                rows)
+                    _write_json(args.json, args.config, model_cfg, args.batch,
+                                args.float32_seams, rows)
     print(_table(rows))
     return 0
 
@@ -338,16 +341,16 @@ def _summary(run: dict) -> str:
             + (f", DIVERGED (loss {run['last_loss']:.3g})" if run["diverged"] else ""))
 
 
-def _seams_name(bf16_seams: bool) -> str:
-    return "bf16" if bf16_seams else "float32"
+def _seams_name(float32_seams: bool) -> str:
+    return "float32" if float32_seams else "bf16"
 
 
-def _write_json(path: str, config: str, model_cfg, batch: int, bf16_seams: bool,
+def _write_json(path: str, config: str, model_cfg, batch: int, float32_seams: bool,
                 rows) -> None:
     out = pathlib.Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"config": config, "model": dataclasses.asdict(model_cfg),
-                               "batch": batch, "fp8kit_seams": _seams_name(bf16_seams),
+                               "batch": batch, "fp8kit_seams": _seams_name(float32_seams),
                                "runs": rows}, indent=1))
 
 

@@ -13,10 +13,12 @@ all). With a recipe each layer makes three FP8 calls:
     wo        fp8kit.jax.dense
     norm_mlp  fp8kit.jax.layernorm_mlp: the MLP's input RMSNorm and the
               whole SwiGLU MLP, kernel_1 "w_gate_up" = [w_gate | w_up]
-The two fused calls read the float32 residual stream and the float32
-master weights as they are (as the PyTorch model's fused layers do) and
-return float32 (JaxLayers.float32_seams; False hands them bf16); q, k, v
-then go to bf16.
+By default the two fused calls take a bf16 copy of the float32 residual
+stream and return bf16, as the bf16 model's layers and TransformerEngine's
+do (same speed as float32 seams, less memory); JaxLayers.float32_seams=True,
+the opt-in, has them read the float32 stream as it is (as the PyTorch
+model's fused layers then do) and return float32. Either way the kernels
+are the float32 master weights and q, k, v then go to bf16.
 
 Delayed scaling's state leaves as its "gradient" (fp8kit.jax.dense's
 convention): differentiate the loss with respect to (params, fp8_states)
@@ -71,16 +73,18 @@ class JaxLayers:
     (layernorm_dense, dense, layernorm_mlp: the keyword arguments state and
     recipe included), and create_states(cfg, recipe): the states pytree
     {"layers": [{"qkv", "wo", "mlp": state}]} or None. A state's cotangent
-    is its next value. float32_seams: the fused calls read the float32
-    stream and return float32 (fp8kit's); False hands them a bf16 copy of
-    the stream and takes bf16 back, as a bf16 model's layers run. The
-    kernels are the float32 master weights either way."""
+    is its next value. float32_seams: False (the default) hands the fused
+    calls a bf16 copy of the stream and takes bf16 back, as the bf16
+    model's layers and TE's run (same speed, less memory); True, the
+    opt-in, has them read the float32 stream and return float32, keeping
+    SwiGLU's input for backward in float32. The kernels are the float32
+    master weights either way."""
 
     layernorm_dense: Callable
     dense: Callable
     layernorm_mlp: Callable
     create_states: Callable
-    float32_seams: bool = True
+    float32_seams: bool = False
 
 
 FP8KIT_LAYERS = JaxLayers(fj.layernorm_dense, fj.dense, fj.layernorm_mlp, _fp8kit_states)
@@ -147,7 +151,7 @@ def attention(p, states, x, cos, sin, cfg: LlamaConfig, recipe, layers: JaxLayer
 
 def norm_mlp(p, states, x, cfg: LlamaConfig, recipe, layers: JaxLayers):
     """RMSNorm and the SwiGLU MLP of x (the float32 stream): bf16 with
-    recipe=None, float32 from the fused FP8 call."""
+    recipe=None; from the fused FP8 call bf16, float32 with float32 seams."""
     if recipe is None:
         h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
         gate, up = project(h, p["w_gate"], None, None), project(h, p["w_up"], None, None)

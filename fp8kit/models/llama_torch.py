@@ -20,12 +20,14 @@ TransformerEngine's, whose modules take the same arguments):
     wo            fp8kit.torch.Linear
     FusedNormMLP  the MLP's input RMSNorm and the whole SwiGLU MLP: one
                   fp8kit.torch.LayerNormMLP
-The two fused layers run outside torch.autocast, on the float32 residual
-stream and the float32 master weights: their norm reads the stream itself
-(as the unfused RMSNorm does, instead of a bf16 copy of it), their weights
-are cast to FP8 straight from float32, and their outputs are float32 (q, k,
-v then go to bf16 as the unfused projections' outputs are). Their one
-extra cost is SwiGLU's input kept for backward in float32.
+By default the two fused layers take bf16 at their seams, as the bf16
+model's layers and TransformerEngine's do: they run under torch.autocast
+like the other projections (as fast as float32 seams, with less memory).
+FP8Layers(float32_seams=True), the opt-in, runs them outside
+torch.autocast on the float32 residual stream and master weights: their
+norm reads the stream itself, their weights are cast to FP8 straight from
+float32, and their outputs are float32 (q, k, v then go to bf16), at the
+cost of SwiGLU's input kept for backward in float32.
 """
 
 from __future__ import annotations
@@ -48,17 +50,19 @@ BF16 = torch.bfloat16
 @dataclasses.dataclass(frozen=True)
 class FP8Layers:
     """The FP8 layer classes the model is built from and the autocast they
-    run under (autocast(recipe) -> a context manager). float32_seams: the
-    fused layers run outside torch.autocast on the float32 stream and
-    weights (fp8kit's, which cast float32 straight to FP8); False keeps
-    them under torch.autocast like the other projections (TransformerEngine's,
-    whose non-GEMM work would otherwise run in float32)."""
+    run under (autocast(recipe) -> a context manager). float32_seams:
+    False (the default) keeps the fused layers under torch.autocast like
+    the other projections, bf16 at their seams as the bf16 model's layers
+    and TransformerEngine's have it (same speed, less memory); True, the
+    opt-in for fp8kit's layers (which cast float32 straight to FP8), runs
+    them outside torch.autocast on the float32 stream and weights, keeping
+    SwiGLU's input for backward in float32."""
 
     linear: type
     layernorm_linear: type
     layernorm_mlp: type
     autocast: Callable
-    float32_seams: bool = True
+    float32_seams: bool = False
 
 
 FP8KIT_LAYERS = FP8Layers(ft.Linear, ft.LayerNormLinear, ft.LayerNormMLP,
@@ -169,7 +173,7 @@ class NormMLP(torch.nn.Module):
 
 class FusedNormMLP(torch.nn.Module):
     """NormMLP as one fp8kit.torch.LayerNormMLP (RMSNorm, SwiGLU, no bias;
-    fc1's rows are [gate; up]); returns float32."""
+    fc1's rows are [gate; up]); returns bf16, float32 with float32 seams."""
 
     def __init__(self, cfg: LlamaConfig, fp8: FP8Layers, device=None):
         super().__init__()

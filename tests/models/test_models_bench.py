@@ -23,7 +23,9 @@ def test_smoke_run_reports_every_framework_and_recipe(tmp_path, capsys):
     assert bench.main(SMOKE + ["--json", str(out)]) == 0
     stdout = capsys.readouterr().out
     assert "2 x seq 32 = 64 tokens/step" in stdout
+    assert "fp8kit's fused layers with bf16 seams" in stdout   # the default
     doc = json.loads(out.read_text())
+    assert doc["fp8kit_seams"] == "bf16"
     runs = {(r["framework"], r["recipe"], r["mode"]): r for r in doc["runs"]}
     assert set(runs) == {(f, r, "eager" if f == "torch" else "jit")
                          for f in bench.FRAMEWORKS for r in bench.RECIPES}
@@ -72,14 +74,18 @@ def test_compile_only_leaves_the_eager_runs_out(tmp_path):
                     ("jax", "bf16", "jit"), ("jax", "delayed", "jit")]
 
 
-def test_bf16_seams_reach_the_fp8kit_layers_of_both_frameworks(tmp_path, monkeypatch):
-    """--bf16-seams builds fp8kit's fused layers with bf16 seams in both
-    frameworks, in the runs' own processes, and the JSON says which."""
+def test_float32_seams_reach_the_fp8kit_layers_of_both_frameworks(tmp_path, monkeypatch,
+                                                                  capsys):
+    """--float32-seams builds fp8kit's fused layers with float32 seams (bf16
+    ones by default) in both frameworks, in the runs' own processes, and the
+    JSON says which."""
     out = tmp_path / "bench.json"
-    assert bench.main(SMOKE + ["--recipes", "delayed", "--bf16-seams", "--json",
+    assert bench.main(SMOKE + ["--recipes", "delayed", "--float32-seams", "--json",
                                str(out)]) == 0
+    assert "fp8kit's fused layers with float32 seams" in capsys.readouterr().out
     doc = json.loads(out.read_text())
-    assert doc["fp8kit_seams"] == "bf16" and len(doc["runs"]) == 2
+    assert doc["fp8kit_seams"] == "float32" and len(doc["runs"]) == 2
+    assert all("error" not in r for r in doc["runs"])
     seen = []
     for name in ("torch_trainer", "jax_trainer"):
         made = getattr(bench, name)
@@ -93,10 +99,10 @@ def test_bf16_seams_reach_the_fp8kit_layers_of_both_frameworks(tmp_path, monkeyp
         monkeypatch.setattr(bench, name, spy)
     cfg = dataclasses.replace(CONFIGS["tiny"], layers=1, seq_len=32)
     for framework in ("torch", "jax"):
-        for bf16_seams in (False, True):
+        for seams in ({}, {"float32_seams": True}):   # the default, then the opt-in
             bench.measure(framework, cfg, "delayed", "eager" if framework == "torch" else "jit",
-                          batch=2, warmup=0, steps=1, bf16_seams=bf16_seams)
-    assert seen == [True, False, True, False]
+                          batch=2, warmup=0, steps=1, **seams)
+    assert seen == [False, True, False, True]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torchao") is not None,

@@ -201,28 +201,38 @@ def test_jax_decoder_runs_a_peers_layers():
     assert seen == {k: SMALL.layers for k in seen}   # one trace of the step
 
 
-def test_jax_decoder_with_bf16_seams():
-    """JaxLayers(float32_seams=False) hands the fused calls a bf16 copy of
-    the float32 stream (TE's layers run so) and the decoder still tracks
-    the float32-seams run."""
+def test_jax_decoder_seams_are_bf16_by_default_and_float32_on_request():
+    """By default JaxLayers hands the fused calls a bf16 copy of the float32
+    stream (as TE's layers run); float32_seams=True hands them the float32
+    stream itself. The decoder learns and the two runs track each other."""
     import fp8kit.jax as fj
     from fp8kit.models import llama_jax
-    dtypes = set()
 
-    def seen(fn):
-        def call(x, *args, **kwargs):
-            dtypes.add(x.dtype)
-            return fn(x, *args, **kwargs)
-        return call
+    def spied(**kwargs):
+        dtypes = set()
 
-    layers = llama_jax.JaxLayers(seen(fj.layernorm_dense), fj.dense, seen(fj.layernorm_mlp),
-                                 llama_jax.FP8KIT_LAYERS.create_states, float32_seams=False)
-    bf16_seams = JaxTrainer(SMALL, SMALL_TRAIN, DELAYED, layers=layers)
-    float32_seams = JaxTrainer(SMALL, SMALL_TRAIN, DELAYED)
-    a = [bf16_seams.train_step() for _ in range(4)]
-    b = [float32_seams.train_step() for _ in range(4)]
-    assert dtypes == {jnp.dtype(jnp.bfloat16)}
-    assert a[-1] < a[0] - 0.3
+        def seen(fn):
+            def call(x, *args, **kw):
+                dtypes.add(x.dtype)
+                return fn(x, *args, **kw)
+            return call
+
+        layers = llama_jax.JaxLayers(seen(fj.layernorm_dense), fj.dense,
+                                     seen(fj.layernorm_mlp),
+                                     llama_jax.FP8KIT_LAYERS.create_states, **kwargs)
+        return layers, dtypes
+
+    bf16_layers, bf16_dtypes = spied()
+    float32_layers, float32_dtypes = spied(float32_seams=True)
+    assert llama_jax.FP8KIT_LAYERS.float32_seams is False
+    bf16 = JaxTrainer(SMALL, SMALL_TRAIN, DELAYED, layers=bf16_layers)
+    float32 = JaxTrainer(SMALL, SMALL_TRAIN, DELAYED, layers=float32_layers)
+    a = [bf16.train_step() for _ in range(4)]
+    b = [float32.train_step() for _ in range(4)]
+    assert bf16_dtypes == {jnp.dtype(jnp.bfloat16)}
+    assert float32_dtypes == {jnp.dtype(jnp.float32)}
+    assert a[-1] < a[0] - 0.3 and b[-1] < b[0] - 0.3
+    assert a != b   # the seams change the computation
     for x, y in zip(a, b):
         assert abs(x - y) < 0.03, (a, b)
 
