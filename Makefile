@@ -79,17 +79,18 @@ pip-test: install
 CUBLAS_WHEEL = $(PY) -c "import nvidia.cu13" 2>/dev/null || $(PIP) install -q nvidia-cublas
 
 # With nvcc on the machine (no GPU needed), compile every CUDA source for
-# sm_90 so that a CUDA build break cannot land unnoticed. cuBLASLt's headers
-# come from the nvidia-cublas wheel when the toolkit has none.
+# sm_90, and build the GoogleTest binary with its CUDA tests, so that a CUDA
+# build break in the core or in its tests cannot land unnoticed. cuBLASLt's
+# headers come from the nvidia-cublas wheel when the toolkit has none.
 cuda-compile-check: venv
 	@mkdir -p build; if command -v nvcc >/dev/null; then \
 	  $(CUBLAS_WHEEL); \
 	  cmake -S . -B build/cuda-check -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV))/bin/ninja \
 	    -DPython_EXECUTABLE=$(abspath $(PY)) -DFP8KIT_CUDA=ON -DFP8KIT_JAX=OFF -DFP8KIT_TORCH=OFF \
-	    -DFP8KIT_CUDA_ARCHITECTURES=90 >build/cuda-check.log 2>&1 || { cat build/cuda-check.log; exit 1; }; \
+	    -DFP8KIT_CUDA_ARCHITECTURES=90 -DFP8KIT_CPP_TESTS=ON >build/cuda-check.log 2>&1 || { cat build/cuda-check.log; exit 1; }; \
 	  grep -q "building with CUDA" build/cuda-check.log || { cat build/cuda-check.log; echo "CUDA not enabled"; exit 1; }; \
-	  cmake --build build/cuda-check -j $(JOBS) --target fp8kit_core; \
-	  echo "cuda-compile-check: every CUDA source compiled for sm_90"; \
+	  cmake --build build/cuda-check -j $(JOBS) --target fp8kit_core fp8kit_core_test; \
+	  echo "cuda-compile-check: every CUDA source and the CUDA GoogleTest binary built for sm_90"; \
 	else echo "cuda-compile-check: no nvcc, skipped"; fi
 
 clean:
