@@ -126,12 +126,15 @@ def test_torch_fp8_model_fuses_the_norms_and_bf16_has_no_fp8kit_layer():
         assert qkv.eps == mlp.eps == SMALL.norm_eps
 
 
-def test_torch_fused_seams_read_float32_and_match_the_unfused_layers(params):
-    """With float32 seams (the opt-in), under the model's torch.autocast the
-    fused layers read the float32 stream and weights and give float32; their
-    outputs are the unfused layers' (bf16 model, same weights) up to FP8
-    rounding."""
-    layers = dataclasses.replace(llama_torch.FP8KIT_LAYERS, float32_seams=True)
+@pytest.mark.parametrize("float32_seams", [False, True], ids=["bf16_default", "float32"])
+def test_torch_fused_seams_match_the_unfused_layers(params, float32_seams):
+    """Under the model's torch.autocast the fused layers give bf16 by
+    default, as the unfused layers do; with float32 seams (the opt-in) they
+    read the float32 stream and weights and the MLP gives float32. Either
+    way their outputs are the unfused layers' (bf16 model, same weights) up
+    to FP8 rounding, and the float32 stream gets a float32 gradient."""
+    assert llama_torch.FP8KIT_LAYERS.float32_seams is False
+    layers = dataclasses.replace(llama_torch.FP8KIT_LAYERS, float32_seams=float32_seams)
     fused = llama_torch.Llama(CFG, DelayedScaling(), layers=layers)
     unfused = llama_torch.Llama(CFG, None)
     for model in (fused, unfused):
@@ -142,31 +145,8 @@ def test_torch_fused_seams_read_float32_and_match_the_unfused_layers(params):
         got = [*fused.layers[0].attention.qkv(x), fused.layers[0].mlp(x)]
     with torch.autocast("cpu", dtype=torch.bfloat16):
         want = [*unfused.layers[0].attention.qkv(x), unfused.layers[0].mlp(x)]
-    assert [t.dtype for t in got] == [torch.bfloat16] * 3 + [torch.float32]
-    for g, w in zip(got, want):
-        g, w = g.detach().double().numpy(), w.detach().double().numpy()
-        assert 0 < _relative_rms(g, w) < 0.1   # E4M3's rounding, not a wrong weight
-    sum(t.float().sum() for t in got).backward()
-    assert x.grad.dtype == torch.float32 and torch.isfinite(x.grad).all()
-
-
-def test_torch_fused_seams_are_bf16_by_default_and_match_the_unfused_layers(params):
-    """By default the fused layers run under the model's torch.autocast and
-    give bf16, as the unfused layers do; their outputs are the unfused
-    layers' (same weights) up to FP8 rounding, and the float32 stream still
-    gets a float32 gradient."""
-    assert llama_torch.FP8KIT_LAYERS.float32_seams is False
-    fused = llama_torch.Llama(CFG, DelayedScaling())
-    unfused = llama_torch.Llama(CFG, None)
-    for model in (fused, unfused):
-        llama_torch.load_params(model, params)
-    x = torch.from_numpy(np.random.default_rng(5).normal(size=(2, 8, CFG.hidden))
-                         .astype(np.float32)).requires_grad_()
-    with torch.autocast("cpu", dtype=torch.bfloat16), ft.autocast(recipe=DelayedScaling()):
-        got = [*fused.layers[0].attention.qkv(x), fused.layers[0].mlp(x)]
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        want = [*unfused.layers[0].attention.qkv(x), unfused.layers[0].mlp(x)]
-    assert [t.dtype for t in got] == [w.dtype for w in want] == [torch.bfloat16] * 4
+    mlp_dtype = torch.float32 if float32_seams else torch.bfloat16
+    assert [t.dtype for t in got] == [torch.bfloat16] * 3 + [mlp_dtype]
     for g, w in zip(got, want):
         g, w = g.detach().double().numpy(), w.detach().double().numpy()
         assert 0 < _relative_rms(g, w) < 0.1   # E4M3's rounding, not a wrong weight
