@@ -69,8 +69,12 @@ def _loss(params, fp8_states, batch, model_cfg, recipe, layers):
     return llama_jax.cross_entropy(logits, batch[:, 1:])
 
 
-# jit-compiled once per (configs, recipe), whichever trainer calls it.
-@functools.partial(jax.jit, static_argnames=("model_cfg", "train_cfg", "recipe", "layers"))
+# jit-compiled once per (configs, recipe), whichever trainer calls it. The
+# state it replaces (params, FP8 states, optimizer moments) is donated: XLA
+# writes the new state into the old one's buffers, as PyTorch's optimizers
+# update in place, instead of holding both (12 bytes per parameter) at once.
+@functools.partial(jax.jit, static_argnames=("model_cfg", "train_cfg", "recipe", "layers"),
+                   donate_argnames=("params", "fp8_states", "opt"))
 def _train_step(params, fp8_states, opt, batch, lr, *, model_cfg, train_cfg, recipe, layers):
     if fp8_states is None:
         loss, grads = jax.value_and_grad(_loss)(params, None, batch, model_cfg, recipe, layers)
@@ -98,18 +102,23 @@ class JaxTrainer:
         if params is None:
             params = init_params(model_cfg, train_cfg.seed)
         params = llama_jax.model_params(params, recipe)
-        # Every array committed to the device, as the step's outputs are:
-        # otherwise the second step compiles the step once more.
-        self.params = jax.device_put(params, self.device)
-        self.fp8_states = jax.device_put(
-            llama_jax.create_fp8_states(model_cfg, recipe, layers), self.device)
+        self.params = self._own(params)
+        self.fp8_states = self._own(llama_jax.create_fp8_states(model_cfg, recipe, layers))
         zeros = jax.tree.map(lambda p: np.zeros(p.shape, np.float32), params)
-        self.opt_state = jax.device_put({"count": np.zeros((), np.int32), "m": zeros,
-                                         "v": zeros}, self.device)
+        self.opt_state = self._own({"count": np.zeros((), np.int32), "m": zeros, "v": zeros})
         train_tokens, _ = data.split(data.corpus())
         self.sampler = data.BatchSampler(train_tokens, train_cfg.batch, model_cfg.seq_len,
                                          train_cfg.seed)
         self.step = 0
+
+    def _own(self, tree):
+        """`tree` on the trainer's device, each leaf in a buffer of its own.
+        Committed to the device, as the step's outputs are (otherwise the
+        second step compiles the step once more); a copy of its own, since
+        the step donates it (a caller's array, or one leaf shared by two
+        places of the tree - m and v start as the same zeros - would be
+        donated from under them)."""
+        return jax.tree.map(lambda a: jax.device_put(np.array(a), self.device), tree)
 
     def train_step(self) -> float:
         """One optimizer step on the next batch; returns its loss (before the step)."""

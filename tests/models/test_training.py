@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from fp8kit.models import data
+from fp8kit.models.init import init_params
 from fp8kit.models.schedule import TrainConfig, learning_rate
 from fp8kit.models.train_jax import JaxTrainer, _adamw, _clip_by_global_norm
 from fp8kit.models.train_torch import TorchTrainer
@@ -88,6 +89,21 @@ def test_block_scaled_training_tracks_bf16(framework):
     assert block_losses[-1] < block_losses[0] - 0.5
     for a, b in zip(block_losses, bf16_losses):
         assert abs(a - b) < 0.03, (block_losses, bf16_losses)
+
+
+def test_jax_step_writes_the_new_state_over_the_old():
+    """The JAX step donates the state it replaces, as PyTorch's optimizers
+    update in place: after a step the previous params, FP8 states and
+    optimizer moments are gone (XLA reused their buffers), not held beside
+    the new ones; a caller's initial params are copied, not donated."""
+    params = init_params(SMALL, SMALL_TRAIN.seed)
+    trainer = JaxTrainer(SMALL, SMALL_TRAIN, DELAYED, params=params)
+    before = jax.tree.leaves((trainer.params, trainer.fp8_states, trainer.opt_state))
+    trainer.train_step()
+    assert all(leaf.is_deleted() for leaf in before)
+    assert not any(leaf.is_deleted() for leaf in jax.tree.leaves(trainer.params))
+    trainer.train_step()   # and the next step takes the new state
+    assert_identical(params, init_params(SMALL, SMALL_TRAIN.seed))
 
 
 def test_jax_adamw_matches_torch_adamw():
