@@ -309,15 +309,20 @@ kprofile() {
 # models.bench flags for them (e.g. "--float32-seams": fp8kit's fused
 # layers read the float32 residual stream, instead of the default bf16
 # seams).
+# MODEL_CONFIGS: which of the two configs they run (the JAX 1b alone, five
+# recipes, outlasts a 10-minute call: "8b_slice" runs the other alone).
 MODEL_RECIPES=${MODEL_RECIPES:-bf16,delayed,current,te-delayed,te-current}
+MODEL_CONFIGS=${MODEL_CONFIGS:-1b 8b_slice}
 models_in() {  # framework
-  local extra=()
+  local extra=() config batch
   read -r -a extra <<<"${MODELS_ARGS:-}"
-  (cd /tmp &&
-    "$PY" -m fp8kit.models.bench --config 1b --batch 8 --frameworks "$1" \
-      --recipes "$MODEL_RECIPES" "${extra[@]}" --json "$OUTDIR/models_1b_$1.json" &&
-    "$PY" -m fp8kit.models.bench --config 8b_slice --frameworks "$1" \
-      --recipes "$MODEL_RECIPES" "${extra[@]}" --json "$OUTDIR/models_8b_slice_$1.json")
+  for config in $MODEL_CONFIGS; do
+    batch=1
+    [ "$config" = 1b ] && batch=8   # the 1b is measured at 8 x 2048 tokens per step
+    (cd /tmp && "$PY" -m fp8kit.models.bench --config "$config" --batch "$batch" \
+      --frameworks "$1" --recipes "$MODEL_RECIPES" "${extra[@]}" \
+      --json "$OUTDIR/models_${config}_$1.json") || return 1
+  done
 }
 models() { models_in torch; }
 models_jax() { models_in jax; }
@@ -345,8 +350,11 @@ convergence() {
   (cd /tmp && "$PY" -m fp8kit.demo --config 1b --steps 1000 --batch 1 "${extra[@]}" \
     --out "$OUTDIR/convergence_1b.png")
 }
+# STEP_PROFILE_FRAMEWORKS: the decoders profiled (torch, jax or torch,jax;
+# default torch).
 step_profile() {
-  (cd /tmp && "$PY" -m fp8kit.models.step_profile --config 1b --batch 8 --frameworks torch \
+  (cd /tmp && "$PY" -m fp8kit.models.step_profile --config 1b --batch 8 \
+    --frameworks "${STEP_PROFILE_FRAMEWORKS:-torch}" \
     --recipes bf16,delayed,te-current)
 }
 
