@@ -5,7 +5,8 @@ fp8kit.jax.DelayedScalingStates, one per FP8 layer.
 The same model as fp8kit/models/llama_torch.py, computed the same way:
 float32 master weights cast to bf16 where a projection reads them, a
 float32 residual stream, norms and rotary rotation in float32, causal
-attention in bf16 (jax.nn.dot_product_attention), the output head in bf16.
+attention in bf16 (jax.nn.dot_product_attention, cuDNN's fused attention
+on a GPU: attention_implementation), the output head in bf16.
 With recipe=None every projection is a plain bf16 dot (no fp8kit call at
 all). With a recipe each layer makes three FP8 calls:
     norm_qkv  fp8kit.jax.layernorm_dense: the attention's input RMSNorm
@@ -139,13 +140,34 @@ def norm_qkv(p, states, x, cfg: LlamaConfig, recipe, layers: JaxLayers):
     return q.astype(BF16), k.astype(BF16), v.astype(BF16)
 
 
-def attention(p, states, x, cos, sin, cfg: LlamaConfig, recipe, layers: JaxLayers):
+def attention_implementation(device) -> str | None:
+    """jax.nn.dot_product_attention's implementation for a model on
+    `device`: "cudnn" on a GPU, cuDNN's fused attention, which never
+    materializes the [heads, seq, seq] scores (PyTorch's decoder gets the
+    same from scaled_dot_product_attention's flash kernel); None elsewhere:
+    JAX's default, XLA's attention, which does."""
+    return "cudnn" if device.platform == "gpu" else None
+
+
+def causal_attention(q, k, v, implementation: str | None):
+    """Causal attention of bf16 q [b, s, heads, d] over k, v [b, s, kv_heads, d]."""
+    try:
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True,
+                                            implementation=implementation)
+    except NotImplementedError:
+        # cuDNN refuses the shape (JAX checks it while tracing, e.g. a head
+        # dim above 256): XLA's attention computes the same thing.
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+
+
+def attention(p, states, x, cos, sin, cfg: LlamaConfig, recipe, layers: JaxLayers,
+              implementation: str | None = None):
     b, s, _ = x.shape
     q, k, v = norm_qkv(p, states, x, cfg, recipe, layers)
     q = apply_rope(q.reshape(b, s, cfg.heads, cfg.head_dim), cos, sin)
     k = apply_rope(k.reshape(b, s, cfg.num_kv_heads, cfg.head_dim), cos, sin)
     v = v.reshape(b, s, cfg.num_kv_heads, cfg.head_dim)
-    o = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    o = causal_attention(q, k, v, implementation)
     return project(o.reshape(b, s, cfg.hidden), p["wo"], _state(states, "wo"), recipe, layers)
 
 
@@ -165,10 +187,12 @@ def norm_mlp(p, states, x, cfg: LlamaConfig, recipe, layers: JaxLayers):
 
 
 def forward(params, fp8_states, tokens, cfg: LlamaConfig, recipe,
-            layers: JaxLayers = FP8KIT_LAYERS):
+            layers: JaxLayers = FP8KIT_LAYERS, attention_impl: str | None = None):
     """tokens int32 [batch, seq] -> float32 logits [batch, seq, vocab];
     params in model_params(..., recipe)'s layout, fp8_states from
-    create_fp8_states(cfg, recipe, layers)."""
+    create_fp8_states(cfg, recipe, layers); attention_impl:
+    jax.nn.dot_product_attention's implementation (attention_implementation
+    picks one for a device)."""
     s = tokens.shape[1]
     if s > cfg.seq_len:
         raise ValueError(f"llama_jax.forward: sequence of {s} tokens is longer than the "
@@ -177,7 +201,7 @@ def forward(params, fp8_states, tokens, cfg: LlamaConfig, recipe,
     x = params["embed"][tokens]                       # the float32 residual stream
     for i, p in enumerate(params["layers"]):
         states = None if fp8_states is None else fp8_states["layers"][i]
-        x = x + attention(p, states, x, cos, sin, cfg, recipe, layers)
+        x = x + attention(p, states, x, cos, sin, cfg, recipe, layers, attention_impl)
         x = x + norm_mlp(p, states, x, cfg, recipe, layers)
     h = rms_norm(x, params["final_norm"], cfg.norm_eps)
     # The output head stays in bf16 whatever the recipe, as FP8 training

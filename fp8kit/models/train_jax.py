@@ -63,9 +63,10 @@ def _adamw(params, grads, opt, lr, cfg: TrainConfig):
     return jax.tree.map(update, params, m, v), {"count": count, "m": m, "v": v}
 
 
-@functools.partial(jax.jit, static_argnames=("model_cfg", "recipe", "layers"))
-def _loss(params, fp8_states, batch, model_cfg, recipe, layers):
-    logits = llama_jax.forward(params, fp8_states, batch[:, :-1], model_cfg, recipe, layers)
+@functools.partial(jax.jit, static_argnames=("model_cfg", "recipe", "layers", "attention_impl"))
+def _loss(params, fp8_states, batch, model_cfg, recipe, layers, attention_impl):
+    logits = llama_jax.forward(params, fp8_states, batch[:, :-1], model_cfg, recipe, layers,
+                               attention_impl)
     return llama_jax.cross_entropy(logits, batch[:, 1:])
 
 
@@ -73,14 +74,17 @@ def _loss(params, fp8_states, batch, model_cfg, recipe, layers):
 # state it replaces (params, FP8 states, optimizer moments) is donated: XLA
 # writes the new state into the old one's buffers, as PyTorch's optimizers
 # update in place, instead of holding both (12 bytes per parameter) at once.
-@functools.partial(jax.jit, static_argnames=("model_cfg", "train_cfg", "recipe", "layers"),
+@functools.partial(jax.jit, static_argnames=("model_cfg", "train_cfg", "recipe", "layers",
+                                             "attention_impl"),
                    donate_argnames=("params", "fp8_states", "opt"))
-def _train_step(params, fp8_states, opt, batch, lr, *, model_cfg, train_cfg, recipe, layers):
+def _train_step(params, fp8_states, opt, batch, lr, *, model_cfg, train_cfg, recipe, layers,
+                attention_impl):
+    model = (batch, model_cfg, recipe, layers, attention_impl)
     if fp8_states is None:
-        loss, grads = jax.value_and_grad(_loss)(params, None, batch, model_cfg, recipe, layers)
+        loss, grads = jax.value_and_grad(_loss)(params, None, *model)
     else:
         loss, (grads, fp8_states) = jax.value_and_grad(_loss, argnums=(0, 1))(
-            params, fp8_states, batch, model_cfg, recipe, layers)
+            params, fp8_states, *model)
     grads = _clip_by_global_norm(grads, train_cfg.clip_norm)
     params, opt = _adamw(params, grads, opt, lr, train_cfg)
     return params, fp8_states, opt, loss
@@ -99,6 +103,7 @@ class JaxTrainer:
         self.model_cfg, self.train_cfg, self.recipe = model_cfg, train_cfg, recipe
         self.layers = layers
         self.device = device if device is not None else default_device()
+        self.attention_impl = llama_jax.attention_implementation(self.device)
         if params is None:
             params = init_params(model_cfg, train_cfg.seed)
         params = llama_jax.model_params(params, recipe)
@@ -126,7 +131,8 @@ class JaxTrainer:
         lr = np.float32(learning_rate(self.step, self.train_cfg))
         self.params, self.fp8_states, self.opt_state, loss = _train_step(
             self.params, self.fp8_states, self.opt_state, batch, lr, model_cfg=self.model_cfg,
-            train_cfg=self.train_cfg, recipe=self.recipe, layers=self.layers)
+            train_cfg=self.train_cfg, recipe=self.recipe, layers=self.layers,
+            attention_impl=self.attention_impl)
         self.step += 1
         return float(loss)
 
@@ -135,7 +141,8 @@ class JaxTrainer:
         scaling states are read, not updated (nothing is differentiated)."""
         losses = [float(_loss(self.params, self.fp8_states, jax.device_put(b, self.device),
                               model_cfg=self.model_cfg, recipe=self.recipe,
-                              layers=self.layers)) for b in batches]
+                              layers=self.layers, attention_impl=self.attention_impl))
+                  for b in batches]
         return sum(losses) / len(losses)
 
     # ------------------------------------------------------- checkpoints

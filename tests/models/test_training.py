@@ -106,6 +106,48 @@ def test_jax_step_writes_the_new_state_over_the_old():
     assert_identical(params, init_params(SMALL, SMALL_TRAIN.seed))
 
 
+def test_jax_attention_is_cudnns_on_a_gpu_and_xlas_elsewhere():
+    from fp8kit.models import llama_jax
+    assert JaxTrainer(SMALL, SMALL_TRAIN).attention_impl is None   # the CPU: XLA's
+    gpu, cpu = (type("Device", (), {"platform": p})() for p in ("gpu", "cpu"))
+    assert llama_jax.attention_implementation(gpu) == "cudnn"
+    assert llama_jax.attention_implementation(cpu) is None
+
+
+def _jax_gpu():
+    import fp8kit.jax as fj
+    if not fj.BUILT_WITH_CUDA:
+        return None
+    try:
+        return jax.devices("gpu")[0]
+    except RuntimeError:
+        return None
+
+
+@pytest.mark.gpu
+def test_jax_decoder_on_a_gpu_runs_cudnns_attention_and_trains_as_with_xlas():
+    """On a GPU the step's attention is cuDNN's fused kernel (no [heads,
+    seq, seq] scores in memory), and training follows XLA's attention."""
+    gpu = _jax_gpu()
+    if gpu is None:
+        pytest.skip("needs a CUDA build of fp8kit and a GPU")
+    from fp8kit.models import train_jax
+    cudnn = JaxTrainer(SMALL, SMALL_TRAIN, DELAYED, device=gpu)
+    xla = JaxTrainer(SMALL, SMALL_TRAIN, DELAYED, device=gpu)
+    xla.attention_impl = None
+    batch = jax.device_put(data.BatchSampler(data.split(data.corpus())[0], SMALL_TRAIN.batch,
+                                             SMALL.seq_len, 0).next(), gpu)
+    program = train_jax._loss.lower(cudnn.params, cudnn.fp8_states, batch, model_cfg=SMALL,
+                                    recipe=DELAYED, layers=cudnn.layers,
+                                    attention_impl=cudnn.attention_impl).as_text()
+    assert "__cudnn$fmha" in program
+    with_cudnn = [cudnn.train_step() for _ in range(6)]
+    with_xla = [xla.train_step() for _ in range(6)]
+    assert with_cudnn[-1] < with_cudnn[0] - 0.5
+    for a, b in zip(with_cudnn, with_xla):
+        assert abs(a - b) < 0.02, (with_cudnn, with_xla)
+
+
 def test_jax_adamw_matches_torch_adamw():
     """_adamw and _clip_by_global_norm against torch.optim.AdamW and
     clip_grad_norm_ (the PyTorch trainer's), in float32, over 5 steps."""
