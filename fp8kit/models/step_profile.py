@@ -74,8 +74,6 @@ def main(argv=None) -> int:
           f"{model_cfg.seq_len}, {args.steps} profiled steps after {args.warmup}", flush=True)
     for fw in frameworks:
         for recipe in recipes:
-            if fw != "torch" and recipe in bench.TE_RECIPES:
-                continue
             ctx = multiprocessing.get_context("spawn")
             with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
                 times = pool.submit(profile_run, fw, model_cfg, recipe, args.batch,
