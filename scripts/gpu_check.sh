@@ -324,8 +324,22 @@ models_in() {  # framework
       --json "$OUTDIR/models_${config}_$1.json") || return 1
   done
 }
+# TransformerEngine's install for the GPU machine puts torch's cuDNN
+# (.../nvidia/cudnn/lib) on LD_LIBRARY_PATH. With that entry, the JAX
+# decoder's cuDNN attention fails to build (CUDNN_STATUS_SUBLIBRARY_LOADING_
+# FAILED) once TE-JAX is imported; without it, TE-JAX imports and cuDNN's
+# attention runs (both seen on the H200). The JAX stages run without it.
+without_torch_cudnn() {
+  local kept
+  kept=$(tr ':' '\n' <<<"${LD_LIBRARY_PATH:-}" | grep -v -e '/nvidia/cudnn/lib' -e '^$' | paste -sd:)
+  (
+    unset LD_LIBRARY_PATH
+    [ -n "$kept" ] && export LD_LIBRARY_PATH=$kept
+    "$@"
+  )
+}
 models() { models_in torch; }
-models_jax() { models_in jax; }
+models_jax() { without_torch_cudnn models_in jax; }
 # torchao first: its compilation takes the longest (for the 1b decoder it
 # had not finished after 150 s, twice), and a call's time limit should cut
 # fp8kit's rows, which other stages measure too, rather than the peer's.
@@ -353,7 +367,7 @@ convergence() {
 # STEP_PROFILE_FRAMEWORKS: the decoders profiled (torch, jax or torch,jax;
 # default torch).
 step_profile() {
-  (cd /tmp && "$PY" -m fp8kit.models.step_profile --config 1b --batch 8 \
+  (cd /tmp && without_torch_cudnn "$PY" -m fp8kit.models.step_profile --config 1b --batch 8 \
     --frameworks "${STEP_PROFILE_FRAMEWORKS:-torch}" \
     --recipes bf16,delayed,te-current)
 }
