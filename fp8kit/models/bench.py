@@ -47,7 +47,10 @@ first step the bf16 8b_slice diverged within 13 steps), and a run whose
 final loss is more than a nat above the uniform guess ln(vocab) is marked
 diverged: its numbers time a broken training run, not the model's.
 
-tokens/s = batch x seq_len x steps / their wall time; 'x bf16' divides
+tokens/s = batch x seq_len x steps / their wall time, the host waiting
+for the device once, for the last step's loss (as a training loop that
+logs every --steps steps: each step is queued while the last one runs);
+'x bf16' divides
 it by the tokens/s of the bf16 run of the same framework and mode. Peak memory is the
 device allocator's peak over the timed steps (PyTorch on CUDA) or over the
 run (JAX, whose allocator has no reset); a CPU run reports none. On a CPU
@@ -217,9 +220,12 @@ def measure(framework: str, model_cfg, recipe_name: str, mode: str, batch: int, 
         reason = next(iter(str(e).strip().splitlines()), "")[:200]
         return {**run, "error": f"torch.compile failed: {type(e).__name__}: {reason}"}
     reset_peak()
+    # The timed steps run as a training loop that logs every `steps` steps:
+    # the host does not wait for each step's loss, so it queues the next
+    # step while the device runs this one; the clock stops once the last
+    # loss is on the host.
     t0 = time.perf_counter()
-    for _ in range(steps):
-        loss = trainer.train_step()   # returns a Python float: the step has finished
+    loss = trainer.train_steps(steps)[-1]
     seconds = time.perf_counter() - t0
     return {**run, "device": str(trainer.device),
             "tokens_per_s": batch * model_cfg.seq_len * steps / seconds,

@@ -127,6 +127,18 @@ class JaxTrainer:
 
     def train_step(self) -> float:
         """One optimizer step on the next batch; returns its loss (before the step)."""
+        return float(self._step())
+
+    def train_steps(self, n: int) -> list[float]:
+        """n optimizer steps; their losses. The host waits for the device
+        once, at the end, not after each step as train_step does: it
+        dispatches each step while the device still runs the last one, as
+        a training loop that logs every n steps would."""
+        losses = [self._step() for _ in range(n)]
+        return [float(x) for x in jax.device_get(losses)]
+
+    def _step(self) -> jax.Array:
+        """One optimizer step; its loss, on the device (not waited for)."""
         batch = jax.device_put(self.sampler.next(), self.device)
         lr = np.float32(learning_rate(self.step, self.train_cfg))
         self.params, self.fp8_states, self.opt_state, loss = _train_step(
@@ -134,7 +146,7 @@ class JaxTrainer:
             train_cfg=self.train_cfg, recipe=self.recipe, layers=self.layers,
             attention_impl=self.attention_impl)
         self.step += 1
-        return float(loss)
+        return loss
 
     def evaluate(self, batches) -> float:
         """Mean loss over NumPy batches [batch, seq_len + 1]; the FP8

@@ -92,10 +92,28 @@ class TorchTrainer:
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
 
     def _tensor(self, batch) -> torch.Tensor:
-        return torch.from_numpy(batch).long().to(self.device)
+        tokens = torch.from_numpy(batch).long()
+        if self.device.type != "cuda":
+            return tokens.to(self.device)
+        # From pageable memory a copy to the GPU waits for the stream to
+        # drain, which would make every step wait for the previous one;
+        # from pinned memory it is queued behind it.
+        return tokens.pin_memory().to(self.device, non_blocking=True)
 
     def train_step(self) -> float:
         """One optimizer step on the next batch; returns its loss (before the step)."""
+        return self._step().item()
+
+    def train_steps(self, n: int) -> list[float]:
+        """n optimizer steps; their losses. The host waits for the device
+        once, at the end, not after each step as train_step does: it
+        queues each step's kernels while the device still runs the last
+        one's, as a training loop that logs every n steps would."""
+        losses = [self._step() for _ in range(n)]
+        return torch.stack(losses).tolist() if losses else []
+
+    def _step(self) -> torch.Tensor:
+        """One optimizer step; its loss, on the device (not waited for)."""
         batch = self._tensor(self.sampler.next())
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(self.step, self.train_cfg)
@@ -105,7 +123,7 @@ class TorchTrainer:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train_cfg.clip_norm)
         self.optimizer.step()
         self.step += 1
-        return loss.item()
+        return loss.detach()
 
     @torch.no_grad()
     def evaluate(self, batches) -> float:

@@ -47,6 +47,19 @@ def test_resume_is_bit_exact(framework, tmp_path):
 
 
 @pytest.mark.parametrize("framework", TRAINERS)
+def test_steps_waited_for_at_the_end_train_as_steps_waited_for_each(framework):
+    """train_steps(n) (the host waits once) == n x train_step, bit for bit:
+    the losses, the weights, the FP8 state and the optimizer's."""
+    cls = TRAINERS[framework]
+    each, together = cls(SMALL, SMALL_TRAIN, DELAYED), cls(SMALL, SMALL_TRAIN, DELAYED)
+    want = [each.train_step() for _ in range(3)]
+    got = together.train_steps(3)
+    assert got == want and all(type(x) is float for x in got)
+    assert together.step == 3 and together.train_steps(0) == []
+    assert_identical(snapshot(together), snapshot(each))
+
+
+@pytest.mark.parametrize("framework", TRAINERS)
 def test_a_checkpoint_of_another_run_is_refused(framework, tmp_path):
     cls = TRAINERS[framework]
     cls(SMALL, SMALL_TRAIN, DELAYED).save(tmp_path / "ckpt")
