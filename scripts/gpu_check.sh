@@ -218,7 +218,10 @@ py_shard_files() {
 #    SANITIZE_XLA_ALLOCATOR picks another XLA allocator (bfc, cuda_async):
 #    compute-sanitizer's own process has segfaulted in some JAX test
 #    files (signal 11, no Python stack) under each of the three, and with
-#    XLA's command buffers off, a different set of files each run.
+#    XLA's command buffers off, a different set of files each run. It does
+#    so on a bf16 JAX decoder that runs no fp8kit kernel too
+#    (docs/results/sanitizer_56c4fa5.txt): a signal-11 file is the tool's
+#    crash, and says nothing of fp8kit.
 #  - --force-blocking-launches for every tool: with asynchronous launches
 #    that crash hit 4-5 JAX test files under each tool; with serialized
 #    ones two of four such files ran clean under synccheck (two still
@@ -242,6 +245,10 @@ py_shard_files() {
 #    default, where a failing API call is fp8kit's own bug.
 #  - Slower kernels: the hardening suite's hypothesis deadline is turned off
 #    and its child timeout raised; its example counts are quartered.
+#  - Threads: the tool deadlocks in the CUDA driver when the autograd
+#    engine's thread launches while another thread allocates, so the
+#    thread-stress checks that run backward on several threads skip here
+#    (FP8KIT_HARDENING_UNDER_SANITIZER=1; tests/hardening/stress_threads.py).
 #  - No autotuning, fp8kit's (FP8KIT_GEMM_AUTOTUNE=0; the C++ memcheck
 #    stage covers it) or XLA's (--xla_gpu_autotune_level=0): both time many
 #    candidate kernels per new shape, each slowed by the tool, and none of
@@ -260,7 +267,7 @@ sanitizer_py() {  # tool
     XLA_PYTHON_CLIENT_ALLOCATOR=${SANITIZE_XLA_ALLOCATOR:-platform} \
     FP8KIT_GEMM_AUTOTUNE=0 XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_autotune_level=0" \
     FP8KIT_HARDENING_DEADLINE_MS=none FP8KIT_HARDENING_TIMEOUT_S=3600 \
-    FP8KIT_HARDENING_EXAMPLES=0.25 \
+    FP8KIT_HARDENING_EXAMPLES=0.25 FP8KIT_HARDENING_UNDER_SANITIZER=1 \
     STAGE_NAME=sanitizer-py-$1 sharded sanitize_py_shard "$1" "$flags")
   local rc=$?
   # Every file's outcome in the stage's own log, the shards' logs in turn.

@@ -8,10 +8,12 @@ calls. Run in a child process by test_thread_stress.py."""
 from __future__ import annotations
 
 import copy
+import os
 import sys
 import threading
 
 import numpy as np
+import pytest
 import torch
 
 import fp8kit.torch as ft
@@ -143,9 +145,25 @@ def _training_run(layer, recipe, xs, dys):
     return out
 
 
+def _backward_threads_or_skip(device):
+    """compute-sanitizer (2025.3) deadlocks inside the CUDA driver when the
+    autograd engine's CUDA thread launches a kernel while another thread
+    allocates: one thread waits in the tool's handling of the launch, the
+    other for the driver's lock in cuMemAlloc (native stacks in
+    docs/results/sanitizer_56c4fa5.txt; no fp8kit lock or GIL in the cycle).
+    Without the tool these checks pass. Under the GPU sanitizer stage
+    (FP8KIT_HARDENING_UNDER_SANITIZER=1) the checks that run backward on
+    several threads at once skip on a GPU; the same kernels are sanitized in
+    tests/torch/test_torch_linear.py."""
+    if device == "cuda" and os.environ.get("FP8KIT_HARDENING_UNDER_SANITIZER"):
+        pytest.skip("backward on several threads at once deadlocks compute-sanitizer in the "
+                    "CUDA driver (docs/results/sanitizer_56c4fa5.txt)")
+
+
 def check_linear_forward_backward(device):
     """Each thread trains its own copy of a Linear (same start, same data):
     forward outputs and gradients equal one thread's, for every recipe."""
+    _backward_threads_or_skip(device)
     dev = device_or_skip(device)
     torch.manual_seed(2)
     base = ft.Linear(64, 32, device=dev)
@@ -163,6 +181,7 @@ def check_shared_linear_mixed_recipes(device):
     current scaling with gradients (stateless), delayed scaling without
     (casts with a fresh slot's own amax and records nothing), so every
     result is fixed - and a call must never see another thread's recipe."""
+    _backward_threads_or_skip(device)
     dev = device_or_skip(device)
     torch.manual_seed(3)
     layer = ft.Linear(64, 32, device=dev)
