@@ -141,6 +141,8 @@ sanitize() {  # tool, extra sanitizer flags (one string, may be empty), command.
   # reports each read of a GEMM's output (the bias add after an fp32 GEMM,
   # the activation kernel after the first MLP GEMM, the copy to the host)
   # as uninitialised, in tests whose results match their references.
+  # tests/torch/test_torch_written_outputs.py answers without the tool
+  # whether fp8kit writes every byte of its outputs (filled new memory).
   case $tool in memcheck|initcheck) extra="--check-bulk-copy yes${extra:+ $extra}" ;; esac
   extra="$extra${SANITIZE_FLAGS:+ $SANITIZE_FLAGS}"
   # shellcheck disable=SC2086  # $extra: zero or more flags, split on purpose
