@@ -75,7 +75,8 @@ def assert_written(device, case):
         differ = (p[2] != f[2]).nonzero().flatten()
         assert differ.numel() == 0, (
             f"output {i} {p[:2]}: {differ.numel()} of {p[2].numel()} bytes differ when new "
-            f"memory starts filled, the first at byte {int(differ[0])}: left unwritten")
+            f"memory starts filled, the first at byte {int(differ[0])}: left unwritten (or "
+            f"computed by a torch op whose deterministic mode, on for the fill, sums otherwise)")
 
 
 def test_a_byte_that_differs_between_the_runs_fails():
