@@ -25,7 +25,6 @@ from fp8kit.recipe import BlockScaling, CurrentScaling, DelayedScaling, Format
 from torch_reference import cuda_or_skip
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
-_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 RECIPES = {"current": CurrentScaling(), "delayed": DelayedScaling(amax_history_len=4),
            "delayed_e4m3": DelayedScaling(fp8_format=Format.E4M3, margin=1),
            "block": BlockScaling()}
