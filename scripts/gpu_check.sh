@@ -229,9 +229,11 @@ py_shard_files() {
 #    files (signal 11, no Python stack) under each of the three, and with
 #    XLA's command buffers off, a different set of files each run. It does
 #    so on a bf16 JAX decoder that runs no fp8kit kernel too
-#    (docs/results/sanitizer_56c4fa5.txt), and not with the tool kept to
-#    the Python process: such a file runs again that way
-#    (sanitize_py_shard).
+#    (docs/results/sanitizer_56c4fa5.txt). It dies only while following
+#    child processes (with --target-processes-filter python3 too); kept to
+#    the test process the same programs run clean
+#    (docs/results/sanitizer_ca6ec81.txt), so such a file runs again that
+#    way (sanitize_py_shard).
 #  - --force-blocking-launches for every tool: with asynchronous launches
 #    that crash hit 4-5 JAX test files under each tool; with serialized
 #    ones two of four such files ran clean under synccheck (two still
@@ -291,16 +293,12 @@ sanitize_py_shard() {  # tool, flags
   # the test that was running; -X faulthandler prints the Python stack of
   # a crash in the test process (none: the tool itself crashed). The shard
   # fails when any file does.
-  # The tool follows child processes (the hardening, distributed and
-  # multi-GPU sharding tests run their GPU work in children), and in some
-  # JAX files that kills it: signal 11 within seconds, during XLA's
-  # compilation, on a bf16 JAX decoder with no fp8kit kernel too, and with
-  # --target-processes-filter python3 as well. Kept to the test process
-  # (application-only) the same programs run clean, so a file whose tool
-  # died runs again that way, and its result line says so: the rerun
-  # checks the test process only, not the GPU work of its children (all
-  # of it in the hardening, distributed and sharding files). A crash of
-  # the test process itself would repeat in the rerun.
+  # A file whose tool died (signal 11: following child processes, see
+  # sanitizer_py's notes) runs again with the tool kept to the test
+  # process (application-only), and its result line says so: the rerun
+  # does not check its children's GPU work (all of it in the hardening,
+  # distributed and sharding files). A crash of the test process itself
+  # would repeat in the rerun.
   local f rc shard_rc=0 cmd rerun
   for f in $(py_shard_files); do
     echo "#### $f"
