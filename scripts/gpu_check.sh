@@ -246,10 +246,12 @@ py_shard_files() {
 #    torch wrote (torch.randn's output, say) was reported. XLA's autotuner,
 #    which runs candidates on buffers it never initialises, is off (below).
 #    It prints no backtrace (--show-backtrace no): each read of a GEMM's
-#    output is one report per element (the blind spot noted in sanitize),
-#    and a host backtrace for each made one test of test_torch_gemm outlast
-#    150 s; without them the file ran in 36 s. A report still names the
-#    reading kernel or API call, and the verbose log the test.
+#    output is a report per access (the blind spot noted in sanitize), and
+#    a host backtrace for each made one test of test_torch_gemm outlast
+#    150 s; without them the file ran in 36 s. A report then names the API
+#    call or the device function that read, which for a load inlined from
+#    a helper is the helper (fp8kit's 16-byte __ldg), not the kernel; the
+#    verbose log names the test.
 #  - racecheck is not in the default list: restricted to fp8kit's kernels
 #    it stops with "failed to handle a hardware exception" (as in the C++
 #    suite), and over every kernel of torch and XLA it would take hours.
