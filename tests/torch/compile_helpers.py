@@ -5,14 +5,9 @@ next), and the bit-for-bit comparison of compiled and eager results."""
 import pytest
 import torch
 
-from torch_reference import cuda_or_skip
+from torch_reference import DEVICES, device_of  # noqa: F401  (shared with the compile tests)
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
-
-
-def device_of(name: str) -> torch.device:
-    return cuda_or_skip() if name == "cuda" else torch.device("cpu")
 
 
 @pytest.fixture(autouse=True)

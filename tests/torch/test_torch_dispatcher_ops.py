@@ -12,17 +12,12 @@ import torch
 import fp8kit.torch as ft
 from fp8kit.torch._ext import ext
 from fp8kit.torch._fake_ops import columnwise_shape
-from torch_reference import assert_fp8_equal_reference, cuda_or_skip
+from torch_reference import DEVICES, assert_fp8_equal_reference, device_of
 
 ops = torch.ops.fp8kit
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 FP8_NAME = {E4M3: "e4m3", E5M2: "e5m2"}
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
-
-
-def device_of(name: str) -> torch.device:
-    return cuda_or_skip() if name == "cuda" else torch.device("cpu")
 
 
 def assert_bits_equal(got: torch.Tensor, want: torch.Tensor):

@@ -22,9 +22,8 @@ import torch
 
 import fp8kit.torch as ft
 from fp8kit.recipe import BlockScaling, CurrentScaling, DelayedScaling, Format
-from torch_reference import cuda_or_skip
+from torch_reference import DEVICES, device_of
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 RECIPES = {"current": CurrentScaling(), "delayed": DelayedScaling(amax_history_len=4),
            "delayed_e4m3": DelayedScaling(fp8_format=Format.E4M3, margin=1),
            "block": BlockScaling()}
@@ -82,10 +81,6 @@ def test_a_byte_that_differs_between_the_runs_fails():
     runs = iter([torch.zeros(8), torch.zeros(8).index_fill_(0, torch.tensor([5]), 1.0)])
     with pytest.raises(AssertionError, match="2 of 32 bytes differ.*byte 22"):
         assert_written(torch.device("cpu"), lambda: next(runs))
-
-
-def device_of(name: str) -> torch.device:
-    return cuda_or_skip() if name == "cuda" else torch.device("cpu")
 
 
 def _x(shape, device, seed=0, scale=1.0):

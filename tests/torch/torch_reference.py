@@ -107,6 +107,10 @@ def random_f32(n: int, seed: int) -> torch.Tensor:
     return (sign * mant * torch.pow(2.0, exp)).float()
 
 
+# The devices a test runs on: the CUDA case is a GPU test (pytest -m gpu).
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
 def cuda_or_skip() -> torch.device:
     """The CUDA device, or skip (no GPU, or an fp8kit build without CUDA)."""
     import fp8kit.torch as ft
@@ -115,3 +119,8 @@ def cuda_or_skip() -> torch.device:
     if not ft.built_with_cuda():
         pytest.skip("fp8kit was built without CUDA")
     return torch.device("cuda", torch.cuda.current_device())
+
+
+def device_of(name: str) -> torch.device:
+    """The torch device for a DEVICES name, skipping where CUDA is missing."""
+    return cuda_or_skip() if name == "cuda" else torch.device("cpu")
