@@ -22,7 +22,8 @@ import torch._dynamo.testing
 import fp8kit.torch as ft
 from fp8kit.torch._ext import ext
 from fp8kit.recipe import CurrentScaling, DelayedScaling
-from compile_helpers import DEVICES, assert_bits_equal, device_of, fresh_dynamo  # noqa: F401
+from compile_helpers import fresh_dynamo  # noqa: F401  (autouse fixture)
+from torch_reference import DEVICES, assert_bits_equal, device_of
 
 ops = torch.ops.fp8kit
 

@@ -12,20 +12,11 @@ import torch
 import fp8kit.torch as ft
 from fp8kit.torch._ext import ext
 from fp8kit.torch._fake_ops import columnwise_shape
-from torch_reference import DEVICES, assert_fp8_equal_reference, device_of
+from torch_reference import DEVICES, assert_bits_equal, assert_fp8_equal_reference, device_of
 
 ops = torch.ops.fp8kit
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 FP8_NAME = {E4M3: "e4m3", E5M2: "e5m2"}
-_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
-
-
-def assert_bits_equal(got: torch.Tensor, want: torch.Tensor):
-    assert (got.shape, got.dtype, got.device) == (want.shape, want.dtype, want.device)
-    as_int = _INT_OF_SIZE[got.element_size()]
-    assert torch.equal(got.contiguous().view(as_int), want.contiguous().view(as_int))
-
-
 def assert_absent(t: torch.Tensor, fp8_dtype: torch.dtype, device: torch.device):
     """A layout not asked for: an empty [0] tensor of the FP8 dtype."""
     assert (t.shape, t.dtype, t.device) == ((0,), fp8_dtype, device)

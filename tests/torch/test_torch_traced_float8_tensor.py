@@ -20,7 +20,8 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 import fp8kit.torch as ft
 from fp8kit.recipe import CurrentScaling
 from fp8kit.torch import Float8Tensor
-from compile_helpers import DEVICES, assert_bits_equal, device_of, fresh_dynamo  # noqa: F401
+from compile_helpers import fresh_dynamo  # noqa: F401  (autouse fixture)
+from torch_reference import DEVICES, assert_bits_equal, device_of
 
 
 

@@ -124,3 +124,13 @@ def cuda_or_skip() -> torch.device:
 def device_of(name: str) -> torch.device:
     """The torch device for a DEVICES name, skipping where CUDA is missing."""
     return cuda_or_skip() if name == "cuda" else torch.device("cpu")
+
+
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
+
+
+def assert_bits_equal(got: torch.Tensor, want: torch.Tensor):
+    """Same shape, dtype, device and bits (NaNs and signed zeros included)."""
+    assert (got.shape, got.dtype, got.device) == (want.shape, want.dtype, want.device)
+    as_int = _INT_OF_SIZE[got.element_size()]
+    assert torch.equal(got.contiguous().view(as_int), want.contiguous().view(as_int))
