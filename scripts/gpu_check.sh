@@ -3,7 +3,8 @@
 # The whole GPU run on the H200, the one script everyone uses so numbers can
 # be repeated: build with CMake (the pip path), print the device facts and
 # the capability query, run the C++ and Python GPU tests, compute-sanitizer
-# on every GPU test, then the benchmarks. Each stage writes a log to OUTDIR.
+# on every GPU test, then the benchmarks. Each stage writes a log to OUTDIR,
+# and OUTDIR/run.txt says which tree ran, when, on which GPU and how.
 #
 #   scripts/gpu_check.sh [OUTDIR]          (default: out/gpu)
 #   STAGES="build info cpp pytest sanitizer bench" scripts/gpu_check.sh
@@ -16,7 +17,10 @@
 #   compiled whole next to torchao's (each of the three fills most of a
 #   10-minute call); convergence, 1000 steps of the 1b decoder in FP8 and
 #   bf16 (CONVERGENCE_ARGS: more demo flags, e.g. "--seed 1");
-#   step_profile, where a 1b step's GPU time goes)
+#   step_profile, where a 1b step's GPU time goes; fsdp, an FSDP2 step on
+#   every GPU (scripts/fsdp_bench.py, FSDP_ARGS: its flags); power_cap,
+#   the GPU's speed against its power cap (scripts/power_cap.py,
+#   POWER_CAP_ARGS))
 #   The sanitizer stage runs each (suite, tool) pair split into
 #   SANITIZE_SHARDS processes (default 8; see sharded below), the pairs one
 #   after another on one GPU and side by side on several (one lane of pairs
@@ -26,6 +30,9 @@
 #   a cut one says so in its log; SANITIZE_DEADLINE_S bounds them all, from
 #   the script's start (none starts after it), and the stage's log lists
 #   every Python file's outcome
+#   scripts/publish_results.py OUTDIR copies the run's results into
+#   docs/results under fixed names (PUBLISH=1 does it at the end of the
+#   run, for a GPU machine that holds the checkout).
 # scripts/README.md lists this and the other tools.
 #
 # Needs: nvcc + cuBLASLt, python3 with torch and jax (the GPU machine's
@@ -34,12 +41,46 @@
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 OUTDIR=${1:-${OUT:-$REPO/out/gpu}}
+# The settings this run was given, as a command that repeats it (run.txt):
+# the environment variables this script reads, before the defaults below.
+KNOBS=(STAGES BENCH_SECTIONS PYTEST_ARGS KPROFILE_ARGS MODEL_RECIPES MODEL_CONFIGS MODELS_ARGS
+  CONVERGENCE_ARGS STEP_PROFILE_FRAMEWORKS FSDP_ARGS POWER_CAP_ARGS COMPUTE_SANITIZER
+  SANITIZE_CPP_TOOLS SANITIZE_PY_TOOLS SANITIZE_SHARDS SANITIZE_TIMEOUT_S SANITIZE_DEADLINE_S
+  SANITIZE_FLAGS SANITIZE_PY_FILES SANITIZE_XLA_ALLOCATOR SANITIZE_TARGET_PROCESSES)
+INVOCATION=""
+for knob in "${KNOBS[@]}"; do
+  [ -n "${!knob+x}" ] && INVOCATION+="$knob=\"${!knob}\" "
+done
+INVOCATION+="scripts/gpu_check.sh"
 STAGES=${STAGES:-build info cpp pytest sanitizer bench demo}
 PY=${PYTHON:-python3}
 JOBS=${JOBS:-$(nproc)}
 mkdir -p "$OUTDIR"
 : >"$OUTDIR/summary.log"
 cd "$REPO" || exit 1
+gpu_count() { nvidia-smi -L 2>/dev/null | grep -c '^GPU'; }
+# What scripts/publish_results.py writes into the header of each file it
+# publishes from this run. The tree is named by git describe; where this
+# checkout has no git (a copy of a working tree), RUN_STATE names it: the
+# describe of the tree that was copied. repo and outdir let the publisher
+# take this machine's paths out of the logs.
+run_facts() {
+  local state gpus
+  state=${RUN_STATE:-$(git -C "$REPO" describe --always --dirty 2>/dev/null)}
+  # Each model of GPU once, with its count: "NVIDIA H200", "2 x NVIDIA H200".
+  gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sort | uniq -c |
+    awk '{n = $1; sub(/^ *[0-9]+ /, "")
+          printf "%s%s%s", (NR > 1 ? ", " : ""), (n > 1 ? n " x " : ""), $0}')
+  {
+    echo "state: ${state:-unknown}"
+    echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo "gpu: ${gpus:-none}"
+    echo "command: $INVOCATION"
+    echo "repo: $REPO"
+    echo "outdir: $(cd "$OUTDIR" && pwd)"
+  } >"$OUTDIR/run.txt"
+}
+run_facts
 # JAX takes 75% of GPU memory by default; torch shares the GPU in these runs.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 export PYTHONUNBUFFERED=1
@@ -64,6 +105,8 @@ run_stage() {  # name, command...
   fi
 }
 has() { [[ " $STAGES " == *" $1 "* ]]; }
+# Prints a command, then runs it: a benchmark's log starts with what ran.
+show() { echo "\$ $*"; "$@"; }
 
 build() {
   export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
@@ -228,12 +271,11 @@ py_shard_files() {
 #    compute-sanitizer's own process has segfaulted in some JAX test
 #    files (signal 11, no Python stack) under each of the three, and with
 #    XLA's command buffers off, a different set of files each run. It does
-#    so on a bf16 JAX decoder that runs no fp8kit kernel too
-#    (docs/results/sanitizer_56c4fa5.txt). It dies only while following
-#    child processes (with --target-processes-filter python3 too); kept to
-#    the test process the same programs run clean
-#    (docs/results/sanitizer_ca6ec81.txt), so such a file runs again that
-#    way (sanitize_py_shard).
+#    so on a bf16 JAX decoder that runs no fp8kit kernel too. It dies only
+#    while following child processes (with --target-processes-filter
+#    python3 too); kept to the test process the same programs run clean,
+#    so such a file runs again that way (sanitize_py_shard). The H200 runs
+#    that showed this: git log -- 'docs/results/sanitizer*.txt'.
 #  - --force-blocking-launches for every tool: with asynchronous launches
 #    that crash hit 4-5 JAX test files under each tool; with serialized
 #    ones two of four such files ran clean under synccheck (two still
@@ -330,20 +372,27 @@ sanitize_py_shard() {  # tool, flags
 }
 # BENCH_SECTIONS picks the suite's sections (python -m fp8kit.bench
 # --sections; default all): the whole suite takes longer than one device call.
+# Each stage that writes files besides its log first removes those of an
+# earlier run into the same OUTDIR, which publish_results.py would take for
+# this run's.
 bench() {
   # The suite (python -m fp8kit.bench) measures every anchor in the same run.
   local sections=()
+  rm -rf "$OUTDIR/bench"
   [ -n "${BENCH_SECTIONS:-}" ] && sections=(--sections "$BENCH_SECTIONS")
-  (cd /tmp && "$PY" -m fp8kit.bench --full --out "$OUTDIR/bench" --plain-progress \
+  (cd /tmp && show "$PY" -m fp8kit.bench --full --out "$OUTDIR/bench" --plain-progress \
     "${sections[@]}")
 }
-demo() { (cd /tmp && "$PY" -m fp8kit.demo --out "$OUTDIR/demo_loss.png"); }
+demo() {
+  rm -f "$OUTDIR"/demo_loss.*
+  (cd /tmp && show "$PY" -m fp8kit.demo --out "$OUTDIR/demo_loss.png")
+}
 # Kernel times of one large Linear step (not a measurement of record);
 # KPROFILE_ARGS: the tool's flags, e.g. "--frameworks torch --layers compile".
 kprofile() {
   local extra=()
   read -r -a extra <<<"${KPROFILE_ARGS:-}"
-  (cd /tmp && "$PY" "$REPO/scripts/kernel_profile.py" "${extra[@]}")
+  (cd /tmp && show "$PY" "$REPO/scripts/kernel_profile.py" "${extra[@]}")
 }
 # The decoder (python -m fp8kit.models.bench; each compile of the 1b step
 # takes 1.5-2 minutes on the H200).
@@ -358,10 +407,11 @@ MODEL_CONFIGS=${MODEL_CONFIGS:-1b 8b_slice}
 models_in() {  # framework
   local extra=() config batch
   read -r -a extra <<<"${MODELS_ARGS:-}"
+  rm -f "$OUTDIR"/models_*_"$1".json
   for config in $MODEL_CONFIGS; do
     batch=1
     [ "$config" = 1b ] && batch=8   # the 1b is measured at 8 x 2048 tokens per step
-    (cd /tmp && "$PY" -m fp8kit.models.bench --config "$config" --batch "$batch" \
+    (cd /tmp && show "$PY" -m fp8kit.models.bench --config "$config" --batch "$batch" \
       --frameworks "$1" --recipes "$MODEL_RECIPES" "${extra[@]}" \
       --json "$OUTDIR/models_${config}_$1.json") || return 1
   done
@@ -390,7 +440,8 @@ models_jax() { without_torch_cudnn models_in jax; }
 models_compile() {
   local extra=()
   read -r -a extra <<<"${MODELS_ARGS:-}"
-  (cd /tmp && "$PY" -m fp8kit.models.bench --config 1b --batch 8 --frameworks torch \
+  rm -f "$OUTDIR/models_1b_compile.json"
+  (cd /tmp && show "$PY" -m fp8kit.models.bench --config 1b --batch 8 --frameworks torch \
     --recipes torchao,bf16,delayed --compile-only --steps 15 "${extra[@]}" \
     --json "$OUTDIR/models_1b_compile.json")
 }
@@ -403,15 +454,29 @@ models_compile() {
 convergence() {
   local extra=()
   read -r -a extra <<<"${CONVERGENCE_ARGS:-}"
-  (cd /tmp && "$PY" -m fp8kit.demo --config 1b --steps 1000 --batch 1 "${extra[@]}" \
+  rm -f "$OUTDIR"/convergence_1b.*
+  (cd /tmp && show "$PY" -m fp8kit.demo --config 1b --steps 1000 --batch 1 "${extra[@]}" \
     --out "$OUTDIR/convergence_1b.png")
 }
 # STEP_PROFILE_FRAMEWORKS: the decoders profiled (torch, jax or torch,jax;
 # default torch).
 step_profile() {
-  (cd /tmp && without_torch_cudnn "$PY" -m fp8kit.models.step_profile --config 1b --batch 8 \
-    --frameworks "${STEP_PROFILE_FRAMEWORKS:-torch}" \
+  (cd /tmp && without_torch_cudnn show "$PY" -m fp8kit.models.step_profile --config 1b \
+    --batch 8 --frameworks "${STEP_PROFILE_FRAMEWORKS:-torch}" \
     --recipes bf16,delayed,te-current)
+}
+# FSDP2 with one rank per GPU of the machine; FSDP_ARGS: more fsdp_bench.py
+# flags (after --ranks, so they may replace it), e.g. "--model decoder".
+fsdp() {
+  local extra=()
+  read -r -a extra <<<"${FSDP_ARGS:-}"
+  (cd /tmp && show "$PY" "$REPO/scripts/fsdp_bench.py" --ranks "$(gpu_count)" "${extra[@]}")
+}
+# Is the GPU's FP8 speed set by its power cap? POWER_CAP_ARGS: power_cap.py's flags.
+power_cap() {
+  local extra=()
+  read -r -a extra <<<"${POWER_CAP_ARGS:-}"
+  (cd /tmp && show "$PY" "$REPO/scripts/power_cap.py" "${extra[@]}")
 }
 
 has build && run_stage build build
@@ -428,7 +493,7 @@ sanitizer_lanes() {
   local pairs=() gpus lane i pids=() rc=0
   for tool in $SANITIZE_CPP_TOOLS; do pairs+=("cpp $tool"); done
   for tool in $SANITIZE_PY_TOOLS; do pairs+=("py $tool"); done
-  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  gpus=$(gpu_count)
   ((gpus >= 1)) || gpus=1
   ((gpus > ${#pairs[@]})) && gpus=${#pairs[@]}
   for ((lane = 0; lane < gpus; lane++)); do
@@ -455,4 +520,9 @@ has models_jax && run_stage models_jax models_jax
 has models_compile && run_stage models_compile models_compile
 has convergence && run_stage convergence convergence
 has step_profile && run_stage step_profile step_profile
+has fsdp && run_stage fsdp fsdp
+has power_cap && run_stage power_cap power_cap
+if [ "${PUBLISH:-0}" = 1 ]; then
+  "$PY" "$REPO/scripts/publish_results.py" "$OUTDIR" || status=1
+fi
 exit $status

@@ -149,15 +149,16 @@ def _backward_threads_or_skip(device):
     """compute-sanitizer (2025.3) deadlocks inside the CUDA driver when the
     autograd engine's CUDA thread launches a kernel while another thread
     allocates: one thread waits in the tool's handling of the launch, the
-    other for the driver's lock in cuMemAlloc (native stacks in
-    docs/results/sanitizer_56c4fa5.txt; no fp8kit lock or GIL in the cycle).
+    other for the driver's lock in cuMemAlloc (native stacks in the
+    sanitizer results' history, `git log -- docs/results`; no fp8kit lock or
+    GIL in the cycle).
     Without the tool these checks pass. Under the GPU sanitizer stage
     (FP8KIT_HARDENING_UNDER_SANITIZER=1) the checks that run backward on
     several threads at once skip on a GPU; the same kernels are sanitized in
     tests/torch/test_torch_linear.py."""
     if device == "cuda" and os.environ.get("FP8KIT_HARDENING_UNDER_SANITIZER"):
         pytest.skip("backward on several threads at once deadlocks compute-sanitizer in the "
-                    "CUDA driver (docs/results/sanitizer_56c4fa5.txt)")
+                    "CUDA driver (a tool-driver lock cycle, not an fp8kit lock)")
 
 
 def check_linear_forward_backward(device):

@@ -10,8 +10,8 @@ left unwritten would show the fill in one run and not the other.
 
 compute-sanitizer's initcheck cannot answer this on a GPU for anything
 read after a cuBLASLt GEMM: it does not see the GEMM's stores and reports
-every element of PyTorch's own matmul output as uninitialised too
-(docs/results/sanitizer_probes_18d2a1c.txt). These cases cover the
+every element of PyTorch's own matmul output as uninitialised too (seen
+in the sanitizer probes of `git log -- docs/results`). These cases cover the
 public ops and layers, with sizes off the 16-element FP8 GEMM grid so
 that padded paths run."""
 
