@@ -1,8 +1,20 @@
 # fp8kit's two commands (see README.md):
 #   make demo   installs what it needs, builds fp8kit, trains in FP8 and bf16
-#   make test   installs what it needs, runs every test (Bazel + pip install)
+#   make test   installs what it needs, runs every test once
 # Both work on a fresh Debian machine with no GPU and only package
 # registries reachable. Everything Python goes into $(VENV).
+#
+# Which runner runs which tests (docs/testing.md has the counts):
+#   Bazel  every Bazel test target of fp8kit (GoogleTest of the core, the
+#          JAX, PyTorch and hardening suites, the build-sync check), run
+#          from examples/bazel_consumer, where fp8kit is another
+#          workspace's dependency, so they also prove that use works;
+#   pip    the tests of what the installed wheel offers beyond the
+#          libraries (the decoder and its trainers, the demo and bench
+#          CLIs) and of the documentation (every README and docs/ example
+#          runs), against `pip install .`.
+# Bazel caches test results and the pip stage keeps a stamp, so a re-run
+# repeats only what a change touched.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
@@ -16,21 +28,34 @@ JOBS ?= $(shell nproc)
 PY_DEPS := torch==2.13.0 jax flax ml_dtypes numpy pybind11 scikit-build-core ninja \
            pytest pytest-xdist hypothesis absl-py matplotlib
 
-.PHONY: demo test venv system-deps install bazel-test bazel-consumer-test pip-test \
-        cuda-compile-check clean
+# The tests run against the installed wheel (the rest run under Bazel).
+WHEEL_TESTS := tests/models tests/test_bench.py tests/test_demo.py \
+               tests/test_docs_examples.py tests/test_results_table.py
+# What the wheel is built from, and what its tests read: a change to any
+# of these files runs the install, or the tests, again.
+# (wildcard: a tracked file deleted in the working tree is no input.)
+WHEEL_SOURCES := $(wildcard $(shell git ls-files -- CMakeLists.txt cmake pyproject.toml common \
+                   jax_ext torch_ext fp8kit 2>/dev/null))
+WHEEL_TEST_INPUTS := $(wildcard $(shell git ls-files -- $(WHEEL_TESTS) tests/conftest.py README.md \
+                       docs scripts 2>/dev/null))
+INSTALLED := build/wheel-installed.stamp
+WHEEL_TESTED := build/wheel-tests-passed.stamp
+
+.PHONY: demo test venv system-deps install bazel-test bazel-cuda-build pip-test clean
 
 # Run from outside the source tree so `import fp8kit` is the installed
 # package (with its compiled extensions), not ./fp8kit.
 demo: install
 	cd /tmp && "$(abspath $(PY))" -m fp8kit.demo --out "$(CURDIR)/out/demo_loss.png"
 
-test: system-deps venv cuda-compile-check bazel-test bazel-consumer-test pip-test
+test: system-deps venv bazel-test bazel-cuda-build pip-test
 	@echo "make test: all passed"
 
 $(VENV)/.deps-stamp: Makefile
+	@echo "venv: installing Python packages into $(VENV) (about a minute)"
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q $(PY_DEPS)
+	$(PIP) install --progress-bar off $(PY_DEPS) | awk '/^(Collecting|Successfully)/{print "  " $$0; fflush()}'
 	touch $@
 
 venv: $(VENV)/.deps-stamp
@@ -43,55 +68,57 @@ system-deps:
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q bazel-bootstrap libgtest-dev; \
 	fi
 
-# pip install . (CPU build; the CUDA part is compile-checked separately).
-install: venv
-	$(PIP) install -q --no-build-isolation --force-reinstall --no-deps \
-	  -Ccmake.define.FP8KIT_CUDA=OFF -Cbuild-dir=build/pip .
+# pip install . (CPU build; the CUDA part is compile-checked by
+# bazel-cuda-build). The compiler's progress is shown line by line; the
+# whole log is in build/pip-install.log.
+install: $(INSTALLED)
+$(INSTALLED): $(VENV)/.deps-stamp $(WHEEL_SOURCES)
+	@mkdir -p build/pip
+	@echo "install: compiling fp8kit's core and its two extensions (about 5 minutes on 2 cores)"
+	@$(PIP) install -v --no-build-isolation --force-reinstall --no-deps \
+	  -Ccmake.define.FP8KIT_CUDA=OFF -Cbuild-dir=build/pip . 2>&1 \
+	  | tee build/pip-install.log \
+	  | awk '/^ *\[[0-9]+\/[0-9]+\] /{print "  " $$0; fflush()}' \
+	  || { tail -n 60 build/pip-install.log; echo "install: failed (build/pip-install.log)"; exit 1; }
+	@touch $@
 
-# Every test target under Bazel: GoogleTest of the core, py_tests of both
-# front ends, the build-sync check. FP8KIT_PYTHON tells the configure rule
-# which interpreter (with jax and torch) to take headers and run tests from.
+# Every Bazel test target of fp8kit, from a workspace that depends on it
+# (examples/bazel_consumer: its own tests, then all of fp8kit's). In
+# fp8kit's own workspace every BUILD file is loaded and every target
+# analysed, without compiling the same sources a second time.
+# FP8KIT_PYTHON tells the configure rule which interpreter (with jax and
+# torch) to take headers and run tests from.
 BAZEL_ENV := PATH="$(abspath $(VENV))/bin:$$PATH" FP8KIT_PYTHON="$(abspath $(PY))"
 bazel-test: venv
-	$(BAZEL_ENV) bazel test --jobs=$(JOBS) //...
-
-# fp8kit as another workspace's dependency (examples/bazel_consumer, which
-# builds fp8kit as an external repository): its tests on the CPU, then with
-# nvcc present its C API test against the CUDA core (compile and link only).
-bazel-consumer-test: venv
-	cd examples/bazel_consumer && $(BAZEL_ENV) bazel test --jobs=$(JOBS) //...
-	@if command -v nvcc >/dev/null; then \
-	  $(CUBLAS_WHEEL); \
-	  cd examples/bazel_consumer && $(BAZEL_ENV) \
-	    bazel build --jobs=$(JOBS) --@fp8kit//:cuda=true //:c_api_test; \
-	  echo "bazel-consumer-test: C API test built against the CUDA core"; \
-	else echo "bazel-consumer-test: no nvcc, CUDA build skipped"; fi
-
-# The installed package passes the whole Python suite. Run from outside the
-# source tree so `import fp8kit` finds the installed package. pytest-xdist
-# spreads the test files over JOBS workers; --dist loadfile keeps each file
-# in one worker, so that its module-scoped fixtures are set up once.
-pip-test: install
-	cd /tmp && "$(abspath $(VENV))/bin/pytest" -q -p no:cacheprovider -n $(JOBS) --dist loadfile \
-	  "$(CURDIR)/tests"
+	$(BAZEL_ENV) bazel build --nobuild //...
+	cd examples/bazel_consumer && $(BAZEL_ENV) bazel test --jobs=$(JOBS) //... @fp8kit//...
 
 # cuBLASLt for CUDA builds on a machine whose toolkit has none.
 CUBLAS_WHEEL = $(PY) -c "import nvidia.cu13" 2>/dev/null || $(PIP) install -q nvidia-cublas
 
-# With nvcc on the machine (no GPU needed), compile every CUDA source for
-# sm_90, and build the GoogleTest binary with its CUDA tests, so that a CUDA
-# build break in the core or in its tests cannot land unnoticed. cuBLASLt's
-# headers come from the nvidia-cublas wheel when the toolkit has none.
-cuda-compile-check: venv
-	@mkdir -p build; if command -v nvcc >/dev/null; then \
+# With nvcc on the machine (no GPU needed), compile every CUDA source of
+# the core for sm_90 and link the consumer's C test and fp8kit's
+# GoogleTest binary with its CUDA tests against it, so that a CUDA build
+# break cannot land unnoticed (nothing runs there; the GPU run is
+# scripts/gpu_check.sh). Its own output tree (--platform_suffix), so the
+# CPU build's outputs stay cached.
+bazel-cuda-build: venv
+	@if command -v nvcc >/dev/null; then \
 	  $(CUBLAS_WHEEL); \
-	  cmake -S . -B build/cuda-check -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV))/bin/ninja \
-	    -DPython_EXECUTABLE=$(abspath $(PY)) -DFP8KIT_CUDA=ON -DFP8KIT_JAX=OFF -DFP8KIT_TORCH=OFF \
-	    -DFP8KIT_CUDA_ARCHITECTURES=90 -DFP8KIT_CPP_TESTS=ON >build/cuda-check.log 2>&1 || { cat build/cuda-check.log; exit 1; }; \
-	  grep -q "building with CUDA" build/cuda-check.log || { cat build/cuda-check.log; echo "CUDA not enabled"; exit 1; }; \
-	  cmake --build build/cuda-check -j $(JOBS) --target fp8kit_core fp8kit_core_test; \
-	  echo "cuda-compile-check: every CUDA source and the CUDA GoogleTest binary built for sm_90"; \
-	else echo "cuda-compile-check: no nvcc, skipped"; fi
+	  cd examples/bazel_consumer && $(BAZEL_ENV) bazel build --jobs=$(JOBS) \
+	    --@fp8kit//:cuda=true --platform_suffix=cuda //:c_api_test @fp8kit//tests/cpp:fp8kit_core_test; \
+	  echo "bazel-cuda-build: the CUDA core, the C API test and the CUDA GoogleTest binary built for sm_90"; \
+	else echo "bazel-cuda-build: no nvcc, skipped"; fi
+
+# The wheel's tests, run from outside the source tree so `import fp8kit`
+# finds the installed package. pytest-xdist spreads the test files over
+# JOBS workers; --dist loadfile keeps each file in one worker, so that its
+# module-scoped fixtures are set up once.
+pip-test: $(WHEEL_TESTED)
+$(WHEEL_TESTED): $(INSTALLED) $(WHEEL_TEST_INPUTS)
+	cd /tmp && "$(abspath $(VENV))/bin/pytest" -q -p no:cacheprovider -n $(JOBS) --dist loadfile \
+	  $(addprefix $(CURDIR)/,$(WHEEL_TESTS))
+	@touch $@
 
 clean:
 	rm -rf build $(VENV)
