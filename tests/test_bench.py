@@ -481,6 +481,52 @@ def test_bad_section_is_reported(tmp_path):
     assert rc == 2 and "nope" in err
 
 
+def _refused(argv) -> str:
+    """The one error line of a run refused before anything is measured."""
+    rc, out, err = _run(argv)
+    assert rc == 2 and out == "", out
+    (line,) = err.splitlines()
+    assert line.startswith("error: ")
+    return line
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--gemm-shapes", "64x64"], "--gemm-shapes: expected MxNxK[,MxNxK...] of positive sizes"),
+    (["--gemm-shapes", "64x64x100"], "--gemm-shapes: 64x64x100: the FP8 GEMMs need M and N "
+                                     "multiples of 8 and K a multiple of 16"),
+    (["--rounds", "0"], "--rounds=0 must be >= 1"),
+    (["--out", "{file}"], "--out: {file} exists and is not a directory"),
+    (["--no-plots", "--json", "{file}/b.json"], "--json: {file} exists and is not a directory"),
+])
+def test_bad_arguments_are_one_line_before_anything_runs(args, message, tmp_path):
+    file = tmp_path / "a_file"
+    file.write_text("")
+    argv = ["--out", str(tmp_path)] + [a.format(file=file) for a in args]
+    assert _refused(argv).startswith(f"error: {message.format(file=file)}")
+
+
+def test_missing_matplotlib_is_named_before_anything_runs(tmp_path, monkeypatch):
+    from fp8kit.bench import cli
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # as if not installed
+    assert _refused(["--out", str(tmp_path)]) == (
+        "error: matplotlib is not installed (fp8kit.bench plots its results with it): "
+        "pip install 'fp8kit[bench]', or run with --no-plots")
+    # --no-plots does without it; --json naming a directory writes bench.json inside.
+    args = cli._parser().parse_args(["--no-plots", "--json", str(tmp_path)])
+    assert cli._checked(args)[2:] == (tmp_path / "bench.json", None)
+
+
+def test_bench_extra_declares_matplotlib():
+    """What the missing-package errors of fp8kit.bench and fp8kit.demo ask
+    for: pip install 'fp8kit[bench]'."""
+    tomllib = pytest.importorskip("tomllib")
+    pyproject = pathlib.Path(os.path.realpath(__file__)).parents[1] / "pyproject.toml"
+    if not pyproject.is_file():
+        pytest.skip("pyproject.toml is not next to the tests")
+    extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
+    assert "matplotlib" in extras["bench"]
+
+
 @pytest.mark.parametrize("half,group,section", [("gemm_block", "block-scaled", "gemm"),
                                                 ("dense_jax", "JAX jit", "linear"),
                                                 ("linear_torch", "PyTorch Linear", "linear"),

@@ -132,6 +132,95 @@ def test_bad_arguments_are_reported(capsys):
     assert demo.main(["--frameworks", "mxnet", "--steps", "1"]) == 2
 
 
+# Two steps of a one-layer decoder in PyTorch only: a second per run.
+TINY = ["--steps", "2", "--batch", "1", "--seq-len", "32", "--hidden", "64", "--layers", "1",
+        "--ffn", "128", "--cpu", "--frameworks", "torch"]
+
+
+@pytest.mark.parametrize("out,written", [("existing", "existing/demo_loss.png"),
+                                         ("new/", "new/demo_loss.png"),
+                                         ("noext", "noext.png")])
+def test_out_names_the_files_written(out, written, tmp_path, capsys):
+    """A directory (existing, or a path ending in '/') gets demo_loss.png
+    and .json inside; a name without a suffix gets .png; the printed paths
+    are the files written."""
+    (tmp_path / "existing").mkdir()
+    assert demo.main(TINY + ["--out", str(tmp_path) + os.sep + out]) == 0
+    png = (tmp_path / written).resolve()
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads(png.with_suffix(".json").read_text())["runs"]
+    stdout = capsys.readouterr().out
+    assert f"loss curves: {png}\nall losses:  {png.with_suffix('.json')}\n" in stdout
+
+
+def _refused(args, capsys) -> str:
+    """The one error line of a demo refused before anything is trained."""
+    assert demo.main(args) == 2
+    out, err = capsys.readouterr()
+    assert out == "", out                    # not even the header: nothing ran
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--seq-len", "100000"], "--seq-len 100000: the held-out text has"),
+    (["--heads", "3"], "hidden=64 must be a multiple of heads=3"),
+    (["--hidden", "72"], "hidden=72 must be a multiple of 16"),
+    (["--steps", "0"], "steps must be an int >= 1"),
+    (["--seed", "-1"], "--seed=-1 must be >= 0"),
+    (["--log-every", "-5"], "--log-every=-5 must be >= 0"),
+    (["--out", "loss.jpg"], "--out loss.jpg: the plot is written as .png, .svg, .pdf"),
+])
+def test_impossible_arguments_are_one_line_before_training(args, message, capsys):
+    assert message in _refused(TINY + args, capsys)
+
+
+def test_unwritable_out_is_refused_before_training(tmp_path, capsys):
+    (tmp_path / "a_file").write_text("")
+    line = _refused(TINY + ["--out", str(tmp_path / "a_file" / "loss.png")], capsys)
+    assert line == f"error: --out: {tmp_path / 'a_file'} exists and is not a directory"
+
+
+@pytest.mark.parametrize("module,message", [
+    ("matplotlib", "matplotlib is not installed (the demo plots the loss curves with it): "
+                   "pip install 'fp8kit[bench]'"),
+    ("torch", "torch is not installed (the demo trains in it): pip install 'fp8kit[torch]', "
+              "or leave it out of --frameworks"),
+])
+def test_missing_package_is_named_before_training(module, message, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, module, None)   # as if not installed
+    assert _refused(TINY, capsys) == f"error: {message}"
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stderr_before_training(args, monkeypatch, capsys) -> str:
+    """What the demo says on stderr before it makes the initial weights
+    (which stop it here)."""
+    import fp8kit.models.init
+
+    def stop(*_):
+        raise _Stop
+    monkeypatch.setattr(fp8kit.models.init, "init_params", stop)
+    with pytest.raises(_Stop):
+        demo.main(args)
+    return capsys.readouterr().err
+
+
+def test_gpu_sized_config_on_the_cpu_warns_with_an_estimate(tmp_path, monkeypatch, capsys):
+    out = ["--out", str(tmp_path)]
+    err = _stderr_before_training(["--config", "1b", "--cpu", "--frameworks", "torch"] + out,
+                                  monkeypatch, capsys)
+    assert err.startswith("warning: 2 training run(s) of a 823M-parameter model on the CPU: "
+                          "about "), err
+    assert " days by an estimate (not a measurement" in err
+    # The demo's own run, a few minutes on 2 CPU cores, is not warned about.
+    assert _stderr_before_training(["--cpu"] + out, monkeypatch, capsys) == ""
+
+
 def test_config_gives_the_model_and_flags_override_its_sizes():
     from fp8kit.demo import cli
     from fp8kit.models.config import CONFIGS

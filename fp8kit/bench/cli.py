@@ -27,7 +27,9 @@ import pathlib
 import sys
 import time
 import traceback
+
 from fp8kit._source_tree import source_tree_hint
+from fp8kit.models import cli_support
 
 SECTIONS = ("gemm", "quantize", "linear", "overhead", "fused", "compile")
 # Sections run in this order; each is a module with cases(ctx).
@@ -55,7 +57,8 @@ def _parser():
                                 description=__doc__.split("\n\n")[1].replace("\n", " "))
     p.add_argument("--out", default=os.path.join("out", "bench"),
                    help="directory for bench.json and the PNGs (default out/bench)")
-    p.add_argument("--json", default=None, help="JSON path (default OUT/bench.json)")
+    p.add_argument("--json", default=None,
+                   help="JSON path (default OUT/bench.json; a directory: DIR/bench.json)")
     p.add_argument("--sections", default=",".join(SECTIONS),
                    help=f"comma-separated subset of {','.join(SECTIONS)} (or of "
                         f"{','.join(_PARTS)}: one part of a section)")
@@ -83,11 +86,23 @@ def _parser():
     return p
 
 
-def _shapes(text: str):
+def _shapes(text: str) -> tuple:
+    """The (M, N, K) of --gemm-shapes; ValueError for a list that is not
+    MxNxK[,MxNxK...] or a shape fp8kit's FP8 GEMMs cannot run (K, read
+    contiguously, a multiple of 16; N, the output's rows of 16 bytes, and M
+    for the block-scaled GEMM, multiples of 8)."""
     try:
-        return tuple(tuple(int(v) for v in s.lower().split("x")) for s in text.split(",") if s)
+        shapes = tuple(tuple(int(v) for v in s.lower().split("x")) for s in text.split(",") if s)
     except ValueError:
-        raise SystemExit(f"--gemm-shapes: expected MxNxK[,MxNxK...], got {text!r}") from None
+        shapes = None
+    if shapes is None or any(len(s) != 3 or min(s) < 1 for s in shapes):
+        raise ValueError(f"--gemm-shapes: expected MxNxK[,MxNxK...] of positive sizes, got "
+                         f"{text!r}")
+    for m, n, k in shapes:
+        if m % 8 or n % 8 or k % 16:
+            raise ValueError(f"--gemm-shapes: {m}x{n}x{k}: the FP8 GEMMs need M and N "
+                             "multiples of 8 and K a multiple of 16")
+    return shapes
 
 
 def _modules(sections):
@@ -98,26 +113,46 @@ def _modules(sections):
     return [(s, m) for s, mods in _MODULES.items() for m in mods if (s, m) in chosen]
 
 
-def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+def _checked(args):
+    """(sections, GEMM shapes, JSON path, plot directory or None) from the
+    arguments, the output directories created and checked writable;
+    ValueError naming a bad argument or a missing package, before anything
+    is measured."""
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     bad = [s for s in sections if s not in SECTIONS and s not in _PARTS]
     if bad or not sections:
-        print(f"--sections: unknown {bad}; choose from {', '.join(SECTIONS + tuple(_PARTS))}",
-              file=sys.stderr)
+        raise ValueError(f"--sections: unknown {bad}; choose from "
+                         f"{', '.join(SECTIONS + tuple(_PARTS))}")
+    if args.rounds is not None and args.rounds < 1:
+        raise ValueError(f"--rounds={args.rounds} must be >= 1")
+    shapes = _shapes(args.gemm_shapes)
+    cli_support.require("torch", "torch", "most of the suite's anchors are PyTorch ops")
+    plot_dir = None if args.no_plots else pathlib.Path(args.out)
+    if plot_dir is not None:
+        cli_support.require("matplotlib", "bench", "fp8kit.bench plots its results with it",
+                            "run with --no-plots")
+        cli_support.writable_dir(plot_dir, "--out")
+    json_path = (cli_support.output_path(args.json, "bench.json") if args.json
+                 else pathlib.Path(args.out) / "bench.json")
+    cli_support.writable_dir(json_path.parent, "--json" if args.json else "--out")
+    return sections, shapes, json_path, plot_dir
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        sections, shapes, json_path, plot_dir = _checked(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     # JAX must not take 75% of GPU memory: PyTorch shares the GPU in this process.
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
     try:
         import torch
-    except ImportError as e:
-        print(f"fp8kit.bench needs PyTorch (most anchors are PyTorch ops): {e}", file=sys.stderr)
-        return 2
-    try:
         import fp8kit.torch  # noqa: F401  (the compiled extension, before anything is measured)
     except ImportError as e:
-        print(f"fp8kit.bench: {e}{source_tree_hint()}", file=sys.stderr)
+        print(f"error: fp8kit.bench: {e}{source_tree_hint()}", file=sys.stderr)
         return 2
 
     from fp8kit.bench import meta, plots, progress, results, timing
@@ -126,7 +161,7 @@ def main(argv=None) -> int:
 
     has_gpu = torch.cuda.is_available()
     if args.full and not has_gpu:
-        print("--full needs a CUDA GPU: on the CPU fp8kit runs its reference kernels, which "
+        print("error: --full needs a CUDA GPU: on the CPU fp8kit runs its reference kernels, which "
               "are for correctness, not speed. Run without --full for the quick mode.",
               file=sys.stderr)
         return 2
@@ -135,20 +170,18 @@ def main(argv=None) -> int:
     if device == "cuda":
         import fp8kit.torch as ft
         if not ft.built_with_cuda():
-            print("a CUDA GPU is present but fp8kit was built without CUDA; rebuild with "
+            print("error: a CUDA GPU is present but fp8kit was built without CUDA; rebuild with "
                   "-DFP8KIT_CUDA=ON (see README) or run with CUDA_VISIBLE_DEVICES= for the "
                   "CPU quick mode.", file=sys.stderr)
             return 2
     settings = timing.Settings.quick() if quick else timing.Settings()
-    if args.rounds:
+    if args.rounds is not None:
         settings = dataclasses.replace(settings, rounds=args.rounds)
     ctx = Context(quick=quick, torch_device=device, settings=settings,
-                  gemm_shapes=_shapes(args.gemm_shapes), torch_compile=not args.no_compile)
+                  gemm_shapes=shapes, torch_compile=not args.no_compile)
     ctx.profile = ctx.claims if args.profile is None else args.profile
     claim_note = (None if ctx.claims else NOT_A_CLAIM if device == "cpu" else QUICK_ON_GPU)
 
-    out_dir = pathlib.Path(args.out)
-    json_path = pathlib.Path(args.json) if args.json else out_dir / "bench.json"
     print(f"fp8kit.bench: {'quick' if quick else 'full'} mode on {device}, sections "
           f"{', '.join(sections)}", flush=True)
     if claim_note:
@@ -189,17 +222,16 @@ def main(argv=None) -> int:
            "sections": sections, "seconds": time.perf_counter() - t0,
            "targets": summary, "errors": errors,
            "rows": [r.to_json(ctx.claims) for r in rows], "profiles": ctx.profiles}
-    json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(doc, indent=1))
     print(f"\nwrote {json_path.resolve()}")
     if ctx.profiles:
         prof_path = json_path.parent / "profile_overhead.txt"
         prof_path.write_text("".join(f"=== {t} ===\n{x}\n" for t, x in ctx.profiles.items()))
         print(f"wrote {prof_path.resolve()}")
-    if not args.no_plots:
+    if plot_dir is not None:
         note = claim_note.split(":")[0] + ": not performance claims" if claim_note else \
             f"{doc['meta'].get('device', device)}, {doc['meta']['time']}"
-        for p in plots.plot_all(rows, out_dir, note):
+        for p in plots.plot_all(rows, plot_dir, note):
             print(f"wrote {p.resolve()}")
     if claim_note:
         print(claim_note)

@@ -23,10 +23,13 @@ import sys
 import time
 
 from fp8kit._source_tree import source_tree_hint
+from fp8kit.models import cli_support
 from fp8kit.models.config import CONFIGS
 from fp8kit.models.schedule import TrainConfig
 
 FRAMEWORKS = ("jax", "torch")
+PLOT_NAME = "demo_loss.png"            # the plot's name in an --out directory
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")   # formats matplotlib writes with its own backends
 # The demo's run: 300 steps of 4 x 128 tokens, a few minutes on 2 CPU cores.
 DEMO_TRAIN = TrainConfig(steps=300, batch=4, lr=3e-3, warmup_steps=30)
 
@@ -59,8 +62,9 @@ def _parser() -> argparse.ArgumentParser:
                         "the bf16 model's layers do, so that FP8's casts alone tell the FP8 "
                         "and bf16 losses apart)")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is present")
-    p.add_argument("--out", default=os.path.join("out", "demo_loss.png"),
-                   help="loss-curve PNG (a .json with the same stem is written next to it)")
+    p.add_argument("--out", default=os.path.join("out", PLOT_NAME),
+                   help=f"loss-curve PNG (a .json with the same stem is written next to it); "
+                        f"a directory gets DIR/{PLOT_NAME}, a name without a suffix .png")
     p.add_argument("--log-every", type=int, default=0,
                    help="print the loss every N steps (default: about 10 lines per run)")
     return p
@@ -91,11 +95,7 @@ def _load_trainers(names, cpu: bool):
                 import torch
                 from fp8kit.models import llama_torch, train_torch
                 device = torch.device("cpu") if cpu else train_torch.default_device()
-                if device.type == "cpu":
-                    # The demo's matrices are small and fp8kit's CPU kernels
-                    # single-threaded: on a 2-core machine shared with other
-                    # work, torch's thread pool spin-waits (bf16 steps 40x slower).
-                    torch.set_num_threads(1)
+                cli_support.pin_torch_threads(device)
                 trainers[name] = (train_torch.TorchTrainer, device, llama_torch.FP8KIT_LAYERS)
         except ImportError as e:
             print(f"skipping {name}: {e}{source_tree_hint()}", flush=True)
@@ -112,16 +112,49 @@ def _configs(args):
     return model_cfg, train_cfg
 
 
-def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+def _out_png(text: str) -> pathlib.Path:
+    """The plot's path for --out (cli_support.output_path's rules), its
+    directory checked writable; ValueError otherwise."""
+    path = cli_support.output_path(text, PLOT_NAME)
+    if path.suffix.lower() not in PLOT_SUFFIXES:
+        raise ValueError(f"--out {text}: the plot is written as {', '.join(PLOT_SUFFIXES)}: "
+                         "end it in one of those (the JSON goes beside it) or in none")
+    cli_support.writable_dir(path.parent, "--out")
+    return path
+
+
+def _checked(args):
+    """(frameworks, LlamaConfig, TrainConfig, the plot's path) from the
+    arguments; ValueError naming a bad one or a missing package, before
+    anything is trained."""
     names = [n.strip() for n in args.frameworks.split(",") if n.strip()]
     bad = [n for n in names if n not in FRAMEWORKS]
     if bad or not names:
-        print(f"--frameworks: unknown {bad}; choose from {', '.join(FRAMEWORKS)}",
-              file=sys.stderr)
-        return 2
+        raise ValueError(f"--frameworks: unknown {bad}; choose from {', '.join(FRAMEWORKS)}")
+    for name in ("seed", "log_every"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 0")
+    model_cfg, train_cfg = _configs(args)
+    cli_support.check_seq_len(model_cfg.seq_len, evaluates=True)
+    for name in names:
+        cli_support.require(name, name, "the demo trains in it", "leave it out of --frameworks")
+    cli_support.require("matplotlib", "bench", "the demo plots the loss curves with it")
+    return names, model_cfg, train_cfg, _out_png(args.out)
+
+
+def _cpu_warning(trainers, model_cfg, train_cfg):
+    """cli_support.long_cpu_run's warning for the runs that will train on the CPU."""
+    from fp8kit.demo.run import device_name
+    tokens = train_cfg.steps * train_cfg.batch * model_cfg.seq_len
+    return cli_support.long_cpu_run(model_cfg, [
+        (tokens, is_fp8) for _, device, _ in trainers.values() if device_name(device) == "cpu"
+        for is_fp8 in (True, False)])
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
     try:
-        model_cfg, train_cfg = _configs(args)
+        names, model_cfg, train_cfg, out_png = _checked(args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -131,7 +164,6 @@ def main(argv=None) -> int:
     from fp8kit.demo import report, run
     from fp8kit.models.init import init_params
 
-    out_png = pathlib.Path(args.out)
     recipe = _recipe(args.recipe)
     recipe_name = f"{args.recipe} scaling, {recipe.fp8_format.name} format" + (
         ", float32 seams" if args.float32_seams else "")
@@ -144,11 +176,14 @@ def main(argv=None) -> int:
           flush=True)
 
     t_start = time.perf_counter()
-    params = init_params(model_cfg, train_cfg.seed)
     trainers = _load_trainers(names, args.cpu)
     if not trainers:
         print("error: neither JAX nor PyTorch could be loaded", file=sys.stderr)
         return 1
+    warning = _cpu_warning(trainers, model_cfg, train_cfg)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    params = init_params(model_cfg, train_cfg.seed)
     results = []
     for fw, (trainer_cls, device, fp8_layers) in trainers.items():
         if args.float32_seams:

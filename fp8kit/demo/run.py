@@ -42,10 +42,11 @@ def train(trainer_cls, model_cfg, train_cfg, recipe, params, device, label: str,
     val_loss = trainer.evaluate(data.eval_batches(held_out, EVAL_BATCHES, train_cfg.batch,
                                                   model_cfg.seq_len))
     framework, precision = label.split()
-    return RunResult(framework=framework, precision=precision, device=_device_name(device),
+    return RunResult(framework=framework, precision=precision, device=device_name(device),
                      losses=losses, val_loss=val_loss, tokens_per_s=tokens_per_s,
                      seconds=time.perf_counter() - t0)
 
 
-def _device_name(device) -> str:
+def device_name(device) -> str:
+    """"cpu", "gpu" (JAX) or PyTorch's device string ("cuda:0")."""
     return getattr(device, "platform", None) or str(device)

@@ -55,7 +55,10 @@ it by the tokens/s of the bf16 run of the same framework and mode. Peak memory i
 device allocator's peak over the timed steps (PyTorch on CUDA) or over the
 run (JAX, whose allocator has no reset); a CPU run reports none. On a CPU
 the FP8 runs use fp8kit's reference kernels: the numbers check that the
-benchmark works, they are not performance claims.
+benchmark works, they are not performance claims (the table says so).
+There PyTorch runs one thread, as in the demo (cli_support.pin_torch_threads
+says why), and a run estimated to take hours is warned about before it
+starts.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
+import importlib.util
 import json
 import math
 import multiprocessing
@@ -70,6 +74,7 @@ import pathlib
 import sys
 import time
 
+from fp8kit.models import cli_support
 from fp8kit.models.config import CONFIGS
 from fp8kit.models.schedule import TrainConfig
 
@@ -78,6 +83,8 @@ RECIPES = ("bf16", "delayed", "current", "block")
 TE_RECIPES = ("te-delayed", "te-current")   # TransformerEngine
 TORCHAO = "torchao"                          # torchao's Float8Linear, PyTorch only, compiled
 TORCH_ONLY = (TORCHAO,)
+CPU_NOTE = ("On the CPU the FP8 runs use fp8kit's reference kernels, written for correctness: "
+            "these numbers check that the benchmark works, they are not performance claims.")
 
 
 def _recipe(name: str):
@@ -121,7 +128,8 @@ def torch_trainer(model_cfg, train_cfg, recipe_name, params, compile: bool = Fal
     take bf16, as the bf16 model's layers do)."""
     import torch
     from fp8kit.models.llama_torch import FP8KIT_LAYERS
-    from fp8kit.models.train_torch import TorchTrainer
+    from fp8kit.models.train_torch import TorchTrainer, default_device
+    cli_support.pin_torch_threads(default_device())
     if recipe_name in TE_RECIPES:
         from fp8kit.bench import te_peer
         layers, missing = _te_layers()
@@ -233,10 +241,25 @@ def measure(framework: str, model_cfg, recipe_name: str, mode: str, batch: int, 
             "diverged": diverged(loss, model_cfg)}
 
 
-def _in_fresh_process(*args) -> dict:
+def _in_fresh_process(fn, *args):
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
-        return pool.submit(measure, *args).result()
+        return pool.submit(fn, *args).result()
+
+
+def _jax_backend() -> str:
+    import jax
+    return jax.default_backend()
+
+
+def _on_cpu() -> bool:
+    """Whether the runs will find no GPU: asked of PyTorch in this process,
+    or where only JAX is installed of JAX in a fresh one (in this one it
+    would hold GPU memory that the runs need)."""
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+        return not torch.cuda.is_available()
+    return _in_fresh_process(_jax_backend) == "cpu"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -259,7 +282,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="fp8kit's fused layers read the float32 residual stream at their "
                         "seams, keeping SwiGLU's input in float32 for backward; costs memory "
                         "(default: bf16 seams, as the bf16 model's layers and TE's have)")
-    p.add_argument("--json", help="also write the results here")
+    p.add_argument("--json", help="also write the results here (a directory: "
+                                  "DIR/models_bench.json)")
     return p
 
 
@@ -296,24 +320,53 @@ def _table(rows) -> str:
     return "\n".join(lines)
 
 
+def _checked(args):
+    """(frameworks, recipes, LlamaConfig) from the arguments, the --json
+    path resolved and checked writable; ValueError naming a bad argument or
+    a missing package, before anything runs."""
+    frameworks = choices(args.frameworks, FRAMEWORKS, "--frameworks")
+    recipes = choices(args.recipes, RECIPES + TE_RECIPES + TORCH_ONLY, "--recipes")
+    args.compile = args.compile or args.compile_only
+    if TORCHAO in recipes and not args.compile:
+        raise ValueError(f"--recipes {TORCHAO} runs compiled only (torchao's eager "
+                         "Float8Linear is slower than bf16): add --compile")
+    if args.compile and args.warmup < 1:
+        raise ValueError(f"--warmup={args.warmup} with --compile would time the "
+                         "compilation: use --warmup >= 1")
+    overrides = {k: v for k, v in (("layers", args.layers), ("seq_len", args.seq_len))
+                 if v is not None}
+    model_cfg = dataclasses.replace(CONFIGS[args.config], **overrides)
+    for name in ("batch", "warmup", "steps"):
+        if getattr(args, name) < (0 if name == "warmup" else 1):
+            raise ValueError(f"--{name}={getattr(args, name)} is too small")
+    cli_support.check_seq_len(model_cfg.seq_len, evaluates=False)
+    for fw in frameworks:
+        cli_support.require(fw, fw, "the benchmark trains in it", "leave it out of --frameworks")
+    if args.json:
+        args.json = cli_support.output_path(args.json, "models_bench.json")
+        cli_support.writable_dir(args.json.parent, "--json")
+    return frameworks, recipes, model_cfg
+
+
+def _plan(frameworks, recipes, args) -> list[tuple]:
+    """The (framework, recipe, mode) runs, in order."""
+    return [(fw, recipe, mode) for fw in frameworks for recipe in recipes
+            if fw == "torch" or recipe not in TORCH_ONLY   # torchao is PyTorch's
+            for mode in modes(fw, recipe, args.compile, args.compile_only)]
+
+
+def _long_cpu_run(plan, model_cfg, args):
+    """cli_support.long_cpu_run's warning for the planned runs (every step,
+    warm-up included, trains)."""
+    tokens = (args.warmup + args.steps) * args.batch * model_cfg.seq_len
+    return cli_support.long_cpu_run(model_cfg, [(tokens, recipe != "bf16")
+                                                for _, recipe, _ in plan])
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
-        frameworks = choices(args.frameworks, FRAMEWORKS, "--frameworks")
-        recipes = choices(args.recipes, RECIPES + TE_RECIPES + TORCH_ONLY, "--recipes")
-        args.compile = args.compile or args.compile_only
-        if TORCHAO in recipes and not args.compile:
-            raise ValueError(f"--recipes {TORCHAO} runs compiled only (torchao's eager "
-                             "Float8Linear is slower than bf16): add --compile")
-        if args.compile and args.warmup < 1:
-            raise ValueError(f"--warmup={args.warmup} with --compile would time the "
-                             "compilation: use --warmup >= 1")
-        overrides = {k: v for k, v in (("layers", args.layers), ("seq_len", args.seq_len))
-                     if v is not None}
-        model_cfg = dataclasses.replace(CONFIGS[args.config], **overrides)
-        for name in ("batch", "warmup", "steps"):
-            if getattr(args, name) < (0 if name == "warmup" else 1):
-                raise ValueError(f"--{name}={getattr(args, name)} is too small")
+        frameworks, recipes, model_cfg = _checked(args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -322,21 +375,22 @@ def main(argv=None) -> int:
           f"{args.batch} x seq {model_cfg.seq_len} = {args.batch * model_cfg.seq_len} "
           f"tokens/step, {args.warmup} warmup + {args.steps} timed steps; fp8kit's fused "
           f"layers with {_seams_name(args.float32_seams)} seams", flush=True)
+    plan = _plan(frameworks, recipes, args)
+    on_cpu = _on_cpu()
+    if on_cpu and (warning := _long_cpu_run(plan, model_cfg, args)):
+        print(warning, file=sys.stderr, flush=True)
     rows = []
-    for fw in frameworks:
-        for recipe in recipes:
-            if fw != "torch" and recipe in TORCH_ONLY:
-                continue   # torchao is PyTorch's
-            for mode in modes(fw, recipe, args.compile, args.compile_only):
-                print(f"  {fw} {recipe} {mode} ...", end=" ", flush=True)
-                rows.append(_in_fresh_process(fw, model_cfg, recipe, mode, args.batch,
-                                              args.warmup, args.steps, args.float32_seams))
-                print(_summary(rows[-1]), flush=True)
-                # After every run, so a run cut short by a time limit keeps what it measured.
-                if args.json:
-                    _write_json(args.json, args.config, model_cfg, args.batch,
-                                args.float32_seams, rows)
+    for fw, recipe, mode in plan:
+        print(f"  {fw} {recipe} {mode} ...", end=" ", flush=True)
+        rows.append(_in_fresh_process(measure, fw, model_cfg, recipe, mode, args.batch,
+                                      args.warmup, args.steps, args.float32_seams))
+        print(_summary(rows[-1]), flush=True)
+        # After every run, so a run cut short by a time limit keeps what it measured.
+        if args.json:
+            _write_json(args.json, args.config, model_cfg, args.batch, args.float32_seams, rows)
     print(_table(rows))
+    if on_cpu:
+        print(CPU_NOTE)
     return 0
 
 
@@ -351,10 +405,8 @@ def _seams_name(float32_seams: bool) -> str:
     return "float32" if float32_seams else "bf16"
 
 
-def _write_json(path: str, config: str, model_cfg, batch: int, float32_seams: bool,
+def _write_json(out: pathlib.Path, config: str, model_cfg, batch: int, float32_seams: bool,
                 rows) -> None:
-    out = pathlib.Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"config": config, "model": dataclasses.asdict(model_cfg),
                                "batch": batch, "fp8kit_seams": _seams_name(float32_seams),
                                "runs": rows}, indent=1))

@@ -6,6 +6,7 @@ that does not compile is reported, not fatal."""
 import dataclasses
 import importlib.util
 import json
+import sys
 
 import pytest
 import torch
@@ -135,6 +136,7 @@ def test_a_model_that_does_not_compile_is_reported(monkeypatch):
 
 
 @pytest.mark.parametrize("args,message", [
+    (["--seq-len", "2000000"], "--seq-len 2000000: the training text has"),
     (["--recipes", "fp4"], "--recipes: unknown ['fp4']"),
     (["--recipes", "bf16,torchao"], "--recipes torchao runs compiled only"),
     (["--compile", "--warmup", "0"], "--warmup=0 with --compile would time the compilation"),
@@ -145,6 +147,66 @@ def test_a_model_that_does_not_compile_is_reported(monkeypatch):
 def test_bad_arguments_are_reported(args, message, capsys):
     assert bench.main(args) == 2
     assert message in capsys.readouterr().err
+
+
+def test_unwritable_json_is_refused_before_any_run(tmp_path, capsys):
+    (tmp_path / "a_file").write_text("")
+    assert bench.main(SMOKE + ["--json", str(tmp_path / "a_file" / "b.json")]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == f"error: --json: {tmp_path / 'a_file'} exists and is not a directory\n"
+
+
+def test_missing_framework_is_named_before_any_run(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "jax", None)   # as if not installed
+    assert bench.main(SMOKE) == 2
+    assert capsys.readouterr().err == (
+        "error: jax is not installed (the benchmark trains in it): pip install 'fp8kit[jax]', "
+        "or leave it out of --frameworks\n")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU run makes no CPU disclaimer")
+def test_cpu_table_says_its_numbers_are_not_performance_claims(tmp_path, monkeypatch, capsys):
+    """...and --json naming a directory writes models_bench.json inside it."""
+    def run(fn, framework, model_cfg, recipe, mode, *args):   # made-up numbers, at once
+        return {"framework": framework, "recipe": recipe, "mode": mode, "device": "cpu",
+                "tokens_per_s": 1000.0, "step_ms": 1.0, "peak_memory_bytes": None,
+                "last_loss": 5.0, "diverged": False}
+    monkeypatch.setattr(bench, "_in_fresh_process", run)
+    assert bench.main(SMOKE + ["--json", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert lines[-1] == bench.CPU_NOTE and lines[-2].startswith("jax       block")
+    assert "fp8kit's reference kernels" in lines[-1] and "not performance claims" in lines[-1]
+    assert len(json.loads((tmp_path / "models_bench.json").read_text())["runs"]) == 8
+    assert captured.err == ""                    # a tiny run: no estimate warning
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the warning is for CPU runs")
+@pytest.mark.parametrize("config", ["1b", "8b_slice"])
+def test_gpu_sized_config_on_the_cpu_warns_up_front(config, monkeypatch, capsys):
+    class FirstRun(Exception):
+        pass
+
+    def first_run(*args):
+        raise FirstRun   # stops main before anything trains
+    monkeypatch.setattr(bench, "_in_fresh_process", first_run)
+    with pytest.raises(FirstRun):
+        bench.main(["--config", config])
+    err = capsys.readouterr().err
+    assert err.startswith("warning: 8 training run(s) of a "), err
+    assert " by an estimate (not a measurement" in err and "meant for a GPU" in err
+
+
+def test_cpu_runs_pin_torch_to_one_thread(monkeypatch):
+    """As the demo does: PyTorch's thread pool, spin-waiting on a small
+    machine, made the bf16 runs' speed and so the ratios vary from run to
+    run."""
+    threads = []
+    monkeypatch.setattr(torch, "set_num_threads", threads.append)
+    cfg = dataclasses.replace(CONFIGS["tiny"], layers=1, seq_len=32)
+    bench.measure("torch", cfg, "bf16", "eager", batch=1, warmup=0, steps=1)
+    assert threads == ([] if torch.cuda.is_available() else [1])
 
 
 def test_a_run_far_above_the_uniform_guess_is_marked_diverged():
