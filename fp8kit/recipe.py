@@ -7,6 +7,13 @@ written once, in common/include/fp8kit/tensor.h:
     q = saturate(round_to_nearest_even(x * scale)),  x ~= q * scale_inv,
     scale_inv = 1 / scale.
 
+saturate applies to finite values only: +-inf becomes NaN in E4M3 (which
+has no inf) and stays +-inf in E5M2, and NaN stays NaN, so an inf or NaN
+that reaches an FP8 layer makes every output it touches non-finite, as in
+bf16. A non-finite amax never becomes a scale: delayed scaling keeps the
+previous scales, current scaling and each block of block scaling use
+scale 1 for that step, so finite values beside the inf stay finite.
+
 The per-tensor recipes' forward_fast_accumulation picks the forward GEMM's
 accumulation: the tensor cores' fast (native-precision) accumulation, or
 FP32-promoted ("split") accumulation, which the gradient GEMMs always use

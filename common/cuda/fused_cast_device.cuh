@@ -86,10 +86,7 @@ __device__ __forceinline__ void fold_amax8(const float (&v)[8], uint32_t& amax_b
 // one correctly rounded multiply, then the conversion.
 template <bool kE4M3>
 __device__ __forceinline__ uint2 cast8_values(const float (&v)[8], float scale) {
-  float y[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) y[j] = __fmul_rn(v[j], scale);
-  return make_uint2(cvt4<kE4M3>(y[0], y[1], y[2], y[3]), cvt4<kE4M3>(y[4], y[5], y[6], y[7]));
+  return quantize8<kE4M3>(v, scale);
 }
 
 // The end of a pass, by every thread of the block: the block's amax (one

@@ -33,8 +33,9 @@
 // rowwise store writes 8 rows of 32 bytes and a columnwise one 4 rows of
 // 64: whole 32-byte sectors.
 //
-// The scale and the cast are the CPU reference's (compute_scale.h and the
-// conversion cvt4 checks against fp8_convert.h), so both give the same bits.
+// The scale and the cast are the CPU reference's (compute_scale.h, and
+// quantize4, which gives fp8_convert.h's quantize_to_fp8), so both give the
+// same bits.
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -186,10 +187,10 @@ __device__ __forceinline__ int row_scale_slot(int row) {
 // Row k of a part times its scale, as 8 FP8 bytes (.x = elements 0..3).
 template <int kIn, bool kE4M3>
 __device__ __forceinline__ uint2 scale_cast8(const Raw8<kIn>& raw, float scale) {
-  float y[kPart];
+  float x[kPart];
 #pragma unroll
-  for (int j = 0; j < kPart; ++j) y[j] = __fmul_rn(raw_get<kIn>(raw, j), scale);
-  return make_uint2(cvt4<kE4M3>(y[0], y[1], y[2], y[3]), cvt4<kE4M3>(y[4], y[5], y[6], y[7]));
+  for (int j = 0; j < kPart; ++j) x[j] = raw_get<kIn>(raw, j);
+  return quantize8<kE4M3>(x, scale);
 }
 
 // Elements 4h .. 4h + 3 of row k of a part times their columns' scales,
@@ -197,10 +198,10 @@ __device__ __forceinline__ uint2 scale_cast8(const Raw8<kIn>& raw, float scale) 
 template <int kIn, bool kE4M3>
 __device__ __forceinline__ uint32_t scale_cast4(const Raw8<kIn>& raw, int h,
                                                 const float (&scale)[4]) {
-  float y[4];
+  float x[4];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) y[j] = __fmul_rn(raw_get<kIn>(raw, 4 * h + j), scale[j]);
-  return cvt4<kE4M3>(y[0], y[1], y[2], y[3]);
+  for (int j = 0; j < 4; ++j) x[j] = raw_get<kIn>(raw, 4 * h + j);
+  return quantize4<kE4M3>(x, scale, 0);
 }
 
 // 8 FP8 bytes (.x = 0..3) to out[0 .. valid): one 8-byte store where

@@ -127,14 +127,14 @@ __device__ __forceinline__ void load_raw8_partial(const void* __restrict__ base,
 // Four floats to four FP8 bytes (little-endian: a is byte 0). On sm_89+ the
 // cvt.rn.satfinite.{e4m3,e5m2}x2.f32 instruction rounds to nearest even,
 // saturates finite overflow and +-inf to +-max and gives 0x7F for NaN:
-// exactly fp8_convert.h's rules (tests/cpp/quantize_test.cc checks all 2^32
-// float32 inputs on the GPU). Define FP8KIT_FP8_SOFTWARE_CVT to use the
-// software conversion instead.
+// exactly fp8_convert.h's satfinite conversion (tests/cpp/quantize_test.cc
+// checks all 2^32 float32 inputs on the GPU). Define
+// FP8KIT_FP8_SOFTWARE_CVT to use the software conversion instead.
 template <bool kE4M3>
 __device__ __forceinline__ uint32_t cvt4(float a, float b, float c, float d) {
 #if defined(FP8KIT_FP8_SOFTWARE_CVT) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890)
   auto f = [](float x) -> uint32_t {
-    return kE4M3 ? float_to_e4m3_bits(x) : float_to_e5m2_bits(x);
+    return kE4M3 ? float_to_e4m3_satfinite(x) : float_to_e5m2_satfinite(x);
   };
   return f(a) | (f(b) << 8) | (f(c) << 16) | (f(d) << 24);
 #else
@@ -145,19 +145,48 @@ __device__ __forceinline__ uint32_t cvt4(float a, float b, float c, float d) {
 #endif
 }
 
+// Elements x[k .. k+3] times scale[k .. k+3] to four FP8 bytes (x[k] is
+// byte 0): quantize_to_fp8 of fp8_convert.h, byte for byte. cvt4 converts
+// the products; an infinite element, which satfinite saturates, then gets
+// fp8_code_of_inf instead.
+template <bool kE4M3, int N>
+__device__ __forceinline__ uint32_t quantize4(const float (&x)[N], const float (&scale)[N],
+                                              int k) {
+  float y[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) y[j] = __fmul_rn(x[k + j], scale[k + j]);
+  uint32_t q = cvt4<kE4M3>(y[0], y[1], y[2], y[3]);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if (is_inf_float(x[k + j])) {
+      q = (q & ~(0xffu << (8 * j))) | (uint32_t(fp8_code_of_inf<kE4M3>(y[j])) << (8 * j));
+    }
+  }
+  return q;
+}
+
+// Eight elements, all with one scale, to eight FP8 bytes (.x = elements
+// 0..3).
+template <bool kE4M3>
+__device__ __forceinline__ uint2 quantize8(const float (&x)[8], float scale) {
+  float s[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) s[j] = scale;
+  return make_uint2(quantize4<kE4M3>(x, s, 0), quantize4<kE4M3>(x, s, 4));
+}
+
 // Scales and casts 8 raw elements to 8 FP8 bytes (.x = elements 0..3), and
 // folds their |x| into amax_bits (largest |x| bit pattern: NaN-propagating,
 // see amax_cpu.cc).
 template <int kIn, bool kE4M3>
 __device__ __forceinline__ uint2 cast8(const Raw8<kIn>& r, float scale, uint32_t& amax_bits) {
-  float y[8];
+  float x[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const float x = raw_get<kIn>(r, i);
-    amax_bits = max(amax_bits, __float_as_uint(x) & 0x7fffffffu);
-    y[i] = __fmul_rn(x, scale);
+    x[i] = raw_get<kIn>(r, i);
+    amax_bits = max(amax_bits, __float_as_uint(x[i]) & 0x7fffffffu);
   }
-  return make_uint2(cvt4<kE4M3>(y[0], y[1], y[2], y[3]), cvt4<kE4M3>(y[4], y[5], y[6], y[7]));
+  return quantize8<kE4M3>(x, scale);
 }
 
 // ------------------------------------------------------- 8x8 transpose ----

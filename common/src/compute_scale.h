@@ -22,6 +22,8 @@ FP8KIT_HD bool is_finite_float(float x) {
 
 FP8KIT_HD bool is_nan_float(float x) { return (float_to_bits(x) & 0x7fffffffu) > 0x7f800000u; }
 
+FP8KIT_HD bool is_inf_float(float x) { return (float_to_bits(x) & 0x7fffffffu) == 0x7f800000u; }
+
 // a / b, correctly rounded, on host and device alike.
 FP8KIT_HD float div_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
@@ -73,18 +75,33 @@ FP8KIT_HD float clamp_scale(float scale) {
   return scale;
 }
 
+// The smallest scale a computed scale may have: fp8_max * (1 / scale), the
+// largest dequantized value, is then at most FLT_MAX (so a finite input
+// never dequantizes to inf), and so it is for every larger scale, rounding
+// being monotone. fp8_max / FLT_MAX: 1.75 * 2^-120 (E4M3), 1.75 * 2^-113
+// (E5M2), both rounded up by one ulp.
+FP8KIT_HD float min_computed_scale(float fp8_max) {
+  return div_rn(fp8_max, bits_to_float(kFloatMaxBits));
+}
+
 // Current scaling: the scale for a tensor whose max |x| is `amax`.
 //   - amax zero, NaN or inf (the tensor is all zeros or holds a non-finite
 //     value), or negative (not a valid amax): 1;
-//   - otherwise fp8_max / max(amax, epsilon), clamped as above;
+//   - otherwise fp8_max / max(amax, epsilon), clamped as above; this is at
+//     least min_computed_scale, the divisor being at most FLT_MAX;
 //   - power_2_scale: then rounded down to a power of two (the float32
-//     mantissa cleared), so that scale_inv is exact.
+//     mantissa cleared), so that scale_inv is exact, but to the power of
+//     two above when that would fall below min_computed_scale (amax above
+//     1.75 * 2^127, where 2^-120 would dequantize E4M3 256 to 2^128 = inf).
 FP8KIT_HD float current_scale_from_amax(float amax, float fp8_max, float epsilon,
                                         bool power_2_scale) {
   if (!is_finite_float(amax) || !(amax > 0.0f)) return 1.0f;
   const float denom = amax < epsilon ? epsilon : amax;
   float scale = clamp_scale(div_rn(fp8_max, denom));
-  if (power_2_scale) scale = bits_to_float(float_to_bits(scale) & 0xff800000u);
+  if (power_2_scale) {
+    scale = bits_to_float(float_to_bits(scale) & 0xff800000u);
+    if (scale < min_computed_scale(fp8_max)) scale = mul_rn(scale, 2.0f);
+  }
   return scale;
 }
 

@@ -118,7 +118,7 @@ void gemm_cpu(const GemmProblem& p) {
           } else if (mag > amax) {
             amax = mag;
           }
-          static_cast<uint8_t*>(p.d)[idx] = float_to_fp8_bits(v * d_scale, p.d_dtype);
+          static_cast<uint8_t*>(p.d)[idx] = quantize_to_fp8(v, d_scale, p.d_dtype);
         } else {
           store_high_precision(p.d, p.d_dtype, idx, v);
         }

@@ -47,7 +47,7 @@ void cast_block(const void* in, int64_t rows, int64_t cols, const Rect& b, float
                 fp8kit_dtype fp8_dtype, uint8_t* data, uint8_t* columnwise) {
   for (int64_t r = b.r0; r < b.r1; ++r) {
     for (int64_t c = b.c0; c < b.c1; ++c) {
-      const uint8_t q = float_to_fp8_bits(mul_rn(Load::load(in, r * cols + c), scale), fp8_dtype);
+      const uint8_t q = quantize_to_fp8(Load::load(in, r * cols + c), scale, fp8_dtype);
       if (data) data[r * cols + c] = q;
       if (columnwise) columnwise[c * rows + r] = q;
     }

@@ -29,8 +29,7 @@ float quantize_2d(const void* in, int64_t rows, int64_t cols, float scale, uint8
         for (int64_t c = c0; c < c1; ++c) {
           const float x = Load::load(in, r * cols + c);
           amax_bits = std::max(amax_bits, float_to_bits(x) & 0x7fffffffu);
-          const float y = mul_rn(x, scale);
-          const uint8_t q = kE4M3 ? float_to_e4m3_bits(y) : float_to_e5m2_bits(y);
+          const uint8_t q = quantize_to_fp8<kE4M3>(x, scale);
           if (data) data[r * cols + c] = q;
           if (columnwise) columnwise[c * rows + r] = q;
         }

@@ -3,9 +3,11 @@
 
 The rule, per block, is current scaling's (common/include/fp8kit/block_scaling.h
 states it exactly, with the scale layout): scale = fp8_max / max(amax,
-amax_epsilon), rounded down to a power of two when power_2_scale; a block of
+amax_epsilon), rounded down to a power of two when power_2_scale but never
+below fp8_max / FLT_MAX (so no finite value dequantizes to inf); a block of
 zeros, or one holding a NaN or an inf, gets scale 1; q = saturate(rne(x *
-scale)); only scale_inv = 1 / scale is kept. Bit-identical on CPU and CUDA.
+scale)) for finite x, an inf or NaN element staying non-finite (NaN in
+E4M3); only scale_inv = 1 / scale is kept. Bit-identical on CPU and CUDA.
 Sharded inputs are quantized shard by shard, each device holding whole
 blocks (_sharding_block.py says which shardings are refused).
 """

@@ -153,6 +153,9 @@ def dense(x, kernel, bias=None, *, state: Optional[DelayedScalingState] = None, 
             cotangent - see fp8kit/jax/delayed_scaling.py), CurrentScaling
             or BlockScaling (no state; block-scaled GEMMs need a device
             where supports_block_scaled_fp8_gemm: Hopper, or the CPU).
+    An inf or NaN in x, kernel or the gradient is never saturated: the
+    outputs it reaches are non-finite, as in bf16 (fp8kit.recipe says how
+    the scales treat it).
     """
     _linear.check_recipe_state(_FN, recipe, state)
     _checks.high_precision(_FN, "x", x)

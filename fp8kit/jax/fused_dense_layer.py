@@ -109,6 +109,9 @@ def layernorm_dense(x, gamma, beta, kernel, bias=None, *, normalization: str = "
     recipe:      fp8kit.recipe.DelayedScaling (then `state` is required:
                  DelayedScalingState.create(recipe), updated through its
                  cotangent), CurrentScaling or BlockScaling (no state).
+    An inf or NaN in x or a weight is never saturated: the outputs it
+    reaches are non-finite, as in bf16 (fp8kit.recipe says how the scales
+    treat it).
     """
     x, gamma, beta, epsilon = steps.check_norm_args(_FN, x, gamma, beta, normalization, epsilon)
     _linear.check_recipe_state(_FN, recipe, state)

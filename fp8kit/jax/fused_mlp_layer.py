@@ -174,6 +174,9 @@ def layernorm_mlp(x, gamma, beta, kernel_1, kernel_2, bias_1=None, bias_2=None, 
                   DelayedScalingState.create(recipe, num_linears=2), updated
                   through its cotangent), CurrentScaling or BlockScaling (no
                   state).
+    An inf or NaN in x or a weight is never saturated: the outputs it
+    reaches are non-finite, as in bf16 (fp8kit.recipe says how the scales
+    treat it).
     """
     x, gamma, beta, epsilon = steps.check_norm_args(_FN, x, gamma, beta, normalization, epsilon)
     _linear.check_recipe_state(_FN, recipe, state, num_linears=2)

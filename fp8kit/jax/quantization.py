@@ -3,8 +3,9 @@ scale), quantize_current_scaling (scale from this tensor's amax),
 compute_scale, dequantize.
 
 Scale convention (fp8kit/tensor.h): q = saturate(rne(x * scale)),
-x ~= q * scale_inv, scale_inv = 1 / scale. Rounding, saturation (inf
-included) and NaN handling (NaN -> 0x7F in both formats) are the core's,
+x ~= q * scale_inv, scale_inv = 1 / scale. Rounding, saturation (of
+finite values only: +-inf becomes NaN in E4M3 and stays +-inf in E5M2)
+and NaN handling (NaN -> 0x7F in both formats) are the core's,
 bit-identical on CPU and CUDA. Sharded inputs get the global amax (and so
 one global scale); see _sharding.py.
 """

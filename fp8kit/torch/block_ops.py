@@ -6,8 +6,10 @@ Block scaling (common/include/fp8kit/block_scaling.h): one float32 scale per
 ("block_128x128": weights) of each stored copy, from that block's own amax:
     scale = fp8_max / max(amax, amax_epsilon)   (1 for a block of zeros or
             one holding a NaN or inf; rounded down to a power of two with
-            power_2_scale)
-    q = saturate(round_to_nearest_even(x * scale)),  x ~= q * scale_inv.
+            power_2_scale, but never below fp8_max / FLT_MAX, so that no
+            finite value dequantizes to inf)
+    q = saturate(round_to_nearest_even(x * scale)),  x ~= q * scale_inv,
+    saturating finite values only (an inf or NaN stays non-finite).
 A copy's scales are a float32 [outer, inner] tensor in the layout cuBLASLt
 reads on Hopper (block_scale_inv_shape). The rowwise copy has the tensor's
 shape; the columnwise copy is its [shape[-1], prod(shape[:-1])] transpose,

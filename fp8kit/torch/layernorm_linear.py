@@ -32,6 +32,10 @@ the GEMMs as it is, and its slot records nothing.
 state_dict keys: layer_norm_weight, layer_norm_bias (LayerNorm only),
 weight [out_features, in_features], bias, _extra_state (fp8kit's
 _fused_module docstring describes it).
+
+An inf or NaN in the input or a weight is never saturated: the outputs it
+reaches are non-finite, as in bf16 (fp8kit.recipe says how the scales treat
+it).
 """
 
 from __future__ import annotations

@@ -42,6 +42,10 @@ goes to the GEMMs as it is, and its slot records nothing.
 state_dict keys: layer_norm_weight, layer_norm_bias (LayerNorm only),
 fc1_weight, fc1_bias, fc2_weight, fc2_bias, _extra_state (the
 _fused_module docstring describes it; gemms "fc1" and "fc2").
+
+An inf or NaN in the input or a weight is never saturated: the outputs it
+reaches are non-finite, as in bf16 (fp8kit.recipe says how the scales treat
+it).
 """
 
 from __future__ import annotations

@@ -65,6 +65,10 @@ one entry per recipe, each with the recipe's scaling parameters as a dict
 of str/int/float/bool, the delayed-scaling history, scale and scale_inv,
 and which slots are seeded. Loading checks every entry and names a
 missing, mistyped or corrupt one.
+
+An inf or NaN in the input or a weight is never saturated: the outputs it
+reaches are non-finite, as in bf16 (fp8kit.recipe says how the scales treat
+it).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 bindings in fp8kit._torch_ext (one call each into the core's C API).
 
 Scale convention (common/include/fp8kit/tensor.h):
-    q = saturate(round_to_nearest_even(x * scale)),  x ~= q * scale_inv.
+    q = saturate(round_to_nearest_even(x * scale)),  x ~= q * scale_inv,
+saturating finite values only (+-inf -> NaN in E4M3, +-inf in E5M2).
 Outputs are allocated by PyTorch on the input's device; CUDA work runs on
 PyTorch's current stream. Inputs that are not contiguous are copied to a
 contiguous tensor first.

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "block_test_util.h"
@@ -116,7 +117,7 @@ TEST(BlockScalingQuantize, OneCopyAtATimeAndEpsilonMatchModel) {
 
 // Blocks of a [256, 256] tensor: (0,0) zeros (and -0), (0,1) holding a NaN,
 // (1,0) holding +inf, (1,1) ordinary values; checked against the model and
-// against the rule's stated outcomes.
+// against the rule's stated outcomes, in both formats.
 TEST(BlockScalingQuantize, ZeroAndNonFiniteBlocks) {
   std::vector<float> x = qtest::random_values(256 * 256, 2.0f, 3, false);
   for (int r = 0; r < 128; ++r) {
@@ -125,18 +126,22 @@ TEST(BlockScalingQuantize, ZeroAndNonFiniteBlocks) {
   x[size_t(5 * 256 + 200)] = NAN;
   x[size_t(200 * 256 + 5)] = INFINITY;
   const std::vector<uint8_t> input = qtest::encode_input(x, FP8KIT_FLOAT32);
-  for (fp8kit_scaling_mode mode : kModes) {
+  for (auto [mode, fp8] : {std::pair{FP8KIT_SCALING_BLOCK_1X128, FP8KIT_E4M3},
+                           {FP8KIT_SCALING_BLOCK_128X128, FP8KIT_E4M3},
+                           {FP8KIT_SCALING_BLOCK_1X128, FP8KIT_E5M2}}) {
     Spec s;
     s.in_dtype = FP8KIT_FLOAT32;
     s.shape = {256, 256};
     s.mode = mode;
+    s.fp8 = fp8;
     expect_matches_model(s, input);
     const blocktest::Result r = blocktest::run_quantize(FP8KIT_DEVICE_CPU, s, input);
     ASSERT_EQ(r.status, FP8KIT_OK) << r.error;
     EXPECT_EQ(r.rowwise.data[0], 0x80) << "-0 keeps its sign";
     EXPECT_EQ(r.rowwise.data[1], 0x00);
     EXPECT_EQ(r.rowwise.data[size_t(5 * 256 + 200)], 0x7f) << "NaN stays NaN";
-    EXPECT_EQ(r.rowwise.data[size_t(200 * 256 + 5)], 0x7e) << "inf saturates to 448";
+    EXPECT_EQ(r.rowwise.data[size_t(200 * 256 + 5)], fp8 == FP8KIT_E4M3 ? 0x7f : 0x7c)
+        << "inf becomes NaN (E4M3) or stays inf (E5M2)";
     // The blocks (or the row tiles) holding the zero, NaN and inf: scale 1.
     const blocktest::ScaleShape ss = blocktest::model_scale_shape(mode, 256, 256);
     for (auto [r0, c0] : {std::pair<int, int>{0, 0}, {5, 200}, {200, 5}}) {
@@ -145,7 +150,7 @@ TEST(BlockScalingQuantize, ZeroAndNonFiniteBlocks) {
     }
     // An inf makes the rest of its block cast unscaled.
     const size_t beside_inf = size_t(200 * 256 + 6);
-    EXPECT_EQ(r.rowwise.data[beside_inf], qtest::ref_encode(x[beside_inf], FP8KIT_E4M3));
+    EXPECT_EQ(r.rowwise.data[beside_inf], qtest::ref_encode(x[beside_inf], fp8));
   }
 }
 

@@ -58,7 +58,12 @@ inline float model_scale(const std::vector<float>& xs, fp8kit_dtype fp8, float e
   float scale = float(qtest::fp8_max_value(fp8) / denom);
   if (std::isinf(scale)) scale = FLT_MAX;
   if (scale < FLT_MIN) scale = FLT_MIN;
-  if (power_2_scale) scale = float(std::ldexp(1.0, std::ilogb(scale)));
+  if (power_2_scale) {
+    // Down to a power of two, but not so far that the format's max times
+    // scale_inv passes FLT_MAX.
+    scale = float(std::ldexp(1.0, std::ilogb(scale)));
+    if (qtest::fp8_max_value(fp8) / double(scale) > double(FLT_MAX)) scale *= 2.0f;
+  }
   return scale;
 }
 

@@ -25,7 +25,12 @@ float expected_scale(float amax, fp8kit_dtype fmt, float eps, bool power_2_scale
   const double denom = std::max(double(amax), double(eps));
   double s = double(float(qtest::fp8_max_value(fmt) / denom));
   if (s > double(FLT_MAX)) s = FLT_MAX;
-  if (power_2_scale) s = std::exp2(std::floor(std::log2(s)));
+  if (power_2_scale) {
+    // Down to a power of two, not below the one that keeps fp8_max *
+    // scale_inv <= FLT_MAX.
+    s = std::exp2(std::floor(std::log2(s)));
+    if (qtest::fp8_max_value(fmt) / s > double(FLT_MAX)) s *= 2.0;
+  }
   return float(s);
 }
 

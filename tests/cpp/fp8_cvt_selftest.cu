@@ -25,12 +25,16 @@ __global__ void cvt_selftest_kernel(Counters* counters) {
     float f[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) f[i] = __uint_as_float(uint32_t(base + i));
+    const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
     const uint32_t hw = fp8kit::cuda::cvt4<kE4M3>(f[0], f[1], f[2], f[3]);
+    const uint32_t q = fp8kit::cuda::quantize4<kE4M3>(f, one, 0);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const uint32_t sw =
+      const uint32_t sat =
+          kE4M3 ? fp8kit::float_to_e4m3_satfinite(f[i]) : fp8kit::float_to_e5m2_satfinite(f[i]);
+      const uint32_t cast =
           kE4M3 ? fp8kit::float_to_e4m3_bits(f[i]) : fp8kit::float_to_e5m2_bits(f[i]);
-      if (((hw >> (8 * i)) & 0xffu) != sw) {
+      if (((hw >> (8 * i)) & 0xffu) != sat || ((q >> (8 * i)) & 0xffu) != cast) {
         atomicAdd(&counters->mismatches, 1ull);
         atomicMin(&counters->first, uint32_t(base + i));
       }

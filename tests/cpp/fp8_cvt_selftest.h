@@ -1,8 +1,10 @@
 // The FP8 conversion self-test (CUDA builds only; test code, not part of
-// fp8kit_core): checks on the GPU that the conversion the CUDA kernels use
-// (quantize_device.cuh's cvt4, the hardware cvt.rn.satfinite instruction)
-// gives the same byte as the software conversion of fp8_convert.h for every
-// one of the 2^32 float32 bit patterns. Used by quantize_test.cc.
+// fp8kit_core): checks on the GPU, for every one of the 2^32 float32 bit
+// patterns, that the conversion the CUDA kernels use gives the same byte as
+// the software conversion of fp8_convert.h: quantize_device.cuh's cvt4 (the
+// hardware cvt.rn.satfinite instruction) as float_to_*_satfinite, and
+// quantize4 at scale 1 (cvt4 with infinite inputs not saturated) as
+// float_to_*_bits. Used by quantize_test.cc.
 #ifndef FP8KIT_TESTS_CPP_FP8_CVT_SELFTEST_H_
 #define FP8KIT_TESTS_CPP_FP8_CVT_SELFTEST_H_
 

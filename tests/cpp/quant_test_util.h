@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -92,12 +93,14 @@ inline const ValueTable& fp8_table(fp8kit_dtype dtype) {
 
 inline double fp8_max_value(fp8kit_dtype dtype) { return dtype == FP8KIT_E4M3 ? 448.0 : 57344.0; }
 
-// The FP8 code of a float32 value y under fp8kit's rules: NaN -> 0x7F,
-// |y| >= max (inf included) -> +-max, else nearest with ties to even; the
-// sign is kept (also for results that round to zero).
+// The FP8 code of a float32 value y under fp8kit's rules: NaN -> 0x7F;
+// +-inf -> 0x7F in E4M3 (NaN: it has no inf), +-inf (0x7C / 0xFC) in E5M2;
+// finite |y| >= max -> +-max, else nearest with ties to even; the sign is
+// kept (also for results that round to zero).
 inline uint8_t ref_encode(float y, fp8kit_dtype dtype) {
   if (std::isnan(y)) return 0x7f;
   const uint8_t sign = std::signbit(y) ? 0x80 : 0x00;
+  if (std::isinf(y)) return dtype == FP8KIT_E4M3 ? 0x7f : uint8_t(sign | 0x7c);
   const double a = std::fabs(double(y));
   const ValueTable& t = fp8_table(dtype);
   if (a >= t.values.back()) return uint8_t(sign | t.codes.back());
@@ -108,8 +111,13 @@ inline uint8_t ref_encode(float y, fp8kit_dtype dtype) {
 // double).
 inline float ref_scaled(float x, float scale) { return float(double(x) * double(scale)); }
 
+// The code of input element x at `scale`: that of x * scale, except that a
+// finite x whose product overflows float32 saturates (only an infinite x
+// gives a non-finite code).
 inline uint8_t ref_quantize(float x, float scale, fp8kit_dtype dtype) {
-  return ref_encode(ref_scaled(x, scale), dtype);
+  const float y = ref_scaled(x, scale);
+  if (std::isfinite(x) && std::isinf(y)) return ref_encode(std::copysign(FLT_MAX, y), dtype);
+  return ref_encode(y, dtype);
 }
 
 // float32 -> bfloat16 / float16 by nearest search (ties to even, overflow to

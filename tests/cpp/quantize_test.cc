@@ -114,7 +114,7 @@ TEST(Quantize, SpecialValues) {
   const Special cases[] = {
       {448.0f, FP8KIT_E4M3, 0x7e},      {449.0f, FP8KIT_E4M3, 0x7e},
       {464.0f, FP8KIT_E4M3, 0x7e},      {1e30f, FP8KIT_E4M3, 0x7e},
-      {INFINITY, FP8KIT_E4M3, 0x7e},    {-INFINITY, FP8KIT_E4M3, 0xfe},
+      {INFINITY, FP8KIT_E4M3, 0x7f},    {-INFINITY, FP8KIT_E4M3, 0x7f},  // no inf: NaN
       {NAN, FP8KIT_E4M3, 0x7f},         {-NAN, FP8KIT_E4M3, 0x7f},
       {0.0f, FP8KIT_E4M3, 0x00},        {-0.0f, FP8KIT_E4M3, 0x80},
       {0x1p-9f, FP8KIT_E4M3, 0x01},     {0x1p-10f, FP8KIT_E4M3, 0x00},  // tie -> even 0
@@ -123,7 +123,7 @@ TEST(Quantize, SpecialValues) {
       {1.0625f, FP8KIT_E4M3, 0x38},     {1.1875f, FP8KIT_E4M3, 0x3a},   // ties
       {0x1.fp-7f, FP8KIT_E4M3, 0x08},   // rounds up into the smallest normal 2^-6
       {57344.0f, FP8KIT_E5M2, 0x7b},    {61440.0f, FP8KIT_E5M2, 0x7b},
-      {INFINITY, FP8KIT_E5M2, 0x7b},    {-INFINITY, FP8KIT_E5M2, 0xfb},
+      {INFINITY, FP8KIT_E5M2, 0x7c},    {-INFINITY, FP8KIT_E5M2, 0xfc},
       {NAN, FP8KIT_E5M2, 0x7f},         {-0.0f, FP8KIT_E5M2, 0x80},
       {0x1p-16f, FP8KIT_E5M2, 0x01},    {0x1p-17f, FP8KIT_E5M2, 0x00},
       {1.125f, FP8KIT_E5M2, 0x3c},      {1.375f, FP8KIT_E5M2, 0x3e},

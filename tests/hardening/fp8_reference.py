@@ -7,8 +7,9 @@ The contract under test (fp8kit's scale convention and scale rules, as
 documented in common/include/fp8kit/quantize.h, delayed_scaling.h and
 common/src/compute_scale.h):
   q = saturate(round_to_nearest_even(x * scale)) with x * scale one float32
-  multiply, +-inf saturating to +-fp8_max and NaN giving the canonical NaN
-  byte 0x7F in both formats; scale_inv = 1 / scale in float32.
+  multiply, saturating for finite x only (+-inf gives NaN in E4M3, +-inf in
+  E5M2) and NaN giving the canonical NaN byte 0x7F in both formats;
+  scale_inv = 1 / scale in float32.
   A given scale that is not finite and > 0 (0, negative, +-inf, NaN) makes
   every output element NaN (0x7F) and scale_inv NaN.
 """
@@ -48,8 +49,10 @@ def quantize_bits(x, scale, fmt: str) -> np.ndarray:
     with np.errstate(over="ignore", invalid="ignore"):
         y = x32 * F32(scale)                      # one float32 multiply
     m = F32(FP8_MAX[fmt])
-    bits = np.clip(y, -m, m).astype(ML_FP8[fmt]).view(np.uint8)
-    return np.where(np.isnan(y), CANONICAL_NAN, bits).astype(np.uint8)
+    y = np.where(np.isinf(x32), y, np.clip(y, -m, m))  # saturate finite x only
+    bits = y.astype(ML_FP8[fmt]).view(np.uint8)
+    nan = np.isnan(y) | (np.isinf(y) & (fmt == "e4m3"))  # E4M3 has no inf
+    return np.where(nan, CANONICAL_NAN, bits).astype(np.uint8)
 
 
 def view_2d(shape) -> tuple[int, int]:
@@ -111,6 +114,8 @@ def current_scale(amax_value, fmt: str, epsilon: float = 0.0, pow2: bool = False
     if pow2:
         s = np.array([s], np.float32).view(np.uint32)
         s = (s & np.uint32(0xFF800000)).view(np.float32)[0]
+        if FP8_MAX[fmt] / np.float64(s) > FLT_MAX:  # fp8_max * scale_inv must stay finite
+            s = F32(2) * s
     return F32(s)
 
 

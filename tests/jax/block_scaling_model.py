@@ -5,8 +5,9 @@ from the core's code): what the JAX tests compare the custom calls against.
 Per block, in float32 with one rounding per operation: amax = max |x| (NaN
 if any is NaN); amax 0, NaN or +inf -> scale 1; else scale = fp8_max /
 max(amax, eps), FLT_MAX if that overflows, rounded down to a power of two
-under power_2_scale; q = saturate(rne(x * scale)) with NaN -> 0x7F and
-+-inf -> +-max; scale_inv = 1 / scale.
+under power_2_scale but not below fp8_max / FLT_MAX (then doubled); q =
+saturate(rne(x * scale)) for finite x, NaN -> 0x7F, +-inf -> 0x7F (E4M3)
+or +-inf (E5M2); scale_inv = 1 / scale.
 """
 
 import ml_dtypes
@@ -30,16 +31,20 @@ def _block_scales(amax, fmt, eps, power_2_scale):
     scale = np.where(np.isinf(scale), np.finfo(f32).max, scale).astype(f32)
     if power_2_scale:
         scale = (scale.view(np.uint32) & np.uint32(0xFF800000)).view(f32)
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            over = FP8_MAX[fmt] / scale.astype(np.float64) > np.finfo(f32).max
+            scale = np.where(over, scale * f32(2), scale)
     unscaled = (amax == 0) | ~np.isfinite(amax)
     return np.where(unscaled, f32(1), scale).astype(f32)
 
 
 def cast(v, fmt):
-    """saturate(rne(v)) to FP8 bits, NaN -> 0x7F (v float32)."""
+    """saturate(rne(v)) to FP8 bits for finite v, NaN -> 0x7F, +-inf (only an
+    infinite x gives one here) -> 0x7F (E4M3) or +-inf (E5M2)."""
     fmax = np.float32(FP8_MAX[fmt])
-    clipped = np.clip(v, -fmax, fmax)  # inf saturates; NaN stays NaN
+    clipped = np.where(np.isinf(v), v, np.clip(v, -fmax, fmax))
     bits = clipped.astype(FP8[fmt]).view(np.uint8)
-    return np.where(np.isnan(v), np.uint8(0x7F), bits)
+    return np.where(np.isnan(v) | (np.isinf(v) & (fmt == "e4m3")), np.uint8(0x7F), bits)
 
 
 def quantize_copy(stored, mode, fmt, eps=0.0, power_2_scale=True):

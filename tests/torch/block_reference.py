@@ -6,8 +6,9 @@ for the GEMM references.
 
 Per block: amax = max |x| (NaN if any NaN); zero, NaN or inf amax -> scale 1;
 else scale = fp8_max / max(amax, eps), FLT_MAX on overflow, mantissa bits
-cleared with power_2_scale; q = saturate(rne(x * scale)) (NaN -> 0x7F,
-+-inf -> +-max); scale_inv = 1 / scale. Scale layout of a stored copy
+cleared with power_2_scale but not below fp8_max / FLT_MAX (then doubled);
+q = saturate(rne(x * scale)) (NaN -> 0x7F, +-inf -> 0x7F in E4M3, +-inf
+in E5M2); scale_inv = 1 / scale. Scale layout of a stored copy
 [R, C]: 1x128 [ceil(C/128), round_up(R, 4)] with tile (r, j) at [j, r];
 128x128 [ceil(R/128), round_up(ceil(C/128), 4)] with block (i, j) at [i, j];
 padding 0.
@@ -56,15 +57,20 @@ def block_scale(amax: np.ndarray, fmt: str, eps: float, pow2: bool) -> np.ndarra
     s = np.where(np.isinf(s), FLT_MAX, s).astype(np.float32)
     if pow2:
         s = (s.view(np.uint32) & np.uint32(0xFF800000)).view(np.float32)
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            s = np.where(FP8_MAX[fmt] / s.astype(np.float64) > FLT_MAX, s * np.float32(2), s)
     bad = ~np.isfinite(amax) | (amax == 0)
     return np.where(bad, np.float32(1), s).astype(np.float32)
 
 
 def cast_bits(xs: np.ndarray, fmt: str) -> np.ndarray:
-    """uint8 bits of saturate(rne(xs)): NaN -> 0x7F, beyond +-max -> +-max."""
+    """uint8 bits of saturate(rne(xs)): NaN -> 0x7F, finite beyond +-max ->
+    +-max, +-inf (from an infinite x: a block's scale never makes a finite
+    x's product overflow) -> 0x7F in E4M3, +-inf in E5M2."""
     m = FP8_MAX[fmt]
-    bits = np.clip(xs, -m, m).astype(ML_DTYPE[fmt]).view(np.uint8).copy()
-    bits[np.isnan(xs)] = 0x7F
+    bits = np.where(np.isinf(xs), xs, np.clip(xs, -m, m)).astype(ML_DTYPE[fmt])
+    bits = bits.view(np.uint8).copy()
+    bits[np.isnan(xs) | (np.isinf(xs) & (fmt == "e4m3"))] = 0x7F
     return bits
 
 

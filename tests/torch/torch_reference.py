@@ -2,7 +2,8 @@
 in float32/float64 and ml_dtypes' FP8 conversions.
 
 Scale convention under test (common/include/fp8kit/tensor.h):
-    q = saturate(round_to_nearest_even(x * scale)),  x ~= q * scale_inv.
+    q = saturate(round_to_nearest_even(x * scale)),  x ~= q * scale_inv,
+saturate applying to finite x only (+-inf: NaN in E4M3, +-inf in E5M2).
 """
 
 import ml_dtypes
@@ -21,15 +22,17 @@ def to_numpy_f32(x: torch.Tensor) -> np.ndarray:
 
 
 def ref_quantize_bits(x: torch.Tensor, scale: float, fmt: str) -> np.ndarray:
-    """uint8 bits of ml_dtypes' conversion of clip(x * scale) (float32
-    multiply), with NaN lanes set to the canonical 0x7F."""
+    """uint8 bits of ml_dtypes' conversion of x * scale (float32 multiply),
+    clipped to +-fp8_max where x is finite (a product past FLT_MAX
+    included); an infinite x stays inf (E5M2) or becomes NaN (E4M3); NaN
+    lanes get the canonical 0x7F."""
     x32 = to_numpy_f32(x)
     with np.errstate(over="ignore", invalid="ignore"):
         xs = x32.reshape(-1) * np.float32(scale)
         m = np.float32(FP8_MAX[fmt])
-        clipped = np.clip(xs, -m, m)  # +-inf saturate; NaN stays NaN
+        clipped = np.where(np.isinf(x32.reshape(-1)), xs, np.clip(xs, -m, m))
     bits = clipped.astype(ML_DTYPE[fmt]).view(np.uint8).copy()
-    bits[np.isnan(xs)] = CANONICAL_NAN
+    bits[np.isnan(clipped) | (np.isinf(clipped) & (fmt == "e4m3"))] = CANONICAL_NAN
     return bits.reshape(x32.shape)
 
 
@@ -68,6 +71,8 @@ def current_scale(amax: float, fmt: str, epsilon: float = 0.0, pow2: bool = Fals
         s = np.float32(np.finfo(np.float32).max)
     if pow2:
         s = np.float32(2.0 ** np.floor(np.log2(np.float64(s))))
+        if FP8_MAX[fmt] / np.float64(s) > np.finfo(np.float32).max:  # fp8_max * scale_inv
+            s = np.float32(2 * s)                                     # must stay finite
     return np.float32(s)
 
 

@@ -26,14 +26,23 @@
  *   otherwise scale = fp8_max / max(amax, amax_epsilon), fp8_max = 448 (E4M3)
  *     or 57344 (E5M2), clamped to FLT_MAX if it overflows;
  *   power_2_scale: scale then rounded down to a power of two (its mantissa
- *     bits cleared), which makes scale_inv exact;
- *   q = saturate(round_to_nearest_even(x * scale)) as in fp8kit_quantize
- *     (NaN -> 0x7F, +-inf -> +-max);
+ *     bits cleared), which makes scale_inv exact; but not below
+ *     fp8_max / FLT_MAX: where rounding down would go below it (amax above
+ *     about 1.75 * 2^127) the power of two above is taken;
+ *   q = saturate(round_to_nearest_even(x * scale)) as in fp8kit_quantize:
+ *     saturation for finite x only, +-inf -> NaN (E4M3) or +-inf (E5M2),
+ *     NaN -> 0x7F;
  *   scale_inv = 1 / scale, the only scale stored.
- * So a block of zeros has q = 0 and scale_inv = 1, and a block holding a NaN
- * or an inf is cast unscaled (finite values saturating), leaving the
- * non-finite value visible instead of flushing its neighbours to zero. CPU
- * and CUDA give the same bits.
+ * Every scale is thus >= fp8_max / FLT_MAX (rounded), so fp8_max *
+ * scale_inv <= FLT_MAX and no finite input dequantizes to inf (a block of
+ * values near FLT_MAX included). A block of zeros has q = 0 and scale_inv =
+ * 1. A block holding a NaN or an inf is cast with scale 1: the NaN or inf
+ * element stays non-finite (so the GEMM rows or columns that read it come
+ * out non-finite, as in bf16) while its finite neighbours keep their values
+ * up to FP8 rounding (beyond fp8_max they saturate, below the smallest
+ * subnormal they flush to 0), instead of all becoming 0 as a scale of
+ * fp8_max / inf = 0 would make them. Other blocks are not affected. CPU and
+ * CUDA give the same bits.
  *
  * Scale layout: the one cuBLASLt reads on Hopper with
  * CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F (1x128) and

@@ -1,11 +1,20 @@
 /* Per-tensor FP8 quantization, and dequantization of per-tensor and
  * block-scaled tensors (block-scaled quantization: fp8kit/block_scaling.h).
  *
- * Scale convention: see fp8kit/tensor.h. Rounding is round-to-nearest-even;
- * finite values beyond the format's largest finite value saturate to it
- * (+-448 for E4M3, +-57344 for E5M2); NaN stays NaN; +-inf saturates to
- * +-max (E4M3 has no inf, and saturating keeps E5M2 consistent with it).
- * Results are bit-identical between the CPU and CUDA implementations. */
+ * Scale convention: see fp8kit/tensor.h. Each element x is cast as
+ * x * scale (one float32 multiply), rounded to nearest even. Saturation is
+ * for finite values only:
+ *   finite x, |x * scale| beyond the format's largest finite value (a
+ *     product that overflows float32 included) -> +-max (+-448 for E4M3,
+ *     +-57344 for E5M2);
+ *   x = +-inf -> NaN (0x7F) in E4M3, which has no inf; +-inf (0x7C, 0xFC)
+ *     in E5M2;
+ *   x = NaN   -> NaN (0x7F, whatever the sign, in both formats).
+ * So an inf or NaN in the input (an overflow or a divergence upstream)
+ * dequantizes to a non-finite value and makes the GEMMs that read it give
+ * a non-finite output, as the same GEMM in bf16 would, instead of a
+ * plausible finite one. Results are bit-identical between the CPU and CUDA
+ * implementations. */
 #ifndef FP8KIT_QUANTIZE_H_
 #define FP8KIT_QUANTIZE_H_
 
@@ -51,8 +60,12 @@ typedef struct fp8kit_current_scaling_config {
 
 /* Current scaling: amax of this tensor, then scale, then cast, in two passes
  * over the input (one reduction, one cast). output->scale, scale_inv and amax
- * are all required and written. A zero or non-finite amax gives scale 1.
- * Other fields as for fp8kit_quantize.
+ * are all required and written. A zero or non-finite amax gives scale 1:
+ * a tensor holding an inf or a NaN is cast unscaled, that element becoming
+ * non-finite (the rule above) and the finite ones keeping their values up
+ * to FP8 rounding (a value beyond fp8_max saturates, one below the
+ * smallest subnormal flushes to 0), where fp8_max / inf = 0 would have
+ * flushed them all. Other fields as for fp8kit_quantize.
  * sums: NULL (or a NULL `sums` field) for none; otherwise the cast pass
  * also writes the column sums of the input, in the order and under the
  * conditions of fp8kit/column_sums.h (a columnwise output, rows > 1 and
@@ -61,7 +74,12 @@ typedef struct fp8kit_current_scaling_config {
  *   amax zero (whatever the epsilon), negative, NaN or inf  -> scale 1;
  *   else scale = fp8_max / max(amax, amax_epsilon) in float32, clamped to
  *   FLT_MAX if it overflows, then (power_2_scale) rounded down to a
- *   power of two; scale_inv = 1 / scale. */
+ *   power of two, or up where rounding down would take it below
+ *   fp8_max / FLT_MAX (amax above about 1.75 * 2^127: 2^-119 instead of
+ *   2^-120 for E4M3, 2^-112 instead of 2^-113 for E5M2); scale_inv =
+ *   1 / scale. Every computed scale is thus >= fp8_max / FLT_MAX (rounded),
+ *   so fp8_max * scale_inv <= FLT_MAX: a finite input never dequantizes to
+ *   inf. */
 FP8KIT_API fp8kit_status fp8kit_quantize_current_scaling(
     const fp8kit_tensor* input, fp8kit_tensor* output,
     const fp8kit_current_scaling_config* config, const fp8kit_column_sums* sums, void* stream);

@@ -7,6 +7,8 @@
  * Scale convention (the only place it is written down for the C API):
  *   q = saturate(round_to_nearest_even(x * scale))   in the FP8 format
  *   x ~= q * scale_inv,  scale_inv = 1 / scale
+ * saturate applies to finite x: +-inf and NaN stay non-finite (E4M3, which
+ * has no inf, makes +-inf NaN; fp8kit/quantize.h).
  * GEMMs read scale_inv (dequantization factors); quantizers read scale.
  * Block-scaled tensors (fp8kit/block_scaling.h) follow the same convention
  * with one scale per block, and keep only the scale_inv of each block. */
