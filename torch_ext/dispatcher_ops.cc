@@ -155,7 +155,7 @@ TORCH_LIBRARY(fp8kit, m) {
       "weight_fp8, Tensor weight_scalars, Tensor(a!) amax_history, Tensor(b!) amax, Tensor(c!) "
       "scale, Tensor(d!) scale_inv, Tensor(e!) counters, Tensor(f!) seeded, str scaling, str "
       "fwd_dtype, str bwd_dtype, int margin, str amax_reduction, float amax_epsilon, bool "
-      "power_2_scale, int[] input_shape, bool forward_dgrad, bool forward_wgrad, bool dgrad, "
+      "power_2_scale, SymInt[] input_shape, bool forward_dgrad, bool forward_wgrad, bool dgrad, "
       "bool wgrad, bool bgrad) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
   m.def("norm_forward(Tensor x, Tensor gamma, Tensor? beta, str normalization, float epsilon, "
         FP8KIT_STATE_SCHEMA_ARGS

@@ -1,5 +1,9 @@
 #include "linear_state.h"
 
+#include <cmath>
+#include <iomanip>
+#include <limits>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -11,6 +15,39 @@
 namespace py = pybind11;
 
 namespace fp8kit_torch {
+namespace {
+
+std::string float_str(float v) {
+  std::ostringstream os;
+  os << std::setprecision(9) << v;
+  return os.str();
+}
+
+// A saved scale_inv must be 1 / scale as the core computes it (a float32
+// division); one float32 ulp either way is allowed, for a division that
+// rounds otherwise. A mismatch would cast with one scale and dequantize
+// with another.
+void check_reciprocals(const char* fn, const at::Tensor& scale, const at::Tensor& scale_inv) {
+  const at::Tensor s = scale.to(at::kCPU).contiguous();
+  const at::Tensor si = scale_inv.to(at::kCPU).contiguous();
+  const float* sp = s.data_ptr<float>();
+  const float* ip = si.data_ptr<float>();
+  for (int64_t i = 0; i < s.numel(); ++i) {
+    const float want = 1.0f / sp[i];
+    const bool ok = ip[i] == want || ip[i] == std::nextafter(want, 0.0f) ||
+                    ip[i] == std::nextafter(want, std::numeric_limits<float>::infinity());
+    if (C10_UNLIKELY(!ok)) {
+      C10_THROW_ERROR(ValueError,
+                      c10::str(fn, ": saved 'scale_inv' holds ", float_str(ip[i]),
+                               " (flat index ", i, ") but saved 'scale' holds ",
+                               float_str(sp[i]), " there; scale_inv must be 1 / scale (",
+                               float_str(want), " in float32): the checkpoint is corrupt (drop "
+                               "the entry to start the FP8 state fresh)"));
+    }
+  }
+}
+
+}  // namespace
 
 std::unique_lock<std::mutex> lock_state(std::mutex& mu) {
   std::unique_lock<std::mutex> lock(mu, std::try_to_lock);
@@ -207,6 +244,7 @@ c10::intrusive_ptr<LinearState> LinearState::from_checkpoint(py::handle saved_in
   load("amax_history", st->history, /*positive=*/false);
   load("scale", st->scale, /*positive=*/true);
   load("scale_inv", st->scale_inv, /*positive=*/true);
+  check_reciprocals(fn, st->scale, st->scale_inv);
   const py::object seeded = get("seeded");
   bool ok = PyList_Check(seeded.ptr()) && PyList_GET_SIZE(seeded.ptr()) == kSlots;
   for (int i = 0; ok && i < kSlots; ++i) ok = PyBool_Check(PyList_GET_ITEM(seeded.ptr(), i));

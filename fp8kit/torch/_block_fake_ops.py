@@ -2,8 +2,9 @@
 (torch_ext/block_dispatcher_ops.cc), as _fake_ops has those of the others:
 each gives its op's output shapes, dtypes and devices without computing
 anything, following the C++ kernels' rules (a copy not asked for is an
-empty [0] tensor; block scales have ext.block_scale_inv_shape, which needs
-concrete sizes, as the scale layout's padding does)."""
+empty [0] tensor; block scales have the shape ext.block_scale_inv_shape
+gives, computed here so that a symbolic token count stays symbolic:
+tests/torch/test_torch_compile_dynamic.py checks the two agree)."""
 
 from __future__ import annotations
 
@@ -13,15 +14,37 @@ from fp8kit.torch._ext import ext
 from fp8kit.torch._fake_ops import columnwise_shape, dequantized, gemm_output
 
 
+def _blocks(n):
+    return (n + ext.BLOCK_LEN - 1) // ext.BLOCK_LEN
+
+
+def block_scale_inv_shape(shape, scaling_mode: str, columnwise: bool) -> tuple:
+    """(outer, inner) of the scales of a copy of a tensor of `shape` (ints
+    or SymInts), as fp8kit_block_scale_inv_shape lays them out: a 1x128
+    copy [rows, cols] has a scale per row for each 128 columns, a 128x128
+    one per block; inner is padded to a multiple of 4. The columnwise copy
+    is stored [cols, rows]."""
+    cols, rows = columnwise_shape(shape)
+    if columnwise:
+        rows, cols = cols, rows
+    if scaling_mode == "block_1x128":
+        outer, inner = _blocks(cols), rows
+    elif scaling_mode == "block_128x128":
+        outer, inner = _blocks(rows), _blocks(cols)
+    else:
+        raise ValueError(f"fp8kit::quantize_block: scaling_mode is {scaling_mode!r}; use "
+                         "'block_1x128' (activations and gradients) or 'block_128x128' "
+                         "(weights)")
+    return outer, (inner + 3) // 4 * 4
+
+
 @torch.library.register_fake("fp8kit::quantize_block")
 def _quantize_block(x, fp8_dtype, scaling_mode, rowwise, columnwise, amax_epsilon=0.0,
                     power_2_scale=True):
-    shape = [int(s) for s in x.shape]
-
     def copy(wanted, data_shape, cw):
         if not wanted:
             return x.new_empty((0,), dtype=fp8_dtype), x.new_empty((0,), dtype=torch.float32)
-        scales = ext.block_scale_inv_shape(shape, scaling_mode, cw)
+        scales = block_scale_inv_shape(x.shape, scaling_mode, cw)
         return (x.new_empty(data_shape, dtype=fp8_dtype),
                 x.new_empty(scales, dtype=torch.float32))
 

@@ -37,15 +37,24 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from fp8kit.torch import _checks
 from fp8kit.torch._ext import ext
+from fp8kit.torch._outputs import layer_output
 from fp8kit.torch.quantized_tensor import QuantizedTensor
 
 _ops = torch.ops.fp8kit
 ROW, BLOCK = "block_1x128", "block_128x128"
 # The token count's multiple (the wgrad GEMM's contraction).
 _TOKEN_MULTIPLE = ext.GEMM_DIM_MULTIPLE
+# The fewest rows x has while torch.compile traces: the scales of a 1x128
+# columnwise copy have a row per 128 tokens, and PyTorch records every
+# traced tensor's contiguity by testing each size against 1, which for a
+# symbolic token count would split the graph at 128 tokens. Two blocks at
+# least keep that size above 1 (the extra zero rows change no result).
+_MIN_TRACED_ROWS = ext.BLOCK_LEN + _TOKEN_MULTIPLE
+_tracing = torch.compiler.is_compiling
 
 
 def _gemm_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -147,7 +156,12 @@ def block_linear(layer: str, recipe, input: torch.Tensor, weight: torch.Tensor,
     if m == 0:  # no tokens: nothing to quantize
         return F.linear(input, weight, bias)
     pad = -m % _TOKEN_MULTIPLE
-    if pad:
+    if _tracing():
+        pad = torch.sym_max(m + pad, _MIN_TRACED_ROWS) - m
+    # A symbolic pad (torch.compile's dynamic token count) is applied even
+    # where it is 0: testing it would specialize the graph on the count.
+    padded = not statically_known_true(pad == 0)
+    if padded:
         x = F.pad(x, (0, 0, 0, pad))
     grad = torch.is_grad_enabled()
     dgrad = grad and x.requires_grad
@@ -159,6 +173,6 @@ def block_linear(layer: str, recipe, input: torch.Tensor, weight: torch.Tensor,
         y = _BlockLinearFunction.apply(x.contiguous(), weight.contiguous(), bias, cfg)
     else:
         y = _forward(None, x.contiguous(), weight.contiguous(), bias, cfg)
-    if pad:
+    if padded:
         y = y[:m]
-    return y.reshape(*input.shape[:-1], n)
+    return layer_output(y, input, n)

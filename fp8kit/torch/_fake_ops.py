@@ -15,6 +15,7 @@ import torch
 
 from fp8kit.torch._checks import TORCH_FP8
 from fp8kit.torch._ext import ext  # also defines the torch.ops.fp8kit library
+from fp8kit.torch._plan import plan
 
 # The floats of one quantization's scalars block (torch_ext/linear_state.h:
 # scale, scale_inv and amax at 16-byte aligned offsets), which linear_forward
@@ -121,13 +122,10 @@ def _gemm(a, a_scale_inv, a_columnwise, b, b_scale_inv, b_columnwise, trans_a, t
 
 
 def _linear_plan(input, weight, dgrad, wgrad):
-    """ext.linear_plan for a call, on symbolic token counts too: the copies
-    it names depend on the token count only through its remainder modulo
-    GEMM_DIM_MULTIPLE (wgrad's inner dimension, which does, shapes no output)."""
+    """The core's plan for a call, its token count symbolic or not."""
     n, k = weight.shape
-    tokens = input.numel() // k
-    return ext.linear_plan(int(tokens % ext.GEMM_DIM_MULTIPLE), k, n, dgrad, wgrad,
-                           ext.supports_non_tn_fp8_gemm(input.device))
+    return plan(input.numel() // k, k, n, dgrad, wgrad,
+                ext.supports_non_tn_fp8_gemm(input.device))
 
 
 def _kept(like, copies, shape, fp8_dtype):
@@ -150,9 +148,9 @@ def _linear_forward(input, weight, bias, amax_history, amax, scale, scale_inv, c
     if not (dgrad or wgrad or (bgrad and bias is not None)):
         empty_fp8, empty_f32 = input.new_empty((0,), dtype=fp8), _f32_empty(input, 0)
         return out, empty_fp8, empty_f32, empty_fp8, empty_f32
-    _, _, _, saved_input, saved_weight, _, _ = _linear_plan(input, weight, dgrad, wgrad)
-    return (out, _kept(input, saved_input, input.shape, fp8), _f32_empty(input, _SCALARS),
-            _kept(input, saved_weight, weight.shape, fp8), _f32_empty(input, _SCALARS))
+    p = _linear_plan(input, weight, dgrad, wgrad)
+    return (out, _kept(input, p.saved_input, input.shape, fp8), _f32_empty(input, _SCALARS),
+            _kept(input, p.saved_weight, weight.shape, fp8), _f32_empty(input, _SCALARS))
 
 
 @torch.library.register_fake("fp8kit::linear_backward")

@@ -2,9 +2,30 @@
 needs from torch.nn.Module, written once for Linear and the fused layers:
 the state travels as the module's extra state, in checkpoints and when the
 module is pickled (torch.save(module), copy.deepcopy), and a checkpoint
-without it (a plain torch.nn module's) loads with a fresh state."""
+without it (a plain torch.nn module's) loads with a fresh state. Loading
+one checks its entries (check_entries here; each recipe's state in
+RecipeStates.from_checkpoint and LinearState.from_state)."""
 
 from __future__ import annotations
+
+_FRESH = "drop its '_extra_state' entries to load the weights with a fresh FP8 state"
+
+
+def check_entries(saved: dict, keys: tuple, where: str) -> None:
+    """ValueError naming the first of `keys` that the saved dict `saved`
+    (named `where`) lacks, or an entry it has beyond them: a missing
+    entry would silently start that part of the state fresh, and an
+    unknown one would be dropped."""
+    expected = ", ".join(repr(k) for k in keys)
+    for key in keys:
+        if key not in saved:
+            raise ValueError(f"{where} has no {key!r} entry (it must have {expected}): the "
+                             f"checkpoint is incomplete; {_FRESH}")
+    for key in saved:
+        if key not in keys:
+            raise ValueError(f"{where} has an unknown entry {key!r} (it must have only "
+                             f"{expected}): it was written by another fp8kit version or "
+                             f"another layer type; {_FRESH}")
 
 
 class FP8ExtraState:

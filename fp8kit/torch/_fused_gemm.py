@@ -8,50 +8,26 @@ one call into the extension, following the Linear layer protocol
                       the plan's wgrad_inner when wgrad reads columnwise copies
 
 Which FP8 copies each cast writes and which a forward keeps come from the
-core's plan (ext.linear_plan), cached per shape here; weight_copies gives
-a weight's copies, cast or, for a weight already in FP8, its own. Each
-function runs its steps through `steps`, a table of
+core's plan (fp8kit.torch._plan, symbolic token counts included);
+weight_copies gives a weight's copies, cast or, for a weight already in
+FP8, its own. Each function runs its steps through `steps`, a table of
 fp8kit.torch._fused_steps (the pybind11 calls, or the dispatcher ops while
 torch.compile traces).
 """
 
 from __future__ import annotations
 
-import functools
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
+import torch.nn.functional as F
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from fp8kit.torch._ext import ext
+from fp8kit.torch._plan import Plan
 from fp8kit.torch.float8_tensor import Float8Tensor
 
 # The slots of a LinearState (fp8kit_linear_slot).
 INPUT, WEIGHT, GRAD_OUTPUT = 0, 1, 2
-
-
-class Plan(NamedTuple):
-    """ext.linear_plan's answer; each copies entry is (rowwise, columnwise)."""
-    input: tuple
-    weight: tuple
-    grad_output: tuple
-    saved_input: tuple
-    saved_weight: tuple
-    wgrad_columnwise: bool
-    wgrad_inner: int
-
-
-@functools.lru_cache(maxsize=1024)
-def _plan(tokens: int, in_features: int, out_features: int, dgrad: bool, wgrad: bool,
-          non_tn: bool) -> Plan:
-    return Plan(*ext.linear_plan(tokens, in_features, out_features, dgrad, wgrad, non_tn))
-
-
-# A constant while dynamo traces (which cannot trace the extension's call):
-# the shapes are known then.
-@torch.compiler.assume_constant_result
-def plan(tokens: int, in_features: int, out_features: int, dgrad: bool, wgrad: bool,
-         non_tn: bool) -> Plan:
-    return _plan(tokens, in_features, out_features, dgrad, wgrad, non_tn)
 
 
 def kept(copies: tuple, rowwise, columnwise):
@@ -135,15 +111,15 @@ def wgrad(steps, dy_data, dy_columnwise, dy_scale_inv, x_kept, x_scale_inv, p: P
                       out_dtype, None, False, None, False, True, None, None, None)
 
 
-def _pad_tokens(columnwise: torch.Tensor, inner: int) -> torch.Tensor:
+def _pad_tokens(columnwise: torch.Tensor, inner) -> torch.Tensor:
     """[features, M] FP8 data zero-padded to [features, inner] (zeros add
-    nothing to the sum over tokens)."""
-    rows, tokens = columnwise.shape
-    if tokens == inner:
+    nothing to the sum over tokens). A symbolic inner (torch.compile's
+    dynamic token count) is padded always, by a pad that may be 0:
+    comparing it with M would specialize the graph on M's alignment."""
+    tokens = columnwise.shape[1]
+    if statically_known_true(tokens == inner):
         return columnwise
-    padded = torch.zeros((rows, inner), dtype=torch.uint8, device=columnwise.device)
-    padded[:, :tokens] = columnwise.view(torch.uint8)
-    return padded.view(columnwise.dtype)
+    return F.pad(columnwise.view(torch.uint8), (0, inner - tokens)).view(columnwise.dtype)
 
 
 def cast_grad_output(steps, state, dy: torch.Tensor, p: Plan, bias_dtype: Optional[torch.dtype]):

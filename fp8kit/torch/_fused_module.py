@@ -9,7 +9,13 @@ torch.load(weights_only=True)):
     {"format": 1, "layer": "<class name>",
      "gemms": {"<gemm name>": [one LinearState.get_state() dict per recipe]}}
 with the gemm names of the layer (LayerNormLinear: "linear"; LayerNormMLP:
-"fc1", "fc2").
+"fc1", "fc2"). Loading checks every entry as fp8kit.torch.Linear's does,
+and refuses a missing or an unknown one.
+
+eps: torch's meaning, with None (RMSNorm only, torch.nn.RMSNorm's default)
+the machine epsilon of the computation type: float32's for float32,
+bfloat16 and float16 inputs, float64's for float64 ones (from_unfused
+keeps a torch.nn.RMSNorm's None).
 
 A GEMM weight may be a Float8Tensor (what FSDP2's FP8 all-gather of
 fp8kit.torch.distributed gives the layer): its FP8 copies go to the GEMMs
@@ -24,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from fp8kit.torch import _fused_steps
-from fp8kit.torch._fp8_extra_state import FP8ExtraState
+from fp8kit.torch._fp8_extra_state import FP8ExtraState, check_entries
 from fp8kit.torch._fp8_weight import untraceable
 from fp8kit.torch._linear_states import RecipeStates
 from fp8kit.torch._traced_linear import traced_state
@@ -34,14 +40,18 @@ from fp8kit.torch.linear import _autocast_cast, _tracing
 _EXTRA_STATE_FORMAT = 1
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 _any_autocast = torch._C._is_any_autocast_enabled
+_FLOAT32_EPS = torch.finfo(torch.float32).eps
 
 
 def check_normalization(cls: str, normalization, eps) -> None:
     if normalization not in NORMALIZATIONS:
         raise ValueError(f"fp8kit.torch.{cls}: normalization is {normalization!r}; use "
                          "'LayerNorm' or 'RMSNorm'")
+    if eps is None and normalization == "RMSNorm":  # torch.nn.RMSNorm's default
+        return
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
-        raise ValueError(f"fp8kit.torch.{cls}: eps is {eps!r}; it must be a finite float >= 0")
+        raise ValueError(f"fp8kit.torch.{cls}: eps is {eps!r}; it must be a finite float >= 0 "
+                         "(or None with RMSNorm: torch.nn.RMSNorm's default)")
 
 
 def check_features(cls: str, name: str, value) -> None:
@@ -71,12 +81,11 @@ def read_norm(cls: str, norm) -> tuple:
         raise ValueError(f"{fn}: norm must normalize one dimension with elementwise_affine=True "
                          f"(got normalized_shape={tuple(norm.normalized_shape)}, "
                          f"weight={'None' if norm.weight is None else 'set'})")
-    eps = norm.eps
-    if eps is None:  # RMSNorm's default: the dtype's machine epsilon
-        eps = torch.finfo(norm.weight.dtype).eps
     if kind == "LayerNorm" and beta is None:
         beta = torch.zeros_like(norm.weight)
-    return kind, eps, norm.weight, beta
+    # RMSNorm's eps=None stays None: its value depends on the input's dtype
+    # at each call, and the layer follows torch's rule for it (_fp8_eps).
+    return kind, norm.eps, norm.weight, beta
 
 
 class FusedLayer(FP8ExtraState, torch.nn.Module):
@@ -96,9 +105,9 @@ class FusedLayer(FP8ExtraState, torch.nn.Module):
         if "_GEMMS" in cls.__dict__:
             cls._LAYER = cls.__name__
 
-    def _init_norm(self, hidden: int, normalization: str, eps: float, device, dtype) -> None:
+    def _init_norm(self, hidden: int, normalization: str, eps, device, dtype) -> None:
         self.normalization = normalization
-        self.eps = float(eps)
+        self.eps = None if eps is None else float(eps)
         kw = {"device": device, "dtype": dtype}
         self.layer_norm_weight = torch.nn.Parameter(torch.ones(hidden, **kw))
         if normalization == "LayerNorm":
@@ -106,6 +115,14 @@ class FusedLayer(FP8ExtraState, torch.nn.Module):
         else:
             self.register_parameter("layer_norm_bias", None)
         self._fp8_states = self._fresh_fp8_states()
+
+    @property
+    def _fp8_eps(self) -> float:
+        """eps as the FP8 path's normalization kernels take it. They compute
+        in float32, for which torch.nn.RMSNorm's eps=None means float32's
+        machine epsilon (torch's rule for float32, bfloat16 and float16
+        inputs, the ones the FP8 path takes)."""
+        return _FLOAT32_EPS if self.eps is None else self.eps
 
     def _norm(self, x: torch.Tensor, gamma=None, beta=None) -> torch.Tensor:
         """The normalization in high precision (outside fp8kit autocast, and
@@ -195,13 +212,13 @@ class FusedLayer(FP8ExtraState, torch.nn.Module):
                 f"{where} is not an fp8kit {cls} FP8 state of format {_EXTRA_STATE_FORMAT}; it "
                 "was written by another fp8kit version or another layer type. Drop its "
                 "'_extra_state' entries to load the weights with a fresh FP8 state.")
+        check_entries(state, ("format", "layer", "gemms"), where)
+        check_entries(state["gemms"], tuple(self._GEMMS), f"{where}['gemms']")
         device = self.layer_norm_weight.device
-        states = {}
-        for g in self._GEMMS:
-            entries = state["gemms"].get(g, [])
-            states[g] = RecipeStates.from_checkpoint({"states": entries}, device, False,
-                                                     f"{where}['gemms'][{g!r}]")
-        self._fp8_states = states
+        self._fp8_states = {
+            g: RecipeStates.from_checkpoint(state["gemms"][g], device, False,
+                                            f"{where}['gemms'][{g!r}]")
+            for g in self._GEMMS}
 
     def _apply(self, fn, *args, **kwargs):
         out = super()._apply(fn, *args, **kwargs)

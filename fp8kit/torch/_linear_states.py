@@ -80,22 +80,22 @@ class RecipeStates:
         return states[-1] if states else None
 
     @classmethod
-    def from_checkpoint(cls, saved: dict, device, cache_weight: bool, where: str):
-        """The states a Linear's get_extra_state() wrote, each entry checked
-        (errors name it after `where`)."""
-        entries = saved.get("states")
+    def from_checkpoint(cls, entries: list, device, cache_weight: bool, where: str):
+        """The states of a list of LinearState.get_state() dicts (one per
+        recipe, as a layer's get_extra_state() writes them), each entry
+        checked (errors name it after `where`, the list's name)."""
         if not isinstance(entries, list):
-            raise TypeError(f"{where}['states'] is {entries!r} ({type(entries).__name__}); it "
-                            "must be the list of per-recipe FP8 states Linear.get_extra_state() "
-                            "writes (drop the entry to start the FP8 state fresh)")
+            raise TypeError(f"{where} is {entries!r} ({type(entries).__name__}); it must be the "
+                            "list of per-recipe FP8 states the layer's get_extra_state() writes "
+                            "(drop the entry to start the FP8 state fresh)")
         out = cls()
         for i, entry in enumerate(entries):
-            state = ext.LinearState.from_state(entry, device, f"{where}['states'][{i}]")
+            state = ext.LinearState.from_state(entry, device, f"{where}[{i}]")
             state.cache_weight = cache_weight
             key = _key(state.recipe)
             if key in out._states:
-                raise ValueError(f"{where}['states'][{i}] has the scaling recipe of an earlier "
-                                 f"entry ({state.recipe}); a layer keeps one state per recipe")
+                raise ValueError(f"{where}[{i}] has the scaling recipe of an earlier entry "
+                                 f"({state.recipe}); a layer keeps one state per recipe")
             out._states[key] = state
         return out
 

@@ -40,7 +40,7 @@ it).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +50,8 @@ from fp8kit.torch import _fused_gemm as G
 from fp8kit.torch._block_linear import block_linear
 from fp8kit.torch._fused_module import (FusedLayer, check_features, check_normalization,
                                         init_linear, read_norm)
+from fp8kit.torch._outputs import layer_output
+from fp8kit.torch._plan import plan
 from fp8kit.torch.autocast import STATE as _AUTOCAST
 
 
@@ -60,7 +62,7 @@ class LayerNormLinear(FusedLayer):
     _GEMMS = {"linear": "weight"}
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
-                 normalization: str = "LayerNorm", eps: float = 1e-5, device=None,
+                 normalization: str = "LayerNorm", eps: Optional[float] = 1e-5, device=None,
                  dtype=None) -> None:
         super().__init__()
         check_features("LayerNormLinear", "in_features", in_features)
@@ -110,15 +112,15 @@ class LayerNormLinear(FusedLayer):
         x, (gamma, beta, weight, bias) = self._fp8_inputs(input, params)
         if type(recipe) is BlockScaling:
             y = block_linear("LayerNormLinear", recipe, self._norm(x, gamma, beta), weight, bias)
-            return y.view(*input.shape[:-1], self.out_features)
+            return layer_output(y, input, self.out_features)
         steps, (state,), fast = self._select_states(recipe, (weight,))
-        call = _Call(steps, state, fast, self.normalization, self.eps)
+        call = _Call(steps, state, fast, self.normalization, self._fp8_eps)
         tensors = (x, gamma, beta, weight, bias)
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
             y = _LayerNormLinearFunction.apply(call, *tensors)
         else:
             y = _forward(call, x, gamma, beta, weight, bias, None)
-        return y.view(*input.shape[:-1], self.out_features)
+        return layer_output(y, input, self.out_features)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -144,7 +146,7 @@ def _forward(call, x, gamma, beta, weight, bias, ctx):
     record = ctx is not None
     dgrad = record and any(ctx.needs_input_grad[1:4])
     wgrad = record and ctx.needs_input_grad[4]
-    p = G.plan(m, k, n, dgrad, wgrad, st.non_tn)
+    p = plan(m, k, n, dgrad, wgrad, st.non_tn)
     x_data, x_cw, x_sinv, mean, rsigma, _ = steps.norm_forward(
         x, gamma, beta, call.normalization, call.eps, st, G.INPUT, record, *p.input)
     w_data, w_cw, w_sinv = G.weight_copies(steps, st, weight, record, p,
@@ -183,7 +185,7 @@ class _LayerNormLinearFunction(torch.autograd.Function):
             return None, dx, dgamma, dbeta, dw, db
         dy = dy.reshape(m, n).contiguous()
         # The backward's own plan (only the gradients asked for) picks dy's copies.
-        p = G.plan(m, k, n, want_dgrad, want_wgrad, st.non_tn)
+        p = plan(m, k, n, want_dgrad, want_wgrad, st.non_tn)
         dy_data, dy_cw, dy_sinv, db = G.cast_grad_output(steps, st, dy, p, bias_dtype)
         if want_dgrad:
             d_norm = G.dgrad(steps, dy_data, dy_sinv, w_kept, w_sinv, fwd_plan, x.dtype)

@@ -50,7 +50,7 @@ it).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +60,8 @@ from fp8kit.torch import _fused_gemm as G
 from fp8kit.torch._block_linear import block_linear
 from fp8kit.torch._fused_module import (FusedLayer, check_features, check_normalization,
                                         init_linear, read_norm)
+from fp8kit.torch._outputs import layer_output
+from fp8kit.torch._plan import plan
 from fp8kit.torch.autocast import STATE as _AUTOCAST
 
 ACTIVATIONS = ("gelu", "swiglu")
@@ -71,8 +73,8 @@ class LayerNormMLP(FusedLayer):
     _GEMMS = {"fc1": "fc1_weight", "fc2": "fc2_weight"}
 
     def __init__(self, hidden_size: int, ffn_hidden_size: int, bias: bool = True,
-                 normalization: str = "LayerNorm", activation: str = "gelu", eps: float = 1e-5,
-                 device=None, dtype=None) -> None:
+                 normalization: str = "LayerNorm", activation: str = "gelu",
+                 eps: Optional[float] = 1e-5, device=None, dtype=None) -> None:
         super().__init__()
         check_features("LayerNormMLP", "hidden_size", hidden_size)
         check_features("LayerNormMLP", "ffn_hidden_size", ffn_hidden_size)
@@ -150,15 +152,15 @@ class LayerNormMLP(FusedLayer):
             gamma, beta, w1, b1, w2, b2 = params
             h = block_linear("LayerNormMLP", recipe, self._norm(x, gamma, beta), w1, b1)
             y = block_linear("LayerNormMLP", recipe, self._act(h), w2, b2)
-            return y.view(*input.shape[:-1], self.hidden_size)
+            return layer_output(y, input, self.hidden_size)
         steps, states, fast = self._select_states(recipe, (params[2], params[4]))
-        call = _Call(steps, states, fast, self.normalization, self.eps, self.activation)
+        call = _Call(steps, states, fast, self.normalization, self._fp8_eps, self.activation)
         tensors = (x, *params)
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
             y = _LayerNormMLPFunction.apply(call, *tensors)
         else:
             y = _forward(call, *tensors, None)
-        return y.view(*input.shape[:-1], self.hidden_size)
+        return layer_output(y, input, self.hidden_size)
 
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, ffn_hidden_size={self.ffn_hidden_size}, "
@@ -186,12 +188,12 @@ def _plans(call, m, k, f1, f, needs):
     forward without gradients)."""
     non_tn = call.states[0].non_tn
     if needs is None:
-        return G.plan(m, k, f1, False, False, non_tn), G.plan(m, f, k, False, False, non_tn)
+        return plan(m, k, f1, False, False, non_tn), plan(m, f, k, False, False, non_tn)
     dgrad1 = any(needs[_X:_BETA + 1])
     wgrad1 = needs[_W1]
     dgrad2 = dgrad1 or wgrad1 or needs[_B1]  # anything before fc2 wants d_a
-    return (G.plan(m, k, f1, dgrad1, wgrad1, non_tn),
-            G.plan(m, f, k, dgrad2, needs[_W2], non_tn))
+    return (plan(m, k, f1, dgrad1, wgrad1, non_tn),
+            plan(m, f, k, dgrad2, needs[_W2], non_tn))
 
 
 def _forward(call, x, gamma, beta, w1, b1, w2, b2, ctx):

@@ -79,7 +79,7 @@ import torch.nn.functional as F
 from fp8kit.recipe import BlockScaling
 from fp8kit.torch._block_linear import block_linear
 from fp8kit.torch._ext import ext
-from fp8kit.torch._fp8_extra_state import FP8ExtraState
+from fp8kit.torch._fp8_extra_state import FP8ExtraState, check_entries
 from fp8kit.torch._fp8_weight import linear_with_fp8_weight
 from fp8kit.torch._linear_states import RecipeStates
 from fp8kit.torch._traced_linear import traced_linear
@@ -180,8 +180,10 @@ class Linear(FP8ExtraState, torch.nn.Linear):
                 f"{_EXTRA_STATE_FORMAT} (got format {fmt!r}); it was written by another fp8kit "
                 "version or another layer type. Drop its '_extra_state' entries to load the "
                 "weights with a fresh FP8 state.")
+        where = f"fp8kit.torch.Linear: {where}"
+        check_entries(state, ("format", "states"), where)
         self._fp8_states = RecipeStates.from_checkpoint(
-            state, self.weight.device, self._fp8_cache_weight, f"fp8kit.torch.Linear: {where}")
+            state["states"], self.weight.device, self._fp8_cache_weight, f"{where}['states']")
 
     def _apply(self, fn, *args, **kwargs):
         out = super()._apply(fn, *args, **kwargs)

@@ -177,9 +177,92 @@ def test_bad_extra_state_is_named():
     sd["_extra_state"] = {"format": 1, "layer": "LayerNormLinear", "gemms": {}}
     with pytest.raises(ValueError, match="'_extra_state'.*LayerNormMLP"):
         layer.load_state_dict(sd)
-    sd["_extra_state"] = {"format": 1, "layer": "LayerNormMLP", "gemms": {"fc1": "x"}}
-    with pytest.raises(TypeError, match=r"\['gemms'\]\['fc1'\]"):
+    sd["_extra_state"] = {"format": 1, "layer": "LayerNormMLP", "gemms": {"fc1": "x", "fc2": []}}
+    with pytest.raises(TypeError, match=r"\['gemms'\]\['fc1'\] is 'x'"):
         layer.load_state_dict(sd)
+
+
+def _trained_state_dict(kind):
+    torch.manual_seed(0)
+    layer = ft.LayerNormLinear(64, 32) if kind == "lnl" else ft.LayerNormMLP(64, 32)
+    _train_steps(layer, DelayedScaling(), 1, 0)
+    return layer, layer.state_dict()
+
+
+@pytest.mark.parametrize("kind", ["lnl", "mlp"])
+def test_a_missing_or_unknown_entry_is_refused(kind):
+    """A missing GEMM entry would start that GEMM's state fresh without a
+    word, an unknown one would be dropped: both are errors naming it."""
+    layer, sd = _trained_state_dict(kind)
+    gemm = "linear" if kind == "lnl" else "fc2"
+    before = layer.fp8_states
+    extra = sd["_extra_state"]
+    cases = [
+        (dict(extra, gemms={g: v for g, v in extra["gemms"].items() if g != gemm}),
+         rf"'_extra_state'\['gemms'\] has no '{gemm}' entry .*the checkpoint is incomplete; "
+         "drop its '_extra_state' entries"),
+        (dict(extra, gemms=dict(extra["gemms"], fc3=[])),
+         r"'_extra_state'\['gemms'\] has an unknown entry 'fc3'"),
+        (dict(extra, note="x"), r"'_extra_state' has an unknown entry 'note'"),
+    ]
+    for bad, match in cases:
+        with pytest.raises(ValueError, match=match):
+            layer.load_state_dict(dict(sd, _extra_state=bad))
+        assert layer.fp8_states == before  # a failed load changes nothing
+
+
+@pytest.mark.parametrize("kind", ["lnl", "mlp"])
+def test_a_scale_inv_that_is_not_the_reciprocal_is_refused(kind):
+    layer, sd = _trained_state_dict(kind)
+    gemm = "linear" if kind == "lnl" else "fc1"
+    entry = sd["_extra_state"]["gemms"][gemm][0]
+    scale, scale_inv = entry["scale"], entry["scale_inv"]
+    assert torch.equal(scale_inv, 1 / scale)
+    bad = scale_inv.clone()
+    bad[1] *= 1.5
+    entry["scale_inv"] = bad
+    with pytest.raises(ValueError, match=rf"\['gemms'\]\['{gemm}'\]\[0\]: saved 'scale_inv' "
+                                         r"holds .* \(flat index 1\) but saved 'scale' holds .* "
+                                         "scale_inv must be 1 / scale"):
+        layer.load_state_dict(sd)
+    # One float32 rounding away loads.
+    entry["scale_inv"] = torch.nextafter(scale_inv, torch.full_like(scale_inv, float("inf")))
+    layer.load_state_dict(sd)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("activation", ["gelu", None])
+def test_from_unfused_keeps_rms_norms_default_eps(dtype, activation):
+    """torch.nn.RMSNorm(eps=None) takes the machine epsilon of its
+    computation type (float32's for float32, bfloat16 and float16 inputs,
+    float64's for float64): the converted layer computes what the modules
+    do, bit for bit outside autocast, and in FP8 with float32's eps. The
+    inputs' mean square is small, where eps matters."""
+    torch.manual_seed(0)
+    norm = torch.nn.RMSNorm(64, dtype=dtype)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = (torch.randn(4, 64) * 0.05).to(dtype)
+    if activation is None:
+        lin = torch.nn.Linear(64, 48, dtype=dtype)
+        convert = lambda n: ft.LayerNormLinear.from_unfused(n, lin)  # noqa: E731
+        want = lin(norm(x))
+    else:
+        fc1, fc2 = torch.nn.Linear(64, 32, dtype=dtype), torch.nn.Linear(32, 64, dtype=dtype)
+        convert = lambda n: ft.LayerNormMLP.from_unfused(n, fc1, fc2)  # noqa: E731
+        want = fc2(torch.nn.functional.gelu(fc1(norm(x)), approximate="tanh"))
+    layer = convert(norm)
+    assert torch.equal(layer(x), want)
+    assert layer.eps is None
+    if dtype == torch.float64:  # the FP8 path takes float32, bfloat16 and float16
+        return
+    explicit = torch.nn.RMSNorm(64, eps=torch.finfo(torch.float32).eps, dtype=dtype)
+    with torch.no_grad():
+        explicit.weight.copy_(norm.weight)
+    with ft.autocast(recipe=CurrentScaling()):
+        got, ref = layer(x), convert(explicit)(x)
+    assert torch.equal(got, ref)
+    assert ((got - want).float().norm() / want.float().norm()) < 0.1
 
 
 @pytest.mark.parametrize("normalization", ["LayerNorm", "RMSNorm"])

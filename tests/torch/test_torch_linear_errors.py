@@ -104,6 +104,9 @@ NAN, INF = float("nan"), float("inf")
     ({"scale": torch.tensor([1.0, 1.0, 0.0])}, ValueError, r"saved 'scale' holds 0 \(flat"),
     ({"scale": torch.tensor([-2.0, 1.0, 1.0])}, ValueError, r"saved 'scale' holds -2"),
     ({"scale_inv": torch.tensor([INF, 1.0, 1.0])}, ValueError, "saved 'scale_inv' holds inf"),
+    ({"scale_inv": torch.tensor([2.0, 1.0, 1.0])}, ValueError,
+     r"saved 'scale_inv' holds 2 \(flat index 0\) but saved 'scale' holds .* there; scale_inv "
+     r"must be 1 / scale"),
     ({"amax_history": -torch.ones(3, 4)}, ValueError,
      r"saved 'amax_history' holds -1 \(flat index 0\); amax_history values must be >= 0"),
     ({"seeded": torch.ones(3, dtype=torch.bool)}, TypeError,
@@ -132,7 +135,10 @@ def test_recorded_nan_and_inf_amaxes_load():
 
 
 @pytest.mark.parametrize("extra, error, match", [
-    ({"format": 2}, TypeError, r"'0._extra_state'\['states'\] is None"),
+    ({"format": 2}, ValueError, r"'0._extra_state' has no 'states' entry \(it must have "
+                                r"'format', 'states'\): the checkpoint is incomplete"),
+    ({"format": 2, "states": [], "step": 3}, ValueError,
+     r"'0._extra_state' has an unknown entry 'step'"),
     ({"format": 2, "states": {}}, TypeError, r"\['states'\] is \{\} \(dict\); it must be the list"),
     ({"format": 2, "states": [7]}, TypeError,
      r"\['states'\]\[0\]: the saved FP8 state is 7 \(int\); it must be the dict"),
