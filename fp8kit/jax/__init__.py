@@ -16,7 +16,8 @@ Importing this package registers fp8kit's FFI handlers with JAX (for the
     supports_non_tn_fp8_gemm(device), supports_block_scaled_fp8_gemm(device)
     dense(x, kernel, bias, *, state, recipe)  FP8 dense layer with custom_vjp
                                               (DelayedScaling, CurrentScaling, BlockScaling)
-    DelayedScalingState.create(recipe)        its delayed-scaling state
+    DelayedScalingState.create(recipe)        its delayed-scaling state (from_arrays:
+                                              one from its arrays, checked)
     layernorm_dense(x, gamma, beta, kernel, bias, *, normalization, state, recipe)
                                               norm + dense, the norm writing the FP8 input
     layernorm_mlp(x, gamma, beta, kernel_1, kernel_2, bias_1, bias_2, *,
@@ -31,12 +32,15 @@ calls are partitioned instead of gathered (data parallel, and tensor
 parallel for dense and layernorm_mlp); see fp8kit/jax/_sharding.py.
 
 Flax: fp8kit.jax.flax, imported on its own (it needs Flax), holds Dense,
-LayerNormDense and LayerNormMLP modules over these functions.
+LayerNormDense and LayerNormMLP modules over these functions, and
+registers DelayedScalingState with flax.serialization.
 
 Modules, in import order (each imports only modules above it, so there
 are no cycles; tests/jax/test_jax_imports.py checks it):
 
     _checks, scaled_tensor   argument checks; the ScaledTensor pytree
+    _state_values            what a DelayedScalingState's values may be, and
+                             the one-call-per-step rule on its use
     _ffi, _ffi_fused         layer 1: the extension, its constants, and one
                              `*_call` wrapper per FFI target (jax.ffi.ffi_call);
                              _ffi_fused for the fused norm and activation ops

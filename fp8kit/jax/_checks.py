@@ -66,6 +66,20 @@ def int_in(fn: str, arg: str, value, lo: int, hi: int) -> int:
     return int(value)
 
 
+def gemm_dim(fn: str, arg: str, value, multiple: int) -> int:
+    """A dimension an FP8 GEMM reads: a positive int multiple of `multiple`
+    (its alignment); a bool is not an int here."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{fn}: {arg} must be an int, a positive multiple of {multiple}, got "
+                        f"{value!r} ({type(value).__name__})")
+    if value <= 0 or value % multiple:
+        fit = max(multiple, -(-value // multiple) * multiple)
+        raise ValueError(f"{fn}: {arg}={value}; it must be a positive multiple of {multiple} "
+                         f"(the FP8 GEMM's alignment, enforced on the CPU too): use e.g. "
+                         f"{arg}={fit}")
+    return int(value)
+
+
 def epsilon(fn: str, arg: str, value) -> float:
     """A finite float >= 0 that float32 holds (a Python or NumPy real
     number; bools and strings are refused)."""

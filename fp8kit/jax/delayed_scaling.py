@@ -49,6 +49,15 @@ state per example, each updated by its example) or shared (in_axes=None:
 the call acts as one call over the whole batch - every example cast with
 the same scale, the state recorded once with the max of the examples'
 amaxes; fp8kit/jax/_batching.py).
+
+Checks (fp8kit/jax/_state_values.py): the layers check a state's fields'
+shapes and dtypes on every call, and its values (amax_history >= 0, scale
+finite and > 0, seeded 0 or 1) wherever they are concrete: at
+DelayedScalingState.from_arrays and from_state_dict (a restore), at
+fp8kit.models' checkpoint load, and at a layer call outside jit. Under jit
+the values are tracers: a state restored or built from arrays is checked
+where it enters, before the step. A second call on one state in one
+differentiated function is an error while tracing.
 """
 
 from __future__ import annotations
@@ -58,9 +67,10 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fp8kit import recipe as recipe_lib
-from fp8kit.jax import _batching, _checks, _ffi
+from fp8kit.jax import _batching, _checks, _ffi, _state_values
 from fp8kit.jax.scaled_tensor import ScaledTensor
 
 X, KERNEL, GRAD = 0, 1, 2
@@ -71,7 +81,11 @@ NUM_TENSORS = 3
 @dataclasses.dataclass(frozen=True)
 class DelayedScalingState:
     """amax_history: float32 [slots, history_len]; scale: float32 [slots];
-    seeded: float32 [slots] (0.0 fresh, 1.0 seeded); slots = 3 per Linear."""
+    seeded: float32 [slots] (0.0 fresh, 1.0 seeded); slots = 3 per Linear.
+
+    The constructor checks nothing: JAX rebuilds the state from tracers
+    and placeholders while it transforms a function. Make one with
+    create(recipe), or from arrays with from_arrays (checked)."""
 
     amax_history: jax.Array
     scale: jax.Array
@@ -87,13 +101,79 @@ class DelayedScalingState:
         if not isinstance(recipe, recipe_lib.DelayedScaling):
             raise TypeError("DelayedScalingState.create: recipe must be an "
                             f"fp8kit.recipe.DelayedScaling, got {type(recipe).__name__}")
-        if num_linears not in (1, 2):
-            raise ValueError(f"DelayedScalingState.create: num_linears={num_linears!r}; fp8kit's "
-                             "layers have 1 (dense, layernorm_dense) or 2 (layernorm_mlp)")
+        # int_in refuses a bool, as the recipes do: True for a count is a mistake.
+        num_linears = _checks.int_in(
+            "DelayedScalingState.create", "num_linears (1: dense, layernorm_dense; 2: "
+            "layernorm_mlp)", num_linears, 1, 2)
         slots = NUM_TENSORS * num_linears
         return cls(amax_history=jnp.zeros((slots, recipe.amax_history_len), jnp.float32),
                    scale=jnp.ones((slots,), jnp.float32),
                    seeded=jnp.zeros((slots,), jnp.float32))
+
+    @classmethod
+    def from_arrays(cls, amax_history, scale, seeded) -> "DelayedScalingState":
+        """A state from its three arrays (kept as given, not copied),
+        checked: float32, shapes [slots, history_len], [slots], [slots]
+        with 3 or 6 slots (1 or 2 Linears), and, where the values are
+        concrete, the values (module docstring)."""
+        return cls._checked("DelayedScalingState.from_arrays",
+                            "pass the arrays of a state fp8kit made (create, or a layer's update)",
+                            amax_history=amax_history, scale=scale, seeded=seeded)
+
+    def to_state_dict(self) -> dict:
+        """{"amax_history", "scale", "seeded": array}: what Flax's
+        serialization writes (fp8kit.jax.flax registers it)."""
+        return {name: getattr(self, name) for name in _state_values.FIELDS}
+
+    def from_state_dict(self, state_dict: dict) -> "DelayedScalingState":
+        """The state `state_dict` holds (to_state_dict's dict, as Flax
+        restores it), for this state's place: the same shapes, checked as
+        from_arrays checks."""
+        fn = "DelayedScalingState.from_state_dict"
+        fields = _state_values.FIELDS
+        if not isinstance(state_dict, dict) or set(state_dict) != set(fields):
+            keys = sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__
+            raise ValueError(f"{fn}: the saved state is {keys}; a DelayedScalingState is saved "
+                             f"as a dict of {list(fields)}")
+        for name in fields:
+            saved, here = np.shape(state_dict[name]), tuple(getattr(self, name).shape)
+            if saved != here:
+                raise ValueError(f"{fn}: saved {name} has shape {saved}, this state's {here}: "
+                                 "the checkpoint was written by a layer of another size or "
+                                 "recipe (amax_history_len)")
+        return type(self)._checked(fn, "the checkpoint is corrupt (restore an earlier one)",
+                                   **state_dict)
+
+    @classmethod
+    def _checked(cls, fn: str, fix: str, **arrays) -> "DelayedScalingState":
+        """from_arrays' checks, errors naming `fn` and ending in `fix`."""
+        for name, a in arrays.items():
+            if not hasattr(a, "dtype") or not hasattr(a, "shape"):
+                raise TypeError(f"{fn}: {name} is a {type(a).__name__}; pass a float32 array")
+            if jnp.dtype(a.dtype) != jnp.float32:
+                raise TypeError(f"{fn}: {name} has dtype {jnp.dtype(a.dtype)}; the state is "
+                                f"float32: pass {name}.astype(jnp.float32)")
+        shapes = {name: tuple(arrays[name].shape) for name in _state_values.FIELDS}
+        slots = shapes["scale"][0] if len(shapes["scale"]) == 1 else None
+        if (slots not in (NUM_TENSORS, 2 * NUM_TENSORS) or shapes["seeded"] != (slots,)
+                or len(shapes["amax_history"]) != 2 or shapes["amax_history"][0] != slots
+                or not 1 <= shapes["amax_history"][1] <= _ffi.AMAX_HISTORY_LEN_MAX):
+            raise ValueError(
+                f"{fn}: amax_history, scale and seeded have shapes {tuple(shapes.values())}; a "
+                f"state has [slots, history_len], [slots] and [slots] with slots = 3 per Linear "
+                f"(3 or 6) and 1 <= history_len <= {_ffi.AMAX_HISTORY_LEN_MAX}")
+        state = cls(**arrays)
+        state.check_values(f"{fn}: ", fix)
+        return state
+
+    def check_values(self, where: str, fix: str) -> None:
+        """A ValueError "{where}FIELD holds X (flat index i); FIELD values
+        must be ...: {fix}" for the first value that breaks its field's
+        rule (module docstring); nothing for a traced state."""
+        if _state_values.is_concrete(self):
+            bad = _state_values.first_bad_value(self, fix)
+            if bad is not None:
+                raise ValueError(f"{where}{bad}")
 
     @staticmethod
     def formats(recipe: recipe_lib.DelayedScaling, num_linears: int = 1) -> tuple[str, ...]:
@@ -108,7 +188,7 @@ def check_state(fn: str, recipe: recipe_lib.DelayedScaling, state,
                 num_linears: int = 1) -> None:
     """state must be a DelayedScalingState whose fields are float32 arrays of
     the shapes `recipe` and the layer's `num_linears` need (checked before
-    anything is lowered)."""
+    anything is lowered), and whose values, where concrete, are valid."""
     slots = NUM_TENSORS * num_linears
     create = ("DelayedScalingState.create(recipe)" if num_linears == 1 else
               f"DelayedScalingState.create(recipe, num_linears={num_linears})")
@@ -132,6 +212,17 @@ def check_state(fn: str, recipe: recipe_lib.DelayedScaling, state,
             f"{fn}: state has amax_history, scale and seeded of shapes {shapes}; the recipe "
             f"needs ({slots}, {recipe.amax_history_len}), ({slots},) and ({slots},). Create it "
             f"with {create}.")
+    state.check_values(f"{fn}: state.", f"start from a fresh {create} (the layers' updates "
+                                         "never write such a value: it was edited or restored "
+                                         "from a corrupt checkpoint)")
+
+
+def note_use(fn: str, state) -> None:
+    """Records a layer call on `state` (None: stateless) once its arguments
+    are checked; a ValueError if the differentiation being traced has
+    handed the state to another call already (_state_values.py)."""
+    if state is not None:
+        _state_values.USES.record(fn, state)
 
 
 def quantize_and_record(state: DelayedScalingState, recipe: recipe_lib.DelayedScaling,

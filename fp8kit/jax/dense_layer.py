@@ -38,7 +38,8 @@ from jax.sharding import PartitionSpec as P
 from fp8kit.jax import _checks, _linear
 from fp8kit.jax import _sharding as sh
 from fp8kit.jax import matmul
-from fp8kit.jax.delayed_scaling import GRAD, KERNEL, X, DelayedScalingState, quantize_and_record
+from fp8kit.jax.delayed_scaling import (GRAD, KERNEL, X, DelayedScalingState, note_use,
+                                        quantize_and_record)
 
 _FN = "fp8kit.jax.dense"
 
@@ -173,5 +174,6 @@ def dense(x, kernel, bias=None, *, state: Optional[DelayedScalingState] = None, 
                              bias_dtype=bias_dtype, input_slot=X, kernel_slot=KERNEL,
                              grad_slot=GRAD)
     cfg = _Config(linear=lin, types=_Types.of(x, kernel, bias, state))
+    note_use(_FN, state)
     y = _dense(cfg, x, kernel, bias, state)
     return y.reshape(*lead, n)

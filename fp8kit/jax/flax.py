@@ -24,9 +24,24 @@ take that gradient as the next state (not an optimizer step):
     grads, fp8_state = jax.grad(loss_fn, argnums=(0, 1))(params, fp8_state, x, y)
 
 apply reads the state and never writes it (no mutable=); a call that is
-not differentiated leaves it as it was. Call each module once per step
-(the cotangents of a state used twice would be summed). CurrentScaling
-and BlockScaling keep no state and make no "fp8_state" collection.
+not differentiated leaves it as it was. Call each module once per step:
+the cotangents of a state used twice would be summed, so a second call in
+one differentiated function is an error while tracing (a module used
+twice needs two modules). CurrentScaling and BlockScaling keep no state
+and make no "fp8_state" collection.
+
+Importing this module registers DelayedScalingState with
+flax.serialization, so the variables, "fp8_state" included, go through
+flax.serialization.to_bytes / from_bytes (and msgpack_serialize); a
+restore checks the state's shapes and values
+(DelayedScalingState.from_state_dict). The state is a pytree of three
+arrays, which is what Orbax saves and restores (unchecked: an eager layer
+call checks the values, or DelayedScalingState.from_arrays before a jitted
+step).
+
+The attributes are checked when a module is constructed: features,
+ffn_features and out_features are positive multiples of the FP8 GEMM's
+alignment (16).
 """
 
 from __future__ import annotations
@@ -35,6 +50,7 @@ from typing import Any, Callable, Optional
 
 try:
     import flax.linen as nn
+    from flax import serialization
 except ImportError as e:  # flax is optional: say how to get it
     raise ImportError("fp8kit.jax.flax needs Flax, which fp8kit does not install: "
                       "pip install flax") from e
@@ -42,14 +58,48 @@ except ImportError as e:  # flax is optional: say how to get it
 import jax.numpy as jnp
 
 from fp8kit import recipe as recipe_lib
+from fp8kit.jax import _checks, _ffi
+from fp8kit.jax._fused_steps import NORMALIZATIONS
 from fp8kit.jax.delayed_scaling import DelayedScalingState
 from fp8kit.jax.dense_layer import dense
 from fp8kit.jax.fused_dense_layer import layernorm_dense
-from fp8kit.jax.fused_mlp_layer import layernorm_mlp
+from fp8kit.jax.fused_mlp_layer import ACTIVATIONS, layernorm_mlp
 
 STATE_COLLECTION = "fp8_state"
 Initializer = Callable[..., Any]
 _DEFAULT_RECIPE = recipe_lib.DelayedScaling()
+_RECIPES = (recipe_lib.DelayedScaling, recipe_lib.CurrentScaling, recipe_lib.BlockScaling)
+
+
+def _restore_state(target: DelayedScalingState, state_dict) -> DelayedScalingState:
+    """DelayedScalingState.from_state_dict, its errors naming the variable."""
+    try:
+        return target.from_state_dict(state_dict)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"restoring {serialization.current_path()}: {e}") from e
+
+
+# override: importing this module again (importlib.reload) registers again.
+serialization.register_serialization_state(
+    DelayedScalingState, DelayedScalingState.to_state_dict, _restore_state, override=True)
+
+
+def _check_attributes(module: nn.Module, **gemm_dims) -> None:
+    """The attributes every module has, the optional norm's, and
+    `gemm_dims` (attribute: value; out_features may be None)."""
+    fn = f"fp8kit.jax.flax.{type(module).__name__}"
+    for name, value in gemm_dims.items():
+        if not (name == "out_features" and value is None):
+            _checks.gemm_dim(fn, name, value, _ffi.GEMM_DIM_MULTIPLE)
+    _checks.flag(fn, "use_bias", module.use_bias)
+    if not isinstance(module.recipe, _RECIPES):
+        raise TypeError(f"{fn}: recipe must be an fp8kit.recipe DelayedScaling, CurrentScaling "
+                        f"or BlockScaling, got {module.recipe!r}")
+    if hasattr(module, "normalization"):
+        if module.normalization not in NORMALIZATIONS:
+            raise ValueError(f"{fn}: normalization={module.normalization!r}; use one of "
+                             f"{NORMALIZATIONS}")
+        _checks.epsilon(fn, "epsilon", module.epsilon)
 
 
 def _scaling_state(module: nn.Module, num_linears: int) -> Optional[DelayedScalingState]:
@@ -85,6 +135,10 @@ class Dense(nn.Module):
     bias_init: Initializer = nn.initializers.zeros
     param_dtype: Any = jnp.float32
 
+    def __post_init__(self):
+        _check_attributes(self, features=self.features)
+        super().__post_init__()
+
     @nn.compact
     def __call__(self, x):
         kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features),
@@ -108,6 +162,10 @@ class LayerNormDense(nn.Module):
     gamma_init: Initializer = nn.initializers.ones
     beta_init: Initializer = nn.initializers.zeros
     param_dtype: Any = jnp.float32
+
+    def __post_init__(self):
+        _check_attributes(self, features=self.features)
+        super().__post_init__()
 
     @nn.compact
     def __call__(self, x):
@@ -146,12 +204,19 @@ class LayerNormMLP(nn.Module):
     beta_init: Initializer = nn.initializers.zeros
     param_dtype: Any = jnp.float32
 
+    def __post_init__(self):
+        fn = "fp8kit.jax.flax.LayerNormMLP"
+        _check_attributes(self, ffn_features=self.ffn_features, out_features=self.out_features)
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"{fn}: activation={self.activation!r}; use one of {ACTIVATIONS}")
+        if _checks.flag(fn, "paired", self.paired) and self.activation != "swiglu":
+            raise ValueError(f"{fn}: paired=True is SwiGLU's kernel_1 layout [hidden, 2, F]; "
+                             f"activation={self.activation!r} takes [hidden, F]: pass "
+                             "paired=False")
+        super().__post_init__()
+
     @nn.compact
     def __call__(self, x):
-        if self.paired and self.activation != "swiglu":
-            raise ValueError(f"fp8kit.jax.flax.LayerNormMLP: paired=True is SwiGLU's kernel_1 "
-                             f"layout [hidden, 2, F]; activation={self.activation!r} takes "
-                             "[hidden, F]: pass paired=False")
         hidden, f = x.shape[-1], self.ffn_features
         n1 = 2 * f if self.activation == "swiglu" else f
         k1_shape, b1_shape = ((hidden, 2, f), (2, f)) if self.paired else ((hidden, n1), (n1,))

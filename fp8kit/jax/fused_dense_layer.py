@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from fp8kit.jax import _fused_steps as steps
 from fp8kit.jax import _linear, matmul
 from fp8kit.jax._linear import LinearCall
-from fp8kit.jax.delayed_scaling import GRAD, KERNEL, X, DelayedScalingState
+from fp8kit.jax.delayed_scaling import GRAD, KERNEL, X, DelayedScalingState, note_use
 
 _FN = "fp8kit.jax.layernorm_dense"
 
@@ -128,4 +128,5 @@ def layernorm_dense(x, gamma, beta, kernel, bias=None, *, normalization: str = "
     cfg = _Config(linear=lin, normalization=normalization, epsilon=epsilon,
                   gamma_dtype=dtype(gamma), beta_dtype=dtype(beta),
                   specs=steps.explicit_specs(*args))
+    note_use(_FN, state)
     return _layernorm_dense(cfg, *args).reshape(*lead, n)

@@ -75,7 +75,7 @@ import jax.numpy as jnp
 from fp8kit.jax import _fused_steps as steps
 from fp8kit.jax import _linear, matmul
 from fp8kit.jax import _mlp_fc1 as fc1_steps
-from fp8kit.jax.delayed_scaling import DelayedScalingState
+from fp8kit.jax.delayed_scaling import DelayedScalingState, note_use
 from fp8kit.jax._linear import LinearCall
 
 _FN = "fp8kit.jax.layernorm_mlp"
@@ -213,5 +213,6 @@ def layernorm_mlp(x, gamma, beta, kernel_1, kernel_2, bias_1=None, bias_2=None, 
                   activation=activation, gamma_dtype=dtype(gamma), beta_dtype=dtype(beta),
                   specs=steps.explicit_specs(*args),
                   fc1_axes=fc1_steps.explicit_axes(x, kernel_1))
+    note_use(_FN, state)
     y = _mlp(cfg, *args)
     return y.reshape(*lead, n)

@@ -1,14 +1,62 @@
-"""What both frameworks' checkpoints record besides tensors: the run's
-configuration, checked on load so that a checkpoint is never resumed into
-a different model, schedule or recipe."""
+"""What both frameworks' checkpoints share: the run's configuration,
+checked on load so that a checkpoint is never resumed into a different
+model, schedule or recipe, and which file format a checkpoint is in, so
+that one trainer's file handed to the other is named as such.
+
+Both formats are zip archives: np.savez writes one "NAME.npy" member per
+array (JaxTrainer), torch.save one folder holding "data.pkl" and the
+tensors' storages (TorchTrainer).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import enum
 import os
+import zipfile
 
 FORMAT = 1
+NPZ = "a NumPy .npz archive (JaxTrainer.save's format)"
+TORCH = "a PyTorch checkpoint (torch.save's zip archive, TorchTrainer.save's format)"
+PICKLE = "a pickle (torch.save's legacy format, or another pickle)"
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")  # a local file header; an empty archive's end
+_NPY_MAGIC = b"\x93NUMPY"
+_PICKLE_MAGIC = b"\x80"  # the protocol opcode; torch.save's legacy format is a pickle
+
+
+def file_format(path) -> str:
+    """NPZ, TORCH, or what else the file at `path` is, in words."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if head.startswith(_NPY_MAGIC):
+        return "a single NumPy array (np.save's .npy), not an archive"
+    if head.startswith(_PICKLE_MAGIC):
+        return PICKLE
+    if not head.startswith(_ZIP_MAGIC):
+        return f"not a zip archive (it starts with {head!r})"
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+    except zipfile.BadZipFile as e:
+        return f"a damaged zip archive ({e})"
+    if names and all(n.endswith(".npy") for n in names):
+        return NPZ
+    if any(n.endswith("/data.pkl") for n in names):
+        return TORCH
+    return f"a zip archive of neither trainer's layout (members {names[:3]})"
+
+
+def check_file_format(path, accepted: tuple[str, ...], reader: str, other: str) -> None:
+    """ValueError unless the file at `path` is in one of the `accepted`
+    formats (the first is what `reader` writes): it names the file, what
+    it is and what was expected, and `other`, the reader of the other
+    trainer's format, when it is that."""
+    found = file_format(path)
+    if found in accepted:
+        return
+    hint = f" Load it with {other}." if found in (NPZ, TORCH) else ""
+    raise ValueError(f"checkpoint {os.fspath(path)} is {found}; {reader} reads {accepted[0]}."
+                     f"{hint}")
 
 
 def run_description(model_cfg, train_cfg, recipe) -> dict:

@@ -15,7 +15,10 @@ A checkpoint is one .npz file: every array of the params, the optimizer
 state (step count, first and second moments) and the FP8 states, named by
 its pytree path, plus a JSON entry with the step, the batch sampler's
 state and the run's configuration. Loading restores into the trainer's own
-pytrees and checks that every name, shape and dtype matches.
+pytrees and checks that the file is such an archive (a TorchTrainer
+checkpoint is named as one), that every name, shape and dtype matches, and
+that every FP8 scaling state's values are valid (the rule fp8kit.torch
+applies to its saved state).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import fp8kit.jax as fj
 from fp8kit.models import checkpoint, data, llama_jax
 from fp8kit.models.config import LlamaConfig
 from fp8kit.models.init import init_params
@@ -173,8 +177,14 @@ class JaxTrainer:
         checkpoint.replace_atomically(lambda f: np.savez(f, **arrays), path)
 
     def load(self, path) -> None:
+        checkpoint.check_file_format(path, (checkpoint.NPZ,), "JaxTrainer.load",
+                                     "TorchTrainer.load")
         with np.load(path, allow_pickle=False) as f:
             stored = {k: f[k] for k in f.files}
+        if _META not in stored:
+            raise ValueError(f"checkpoint {path} is a NumPy .npz archive without the '{_META}' "
+                             f"entry JaxTrainer.save writes (it holds {sorted(stored)[:5]}): it "
+                             "is not a JaxTrainer checkpoint")
         meta = json.loads(str(stored.pop(_META)))
         checkpoint.check_format(meta.get("format"), path)
         checkpoint.check_compatible(meta["run"], self._description(), path)
@@ -185,15 +195,27 @@ class JaxTrainer:
         if missing or extra:
             raise ValueError(f"checkpoint {path} does not hold this trainer's arrays: "
                              f"missing {missing[:5]}, unexpected {extra[:5]}")
-        leaves = []
         for name, (_, current) in zip(names, paths):
             a = stored[name]
             if a.shape != current.shape or a.dtype != current.dtype:
                 raise ValueError(f"checkpoint {path}: {name} is {a.dtype}{list(a.shape)}, "
                                  f"the trainer's is {current.dtype}{list(current.shape)}")
-            leaves.append(jax.device_put(a, self.device))
-        trees = jax.tree_util.tree_unflatten(tree, leaves)
+        trees = jax.tree_util.tree_unflatten(tree, [stored[name] for name in names])
+        _check_fp8_states(trees["fp8_states"], path)
+        trees = jax.tree.map(lambda a: jax.device_put(a, self.device), trees)
         self.params, self.opt_state = trees["params"], trees["opt"]
         self.fp8_states = trees["fp8_states"]
         self.sampler.load_state_dict(meta["sampler"])
         self.step = int(meta["step"])
+
+
+def _check_fp8_states(fp8_states, path) -> None:
+    """The values of every fp8kit DelayedScalingState among the loaded
+    (NumPy) FP8 states, as fp8kit.torch checks a Linear's saved state: a
+    corrupt one is named, not trained on (a NaN or zero scale makes every
+    loss NaN)."""
+    is_state = lambda x: isinstance(x, fj.DelayedScalingState)  # noqa: E731
+    for key, state in jax.tree_util.tree_flatten_with_path(fp8_states, is_leaf=is_state)[0]:
+        if is_state(state):
+            state.check_values(f"checkpoint {path}: ['fp8_states']{jax.tree_util.keystr(key)}.",
+                               "the checkpoint is corrupt (resume from an earlier one)")

@@ -12,7 +12,9 @@ A checkpoint holds the model's state_dict (weights, and each
 fp8kit.torch.Linear's FP8 scaling state in its _extra_state), the
 optimizer's state, the step, and the batch sampler's state (data position
 and generator state; the model has no dropout, so that generator is the
-run's only randomness). It loads with torch.load(weights_only=True).
+run's only randomness). It loads with torch.load(weights_only=True), once
+the file is seen to be torch.save's archive (a JaxTrainer .npz is named as
+one, fp8kit/models/checkpoint.py).
 
 TorchTrainer(..., compile=True) runs the forward and the loss through
 torch.compile(fullgraph=True): the whole decoder is one graph (fp8kit's
@@ -142,6 +144,8 @@ class TorchTrainer:
         checkpoint.replace_atomically(lambda f: torch.save(state, f), path)
 
     def load(self, path) -> None:
+        checkpoint.check_file_format(path, (checkpoint.TORCH, checkpoint.PICKLE),
+                                     "TorchTrainer.load", "JaxTrainer.load")
         state = torch.load(path, map_location=self.device, weights_only=True)
         checkpoint.check_format(state.get("format"), path)
         checkpoint.check_compatible(state["run"], self._description(), path)

@@ -3,8 +3,11 @@ differentiated step on drawn shapes (0 tokens included), dtypes, recipes
 and values gives the output, the three gradients and the new
 delayed-scaling state of the layer protocol's reference
 (layer_reference.py); vmap with an unbatched state is either refused or
-reduced like the recipe; bad inputs get a clear error in Python. Run in a
-child process by test_jax_properties.py."""
+reduced like the recipe; bad inputs (a state holding a value no update
+writes among them) get a clear error in Python. Run in a child process by
+test_jax_properties.py."""
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -117,7 +120,8 @@ def check_dense_vmap_unbatched_state(device):
 @prop(max_examples=40, case=st.sampled_from(
     ["no_state", "state_for_current", "state_shape", "state_dtype", "recipe_type", "x_rank1",
      "k_mismatch", "k_not_multiple", "n_not_multiple", "x_f64", "bias_shape", "bias_int",
-     "kernel_rank3"]))
+     "kernel_rank3", "scale_nan", "scale_zero", "scale_negative", "history_negative",
+     "seeded_2"]))
 def check_dense_rejects(device, case):
     device_or_skip(device)
     delayed, current = DelayedScaling(), CurrentScaling()
@@ -141,6 +145,13 @@ def check_dense_rejects(device, case):
         "bias_shape": dict(bias=jnp.ones(8)),
         "bias_int": dict(bias=jnp.ones(16, jnp.int32)),
         "kernel_rank3": dict(kernel=jnp.ones((1, 32, 16))),
+        # Values no update writes, in a concrete state.
+        "scale_nan": dict(state=dataclasses.replace(good, scale=good.scale.at[1].set(jnp.nan))),
+        "scale_zero": dict(state=dataclasses.replace(good, scale=good.scale.at[0].set(0.0))),
+        "scale_negative": dict(state=dataclasses.replace(good, scale=-good.scale)),
+        "history_negative": dict(state=dataclasses.replace(
+            good, amax_history=good.amax_history.at[2, 0].set(-1.0))),
+        "seeded_2": dict(state=dataclasses.replace(good, seeded=good.seeded + 2.0)),
     }[case])
     expect_clear_error("fp8kit.jax.dense", fj.dense, args.pop("x"), args.pop("kernel"),
                        args.pop("bias"), **args)

@@ -3,8 +3,10 @@ functions they call (output, every gradient and the delayed-scaling
 state's cotangent bit for bit, the three recipes), the state carried
 across jitted training steps as the functional loop carries it, a jitted
 training step with optax (plain SGD without it) that fits a batch, and
-the errors: apply without the state, paired GELU, and the import without
-Flax (that one runs with or without Flax).
+the errors: apply without the state, paired GELU and the other
+attributes (checked at construction), a module called twice in one
+differentiated step, and the import without Flax (that one runs with or
+without Flax).
 """
 
 import importlib
@@ -189,9 +191,67 @@ def test_apply_without_the_state_says_what_to_pass(ff):
 
 
 def test_paired_gelu_is_refused(ff):
-    module = ff.LayerNormMLP(FFN, activation="gelu", paired=True, recipe=CurrentScaling())
     with pytest.raises(ValueError, match="paired=True is SwiGLU's kernel_1 layout"):
-        module.init(jax.random.key(0), jnp.ones((4, HIDDEN), jnp.bfloat16))
+        ff.LayerNormMLP(FFN, activation="gelu", paired=True, recipe=CurrentScaling())
+
+
+BAD_ATTRIBUTES = [
+    ("LayerNormMLP", dict(ffn_features=0), ValueError,
+     "ffn_features=0; it must be a positive multiple of 16 .* use e.g. ffn_features=16"),
+    ("LayerNormMLP", dict(ffn_features=-16), ValueError, "ffn_features=-16; it must be a positive"),
+    ("LayerNormMLP", dict(ffn_features=40), ValueError, "ffn_features=40; .* ffn_features=48"),
+    ("LayerNormMLP", dict(ffn_features=True), TypeError,
+     r"ffn_features must be an int, a positive multiple of 16, got True \(bool\)"),
+    ("LayerNormMLP", dict(ffn_features=FFN, out_features=8), ValueError, "out_features=8"),
+    ("LayerNormMLP", dict(ffn_features=FFN, activation="relu"), ValueError,
+     "activation='relu'; use one of"),
+    ("LayerNormMLP", dict(ffn_features=FFN, paired=1), TypeError, "paired=1 must be True or False"),
+    ("Dense", dict(features=0), ValueError, "features=0; it must be a positive multiple of 16"),
+    ("Dense", dict(features=16.0), TypeError, r"features must be an int.*got 16.0 \(float\)"),
+    ("Dense", dict(features=16, use_bias="yes"), TypeError, "use_bias='yes' must be True or False"),
+    ("Dense", dict(features=16, recipe=None), TypeError, "recipe must be an fp8kit.recipe"),
+    ("LayerNormDense", dict(features=24), ValueError, "features=24; .* features=32"),
+    ("LayerNormDense", dict(features=16, normalization="batchnorm"), ValueError,
+     "normalization='batchnorm'; use one of"),
+    ("LayerNormDense", dict(features=16, epsilon=-1.0), ValueError, "epsilon must be >= 0"),
+]
+
+
+@pytest.mark.parametrize("module,kwargs,exc,match", BAD_ATTRIBUTES, ids=[
+    f"{m}-" + "-".join(f"{k}={v!r}" for k, v in kw.items()) for m, kw, _, _ in BAD_ATTRIBUTES])
+def test_module_attributes_are_checked_at_construction(ff, module, kwargs, exc, match):
+    with pytest.raises(exc, match=f"fp8kit.jax.flax.{module}: {match}"):
+        getattr(ff, module)(**kwargs)
+
+
+def _calling_one_mlp_twice(ff, recipe):
+    """A parent module calling one LayerNormMLP twice (shared weights and
+    state); defined here, where Flax is known to be there."""
+    class Twice(ff.nn.Module):
+        @ff.nn.compact
+        def __call__(self, x):
+            mlp = ff.LayerNormMLP(HIDDEN, recipe=recipe)
+            return mlp(mlp(x))
+    return Twice()
+
+
+def test_a_module_called_twice_per_step_is_refused_while_tracing(ff):
+    model = _calling_one_mlp_twice(ff, DelayedScaling())
+    x = jnp.ones((4, HIDDEN), jnp.bfloat16)
+    variables = model.init(jax.random.key(0), x)
+
+    def loss_fn(params, fp8_state):
+        y = model.apply({"params": params, "fp8_state": fp8_state}, x)
+        return jnp.sum(y.astype(jnp.float32))
+
+    step = jax.jit(jax.grad(loss_fn, argnums=(0, 1)))
+    with pytest.raises(ValueError, match="layernorm_mlp: this DelayedScalingState is already used "
+                                         "by another call.*call it once per step, or make one "
+                                         "module per use"):
+        step(variables["params"], variables["fp8_state"])
+    # Read, not updated (no state gradient): calling it twice is allowed.
+    y = jax.jit(model.apply)(variables, x)
+    assert y.shape == x.shape and np.isfinite(np.asarray(y, np.float32)).all()
 
 
 def test_import_without_flax_says_pip_install_flax(monkeypatch):

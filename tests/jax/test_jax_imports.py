@@ -14,6 +14,7 @@ MODULES = sorted(p.stem for p in ROOT.glob("*.py") if p.stem != "__init__")
 # What each private layer may import from the package (besides nothing).
 ALLOWED = {
     "_checks": set(),
+    "_state_values": set(),
     "scaled_tensor": {"_checks"},
     "_ffi": {"_checks", "scaled_tensor"},
     "_ffi_fused": {"_ffi"},
