@@ -137,6 +137,28 @@ FP8KIT_HD Sigmoid sigmoid_pair_f32(float x) {
 
 FP8KIT_HD float sigmoid_f32(float x) { return sigmoid_pair_f32(x).s; }
 
+#if defined(__CUDA_ARCH__)
+// The CUDA kernels' sigmoid pair: the same selection of the smaller and
+// the larger value as sigmoid_pair_f32, from the special function unit's
+// 2^t and reciprocal (ex2.approx.ftz, div.approx): 5 instructions where
+// the exact pair takes about 30, which bound the activation kernels.
+// Against sigmoid_pair_f32: e = e^-|x| is off by the MUFU's 2 ulp plus
+// |x| log2(e) ulp of t's rounding (CUDA's own bound for __expf), and is 0
+// below 2^-126 (|x| > 87.3, where the exact e is a denormal); then
+// smaller = e / (1 + e) adds 2 ulp. So `smaller` is within (4 + 1.5 |x|)
+// ulp or 2^-126 of the exact pair's, and `larger` within 1 ulp of 1
+// minus that. fp8kit/activation.h states what this means for the outputs.
+__device__ __forceinline__ Sigmoid sigmoid_pair_fast(float x) {
+  constexpr float kLog2E = 0x1.715476p+0f;
+  float e;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(__fmul_rn(negative_abs(x), kLog2E)));
+  const float smaller = __fdividef(e, __fadd_rn(1.0f, e));
+  const float larger = sub_rn(1.0f, smaller);
+  const bool nonnegative = x >= 0.0f;
+  return {nonnegative ? larger : smaller, nonnegative ? smaller : larger};
+}
+#endif
+
 }  // namespace fp8kit
 
 #endif  // FP8KIT_SRC_FLOAT_MATH_H_
