@@ -79,7 +79,7 @@ void init_matmul_desc(const GemmProblem& p, const GemmPlanKey& key,
                       cublasLtMatmulDescOpaque_t* desc);
 
 // Builds a plan: layouts, then cublasLtMatmulAlgoGetHeuristic for several
-// candidates (FP8KIT_GEMM_CANDIDATES, default 8), then (unless
+// candidates (FP8KIT_GEMM_CANDIDATES, default 32), then (unless
 // FP8KIT_GEMM_AUTOTUNE=0, or the stream is being captured into a CUDA
 // graph, or there is one candidate) times them once on this problem and
 // keeps the fastest. Runs the GEMM several times while
