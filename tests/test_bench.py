@@ -20,7 +20,7 @@ pytest.importorskip("jax")
 pytest.importorskip("matplotlib")
 
 from fp8kit import bench  # noqa: E402
-from fp8kit.bench import fused_torch, gemm_block, norm_cast, progress, results, timing  # noqa: E402
+from fp8kit.bench import act_cast, fused_torch, gemm_block, norm_cast, progress, results, timing  # noqa: E402
 from fp8kit.bench.results import Row  # noqa: E402
 
 SECTIONS = ("gemm", "quantize", "linear", "overhead", "fused", "compile")
@@ -79,7 +79,7 @@ def test_rows_are_checked_and_measured_side_by_side(suite):
     # P3, P5-fwd, P5-fwd+bwd, P7 and P10 need TransformerEngine or torchao
     # beside fp8kit: not in a CPU run.
     assert set(doc["targets"]) == {"P1", "P2", "P4", "P5-gemm", "P6-gemm", "P6-linear",
-                                   "P6-quantize", "P7-norm", "P10-eager"} | \
+                                   "P6-quantize", "P7-norm", "P7-act", "P10-eager"} | \
         ({"P3"} if TE else set()) | ({"P5-fwd", "P5-fwd+bwd"} if TE_JAX else set())
     assert all(t["met"] is None for t in doc["targets"].values())
     # P6-gemm's peer, torch's block-scaled scaled_mm, runs on a GPU only.
@@ -251,9 +251,16 @@ def test_fused_rows(suite):
         assert r["target"] == "P7-norm" and r["error"] is None and r["unit"] == "TB/s"
         assert r["check"].startswith("columnwise = rowwise.T bit-exact; vs float64 rel err")
         assert r["fp8kit_s"] > 0 and r["anchor_s"] > 0
+    act_rows = [r for r in fused if r["group"] == act_cast.GROUP]
+    assert {" ".join(r["case"].split()[:2]) for r in act_rows} == {
+        "swiglu forward", "swiglu backward", "gelu forward", "gelu backward"}
+    for r in act_rows:   # the activation kernels alone, checked, against a copy
+        assert r["target"] == "P7-act" and r["error"] is None and r["unit"] == "TB/s"
+        assert r["check"].startswith("columnwise = rowwise.T bit-exact; vs float64 rel err")
+        assert r["fp8kit_s"] > 0 and r["anchor_s"] > 0
     # Peak memory rows need CUDA's allocator.
     assert any("extra peak memory" in r["group"] for r in fused) == GPU
-    rows = [r for r in fused if r not in jax_rows and r not in norm_rows
+    rows = [r for r in fused if r not in jax_rows and r not in norm_rows and r not in act_rows
             and "extra peak memory" not in r["group"]]
     groups = {r["group"] for r in rows}
     assert any("LayerNormMLP" in g and "swiglu" in g for g in groups)

@@ -38,7 +38,7 @@ _MODULES = {"gemm": ["fp8kit.bench.gemm", "fp8kit.bench.gemm_block"],
             "linear": ["fp8kit.bench.linear_torch", "fp8kit.bench.dense_jax"],
             "overhead": ["fp8kit.bench.overhead"],
             "fused": ["fp8kit.bench.fused_torch", "fp8kit.bench.norm_cast",
-                      "fp8kit.bench.mlp_jax"],
+                      "fp8kit.bench.act_cast", "fp8kit.bench.mlp_jax"],
             "compile": ["fp8kit.bench.compile_torch"]}
 # --sections also takes one module of a section with two (the PyTorch or the JAX
 # half of "linear" or of "fused", the block-scaled part of "gemm"), except the

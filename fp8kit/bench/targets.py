@@ -3,7 +3,8 @@ they come from). Every target is a ratio measured in one run:
 
     ratio = anchor seconds / fp8kit seconds      (> 1: fp8kit is faster)
 
-For quantization (P2) and the fused normalization (P7-norm) the "anchor"
+For quantization (P2), the fused normalization (P7-norm) and activations
+(P7-act) the "anchor"
 is a bandwidth limit measured in the same run (a device-to-device copy),
 so the ratio is the fraction of that limit fp8kit reaches.
 """
@@ -51,6 +52,9 @@ TARGETS = {t.id: t for t in (
            "TransformerEngine's LayerNormMLP in the same run, same recipe", 1.05),
     Target("P7-norm", "the fused normalization forward (bf16 -> FP8 rowwise + columnwise + "
            "amax, counted as 4 B/element) >= 85% of copy bandwidth", 0.85),
+    Target("P7-act", "the fused activation kernels (SwiGLU, GELU; forward and backward, bf16 "
+           "-> FP8 rowwise + columnwise + amax) >= 90% of the copy bandwidth for their bytes",
+           0.90),
     Target("P10", "torch.compile(fullgraph=True) fp8kit Linear fwd+bwd 8192^3 >= 1.10x "
            "torchao's compiled Float8Linear (tensorwise)", 1.10),
     Target("P10-eager", "torch.compile(fullgraph=True) fp8kit Linear fwd+bwd >= eager "
