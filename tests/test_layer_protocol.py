@@ -13,9 +13,11 @@ import jax.numpy as jnp  # noqa: E402
 
 import fp8kit.jax as fj  # noqa: E402
 import fp8kit.torch as ft  # noqa: E402
-from fp8kit.recipe import AmaxReduction, CurrentScaling, DelayedScaling, Format  # noqa: E402
+from fp8kit.recipe import (AmaxReduction, BlockScaling, CurrentScaling,  # noqa: E402
+                           DelayedScaling, Format)
 
 K, N = 32, 48
+BLOCK_K, BLOCK_N = 128, 256  # block scaling's GEMMs take whole 128-wide blocks
 STEPS = 5
 RECIPES = [
     DelayedScaling(fp8_format=Format.HYBRID, amax_history_len=3, margin=1),
@@ -26,7 +28,7 @@ RECIPES = [
 ]
 
 
-def _steps(lead, dtype, seed=0):
+def _steps(lead, dtype, seed=0, k=K, n=N):
     """STEPS tuples (x, weight [N, K], bias, dy) as float32 NumPy arrays
     exactly representable in `dtype`, with magnitudes that change from step
     to step (so delayed and current scaling differ)."""
@@ -34,10 +36,10 @@ def _steps(lead, dtype, seed=0):
     out = []
     for step in range(STEPS):
         gain = 2.0 ** (step - 2)
-        x = rng.standard_normal((*lead, K)) * 3 * gain
-        w = rng.standard_normal((N, K)) * 0.2 / gain
-        b = rng.standard_normal(N)
-        dy = rng.standard_normal((*lead, N)) * 1e-3 * gain
+        x = rng.standard_normal((*lead, k)) * 3 * gain
+        w = rng.standard_normal((n, k)) * 0.2 / gain
+        b = rng.standard_normal(n)
+        dy = rng.standard_normal((*lead, n)) * 1e-3 * gain
         out.append(tuple(torch.tensor(a, dtype=torch.float32).to(dtype).float().numpy()
                          for a in (x, w, b, dy)))
     return out
@@ -49,7 +51,8 @@ def _bits(a):
 
 
 def _torch_run(recipe, seq, dtype):
-    layer = ft.Linear(K, N, bias=True, dtype=dtype)
+    n, k = seq[0][1].shape
+    layer = ft.Linear(k, n, bias=True, dtype=dtype)
     results = []
     for x, w, b, dy in seq:
         with torch.no_grad():
@@ -109,6 +112,29 @@ def test_torch_and_jax_give_the_same_bits(recipe, lead, dtype):
             np.testing.assert_array_equal(_bits(t[key]), _bits(j[key]),
                                           err_msg=f"step {step}: {key} differs")
         # Not vacuous: the layer did produce finite, nonzero results.
+        assert np.isfinite(t["y"]).all() and np.abs(t["dw"]).max() > 0
+
+
+@pytest.mark.parametrize("lead", [(2, 16), (5, 7)], ids=["M32", "M35"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+def test_block_scaling_gives_the_same_bits(lead, dtype):
+    """Block scaling's protocol (linear.h, "Block scaling"): 1x128 / 128x128
+    scales and the token count padded to one multiple in both front ends;
+    M = 35 is padded. The bias gradient is each framework's own float32
+    column sum (linear.h says so), equal up to the summation order."""
+    seq = _steps(lead, dtype, k=BLOCK_K, n=BLOCK_N)
+    got_torch = _torch_run(BlockScaling(), seq, dtype)
+    got_jax = _jax_run(BlockScaling(), seq, dtype)
+    for step, (t, j) in enumerate(zip(got_torch, got_jax)):
+        assert t.keys() == j.keys() == {"y", "dx", "dw", "db"}
+        for key in t:
+            assert t[key].shape == j[key].shape, (step, key)
+            if key == "db":
+                np.testing.assert_allclose(t[key], j[key], rtol=2e-6, atol=1e-6 * np.abs(
+                    j[key]).max(), err_msg=f"step {step}: db differs beyond summation order")
+                continue
+            np.testing.assert_array_equal(_bits(t[key]), _bits(j[key]),
+                                          err_msg=f"step {step}: {key} differs")
         assert np.isfinite(t["y"]).all() and np.abs(t["dw"]).max() > 0
 
 

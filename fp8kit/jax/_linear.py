@@ -11,11 +11,11 @@ BlockScaling: x and dy are quantized 1x128 and the kernel 128x128, each
 block with its own current scale (no state), and the GEMMs read the copies
 the plan of a TN device names (block-scaled GEMMs are TN only). cuBLASLt's
 block-scaled GEMM writes bfloat16 or float32 (a float16 layer computes in
-float32 and rounds once) and needs the token count M to be a multiple of
-8: a layer pads x and dy with zero token rows to the next one (zero rows
-are whole 1x128 tiles of their own in the rowwise copies and add nothing
-to an amax in the columnwise ones, so every real scale is unchanged) and
-slices y and dx back.
+float32 and rounds once); a layer pads x and dy with zero token rows to
+the next multiple of GEMM_DIM_MULTIPLE, as fp8kit/linear.h says and
+fp8kit.torch does (zero rows are whole 1x128 tiles of their own in the
+rowwise copies and add nothing to an amax in the columnwise ones, so every
+real scale is unchanged), and slices y and dx back.
 """
 
 from __future__ import annotations
@@ -33,8 +33,10 @@ from fp8kit.jax import matmul
 from fp8kit.jax.delayed_scaling import check_state, quantize_and_record
 from fp8kit.jax.scaled_tensor import ScaledTensor
 
-# cuBLASLt's block-scaled GEMM with a 1x128 A needs M (tokens) a multiple of this.
-BLOCK_GEMM_M_MULTIPLE = 8
+# Block scaling pads the token count M to this (fp8kit/linear.h, "Block
+# scaling"): the forward and dgrad GEMMs need M a multiple of 8, the wgrad
+# GEMM, whose inner dimension M is, a multiple of GEMM_DIM_MULTIPLE.
+BLOCK_GEMM_M_MULTIPLE = _ffi.GEMM_DIM_MULTIPLE
 
 
 @dataclasses.dataclass(frozen=True)

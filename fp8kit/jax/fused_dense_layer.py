@@ -13,7 +13,7 @@ the plan keeps; no high-precision norm output is written.
 BlockScaling: the norm runs in float32 and ln is cast 1x128 by a block
 quantization of its own (fp8kit/jax/_fused_block_steps.py), the kernel
 128x128 and dy 1x128, as fp8kit.jax.dense does; no state. The GEMMs see
-the tokens padded with zero rows to a multiple of 8 (_linear.py says why
+the tokens padded with zero rows to a multiple of 16 (_linear.py says why
 that changes nothing), y and d_ln are sliced back. Sharded over the
 tokens, each device must hold a multiple of 128 of them (whole tiles of
 the wgrad's columnwise copies); otherwise a ValueError says so.

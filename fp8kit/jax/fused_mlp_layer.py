@@ -22,7 +22,7 @@ BlockScaling: the norm, the activation and its backward run in float32
 and ln, a and dh are cast 1x128 by block quantizations of their own
 (fp8kit/jax/_fused_block_steps.py; db_1 is summed from the float32 dh),
 the kernels 128x128 and dy 1x128, as fp8kit.jax.dense does; no state.
-The GEMMs see the tokens padded with zero rows to a multiple of 8
+The GEMMs see the tokens padded with zero rows to a multiple of 16
 (_linear.py says why that changes nothing); h, y and the GEMMs' input
 gradients are sliced back to the real rows. Sharded over the tokens,
 each device must hold a multiple of 128 of them (whole tiles of the

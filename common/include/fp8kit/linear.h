@@ -40,7 +40,21 @@
  * on the CPU too). The token count M may be any value >= 0: the wgrad GEMM,
  * whose inner dimension is M, reads the columnwise copies of x and dy
  * zero-padded to the next multiple of 16 (zeros add nothing to the sum).
- * M = 0 gives an empty y and zero gradients. */
+ * M = 0 gives an empty y and zero gradients.
+ *
+ * Block scaling (fp8kit/block_scaling.h): x and dy are quantized in 1x128
+ * tiles, w in 128x128 blocks, each with the scale of its own amax (no
+ * state, no slots to record), the copies those of a TN device's plan
+ * (block-scaled GEMMs are TN only), every GEMM with FP32-promoted
+ * accumulation. The forward and dgrad GEMMs write M rows and need M a
+ * multiple of 8; wgrad's inner dimension is M. So a layer pads x (and dy)
+ * with zero token rows to the next multiple of FP8KIT_GEMM_DIM_MULTIPLE,
+ * one count for all three GEMMs, and drops the padded rows of y and dx:
+ * a zero row is a 1x128 tile of its own in the rowwise copies and adds
+ * nothing to a columnwise tile's amax, so every real scale, and the
+ * result, equals the unpadded one. The block cast computes no column sums:
+ * the bias gradient is the front end's own float32 sum of dy (equal to the
+ * column sums above up to the summation order). */
 #ifndef FP8KIT_LINEAR_H_
 #define FP8KIT_LINEAR_H_
 
