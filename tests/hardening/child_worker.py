@@ -22,7 +22,10 @@ import os
 import sys
 import traceback
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# This folder (the test modules) and tests/ (the shared fp8_reference), also
+# when run by hand.
+sys.path[:0] = [_HERE, os.path.dirname(_HERE)]
 
 
 def _run(request) -> dict:

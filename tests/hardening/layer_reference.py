@@ -57,7 +57,7 @@ def quantize_slot(recipe: Recipe, state: dict, slot: str, values: np.ndarray, re
         scale = s.scale
     else:
         scale = ref.delayed_scale(amax, s.scale, fmt, recipe.margin)
-    q = ref.decode(ref.quantize_bits(values, scale, fmt), fmt) * np.float64(ref.reciprocal(scale))
+    q = ref.quantize_dequantize(values, scale, fmt)
     if recipe.delayed and record:
         h, new_scale, _ = ref.delayed_update(s.history[None], [amax], [scale], [fmt],
                                              recipe.margin, recipe.reduction)

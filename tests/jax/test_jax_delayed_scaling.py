@@ -1,4 +1,5 @@
-"""Delayed scaling against NumPy models of fp8kit/delayed_scaling.h:
+"""Delayed scaling against the NumPy reference of fp8kit/delayed_scaling.h
+(tests/fp8_reference.py):
 fp8kit.jax.delayed_scaling_update (roll the history, reduce it (max or
 most recent), scale = fp8_max / amax / 2**margin unless that amax is zero
 or not finite (then keep the previous scale); scale_inv = 1 / scale), and
@@ -7,33 +8,16 @@ the fused fp8kit_quantize_delayed_update custom call the dense layer runs
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import pytest
 
+import fp8_reference as ref
 import fp8kit.jax as fj
 from fp8kit.jax import _ffi
 from fp8kit.recipe import AmaxReduction
 
 F32 = np.float32
-FP8 = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
-FP8_MAX = {k: F32(ml_dtypes.finfo(v).max) for k, v in FP8.items()}
-
-
-def _ref_update(history, amax, scale, fmts, margin, amax_reduction):
-    history = np.array(history, np.float32)
-    scale = np.array(scale, np.float32)
-    history[:, 1:] = history[:, :-1].copy()
-    history[:, 0] = amax
-    for i, fmt in enumerate(fmts):
-        row = history[i]
-        red = (F32(np.nan) if np.isnan(row).any() else row.max()) \
-            if amax_reduction is AmaxReduction.MAX else row[0]
-        if np.isfinite(red) and red > 0:
-            s = FP8_MAX[fmt] / red * F32(2.0 ** -margin)
-            s = F32(min(max(s, np.finfo(np.float32).tiny), np.finfo(np.float32).max))
-            scale[i] = s
-    return history, scale, F32(1) / scale
+FP8_MAX = {k: F32(v) for k, v in ref.FP8_MAX.items()}
 
 
 @pytest.mark.parametrize("amax_reduction", [AmaxReduction.MAX, AmaxReduction.MOST_RECENT])
@@ -49,7 +33,7 @@ def test_matches_the_rule_over_several_steps(amax_reduction, margin):
         amax = (rng.uniform(0.1, 100, n) * 10.0 ** rng.integers(-3, 3, n)).astype(np.float32)
         if step == 3:
             amax[1], amax[2], amax[4] = 0.0, np.inf, np.nan    # kept scales
-        want = _ref_update(history, amax, scale, fmts, margin, amax_reduction)
+        want = ref.delayed_update(history, amax, scale, fmts, margin, amax_reduction)
         got = update(history, amax, scale, tuple(fmts), margin, amax_reduction)
         for g, w in zip(got, want):
             np.testing.assert_array_equal(np.asarray(g), w)
@@ -97,23 +81,6 @@ def test_argument_errors():
 
 # --- the fused quantize-seed-record call (fp8kit_quantize_delayed_update) ---------------
 
-def _ref_column_sums(x2d):
-    """Column sums in the core's documented float32 order: rows in tiles of
-    128, tiles in groups of 8; each level adds its parts in order to 0."""
-    x2d = np.asarray(x2d, np.float32)
-    rows, cols = x2d.shape
-    total = np.zeros(cols, np.float32)
-    for t0 in range(0, max(rows, 1), 128):
-        tile = np.zeros(cols, np.float32)
-        for g0 in range(t0, t0 + 128, 8):
-            group = np.zeros(cols, np.float32)
-            for r in range(g0, g0 + 8):
-                group = group + (x2d[r] if r < rows else np.float32(0))
-            tile = tile + group
-        total = total + tile
-    return total
-
-
 def _fused(xs, history, scale, seeded, record, margin=0, sums=None, amax=None,
            amax_reduction="max", fmts=None, first_slot=0):
     n = len(xs)
@@ -129,11 +96,6 @@ def _fused(xs, history, scale, seeded, record, margin=0, sums=None, amax=None,
     return h, s, sd, np.float32([o[3] for o in outs]), [o[:3] for o in outs]
 
 
-def _fp8_bits(x, scale, fmt="e4m3"):
-    y = np.clip(np.asarray(x, np.float32) * F32(scale), -FP8_MAX[fmt], FP8_MAX[fmt])
-    return y.astype(FP8[fmt]).view(np.uint8)
-
-
 @pytest.mark.parametrize("record", [True, False])
 def test_fused_call_seeds_a_fresh_slot_and_records_only_when_asked(record):
     rng = np.random.default_rng(20)
@@ -143,19 +105,20 @@ def test_fused_call_seeds_a_fresh_slot_and_records_only_when_asked(record):
     scale = np.array([1.0, 2.0], np.float32)
     seeded = np.array([0, 1], np.float32)     # x fresh, w seeded
     h, s, sd, scale_inv, outs = _fused([x, w], history, scale, seeded, record, margin=1)
-    seed = FP8_MAX["e4m3"] / F32(np.abs(x).max()) * F32(0.5)
+    seed = ref.delayed_scale(np.abs(x).max(), F32(1), "e4m3", 1)
     used = [seed, F32(2.0)]
     for (data, columnwise_data, _), t, u in zip(outs, (x, w), used):
-        np.testing.assert_array_equal(np.asarray(data).view(np.uint8), _fp8_bits(t, u))
-        np.testing.assert_array_equal(np.asarray(columnwise_data).view(np.uint8),
-                                      _fp8_bits(t, u).T)
+        want = ref.quantize_bits(t, u, "e4m3")
+        np.testing.assert_array_equal(np.asarray(data).view(np.uint8), want)
+        np.testing.assert_array_equal(np.asarray(columnwise_data).view(np.uint8), want.T)
     np.testing.assert_array_equal(np.asarray(scale_inv), F32(1) / np.float32(used))
     if not record:
         for got, want in ((h, history), (s, scale), (sd, seeded)):
             np.testing.assert_array_equal(np.asarray(got), want)
         return
     amaxes = np.float32([np.abs(x).max(), np.abs(w).max()])
-    want_h, want_s, _ = _ref_update(history, amaxes, used, ["e4m3"] * 2, 1, AmaxReduction.MAX)
+    want_h, want_s, _ = ref.delayed_update(history, amaxes, used, ["e4m3"] * 2, 1,
+                                           AmaxReduction.MAX)
     np.testing.assert_array_equal(np.asarray(h), want_h)
     np.testing.assert_array_equal(np.asarray(s), want_s)
     np.testing.assert_array_equal(np.asarray(sd), [1, 1])
@@ -178,7 +141,8 @@ def test_fused_call_updates_only_the_rows_of_its_slots():
     np.testing.assert_array_equal(np.asarray(s)[2:], np.asarray(s1))
     np.testing.assert_array_equal(np.asarray(sd), [1, 1, 1])
     np.testing.assert_array_equal(np.asarray(scale_inv), np.asarray(scale_inv1))
-    np.testing.assert_array_equal(np.asarray(data).view(np.uint8), _fp8_bits(x, 0.25, "e5m2"))
+    np.testing.assert_array_equal(np.asarray(data).view(np.uint8),
+                                  ref.quantize_bits(x, 0.25, "e5m2"))
     assert not np.array_equal(np.asarray(h)[2], history[2])  # it did record
 
 
@@ -189,7 +153,7 @@ def test_fused_call_starts_from_a_given_amax():
     np.testing.assert_array_equal(np.asarray(h), [[100.0]])
     np.testing.assert_array_equal(np.asarray(s), [FP8_MAX["e4m3"] / F32(100)])
     np.testing.assert_array_equal(np.asarray(data).view(np.uint8),
-                                  _fp8_bits(x, FP8_MAX["e4m3"] / F32(100)))
+                                  ref.quantize_bits(x, FP8_MAX["e4m3"] / F32(100), "e4m3"))
 
 
 @pytest.mark.parametrize("rows", [2, 35, 300])
@@ -198,7 +162,7 @@ def test_fused_call_column_sums_follow_the_documented_order(rows, dtype):
     x = jnp.asarray(np.random.default_rng(rows).standard_normal((rows, 48)) * 100, dtype)
     *_, [(_, _, sums)] = _fused([x], [[0.0]], [1.0], [1], True, sums=[jnp.dtype(dtype)],
                                 fmts=["e5m2"])
-    want = _ref_column_sums(np.asarray(x, np.float32)).astype(jnp.dtype(dtype))
+    want = ref.column_sums(np.asarray(x, np.float32)).astype(jnp.dtype(dtype))
     assert sums.dtype == jnp.dtype(dtype)
     np.testing.assert_array_equal(np.asarray(sums), want)
 
@@ -207,4 +171,4 @@ def test_current_scaling_call_column_sums():
     x = jnp.asarray(np.random.default_rng(22).standard_normal((130, 32)), jnp.bfloat16)
     *_, sums = _ffi.quantize_current_scaling_call(x, "e4m3", True, True, 0.0, False,
                                                   jnp.dtype(jnp.float32))
-    np.testing.assert_array_equal(np.asarray(sums), _ref_column_sums(np.asarray(x, np.float32)))
+    np.testing.assert_array_equal(np.asarray(sums), ref.column_sums(np.asarray(x, np.float32)))

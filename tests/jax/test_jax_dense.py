@@ -6,37 +6,27 @@ argument errors. (The MLP training run is in test_jax_dense_training.py.)"""
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import pytest
 
+import fp8_reference as ref
 import fp8kit.jax as fj
 from jax_gpus import gpus
 from fp8kit.recipe import AmaxReduction, CurrentScaling, DelayedScaling, Format
 
 F32 = np.float32
-FP8 = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
-FP8_MAX = {k: F32(ml_dtypes.finfo(v).max) for k, v in FP8.items()}
 
 
-# --- a NumPy model of the layer ----------------------------------------------------
+# --- a NumPy model of the layer (scales and casts from fp8_reference) ----------------
 
-def _q(x, scale, fmt):
-    """Quantize-dequantize in float64: the value the FP8 GEMM sees."""
-    y = np.clip(np.asarray(x, np.float32) * F32(scale), -FP8_MAX[fmt], FP8_MAX[fmt])
-    return y.astype(FP8[fmt]).astype(np.float64) * np.float64(F32(1) / F32(scale))
-
-
-def _current_scale(t, fmt):
-    amax = np.abs(np.asarray(t, np.float32)).max(initial=F32(0))
-    return F32(1) if not amax > 0 else FP8_MAX[fmt] / F32(amax)
+def _amax(t):
+    return np.abs(np.asarray(t, np.float32)).max(initial=F32(0))
 
 
 def _seed_scale(t, fmt, margin):
     """The scale an unseeded delayed slot takes from its tensor (the
     delayed update's rule with this amax alone)."""
-    amax = np.abs(np.asarray(t, np.float32)).max(initial=F32(0))
-    return FP8_MAX[fmt] / F32(amax) * F32(2.0 ** -margin) if amax > 0 else F32(1)
+    return ref.delayed_scale(_amax(t), F32(1), fmt, margin)
 
 
 def _scales(recipe, state, x, w, dy):
@@ -46,7 +36,7 @@ def _scales(recipe, state, x, w, dy):
         s, seeded = np.asarray(state.scale), np.asarray(state.seeded)
         return tuple((s[i] if seeded[i] else _seed_scale(t, fmts[i], recipe.margin), fmts[i])
                      for i, t in enumerate((x, w, dy)))
-    return tuple((_current_scale(t, f), f) for t, f in zip((x, w, dy), fmts))
+    return tuple((ref.current_scale(_amax(t), f), f) for t, f in zip((x, w, dy), fmts))
 
 
 def _reference(recipe, state, x, w, b, dy):
@@ -54,7 +44,8 @@ def _reference(recipe, state, x, w, b, dy):
     (sx, fx), (sw, fw), (sg, fg) = _scales(recipe, state, x, w, dy)
     x2 = np.asarray(x, np.float32).reshape(-1, w.shape[0])
     dy2 = np.asarray(dy, np.float32).reshape(-1, w.shape[1])
-    xq, wq, gq = _q(x2, sx, fx), _q(w, sw, fw), _q(dy2, sg, fg)
+    xq, wq, gq = (ref.quantize_dequantize(x2, sx, fx), ref.quantize_dequantize(w, sw, fw),
+                  ref.quantize_dequantize(dy2, sg, fg))
     # A bf16 output gets the bias in the GEMM epilogue, in bf16.
     y = xq @ wq + (0 if b is None else np.asarray(b.astype(jnp.bfloat16), np.float64))
     mags = (np.abs(xq) @ np.abs(wq), np.abs(gq) @ np.abs(wq).T, np.abs(xq).T @ np.abs(gq))
@@ -221,16 +212,11 @@ def test_zero_tokens_give_an_empty_output_and_zero_gradients(recipe):
 # --- delayed-scaling protocol ---------------------------------------------------------
 
 def _ref_state(recipe, history, scale, amaxes):
-    """The recorded update: roll each amax in, reduce, rescale."""
+    """The recorded update (fp8_reference.delayed_update): roll each amax in,
+    reduce, rescale."""
     fmts = [recipe.fp8_format.forward_dtype] * 2 + [recipe.fp8_format.backward_dtype]
-    h = np.array(history, np.float32)
-    h[:, 1:] = h[:, :-1].copy()
-    h[:, 0] = amaxes
-    s = np.array(scale, np.float32)
-    for i in range(3):
-        red = h[i].max() if recipe.amax_reduction is AmaxReduction.MAX else h[i, 0]
-        if np.isfinite(red) and red > 0:
-            s[i] = FP8_MAX[fmts[i]] / F32(red) * F32(2.0 ** -recipe.margin)
+    h, s, _ = ref.delayed_update(history, amaxes, scale, fmts, recipe.margin,
+                                 recipe.amax_reduction)
     return h, s
 
 

@@ -1,12 +1,12 @@
 """fp8kit.jax quantize / dequantize / current scaling / compute_scale against
 independent NumPy + ml_dtypes references, bit for bit.
 
-Reference quantization (fp8kit's documented contract): y = x * scale as one
-float32 multiply, clipped to +-fp8_max where x is finite (an infinite x
-gives NaN in E4M3, inf in E5M2), converted by ml_dtypes (round to nearest
-even). NaN inputs give the canonical NaN byte 0x7F in both formats (the
-core's policy, what Hopper's cvt.satfinite produces): non-NaN lanes are
-compared bit for bit, NaN lanes must be 0x7F.
+Reference quantization (fp8kit's documented contract, tests/fp8_reference.py):
+y = x * scale as one float32 multiply, clipped to +-fp8_max where x is
+finite (an infinite x gives NaN in E4M3, inf in E5M2), converted by
+ml_dtypes (round to nearest even). NaN inputs give the canonical NaN byte
+0x7F in both formats (the core's policy, what Hopper's cvt.satfinite
+produces): non-NaN lanes are compared bit for bit, NaN lanes must be 0x7F.
 """
 
 import jax
@@ -15,23 +15,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import fp8_reference as ref
 import fp8kit.jax as fj
 from jax_gpus import gpus
 
-FP8 = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
-FP8_MAX = {k: float(ml_dtypes.finfo(v).max) for k, v in FP8.items()}
+FP8, FP8_MAX = ref.ML_FP8, ref.FP8_MAX
 F32 = np.float32
-
-
-def _ref_quantize_bits(x, scale, fmt) -> np.ndarray:
-    x = np.asarray(x, np.float32)
-    with np.errstate(over="ignore", invalid="ignore"):  # inf * 0, overflow to inf: wanted
-        y = x * F32(scale)                              # one float32 multiply
-    m = F32(FP8_MAX[fmt])
-    y = np.where(np.isinf(x), y, np.clip(y, -m, m))      # saturate finite x only
-    bits = y.astype(FP8[fmt]).view(np.uint8)
-    nan = np.isnan(y) | (np.isinf(y) & (fmt == "e4m3"))  # E4M3 has no inf
-    return np.where(nan, np.uint8(0x7F), bits)           # canonical NaN
 
 
 def _bits(a) -> np.ndarray:
@@ -39,7 +28,7 @@ def _bits(a) -> np.ndarray:
 
 
 def _assert_quantized_equal(got_bits, x, scale, fmt):
-    want = _ref_quantize_bits(x, scale, fmt)
+    want = ref.quantize_bits(x, scale, fmt)
     nan = np.isnan(np.asarray(x, np.float32))
     # NaN lanes: exactly 0x7F; the rest: bit for bit.
     assert np.all(got_bits[nan] == 0x7F), "NaN inputs must give the canonical 0x7F"
@@ -188,21 +177,6 @@ def test_dequantize_rank3_from_columnwise():
 
 # --- current scaling ---------------------------------------------------------------
 
-def _ref_current_scale(amax, fmt, eps=0.0, pow2=False):
-    amax = F32(amax)
-    if not np.isfinite(amax) or not amax > 0:
-        return F32(1.0)
-    with np.errstate(over="ignore"):                      # overflow -> clamped below
-        s = F32(FP8_MAX[fmt]) / max(amax, F32(eps))
-    s = min(max(s, np.finfo(np.float32).tiny), np.finfo(np.float32).max)
-    if pow2:
-        s = np.array(s, np.float32).view(np.uint32) & np.uint32(0xFF800000)
-        s = np.asarray(s).view(np.float32)[()]
-        if FP8_MAX[fmt] / np.float64(s) > np.finfo(np.float32).max:  # fp8_max * scale_inv
-            s = F32(2) * s                                            # must stay finite
-    return F32(s)
-
-
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 @pytest.mark.parametrize("eps,pow2", [(0.0, False), (0.0, True), (100.0, False), (1e-3, True)])
 def test_current_scaling(fmt, eps, pow2):
@@ -211,7 +185,7 @@ def test_current_scaling(fmt, eps, pow2):
         x, fmt, True, True, eps, pow2)
     amax = np.abs(x.astype(np.float32)).max()
     assert np.float32(st.amax) == amax
-    want_scale = _ref_current_scale(amax, fmt, eps, pow2)
+    want_scale = ref.current_scale(amax, fmt, eps, pow2)
     assert np.float32(scale) == want_scale
     assert np.float32(st.scale_inv) == F32(1) / want_scale
     _assert_quantized_equal(_bits(st.data), x, want_scale, fmt)
@@ -223,7 +197,7 @@ def test_current_scaling(fmt, eps, pow2):
 def test_compute_scale_rule(amax, fmt):
     for eps, pow2 in [(0.0, False), (0.0, True), (1.0, False)]:
         scale, scale_inv = fj.compute_scale(F32(amax), fmt, eps, pow2)
-        want = _ref_current_scale(amax, fmt, eps, pow2)
+        want = ref.current_scale(amax, fmt, eps, pow2)
         assert np.float32(scale) == want, (amax, eps, pow2)
         assert np.float32(scale_inv) == F32(1) / want
 

@@ -14,8 +14,8 @@ format's smallest subnormal step.
 
 import numpy as np
 
+import fp8_reference as ref
 import fused_reference as R
-from torch_reference import ML_DTYPE, column_sums_f32, ref_quantize_bits
 
 F32 = np.float32
 ULP = {"e4m3": 2.0 ** -3, "e5m2": 2.0 ** -2}          # one ulp, relative
@@ -25,12 +25,10 @@ ACC = 2.0 ** -22  # float32 accumulation over the reduction, per unit of |A| @ |
 
 def quantize(v32: np.ndarray, fmt: str):
     """(dequantized float64 values, scale_inv) with the scale from v's amax."""
-    import torch
     amax = float(np.max(np.abs(v32))) if v32.size else 0.0
     scale = R.seed_scale(amax, fmt) if amax > 0 else F32(1)
-    bits = ref_quantize_bits(torch.from_numpy(np.ascontiguousarray(v32, F32)), scale, fmt)
-    sinv = float(F32(1) / scale)
-    return bits.view(ML_DTYPE[fmt]).astype(np.float64) * sinv, sinv
+    sinv = float(ref.reciprocal(scale))
+    return ref.quantize_dequantize(v32, scale, fmt), sinv
 
 
 def flip_bound(q: np.ndarray, sinv: float, fmt: str) -> np.ndarray:
@@ -78,21 +76,21 @@ class Reference:
                                                           dyq.shape[1])
             out["weight"] = (dyq.T @ self.xq,
                              gemm_bound(np.abs(dyq).T, np.abs(self.xq), dyq.shape[0]))
-            out["bias"] = (column_sums_f32(dy32), 0.0)
+            out["bias"] = (ref.column_sums(dy32), 0.0)
         else:
             d_a = dyq @ self.w2q
             d_a_bound = gemm_bound(np.abs(dyq), np.abs(self.w2q), dyq.shape[1])
             out["fc2_weight"] = (dyq.T @ self.aq,
                                  dyq.T.__abs__() @ flip_bound(self.aq, self.a_sinv, "e4m3")
                                  + gemm_bound(np.abs(dyq).T, np.abs(self.aq), dyq.shape[0]))
-            out["fc2_bias"] = (column_sums_f32(dy32), 0.0)
+            out["fc2_bias"] = (ref.column_sums(dy32), 0.0)
             dh32 = R.activation_backward(d_a.astype(F32), self.h, self.act)
             dhq, dh_sinv = quantize(dh32, "e5m2")
             # dh moves with d_a (and h) by their GEMMs' accumulation error, by
             # at most |act'| (bounded by 1.2 for GELU; SwiGLU's by |up|, |silu|):
             # the FP8 copy may then take the neighbouring value.
             dh_bound = flip_bound(dhq, dh_sinv, "e5m2")
-            out["fc1_bias"] = (column_sums_f32(dh32), self._dh_sum_bound(d_a_bound, d_a))
+            out["fc1_bias"] = (ref.column_sums(dh32), self._dh_sum_bound(d_a_bound, d_a))
             out["fc1_weight"] = (dhq.T @ self.xq, dh_bound.T @ np.abs(self.xq)
                                  + gemm_bound(np.abs(dhq).T, np.abs(self.xq), dhq.shape[0]))
             d_in = dhq @ self.w1q

@@ -12,7 +12,7 @@ the sign of that error.
 
 import numpy as np
 
-from torch_reference import FP8_MAX
+import fp8_reference as ref
 
 F32 = np.float32
 F64 = np.float64
@@ -191,5 +191,6 @@ def activation_backward(d_a, h, activation: str) -> np.ndarray:
 # ------------------------------------------------------------------ the cast
 def seed_scale(amax, fmt: str, margin: int = 0) -> np.float32:
     """A fresh delayed-scaling slot's scale (and current scaling's without
-    epsilon): (fp8_max / amax) * 2**-margin in float32."""
-    return F32(F32(FP8_MAX[fmt]) / F32(amax)) * F32(2.0 ** -margin)
+    epsilon) for an amax > 0: (fp8_max / amax) * 2**-margin in float32,
+    clamped (fp8_reference.delayed_scale)."""
+    return ref.delayed_scale(amax, F32(1), fmt, margin)

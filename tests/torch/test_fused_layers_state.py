@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+import fp8_reference as ref
 import fp8kit.torch as ft
 import fused_reference as R
 from fp8kit.recipe import CurrentScaling, DelayedScaling
-from torch_reference import FP8_MAX
 
 F32 = np.float32
 
@@ -25,11 +25,10 @@ class RuleState:
         self.scale, self.fmt = F32(1), fmt
 
     def record(self, amax):
-        amax = F32(amax)
-        self.history = np.concatenate([[amax], self.history[:-1]]).astype(F32)
-        red = np.max(self.history)
-        if np.isfinite(red) and red > 0:
-            self.scale = F32(F32(FP8_MAX[self.fmt]) / red)
+        """One recorded step: fp8_reference.delayed_update (max, margin 0)."""
+        h, s, _ = ref.delayed_update(self.history[None], [amax], [self.scale], [self.fmt],
+                                     0, "max")
+        self.history, self.scale = h[0], s[0]
 
 
 def _amax(t):

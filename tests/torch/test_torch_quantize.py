@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+import fp8_reference as ref
 import fp8kit.torch as ft
 from torch_reference import (CANONICAL_NAN, FP8_MAX, TORCH_FP8, all_bf16,
                              assert_fp8_equal_reference, cuda_or_skip, current_scale, decode,
@@ -193,24 +194,6 @@ def test_current_scaling_empty_and_rank0():
 
 
 # ---------------------------------------------------------- delayed scaling
-def ref_delayed_update(hist, amax, scale, fmt, margin, reduction):
-    """float32 reference of delayed_scaling.h, on copies."""
-    h = np.concatenate([[np.float32(amax)], hist[:-1]]).astype(np.float32)
-    if reduction == "max":
-        red = np.float32(np.nan) if np.isnan(h).any() else np.max(h)
-    else:
-        red = h[0]
-    if np.isfinite(red) and red > 0:
-        with np.errstate(over="ignore"):
-            s = np.float32(np.float32(FP8_MAX[fmt]) / red) * np.float32(2.0 ** -margin)
-        if not np.isfinite(s):
-            s = np.float32(np.finfo(np.float32).max)
-        s = max(s, np.float32(np.finfo(np.float32).tiny))
-    else:
-        s = np.float32(scale)
-    return h, np.float32(s), np.float32(1.0) / np.float32(s)
-
-
 @pytest.mark.parametrize("reduction", ["max", "most_recent"])
 @pytest.mark.parametrize("margin", [0, 2])
 def test_delayed_scaling_update_rule(reduction, margin):
@@ -223,16 +206,15 @@ def test_delayed_scaling_update_rule(reduction, margin):
     amaxes = [torch.tensor([a]) for a in amax_values]
     scales = [torch.tensor([0.5 + i]) for i in range(n)]
     sinvs = [torch.zeros(1) for _ in range(n)]
-    want = [ref_delayed_update(hist[i].numpy().copy(), amax_values[i], scales[i].item(),
-                               fmts[i], margin, reduction) for i in range(n)]
+    want = ref.delayed_update(torch.stack(hist).numpy(), amax_values,
+                              [s.item() for s in scales], fmts, margin, reduction)
     for step in range(3):  # several steps: the history keeps rolling
         ft.delayed_scaling_update(hist, amaxes, scales, sinvs, fmts, margin, reduction)
+        want_h, want_s, want_si = want
         for i in range(n):
-            h, s, si = want[i]
-            assert np.array_equal(hist[i].numpy(), h, equal_nan=True), (step, i)
-            assert scales[i].item() == s and sinvs[i].item() == si, (step, i)
-        want = [ref_delayed_update(want[i][0].copy(), amax_values[i], want[i][1], fmts[i],
-                                   margin, reduction) for i in range(n)]
+            assert np.array_equal(hist[i].numpy(), want_h[i], equal_nan=True), (step, i)
+            assert scales[i].item() == want_s[i] and sinvs[i].item() == want_si[i], (step, i)
+        want = ref.delayed_update(want_h, amax_values, want_s, fmts, margin, reduction)
 
 
 def test_delayed_scaling_then_quantize_uses_new_scale():

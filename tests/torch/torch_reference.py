@@ -1,20 +1,23 @@
-"""Reference math for the fp8kit.torch tests, independent of fp8kit: NumPy
-in float32/float64 and ml_dtypes' FP8 conversions.
+"""Reference helpers for the fp8kit.torch tests: thin torch -> NumPy
+wrappers around the shared NumPy/ml_dtypes reference (tests/fp8_reference.py,
+independent of fp8kit, torch and jax), and the tests' device helpers.
 
 Scale convention under test (common/include/fp8kit/tensor.h):
     q = saturate(round_to_nearest_even(x * scale)),  x ~= q * scale_inv,
 saturate applying to finite x only (+-inf: NaN in E4M3, +-inf in E5M2).
 """
 
-import ml_dtypes
 import numpy as np
 import pytest
 import torch
 
-ML_DTYPE = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
-FP8_MAX = {k: float(ml_dtypes.finfo(v).max) for k, v in ML_DTYPE.items()}
+import fp8_reference as ref
+# Re-exported for the tests here (column sums in the core's documented order).
+from fp8_reference import CANONICAL_NAN, FP8_MAX, current_scale  # noqa: F401
+from fp8_reference import column_sums as column_sums_f32  # noqa: F401
+
+ML_DTYPE = ref.ML_FP8
 TORCH_FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
-CANONICAL_NAN = 0x7F  # the core's documented NaN encoding (both formats)
 
 
 def to_numpy_f32(x: torch.Tensor) -> np.ndarray:
@@ -22,18 +25,10 @@ def to_numpy_f32(x: torch.Tensor) -> np.ndarray:
 
 
 def ref_quantize_bits(x: torch.Tensor, scale: float, fmt: str) -> np.ndarray:
-    """uint8 bits of ml_dtypes' conversion of x * scale (float32 multiply),
-    clipped to +-fp8_max where x is finite (a product past FLT_MAX
-    included); an infinite x stays inf (E5M2) or becomes NaN (E4M3); NaN
-    lanes get the canonical 0x7F."""
-    x32 = to_numpy_f32(x)
-    with np.errstate(over="ignore", invalid="ignore"):
-        xs = x32.reshape(-1) * np.float32(scale)
-        m = np.float32(FP8_MAX[fmt])
-        clipped = np.where(np.isinf(x32.reshape(-1)), xs, np.clip(xs, -m, m))
-    bits = clipped.astype(ML_DTYPE[fmt]).view(np.uint8).copy()
-    bits[np.isnan(clipped) | (np.isinf(clipped) & (fmt == "e4m3"))] = CANONICAL_NAN
-    return bits.reshape(x32.shape)
+    """fp8_reference.quantize_bits of a torch tensor: uint8 FP8 bits of
+    x * scale (float32 multiply, saturating finite values, canonical 0x7F
+    NaN), the shape of x."""
+    return ref.quantize_bits(to_numpy_f32(x), scale, fmt)
 
 
 def fp8_bits(q: torch.Tensor) -> np.ndarray:
@@ -57,44 +52,6 @@ def assert_fp8_equal_reference(q: torch.Tensor, x: torch.Tensor, scale: float, f
                           for i in bad[:8])
         raise AssertionError(f"{bad.size} of {got.size} lanes differ ({fmt}, scale={scale}): "
                              f"{lanes}")
-
-
-def current_scale(amax: float, fmt: str, epsilon: float = 0.0, pow2: bool = False) -> np.float32:
-    """The current-scaling rule in float32: fp8_max / max(amax, eps), 1 for a
-    zero or non-finite amax, optionally rounded down to a power of two."""
-    a = np.float32(amax)
-    if not np.isfinite(a) or not a > 0:
-        return np.float32(1.0)
-    d = max(a, np.float32(epsilon))
-    s = np.float32(FP8_MAX[fmt]) / d
-    if not np.isfinite(s):
-        s = np.float32(np.finfo(np.float32).max)
-    if pow2:
-        s = np.float32(2.0 ** np.floor(np.log2(np.float64(s))))
-        if FP8_MAX[fmt] / np.float64(s) > np.finfo(np.float32).max:  # fp8_max * scale_inv
-            s = np.float32(2 * s)                                     # must stay finite
-    return np.float32(s)
-
-
-def column_sums_f32(a: np.ndarray) -> np.ndarray:
-    """Column sums of a 2-D array in the core's documented float32 order
-    (fp8kit_column_sums): rows cut into tiles of 128 and tiles into groups
-    of 8; a group sum adds its rows in order to 0, a tile sum its 16 group
-    sums in order to 0, and each column sum the tile sums in order to 0."""
-    a = np.asarray(a, dtype=np.float32)
-    rows, cols = a.shape
-    padded = np.zeros((-(-rows // 128) * 128, cols), np.float32)
-    padded[:rows] = a
-    total = np.zeros(cols, np.float32)
-    for tile in padded.reshape(-1, 16, 8, cols):
-        tile_sum = np.zeros(cols, np.float32)
-        for group in tile:
-            group_sum = np.zeros(cols, np.float32)
-            for row in group:
-                group_sum = group_sum + row
-            tile_sum = tile_sum + group_sum
-        total = total + tile_sum
-    return total
 
 
 def all_bf16() -> torch.Tensor:

@@ -1,17 +1,30 @@
-"""The independent reference of the hardening suite: NumPy (float32 where
-the contract says float32, float64 for GEMMs) and ml_dtypes' FP8
-conversions. Nothing here imports fp8kit, torch or jax, so a bug in
-fp8kit cannot hide in its own reference.
+"""The independent NumPy reference of fp8kit's per-tensor FP8 math, shared
+by the PyTorch tests (tests/torch), the JAX tests (tests/jax) and the
+hardening suite (tests/hardening).
 
-The contract under test (fp8kit's scale convention and scale rules, as
-documented in common/include/fp8kit/quantize.h, delayed_scaling.h and
-common/src/compute_scale.h):
+Independent: NumPy (float32 where the contract says float32, float64 for
+GEMMs) and ml_dtypes' FP8 conversions only. Nothing here imports fp8kit,
+torch or jax, so a bug in fp8kit (or in a front end's conversions) cannot
+hide in its own reference; the front ends' tests turn their tensors into
+NumPy arrays first (tests/torch/torch_reference.py does it for torch).
+
+The contract under test, as documented in common/include/fp8kit/tensor.h,
+quantize.h, delayed_scaling.h, column_sums.h and common/src/compute_scale.h
+(and fp8kit/recipe.py's module docstring):
   q = saturate(round_to_nearest_even(x * scale)) with x * scale one float32
   multiply, saturating for finite x only (+-inf gives NaN in E4M3, +-inf in
   E5M2) and NaN giving the canonical NaN byte 0x7F in both formats;
   scale_inv = 1 / scale in float32.
   A given scale that is not finite and > 0 (0, negative, +-inf, NaN) makes
   every output element NaN (0x7F) and scale_inv NaN.
+  A computed scale (current or delayed scaling) is clamped to
+  [FLT_MIN, FLT_MAX]; an amax that is zero, negative or not finite never
+  becomes a scale (current scaling uses 1, delayed scaling keeps the
+  previous scale).
+
+Tests find this module as `import fp8_reference`: tests/conftest.py puts
+tests/ on sys.path under pytest, and the py_library //tests:fp8_reference
+(imports = ["."]) does under Bazel.
 """
 
 from __future__ import annotations
@@ -36,13 +49,19 @@ HP_NUMPY = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np
 
 
 def valid_scale(scale) -> bool:
-    """A user-given scale fp8kit casts with: finite and > 0."""
+    """A user-given scale fp8kit casts with: finite and > 0 (a positive
+    denormal included); any other makes the cast NaN (quantize.h)."""
     s = F32(scale)
     return bool(np.isfinite(s) and s > 0)
 
 
 def quantize_bits(x, scale, fmt: str) -> np.ndarray:
-    """uint8 FP8 bits of x (any float array) quantized with `scale`."""
+    """uint8 FP8 bits of x (any float array, taken as float32) quantized
+    with `scale`: ml_dtypes' round-to-nearest-even conversion of x * scale
+    (one float32 multiply), clipped to +-fp8_max where x is finite (a
+    product past FLT_MAX included); an infinite x stays inf (E5M2) or
+    becomes NaN (E4M3); NaN lanes get the canonical 0x7F, and so does every
+    lane for a scale that is not finite and > 0."""
     x32 = np.asarray(x, dtype=np.float32)
     if not valid_scale(scale):
         return np.full(x32.shape, CANONICAL_NAN, np.uint8)
@@ -53,6 +72,12 @@ def quantize_bits(x, scale, fmt: str) -> np.ndarray:
     bits = y.astype(ML_FP8[fmt]).view(np.uint8)
     nan = np.isnan(y) | (np.isinf(y) & (fmt == "e4m3"))  # E4M3 has no inf
     return np.where(nan, CANONICAL_NAN, bits).astype(np.uint8)
+
+
+def quantize_dequantize(x, scale, fmt: str) -> np.ndarray:
+    """float64 values of quantize_bits(x, scale, fmt) times scale_inv (the
+    float32 1 / scale): the operand an FP8 GEMM sees."""
+    return decode(quantize_bits(x, scale, fmt), fmt) * np.float64(scale_inv_for_given(scale))
 
 
 def view_2d(shape) -> tuple[int, int]:
@@ -103,8 +128,10 @@ def _clamp_scale(s: np.float32) -> np.float32:
 
 
 def current_scale(amax_value, fmt: str, epsilon: float = 0.0, pow2: bool = False) -> np.float32:
-    """Current scaling: fp8_max / max(amax, eps) in float32, 1 for an amax
-    that is zero, negative or not finite; power of two rounded down if asked."""
+    """Current scaling: fp8_max / max(amax, eps) in float32, clamped; 1 for
+    an amax that is zero, negative or not finite. pow2: rounded down to a
+    power of two (mantissa cleared), doubled where fp8_max * scale_inv
+    would pass FLT_MAX."""
     a = F32(amax_value)
     if not np.isfinite(a) or not a > 0:
         return F32(1.0)
@@ -120,8 +147,10 @@ def current_scale(amax_value, fmt: str, epsilon: float = 0.0, pow2: bool = False
 
 
 def delayed_scale(amax_reduced, previous_scale, fmt: str, margin: int) -> np.float32:
-    """Delayed scaling: (fp8_max / amax_reduced) * 2**-margin in float32,
-    clamped; the previous scale when amax_reduced is zero, negative or not finite."""
+    """Delayed scaling's scale: (fp8_max / amax_reduced) * 2**-margin, each
+    step one float32 operation, clamped; the previous scale when
+    amax_reduced is zero, negative or not finite. Also the seed scale of a
+    fresh delayed slot (fp8kit_quantize_delayed_update), with its own amax."""
     a = F32(amax_reduced)
     if not np.isfinite(a) or not a > 0:
         return F32(previous_scale)
@@ -130,21 +159,52 @@ def delayed_scale(amax_reduced, previous_scale, fmt: str, margin: int) -> np.flo
     return _clamp_scale(F32(s))
 
 
-def delayed_update(history, new_amax, scale, fmts, margin: int, reduction: str):
-    """n tensors' delayed-scaling update: (history, scale, scale_inv).
-    history [n, L] (column 0 newest), new_amax [n], scale [n]."""
-    h = np.array(history, dtype=np.float32, copy=True)
+def delayed_update(history, new_amax, scale, fmts, margin: int, reduction):
+    """n tensors' delayed-scaling update (fp8kit_delayed_scaling_update), on
+    copies: roll each history (column 0 newest) with new_amax, reduce it
+    ("max", NaN-propagating, or "most_recent"; an AmaxReduction works too),
+    delayed_scale of that with the previous scale. history [n, L],
+    new_amax [n], scale [n], fmts n names. Returns (history, scale,
+    scale_inv) as float32 arrays."""
+    reduction = getattr(reduction, "value", reduction)
+    if reduction not in ("max", "most_recent"):
+        raise ValueError(f"unknown amax reduction {reduction!r}")
+    old = np.asarray(history, np.float32)
+    h = np.array(old, dtype=np.float32, copy=True)
     n = h.shape[0]
-    h[:, 1:] = np.asarray(history, np.float32)[:, :-1]
+    h[:, 1:] = old[:, :-1]
     h[:, 0] = np.asarray(new_amax, np.float32)
+    previous = np.broadcast_to(np.asarray(scale, np.float32), (n,))
     out_scale = np.empty(n, np.float32)
     for i in range(n):
         if reduction == "max":
             red = F32(np.nan) if np.isnan(h[i]).any() else F32(h[i].max())
         else:
             red = h[i, 0]
-        out_scale[i] = delayed_scale(red, np.asarray(scale, np.float32)[i], fmts[i], margin)
+        out_scale[i] = delayed_scale(red, previous[i], fmts[i], margin)
     return h, out_scale, np.array([reciprocal(s) for s in out_scale], np.float32)
+
+
+def column_sums(a) -> np.ndarray:
+    """Column sums of a 2-D array in the core's documented float32 order
+    (fp8kit/column_sums.h): rows cut into tiles of 128 and tiles into
+    groups of 8; a group sum adds its rows in order to 0, a tile sum its 16
+    group sums in order to 0, and each column sum the tile sums in order to
+    0."""
+    a = np.asarray(a, dtype=np.float32)
+    rows, cols = a.shape
+    padded = np.zeros((-(-rows // 128) * 128, cols), np.float32)
+    padded[:rows] = a
+    total = np.zeros(cols, np.float32)
+    for tile in padded.reshape(-1, 16, 8, cols):
+        tile_sum = np.zeros(cols, np.float32)
+        for group in tile:
+            group_sum = np.zeros(cols, np.float32)
+            for row in group:
+                group_sum = group_sum + row
+            tile_sum = tile_sum + group_sum
+        total = total + tile_sum
+    return total
 
 
 def decode(bits: np.ndarray, fmt: str) -> np.ndarray:
