@@ -18,8 +18,10 @@ fp8kit.torch.ops and fp8kit.torch.block_ops.
 
 from fp8kit.recipe import (AmaxReduction, BlockScaling, CurrentScaling,  # noqa: F401
                            DelayedScaling, Format)
-# The fake kernels of torch.ops.fp8kit.*.
-from fp8kit.torch import _block_fake_ops, _fake_ops  # noqa: F401
+# Imported for what they register: the fake kernels of torch.ops.fp8kit.*,
+# and Float8Tensor's op table (float8_tensor_ops imports float8_tensor, so
+# the package imports the table rather than float8_tensor).
+from fp8kit.torch import _block_fake_ops, _fake_ops, float8_tensor_ops  # noqa: F401
 from fp8kit.torch.autocast import autocast, current_recipe
 from fp8kit.torch.block_ops import (block_scale_inv_shape, dequantize_block, gemm_block,
                                     quantize_block, supports_block_scaled_fp8_gemm)

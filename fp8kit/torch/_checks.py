@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import torch
 
+# HIGH_PRECISION (the nominal dtypes) is the quantized tensor's; the package
+# also reads it as _checks.HIGH_PRECISION.
+from fp8kit.torch.quantized_tensor import HIGH_PRECISION, QuantizedTensor
+
 FP8_DTYPES = ("e4m3", "e5m2")
 TORCH_FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 FP8_NAME = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
-HIGH_PRECISION = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def tensor(fn: str, arg: str, x, *, allow_none: bool = False):
@@ -18,7 +21,6 @@ def tensor(fn: str, arg: str, x, *, allow_none: bool = False):
         return
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{fn}: {arg} must be a torch.Tensor, got {type(x).__name__}")
-    from fp8kit.torch.quantized_tensor import QuantizedTensor
     if isinstance(x, QuantizedTensor):
         raise TypeError(f"{fn}: {arg} is an fp8kit {type(x).__name__}; pass a plain tensor "
                         f"({arg}.dequantize()) or its FP8 buffers")

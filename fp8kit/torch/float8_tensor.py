@@ -7,7 +7,10 @@ it (used to re-quantize in place). Its nominal dtype, shape and device are
 those of the high-precision tensor it stands for.
 
 Created by fp8kit's C++ quantizers in one call (quantizer(x)), or here. The
-op table (what views, copies and in-place ops do) is in float8_tensor_ops.
+op table (what views, copies and in-place ops do) is in float8_tensor_ops,
+which registers it on Float8Tensor when imported. That module imports this
+one, so the package's __init__ imports it (Python runs the package's
+__init__ before any module of it).
 
 Traceable: __tensor_flatten__ / __tensor_unflatten__ (a view included) let
 torch.compile and torch.export take a Float8Tensor as a graph input, and
@@ -385,7 +388,3 @@ def _rebuild_float8_tensor(data, columnwise_data, scale_inv, fp8_dtype, dtype, s
     ref = data if data is not None else columnwise_data
     return Float8Tensor._make(shape, dtype, ref.device, data, columnwise_data, scale_inv, fp8_dtype,
                               quantizer, requires_grad)
-
-
-# The op table registers itself on Float8Tensor.
-from fp8kit.torch import float8_tensor_ops  # noqa: E402,F401

@@ -1,5 +1,7 @@
 """Float8Tensor's op table: what aten ops do when a Float8Tensor is an
-argument (QuantizedTensor.__torch_dispatch__ looks them up here).
+argument (QuantizedTensor.__torch_dispatch__ looks them up here). Importing
+this module registers them; fp8kit/torch/__init__.py does (float8_tensor
+cannot: this module imports it).
 
 * Views: every view op makes a view that owns no buffers (the module note in
   float8_tensor says why); detach and alias too.

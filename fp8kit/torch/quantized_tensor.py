@@ -37,7 +37,10 @@ from typing import Callable, Dict
 import torch
 from torch.utils._pytree import tree_map_only
 
-from fp8kit.torch._checks import HIGH_PRECISION
+# The dtypes a quantized tensor may stand for (its nominal dtype). Defined
+# here, at the bottom of the package's layers: the argument checks
+# (_checks) import this module to tell quantized tensors from plain ones.
+HIGH_PRECISION = (torch.float32, torch.bfloat16, torch.float16)
 
 # _OP_TABLE key of the handler for every view op (schema: returns an alias,
 # writes nothing) that has no entry of its own.

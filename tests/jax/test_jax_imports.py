@@ -3,14 +3,20 @@ function-local imports of fp8kit.jax modules (which would hide one), and
 the layers of the package docstring (the sharding rules import the FFI
 wrappers, never the public modules)."""
 
-import ast
+import importlib.util
 import pathlib
 
 import pytest
 
+# tests/import_graph.py, which tests/torch/test_torch_imports.py reads its graph
+# with too; loaded from its file, so that it needs nothing on sys.path.
+_SPEC = importlib.util.spec_from_file_location(
+    "import_graph", pathlib.Path(__file__).resolve().parents[1] / "import_graph.py")
+import_graph = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(import_graph)
+
 PACKAGE = "fp8kit.jax"
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "fp8kit" / "jax"
-MODULES = sorted(p.stem for p in ROOT.glob("*.py") if p.stem != "__init__")
 # What each private layer may import from the package (besides nothing).
 ALLOWED = {
     "_checks": set(),
@@ -27,49 +33,8 @@ ALLOWED = {
 }
 
 
-def _package_imports(node) -> set[str]:
-    """Modules of fp8kit.jax that an import statement names."""
-    if isinstance(node, ast.Import):
-        names = [a.name for a in node.names]
-    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-        if node.module == PACKAGE:
-            names = [f"{PACKAGE}.{a.name}" for a in node.names]
-        else:
-            names = [node.module]
-    else:
-        return set()
-    return {n.split(".")[2] for n in names if n.startswith(PACKAGE + ".")}
-
-
 def _graph():
-    graph, local = {}, {}
-    for name in MODULES:
-        tree = ast.parse((ROOT / f"{name}.py").read_text())
-        graph[name] = set().union(*(_package_imports(n) for n in tree.body), set())
-        funcs = [n for n in ast.walk(tree)
-                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-        local[name] = set().union(*(_package_imports(n) for f in funcs for n in ast.walk(f)), set())
-    return graph, local
-
-
-def _cycle(graph):
-    """One import cycle as a list of modules, or None."""
-    state = {}
-
-    def visit(node, path):
-        state[node] = "open"
-        for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == "open":
-                return path[path.index(nxt):] + [nxt]
-            if nxt not in state and (found := visit(nxt, path + [nxt])):
-                return found
-        state[node] = "done"
-        return None
-
-    for start in sorted(graph):
-        if start not in state and (found := visit(start, [start])):
-            return found
-    return None
+    return import_graph.read(PACKAGE, ROOT)
 
 
 def test_the_graph_is_read():
@@ -80,12 +45,13 @@ def test_the_graph_is_read():
 def test_no_import_cycles():
     graph, local = _graph()
     everything = {m: graph[m] | local[m] for m in graph}
-    assert _cycle(everything) is None, " -> ".join(_cycle(everything))
+    found = import_graph.cycle(everything)
+    assert found is None, " -> ".join(found)
 
 
 def test_cycle_finder_finds_a_cycle():
-    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-    assert _cycle({"a": {"b"}, "b": set()}) is None
+    assert import_graph.cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert import_graph.cycle({"a": {"b"}, "b": set()}) is None
 
 
 def test_no_function_local_package_imports():
