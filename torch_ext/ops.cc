@@ -15,6 +15,7 @@
 #include "errors.h"
 #include "fp8kit/linear.h"
 #include "gemm_args.h"
+#include "linear_state.h"
 
 namespace py = pybind11;
 
@@ -290,6 +291,10 @@ void register_ops(py::module_& m) {
   for (fp8kit_dtype f : {FP8KIT_E4M3, FP8KIT_E5M2}) fp8_max[fp8_name(f)] = fp8kit_fp8_max(f);
   m.attr("FP8_MAX") = fp8_max;
   m.attr("GEMM_DIM_MULTIPLE") = FP8KIT_GEMM_DIM_MULTIPLE;
+  // One quantization's scalars block (linear_state.h): its length in
+  // floats and where scale_inv sits, for the fake kernels' shapes.
+  m.attr("SCALARS_LEN") = kScalars;
+  m.attr("SCALARS_SCALE_INV") = kScaleInv;
   // The delayed-scaling recipe ranges (fp8kit/delayed_scaling.h), which
   // fp8kit.recipe states too.
   m.attr("MARGIN_MAX") = FP8KIT_MARGIN_MAX;

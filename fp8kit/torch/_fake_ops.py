@@ -17,11 +17,11 @@ from fp8kit.torch._checks import TORCH_FP8
 from fp8kit.torch._ext import ext  # also defines the torch.ops.fp8kit library
 from fp8kit.torch._plan import plan
 
-# The floats of one quantization's scalars block (torch_ext/linear_state.h:
-# scale, scale_inv and amax at 16-byte aligned offsets), which linear_forward
-# returns for backward, and where scale_inv sits in it.
-_SCALARS = 12
-_SCALE_INV = 4
+# The floats of one quantization's scalars block (scale, scale_inv and amax
+# at 16-byte aligned offsets), which linear_forward returns for backward,
+# and where scale_inv sits in it: the extension's own constants.
+_SCALARS = int(ext.SCALARS_LEN)
+_SCALE_INV = int(ext.SCALARS_SCALE_INV)
 
 
 def columnwise_shape(shape):
