@@ -115,7 +115,8 @@ class DelayedScaling:
 
     scale = fp8_max / amax_reduced / 2**margin, with amax_reduced the max (or
     the most recent) of the last `amax_history_len` amaxes; a zero or
-    non-finite amax keeps the previous scale.
+    non-finite amax keeps the previous scale. Next to FLT_MAX the scale
+    stops at fp8_max / FLT_MAX, so that no FP8 value dequantizes to inf.
 
     Every field is checked here, at construction (TypeError for a wrong
     type, ValueError for a value out of range): amax_history_len an int in

@@ -150,13 +150,15 @@ def delayed_scale(amax_reduced, previous_scale, fmt: str, margin: int) -> np.flo
     """Delayed scaling's scale: (fp8_max / amax_reduced) * 2**-margin, each
     step one float32 operation, clamped; the previous scale when
     amax_reduced is zero, negative or not finite. Also the seed scale of a
-    fresh delayed slot (fp8kit_quantize_delayed_update), with its own amax."""
+    fresh delayed slot (fp8kit_quantize_delayed_update), with its own amax.
+    Never below fp8_max / FLT_MAX (float32), where fp8_max would
+    dequantize to inf."""
     a = F32(amax_reduced)
     if not np.isfinite(a) or not a > 0:
         return F32(previous_scale)
     with np.errstate(over="ignore", under="ignore", divide="ignore"):
         s = F32(F32(FP8_MAX[fmt]) / a) * F32(2.0 ** -margin)
-    return _clamp_scale(F32(s))
+    return max(_clamp_scale(F32(s)), F32(F32(FP8_MAX[fmt]) / FLT_MAX))
 
 
 def delayed_update(history, new_amax, scale, fmts, margin: int, reduction):

@@ -111,12 +111,16 @@ FP8KIT_HD float exp2_int(int e) { return bits_to_float(uint32_t(127 + e) << 23);
 // Delayed scaling: the new scale from the reduced amax history.
 //   - amax_reduced finite and > 0: fp8_max / amax_reduced / 2**margin
 //     (the division by 2**margin done as an exact multiplication by
-//     2**-margin, 0 <= margin <= FP8KIT_MARGIN_MAX), clamped as above;
+//     2**-margin, 0 <= margin <= FP8KIT_MARGIN_MAX), clamped as above, and
+//     at least min_computed_scale: with amax_reduced near FLT_MAX the margin
+//     would otherwise let fp8_max dequantize to inf;
 //   - otherwise (zero, negative, NaN, inf): the previous scale, unchanged.
 FP8KIT_HD float delayed_scale_from_amax(float amax_reduced, float previous_scale, float fp8_max,
                                         int margin) {
   if (!is_finite_float(amax_reduced) || !(amax_reduced > 0.0f)) return previous_scale;
-  return clamp_scale(mul_rn(div_rn(fp8_max, amax_reduced), exp2_int(-margin)));
+  const float scale = clamp_scale(mul_rn(div_rn(fp8_max, amax_reduced), exp2_int(-margin)));
+  const float floor = min_computed_scale(fp8_max);
+  return scale < floor ? floor : scale;
 }
 
 // NaN-propagating max of two amax values: NaN if either is NaN. Max is

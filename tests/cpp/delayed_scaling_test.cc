@@ -45,7 +45,9 @@ void expected_update(HostState& s, const fp8kit_delayed_scaling_config& c) {
     float scale = float(q);
     if (!std::isfinite(scale)) scale = FLT_MAX;
     if (scale < FLT_MIN) scale = FLT_MIN;
-    s.scale = scale;
+    // Never below fp8_max / FLT_MAX, where fp8_max would dequantize to inf.
+    const float floor = float(qtest::fp8_max_value(s.fmt) / double(FLT_MAX));
+    s.scale = scale < floor ? floor : scale;
   }
   s.scale_inv = float(1.0 / double(s.scale));
 }

@@ -244,6 +244,34 @@ TEST(ScaleRange, ComputedScaleInvKeepsFp8MaxFinite) {
   }
 }
 
+// Delayed scaling's margin divides the scale by 2^margin: next to FLT_MAX
+// that would put fp8_max * scale_inv past it, so the scale stops at
+// fp8_max / FLT_MAX (fp8kit/delayed_scaling.h); a smaller amax keeps its
+// margin exactly.
+TEST(ScaleRange, DelayedMarginKeepsFp8MaxFinite) {
+  for (fp8kit_dtype fmt : kFormats) {
+    for (int margin : {0, 1, 4, FP8KIT_MARGIN_MAX}) {
+      for (float amax : {FLT_MAX, 0x1.cp127f, 0x1p126f, 0x1p100f, 3.0f}) {
+        float history = 0.0f, scale = 1.0f, scale_inv = 0.0f;
+        const fp8kit_delayed_scaling_state st{&history, &amax, &scale, &scale_inv, fmt};
+        const fp8kit_delayed_scaling_config config{1, margin, FP8KIT_AMAX_MAX};
+        ASSERT_EQ(fp8kit_delayed_scaling_update(&st, 1, &config, FP8KIT_DEVICE_CPU, 0, nullptr),
+                  FP8KIT_OK)
+            << fp8kit_last_error();
+        const std::string what = std::string(fp8kit_dtype_name(fmt)) + " margin " +
+                                 std::to_string(margin) + " amax " +
+                                 ::testing::PrintToString(amax);
+        expect_dequantized_max_finite(scale_inv, fmt, what);
+        const double exact = double(fp8_max(fmt)) / double(amax) / std::exp2(margin);
+        if (exact * double(FLT_MAX) >= double(fp8_max(fmt)) * 1.001) {
+          // Far from FLT_MAX: the margin is applied as asked (to float32's rounding).
+          EXPECT_NEAR(double(scale) / exact, 1.0, 1e-6) << what;
+        }
+      }
+    }
+  }
+}
+
 // The numbers: at amax = FLT_MAX, fp8_max / amax = 1.75 * 2^-120 (E4M3) or
 // 1.75 * 2^-113 (E5M2); rounded down to a power of two that is 2^-120 /
 // 2^-113, whose scale_inv 2^120 / 2^113 dequantizes FLT_MAX's code (256 /

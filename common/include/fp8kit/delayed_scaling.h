@@ -55,7 +55,9 @@ typedef struct fp8kit_delayed_scaling_config {
  *   4. scale_inv = 1 / scale.
  * In float32: (fp8_max / amax_reduced) * 2**-margin; a scale that overflows
  * is clamped to FLT_MAX and one that underflows to FLT_MIN, so scale_inv
- * stays finite. `amax` may point into the history (it is
+ * stays finite; and a scale below fp8_max / FLT_MAX (an amax within
+ * 2**margin of FLT_MAX) is raised to it, so that no FP8 value dequantizes
+ * to inf (the margin then gives less headroom than asked). `amax` may point into the history (it is
  * read before the roll); different states must not share buffers (the
  * CUDA update runs them in parallel).
  * `states` is a host array of `count` entries. */
