@@ -3,17 +3,11 @@ function-local imports of fp8kit.jax modules (which would hide one), and
 the layers of the package docstring (the sharding rules import the FFI
 wrappers, never the public modules)."""
 
-import importlib.util
 import pathlib
 
 import pytest
 
-# tests/import_graph.py, which tests/torch/test_torch_imports.py reads its graph
-# with too; loaded from its file, so that it needs nothing on sys.path.
-_SPEC = importlib.util.spec_from_file_location(
-    "import_graph", pathlib.Path(__file__).resolve().parents[1] / "import_graph.py")
-import_graph = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(import_graph)
+import import_graph  # tests/import_graph.py (tests/conftest.py puts tests/ on the path)
 
 PACKAGE = "fp8kit.jax"
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "fp8kit" / "jax"

@@ -4,17 +4,11 @@ modules but the few listed with their reason, and the layers of the
 quantized tensors: QuantizedTensor at the bottom, then the argument checks,
 Float8Tensor, and its op table, which the package imports to register it."""
 
-import importlib.util
 import pathlib
 
 import pytest
 
-# tests/import_graph.py, which tests/jax/test_jax_imports.py reads its graph
-# with too; loaded from its file, so that it needs nothing on sys.path.
-_SPEC = importlib.util.spec_from_file_location(
-    "import_graph", pathlib.Path(__file__).resolve().parents[1] / "import_graph.py")
-import_graph = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(import_graph)
+import import_graph  # tests/import_graph.py (tests/conftest.py puts tests/ on the path)
 
 PACKAGE = "fp8kit.torch"
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "fp8kit" / "torch"
