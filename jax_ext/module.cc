@@ -195,6 +195,11 @@ PYBIND11_MODULE(_jax_ext, m) {
   m.attr("FP8_MAX") = fp8_max;
   // K, N and every FP8 GEMM's inner dimension are multiples of this.
   m.attr("GEMM_DIM_MULTIPLE") = FP8KIT_GEMM_DIM_MULTIPLE;
+  // The slots of a Linear's scaling state (fp8kit_linear_slot).
+  m.attr("SLOT_INPUT") = int(FP8KIT_SLOT_INPUT);
+  m.attr("SLOT_WEIGHT") = int(FP8KIT_SLOT_WEIGHT);
+  m.attr("SLOT_GRAD_OUTPUT") = int(FP8KIT_SLOT_GRAD_OUTPUT);
+  m.attr("NUM_SLOTS") = int(FP8KIT_NUM_SLOTS);
   // The delayed-scaling recipe ranges (fp8kit/delayed_scaling.h), which
   // fp8kit.recipe states too: margin in [0, MARGIN_MAX], history length in
   // [1, AMAX_HISTORY_LEN_MAX].

@@ -291,6 +291,11 @@ void register_ops(py::module_& m) {
   for (fp8kit_dtype f : {FP8KIT_E4M3, FP8KIT_E5M2}) fp8_max[fp8_name(f)] = fp8kit_fp8_max(f);
   m.attr("FP8_MAX") = fp8_max;
   m.attr("GEMM_DIM_MULTIPLE") = FP8KIT_GEMM_DIM_MULTIPLE;
+  // The slots of a Linear's scaling state (fp8kit_linear_slot).
+  m.attr("SLOT_INPUT") = int(FP8KIT_SLOT_INPUT);
+  m.attr("SLOT_WEIGHT") = int(FP8KIT_SLOT_WEIGHT);
+  m.attr("SLOT_GRAD_OUTPUT") = int(FP8KIT_SLOT_GRAD_OUTPUT);
+  m.attr("NUM_SLOTS") = int(FP8KIT_NUM_SLOTS);
   // One quantization's scalars block (linear_state.h): its length in
   // floats and where scale_inv sits, for the fake kernels' shapes.
   m.attr("SCALARS_LEN") = kScalars;

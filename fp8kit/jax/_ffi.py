@@ -39,6 +39,11 @@ except ImportError as e:  # pragma: no cover - depends on the installation
 BUILT_WITH_CUDA: bool = ext.built_with_cuda()
 FP8_MAX: dict[str, float] = dict(ext.FP8_MAX)
 GEMM_DIM_MULTIPLE: int = int(ext.GEMM_DIM_MULTIPLE)
+# The slots of a Linear's scaling state (fp8kit_linear_slot).
+SLOT_INPUT: int = int(ext.SLOT_INPUT)
+SLOT_WEIGHT: int = int(ext.SLOT_WEIGHT)
+SLOT_GRAD_OUTPUT: int = int(ext.SLOT_GRAD_OUTPUT)
+NUM_SLOTS: int = int(ext.NUM_SLOTS)
 FP8_DTYPE_CODES: dict[str, int] = dict(ext.FP8_DTYPE_CODES)
 AMAX_REDUCTION_CODES: dict[str, int] = dict(ext.AMAX_REDUCTION_CODES)
 MARGIN_MAX: int = int(ext.MARGIN_MAX)

@@ -9,10 +9,11 @@ recent), and set scale = fp8_max / amax_reduced / 2**margin unless that
 amax is zero or not finite (then the previous scale is kept);
 scale_inv = 1 / scale.
 
-DelayedScalingState rows, one per slot of fp8kit/linear.h:
-    X = 0       the input x              (forward format, E4M3)
-    KERNEL = 1  the kernel               (forward format, E4M3)
-    GRAD = 2    the output gradient dy   (backward format: E5M2 under HYBRID)
+DelayedScalingState rows, one per slot of fp8kit/linear.h (the core's
+fp8kit_linear_slot, the same names in fp8kit.torch):
+    INPUT = 0        the input x              (forward format, E4M3)
+    WEIGHT = 1       the kernel               (forward format, E4M3)
+    GRAD_OUTPUT = 2  the output gradient dy   (backward format: E5M2 under HYBRID)
 A layer of n Linears (num_linears; fp8kit.jax.layernorm_mlp has 2) has 3n
 rows: the input and kernel of each Linear in order (forward format), then
 the output gradient of each (backward format); layernorm_mlp's are listed
@@ -73,8 +74,8 @@ from fp8kit import recipe as recipe_lib
 from fp8kit.jax import _batching, _checks, _ffi, _state_values
 from fp8kit.jax.scaled_tensor import ScaledTensor
 
-X, KERNEL, GRAD = 0, 1, 2
-NUM_TENSORS = 3
+INPUT, WEIGHT, GRAD_OUTPUT = _ffi.SLOT_INPUT, _ffi.SLOT_WEIGHT, _ffi.SLOT_GRAD_OUTPUT
+NUM_SLOTS = _ffi.NUM_SLOTS
 
 
 @jax.tree_util.register_dataclass
@@ -105,7 +106,7 @@ class DelayedScalingState:
         num_linears = _checks.int_in(
             "DelayedScalingState.create", "num_linears (1: dense, layernorm_dense; 2: "
             "layernorm_mlp)", num_linears, 1, 2)
-        slots = NUM_TENSORS * num_linears
+        slots = NUM_SLOTS * num_linears
         return cls(amax_history=jnp.zeros((slots, recipe.amax_history_len), jnp.float32),
                    scale=jnp.ones((slots,), jnp.float32),
                    seeded=jnp.zeros((slots,), jnp.float32))
@@ -155,7 +156,7 @@ class DelayedScalingState:
                                 f"float32: pass {name}.astype(jnp.float32)")
         shapes = {name: tuple(arrays[name].shape) for name in _state_values.FIELDS}
         slots = shapes["scale"][0] if len(shapes["scale"]) == 1 else None
-        if (slots not in (NUM_TENSORS, 2 * NUM_TENSORS) or shapes["seeded"] != (slots,)
+        if (slots not in (NUM_SLOTS, 2 * NUM_SLOTS) or shapes["seeded"] != (slots,)
                 or len(shapes["amax_history"]) != 2 or shapes["amax_history"][0] != slots
                 or not 1 <= shapes["amax_history"][1] <= _ffi.AMAX_HISTORY_LEN_MAX):
             raise ValueError(
@@ -189,7 +190,7 @@ def check_state(fn: str, recipe: recipe_lib.DelayedScaling, state,
     """state must be a DelayedScalingState whose fields are float32 arrays of
     the shapes `recipe` and the layer's `num_linears` need (checked before
     anything is lowered), and whose values, where concrete, are valid."""
-    slots = NUM_TENSORS * num_linears
+    slots = NUM_SLOTS * num_linears
     create = ("DelayedScalingState.create(recipe)" if num_linears == 1 else
               f"DelayedScalingState.create(recipe, num_linears={num_linears})")
     if not isinstance(state, DelayedScalingState):
@@ -234,7 +235,7 @@ def quantize_and_record(state: DelayedScalingState, recipe: recipe_lib.DelayedSc
     tensor's column sums, or None. Returns (state, ScaledTensors, sums): the
     state with those slots updated (unchanged when not recording).
     """
-    num_linears = state.scale.shape[-1] // NUM_TENSORS
+    num_linears = state.scale.shape[-1] // NUM_SLOTS
     fmts = DelayedScalingState.formats(recipe, num_linears)[first_slot:first_slot + len(tensors)]
     call = _ffi.DelayedQuantize(
         fmts=fmts, copies=tuple((bool(r), bool(c)) for r, c in copies),

@@ -38,7 +38,7 @@ from jax.sharding import PartitionSpec as P
 from fp8kit.jax import _checks, _linear
 from fp8kit.jax import _sharding as sh
 from fp8kit.jax import matmul
-from fp8kit.jax.delayed_scaling import (GRAD, KERNEL, X, DelayedScalingState, note_use,
+from fp8kit.jax.delayed_scaling import (GRAD_OUTPUT, INPUT, WEIGHT, DelayedScalingState, note_use,
                                         quantize_and_record)
 
 _FN = "fp8kit.jax.dense"
@@ -89,11 +89,12 @@ def _quantize_forward(lin: _linear.LinearCall, x, kernel, state, plan: dict, rec
     fused call (recorded when differentiating). Returns (state, xq, kq)."""
     copies = plan["quantize"]
     if lin.delayed:
-        state, (xq, kq), _ = quantize_and_record(state, lin.recipe, X, (x, kernel),
-                                                 (copies[X], copies[KERNEL]), (None, None), record)
+        state, (xq, kq), _ = quantize_and_record(state, lin.recipe, INPUT, (x, kernel),
+                                                 (copies[INPUT], copies[WEIGHT]), (None, None),
+                                                 record)
         return state, xq, kq
-    state, kq = _linear.quantize_kernel(lin, kernel, state, copies[KERNEL], record)
-    return state, _linear.quantize_input(lin, x, copies[X]), kq
+    state, kq = _linear.quantize_kernel(lin, kernel, state, copies[WEIGHT], record)
+    return state, _linear.quantize_input(lin, x, copies[INPUT]), kq
 
 
 def _forward(cfg: _Config, x, kernel, bias, state, grads: bool):
@@ -126,7 +127,7 @@ def _dense_bwd(cfg: _Config, res, dy):
     m, (k, n) = dy.shape[0], k_saved.shape
     dy = _linear.pad_token_rows(lin, dy)
     plan = lin.plan(dy.shape[0], k, n, grads=True)
-    state, dq, db = _linear.quantize_grad(lin, dy, state, plan["quantize"][GRAD])
+    state, dq, db = _linear.quantize_grad(lin, dy, state, plan["quantize"][GRAD_OUTPUT])
     dx, dk = _linear.grad_gemms(lin, plan, dq, x_saved, k_saved)
     dx = _linear.unpad_token_rows(dx, m)
     if cfg.types is not None:  # each cotangent with its primal's sharding type
@@ -171,8 +172,8 @@ def dense(x, kernel, bias=None, *, state: Optional[DelayedScalingState] = None, 
     x = x.reshape(math.prod(lead), k)
     lin = _linear.LinearCall(fn=_FN, recipe=recipe, non_tn=matmul.supports_non_tn_fp8_gemm(),
                              x_dtype=jnp.dtype(x.dtype), kernel_dtype=jnp.dtype(kernel.dtype),
-                             bias_dtype=bias_dtype, input_slot=X, kernel_slot=KERNEL,
-                             grad_slot=GRAD)
+                             bias_dtype=bias_dtype, input_slot=INPUT, kernel_slot=WEIGHT,
+                             grad_slot=GRAD_OUTPUT)
     cfg = _Config(linear=lin, types=_Types.of(x, kernel, bias, state))
     note_use(_FN, state)
     y = _dense(cfg, x, kernel, bias, state)

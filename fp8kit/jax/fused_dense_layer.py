@@ -37,7 +37,8 @@ import jax.numpy as jnp
 from fp8kit.jax import _fused_steps as steps
 from fp8kit.jax import _linear, matmul
 from fp8kit.jax._linear import LinearCall
-from fp8kit.jax.delayed_scaling import GRAD, KERNEL, X, DelayedScalingState, note_use
+from fp8kit.jax.delayed_scaling import (GRAD_OUTPUT, INPUT, WEIGHT, DelayedScalingState,
+                                        note_use)
 
 _FN = "fp8kit.jax.layernorm_dense"
 
@@ -60,8 +61,8 @@ def _forward(cfg: _Config, x, gamma, beta, kernel, bias, state, grads: bool):
     plan = lin.plan(lin.gemm_rows(m), hidden, n, grads)
     gamma, beta = gamma.astype(x.dtype), None if beta is None else beta.astype(x.dtype)
     state, ln, mean, rsigma = steps.norm_forward(lin, cfg.normalization, cfg.epsilon, x, gamma,
-                                                 beta, state, plan["quantize"][X], grads)
-    state, kq = _linear.quantize_kernel(lin, kernel, state, plan["quantize"][KERNEL], grads)
+                                                 beta, state, plan["quantize"][INPUT], grads)
+    state, kq = _linear.quantize_kernel(lin, kernel, state, plan["quantize"][WEIGHT], grads)
     y = _linear.unpad_token_rows(_linear.forward_gemm(lin, ln, kq, bias, n), m)
     y = steps.retype_rows(y, cfg.specs)
     saved = (x, gamma, mean, rsigma, _linear.keep(ln, plan["saved_input"]),
@@ -83,7 +84,7 @@ def _bwd(cfg: _Config, res, dy):
     (m, hidden), n = x.shape, dy.shape[1]
     dy = _linear.pad_token_rows(lin, dy)
     plan = lin.plan(dy.shape[0], hidden, n, True)
-    state, dq, db = _linear.quantize_grad(lin, dy, state, plan["quantize"][GRAD])
+    state, dq, db = _linear.quantize_grad(lin, dy, state, plan["quantize"][GRAD_OUTPUT])
     d_ln, dk = _linear.grad_gemms(lin, plan, dq, ln, kq)
     d_ln = _linear.unpad_token_rows(d_ln, m)
     dx, dgamma, dbeta = steps.norm_backward(cfg.normalization, cfg.epsilon, d_ln, x, mean,
@@ -123,7 +124,8 @@ def layernorm_dense(x, gamma, beta, kernel, bias=None, *, normalization: str = "
     dtype = lambda a: None if a is None else jnp.dtype(a.dtype)  # noqa: E731
     lin = LinearCall(fn=_FN, recipe=recipe, non_tn=matmul.supports_non_tn_fp8_gemm(),
                      x_dtype=jnp.dtype(x.dtype), kernel_dtype=dtype(kernel),
-                     bias_dtype=dtype(bias), input_slot=X, kernel_slot=KERNEL, grad_slot=GRAD)
+                     bias_dtype=dtype(bias), input_slot=INPUT, kernel_slot=WEIGHT,
+                     grad_slot=GRAD_OUTPUT)
     args = (x, gamma, beta, kernel, bias, state)
     cfg = _Config(linear=lin, normalization=normalization, epsilon=epsilon,
                   gamma_dtype=dtype(gamma), beta_dtype=dtype(beta),

@@ -23,11 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from fp8kit.torch._ext import ext
 from fp8kit.torch._plan import Plan
 from fp8kit.torch.float8_tensor import Float8Tensor
 
-# The slots of a LinearState (fp8kit_linear_slot).
-INPUT, WEIGHT, GRAD_OUTPUT = 0, 1, 2
+# The slots of a LinearState (fp8kit_linear_slot), as the core numbers them.
+INPUT, WEIGHT, GRAD_OUTPUT = ext.SLOT_INPUT, ext.SLOT_WEIGHT, ext.SLOT_GRAD_OUTPUT
 
 
 def kept(copies: tuple, rowwise, columnwise):

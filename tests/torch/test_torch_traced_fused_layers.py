@@ -23,7 +23,7 @@ from torch_reference import DEVICES, assert_bits_equal, device_of
 
 ops = torch.ops.fp8kit
 RECIPES = {"delayed": DelayedScaling(amax_history_len=4), "current": CurrentScaling()}
-INPUT, WEIGHT, GRAD_OUTPUT = 0, 1, 2
+INPUT, WEIGHT, GRAD_OUTPUT = ext.SLOT_INPUT, ext.SLOT_WEIGHT, ext.SLOT_GRAD_OUTPUT
 
 
 def recipe_args(state):
