@@ -24,7 +24,7 @@ ffi::Error UpdateImpl(const Device& device, ffi::Buffer<ffi::F32> history_in,
                       ffi::Result<ffi::Buffer<ffi::F32>> scale_inv, int32_t margin,
                       int32_t amax_reduction, ffi::Span<const int32_t> fp8_dtypes) {
   const auto dims = history_in.dimensions();
-  if (dims.size() != 2) return Invalid(kOp, "amax_history must be 2-D [n, history_len]");
+  if (dims.size() != 2) return Invalid(kOp, "amax_history must be 2-D [n, amax_history_len]");
   const int64_t n = dims[0], len = dims[1];
   if (amax.element_count() != static_cast<size_t>(n) ||
       scale_in.element_count() != static_cast<size_t>(n) ||
@@ -58,7 +58,7 @@ ffi::Error UpdateImpl(const Device& device, ffi::Buffer<ffi::F32> history_in,
     states[i].fp8_dtype = static_cast<fp8kit_dtype>(fp8_dtypes[i]);
   }
   fp8kit_delayed_scaling_config config;
-  config.history_len = static_cast<int>(len);
+  config.amax_history_len = static_cast<int>(len);
   config.margin = margin;
   config.amax_reduction = static_cast<fp8kit_amax_reduction>(amax_reduction);
   return FromStatus(fp8kit_delayed_scaling_update(states.data(), static_cast<int>(n), &config,

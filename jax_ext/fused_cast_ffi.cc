@@ -32,7 +32,7 @@ ffi::ErrorOr<fp8kit_fused_cast> CastWorkspace::Delayed(const char* op, const Dev
                                                        const DelayedAttrs& attrs) const {
   const auto dims = state.history.dimensions();
   if (dims.size() != 2) {
-    return ffi::Unexpected(Invalid(op, "amax_history must be 2-D [slots, history_len]"));
+    return ffi::Unexpected(Invalid(op, "amax_history must be 2-D [slots, amax_history_len]"));
   }
   const int64_t slots = dims[0];
   if (state.scale.element_count() != static_cast<size_t>(slots) ||
@@ -77,7 +77,7 @@ ffi::ErrorOr<fp8kit_fused_cast> CastWorkspace::Delayed(const char* op, const Dev
   cast.state.scale_inv = layout_.scale_inv(base_, 0);
   cast.state.counter = layout_.counter(base_, 0);
   cast.state.seeded = seeded + attrs.slot;
-  cast.delayed_config.history_len = static_cast<int>(dims[1]);
+  cast.delayed_config.amax_history_len = static_cast<int>(dims[1]);
   cast.delayed_config.margin = attrs.margin;
   cast.delayed_config.amax_reduction = static_cast<fp8kit_amax_reduction>(attrs.amax_reduction);
   cast.record = results != nullptr ? 1 : 0;

@@ -174,7 +174,7 @@ ffi::Error Run(const char* op, const Device& device, const StateRows& state,
     }
   }
   fp8kit_delayed_scaling_config config;
-  config.history_len = static_cast<int>(state.len);
+  config.amax_history_len = static_cast<int>(state.len);
   config.margin = f.margin;
   config.amax_reduction = static_cast<fp8kit_amax_reduction>(f.amax_reduction);
   return FromStatus(fp8kit_quantize_delayed_update(
@@ -186,7 +186,7 @@ ffi::Error Run(const char* op, const Device& device, const StateRows& state,
 ffi::Error Rows(const char* op, F32Buffer history, F32Buffer scale, F32Buffer seeded,
                 F32Buffer amax, size_t n, size_t outputs, const CallFlags& f, StateRows* rows) {
   const auto dims = history.dimensions();
-  if (dims.size() != 2) return Invalid(op, "amax_history must be 2-D [slots, history_len]");
+  if (dims.size() != 2) return Invalid(op, "amax_history must be 2-D [slots, amax_history_len]");
   *rows = StateRows{history.typed_data(), scale.typed_data(), seeded.typed_data(),
                     static_cast<size_t>(dims[0]), dims[1]};
   return CheckCounts(op, *rows, scale.element_count(), seeded.element_count(),

@@ -76,14 +76,14 @@ void describe_fused_cast(LinearState& st, int slot, bool record, const FusedCast
   d->amax = nullptr;
   cast->recipe = FP8KIT_FUSED_CAST_DELAYED;
   fp8kit_delayed_quantize_state& s = cast->state;
-  s.amax_history = st.history.data_ptr<float>() + slot * r.history_len;
+  s.amax_history = st.history.data_ptr<float>() + slot * r.amax_history_len;
   s.amax = st.amax.data_ptr<float>() + slot;
   s.scale = st.scale.data_ptr<float>() + slot;
   s.scale_inv = st.scale_inv.data_ptr<float>() + slot;
   s.counter = reinterpret_cast<unsigned int*>(st.counters.data_ptr<int32_t>()) + slot;
   // Passed only while unseeded: a seeded slot is spared the seeding pass.
   s.seeded = st.seeded[slot] ? nullptr : st.seeded_flags.data_ptr<float>() + slot;
-  cast->delayed_config.history_len = r.history_len;
+  cast->delayed_config.amax_history_len = r.amax_history_len;
   cast->delayed_config.margin = r.margin;
   cast->delayed_config.amax_reduction = r.amax_reduction;
   cast->record = record ? 1 : 0;

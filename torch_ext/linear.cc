@@ -86,7 +86,7 @@ void register_linear(py::module_& m) {
             LinearState& s = state_self(self);
             return copy_out(s, s.history);
           },
-          "A copy of the amax history [3, history_len] (input, weight, grad_output; column 0 "
+          "A copy of the amax history [3, amax_history_len] (input, weight, grad_output; column 0 "
           "newest).")
       .def_property_readonly(
           "amax",

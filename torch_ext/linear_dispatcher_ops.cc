@@ -27,7 +27,7 @@ namespace fp8kit_torch {
 using Tensor = at::Tensor;
 
 LinearRecipe recipe_of(const char* fn, const std::string& scaling, const std::string& fwd_dtype,
-                       const std::string& bwd_dtype, int64_t history_len, int64_t margin,
+                       const std::string& bwd_dtype, int64_t amax_history_len, int64_t margin,
                        const std::string& amax_reduction, double amax_epsilon,
                        bool power_2_scale) {
   FP8KIT_VALUE_CHECK(scaling == "delayed" || scaling == "current", fn, ": scaling is '",
@@ -36,13 +36,13 @@ LinearRecipe recipe_of(const char* fn, const std::string& scaling, const std::st
   r.delayed = scaling == "delayed";
   r.fwd_fp8 = parse_fp8_name(fwd_dtype, fn, "fwd_dtype");
   r.bwd_fp8 = parse_fp8_name(bwd_dtype, fn, "bwd_dtype");
-  FP8KIT_VALUE_CHECK(history_len >= 1 && history_len <= FP8KIT_AMAX_HISTORY_LEN_MAX, fn,
-                     ": amax_history has ", history_len, " columns; the history length is 1 to ",
-                     FP8KIT_AMAX_HISTORY_LEN_MAX);
+  FP8KIT_VALUE_CHECK(amax_history_len >= 1 && amax_history_len <= FP8KIT_AMAX_HISTORY_LEN_MAX, fn,
+                     ": amax_history has ", amax_history_len,
+                     " columns; the history length is 1 to ", FP8KIT_AMAX_HISTORY_LEN_MAX);
   FP8KIT_VALUE_CHECK(margin >= 0 && margin <= FP8KIT_MARGIN_MAX, fn, ": margin is ", margin,
                      "; it must be in [0, ", FP8KIT_MARGIN_MAX, "]");
   check_amax_epsilon(fn, amax_epsilon);
-  r.history_len = static_cast<int>(history_len);
+  r.amax_history_len = static_cast<int>(amax_history_len);
   r.margin = static_cast<int>(margin);
   r.amax_reduction = parse_amax_reduction(amax_reduction, fn, "amax_reduction");
   r.amax_epsilon = static_cast<float>(amax_epsilon);

@@ -22,7 +22,7 @@ namespace fp8kit_torch {
 
 // The recipe those values describe (ValueError naming `fn` and the value).
 LinearRecipe recipe_of(const char* fn, const std::string& scaling, const std::string& fwd_dtype,
-                       const std::string& bwd_dtype, int64_t history_len, int64_t margin,
+                       const std::string& bwd_dtype, int64_t amax_history_len, int64_t margin,
                        const std::string& amax_reduction, double amax_epsilon,
                        bool power_2_scale);
 // Checks the state tensors: float32 [3, H] history and float32 [3] amax,

@@ -56,7 +56,7 @@ LinearRecipe recipe_from_python(py::handle recipe, bool* fast_accumulation) {
       read_bool(recipe.attr("forward_fast_accumulation"), where("forward_fast_accumulation"));
   if (fast_accumulation) *fast_accumulation = fast;
   if (r.delayed) {
-    r.history_len =
+    r.amax_history_len =
         read_int(recipe.attr("amax_history_len"), where("amax_history_len"), 1,
                  FP8KIT_AMAX_HISTORY_LEN_MAX);
     r.margin = read_int(recipe.attr("margin"), where("margin"), 0, FP8KIT_MARGIN_MAX);
@@ -79,7 +79,7 @@ py::dict recipe_to_plain(const LinearRecipe& r) {
   d["fwd_dtype"] = fp8_name(r.fwd_fp8);
   d["bwd_dtype"] = fp8_name(r.bwd_fp8);
   if (r.delayed) {
-    d["amax_history_len"] = r.history_len;
+    d["amax_history_len"] = r.amax_history_len;
     d["margin"] = r.margin;
     d["amax_reduction"] = amax_reduction_name(r.amax_reduction);
   } else {
@@ -109,7 +109,7 @@ LinearRecipe recipe_from_plain(py::handle saved, const std::string& where_saved)
   r.bwd_fp8 = parse_fp8_name(read_str(get("bwd_dtype"), where("bwd_dtype")), fn,
                              "the saved recipe's 'bwd_dtype'");
   if (r.delayed) {
-    r.history_len = read_int(get("amax_history_len"), where("amax_history_len"), 1,
+    r.amax_history_len = read_int(get("amax_history_len"), where("amax_history_len"), 1,
                              FP8KIT_AMAX_HISTORY_LEN_MAX);
     r.margin = read_int(get("margin"), where("margin"), 0, FP8KIT_MARGIN_MAX);
     r.amax_reduction =

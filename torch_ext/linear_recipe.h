@@ -13,7 +13,7 @@ struct LinearRecipe {
   fp8kit_dtype fwd_fp8 = FP8KIT_E4M3;  // input and weight
   fp8kit_dtype bwd_fp8 = FP8KIT_E5M2;  // grad_output
   // Delayed scaling.
-  int history_len = 1;
+  int amax_history_len = 1;
   int margin = 0;
   fp8kit_amax_reduction amax_reduction = FP8KIT_AMAX_MAX;
   // Current scaling.

@@ -65,7 +65,7 @@ std::unique_lock<std::mutex> lock_state(std::mutex& mu) {
 LinearState::LinearState(const LinearRecipe& recipe_, const at::Device& device_)
     : recipe(recipe_), device(device_), non_tn(supports_non_tn(device_)) {
   const auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
-  history = at::zeros({kSlots, recipe.history_len}, opts);
+  history = at::zeros({kSlots, recipe.amax_history_len}, opts);
   amax = at::zeros({kSlots}, opts);
   scale = at::ones({kSlots}, opts);
   scale_inv = at::ones({kSlots}, opts);
@@ -113,7 +113,7 @@ void LinearState::quantize_slots(const SlotJob* jobs, int n, bool record) {
     items[i].data = &j.data;
     items[i].columnwise_data = &j.columnwise_data;
     items[i].scale_inv = j.scalars + kScaleInv;
-    items[i].state.amax_history = history.data_ptr<float>() + k * recipe.history_len;
+    items[i].state.amax_history = history.data_ptr<float>() + k * recipe.amax_history_len;
     items[i].state.amax = amax.data_ptr<float>() + k;
     items[i].state.scale = scale.data_ptr<float>() + k;
     items[i].state.scale_inv = scale_inv.data_ptr<float>() + k;
@@ -122,7 +122,7 @@ void LinearState::quantize_slots(const SlotJob* jobs, int n, bool record) {
     items[i].sums = j.sums;
   }
   fp8kit_delayed_scaling_config cfg;
-  cfg.history_len = recipe.history_len;
+  cfg.amax_history_len = recipe.amax_history_len;
   cfg.margin = recipe.margin;
   cfg.amax_reduction = recipe.amax_reduction;
   quantize_delayed_update_into(items.data(), n, cfg, record, device);

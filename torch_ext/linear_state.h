@@ -100,7 +100,7 @@ struct LinearState : torch::CustomClassHolder {
   at::Device device;
   bool non_tn = false;  // the core's answer for `device`
 
-  // Delayed-scaling state, float32 on `device`: history [3, history_len]
+  // Delayed-scaling state, float32 on `device`: history [3, amax_history_len]
   // (column 0 newest), amax accumulators (0 between calls), scale,
   // scale_inv [3]; the fused quantize's block counters (int32 [3], 0
   // between calls) and the core's seeded flags (float32 [3]: 0 until the

@@ -175,7 +175,7 @@ void delayed_scaling_update(const char* fn, const std::vector<at::Tensor>& histo
     FP8KIT_TYPE_CHECK(hist.scalar_type() == at::kFloat, fn, ": ", h, " has dtype ",
                       dtype_str(hist.scalar_type()), "; amax histories are torch.float32");
     FP8KIT_VALUE_CHECK(hist.dim() == 1 && hist.numel() >= 1, fn, ": ", h, " has shape ",
-                       shape_str(hist.sizes()), "; each history is 1-D [history_len]");
+                       shape_str(hist.sizes()), "; each history is 1-D [amax_history_len]");
     check_contiguous(fn, h.c_str(), hist);
     check_same_device(fn, h.c_str(), hist, "amax_histories[0]", ref);
     if (len < 0) len = hist.numel();
@@ -198,7 +198,7 @@ void delayed_scaling_update(const char* fn, const std::vector<at::Tensor>& histo
   fp8kit_delayed_scaling_config cfg;
   FP8KIT_VALUE_CHECK(len <= FP8KIT_AMAX_HISTORY_LEN_MAX, fn, ": amax_histories[0] has length ",
                      len, "; a history holds at most ", FP8KIT_AMAX_HISTORY_LEN_MAX, " amaxes");
-  cfg.history_len = static_cast<int>(len);
+  cfg.amax_history_len = static_cast<int>(len);
   cfg.margin = static_cast<int>(margin);
   cfg.amax_reduction = red;
   delayed_update(states.data(), static_cast<int>(n), cfg, ref.device());

@@ -22,7 +22,7 @@ constexpr int kDsThreads = 128;
 
 struct DelayedScalingChunk {
   fp8kit_delayed_scaling_state states[kChunk];
-  int history_len;
+  int amax_history_len;
   int margin;
   int most_recent;  // FP8KIT_AMAX_MOST_RECENT
   float fp8_max[kChunk];
@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(kDsThreads)
   const fp8kit_delayed_scaling_state& st = chunk.states[blockIdx.x];
   const float newest = *st.amax;
   __syncthreads();  // every read of *amax happens before any history write
-  const float r = roll_history_and_reduce(st.amax_history, chunk.history_len, newest,
+  const float r = roll_history_and_reduce(st.amax_history, chunk.amax_history_len, newest,
                                           chunk.most_recent != 0);
   if (threadIdx.x == 0) {
     const float scale =
@@ -58,7 +58,7 @@ void delayed_scaling_update(const fp8kit_delayed_scaling_state* states, int coun
       chunk.states[i] = states[first + i];
       chunk.fp8_max[i] = fp8kit_fp8_max(states[first + i].fp8_dtype);
     }
-    chunk.history_len = config.history_len;
+    chunk.amax_history_len = config.amax_history_len;
     chunk.margin = config.margin;
     chunk.most_recent = config.amax_reduction == FP8KIT_AMAX_MOST_RECENT;
     delayed_scaling_kernel<<<n, kDsThreads, 0, stream>>>(chunk);

@@ -57,7 +57,7 @@ inline FusedCastPasses prepare_fused_cast(const fp8kit_tensor& out, const fp8kit
   p.cast.update = true;
   p.cast.state = FusedState{s.amax_history, s.amax, s.scale, s.scale_inv, s.counter, s.seeded,
                             fp8_max};
-  p.cast.config = UpdateConfig{cast.delayed_config.history_len, cast.delayed_config.margin,
+  p.cast.config = UpdateConfig{cast.delayed_config.amax_history_len, cast.delayed_config.margin,
                                cast.delayed_config.amax_reduction == FP8KIT_AMAX_MOST_RECENT,
                                cast.record != 0};
   return p;

@@ -26,7 +26,7 @@ struct FusedState {
 };
 
 struct UpdateConfig {
-  int history_len;
+  int amax_history_len;
   int margin;
   int most_recent;
   int record;  // 0: leave history, scale, scale_inv and seeded as they are
@@ -50,7 +50,8 @@ __device__ __forceinline__ void finish_job(const FusedState& s, const UpdateConf
   __syncthreads();
   if (!last) return;
   if (c.record) {
-    const float r = roll_history_and_reduce(s.history, c.history_len, newest, c.most_recent != 0);
+    const float r =
+        roll_history_and_reduce(s.history, c.amax_history_len, newest, c.most_recent != 0);
     if (threadIdx.x == 0) {
       // The scale the cast used (read_scale's rule) is the update's previous scale.
       float used = *s.scale;

@@ -283,7 +283,7 @@ void quantize_delayed_update(const fp8kit_tensor* inputs, fp8kit_tensor* outputs
     m.in_dtype = inputs[i].dtype;
     m.fp8_dtype = outputs[i].dtype;
   }
-  const UpdateConfig update{config.history_len, config.margin,
+  const UpdateConfig update{config.amax_history_len, config.margin,
                             config.amax_reduction == FP8KIT_AMAX_MOST_RECENT ? 1 : 0,
                             record ? 1 : 0};
   // Greedy grouping in call order: each launch takes the first unplaced

@@ -25,7 +25,7 @@ void check_delayed_scaling_args(const fp8kit_delayed_scaling_state* states, int 
   for (int i = 0; i < count; ++i) {
     const fp8kit_delayed_scaling_state& s = states[i];
     FP8KIT_CHECK(s.amax_history != nullptr, op, ": states[", i,
-                 "].amax_history is NULL; pass a buffer of history_len floats");
+                 "].amax_history is NULL; pass a buffer of amax_history_len floats");
     FP8KIT_CHECK(s.amax != nullptr, op, ": states[", i,
                  "].amax is NULL; pass the 1-float amax the last quantize wrote");
     FP8KIT_CHECK(s.scale != nullptr, op, ": states[", i,

@@ -6,7 +6,7 @@ namespace fp8kit {
 
 void delayed_scaling_update_cpu(const fp8kit_delayed_scaling_state* states, int count,
                                 const fp8kit_delayed_scaling_config& config) {
-  const int len = config.history_len;
+  const int len = config.amax_history_len;
   for (int s = 0; s < count; ++s) {
     const fp8kit_delayed_scaling_state& st = states[s];
     float* h = st.amax_history;

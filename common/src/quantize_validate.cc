@@ -131,8 +131,10 @@ void check_quantize_args(const char* op, const fp8kit_tensor* input, const fp8ki
 
 void check_delayed_scaling_config(const char* op, const fp8kit_delayed_scaling_config* config) {
   FP8KIT_CHECK(config != nullptr, op, ": config is NULL; pass a fp8kit_delayed_scaling_config");
-  FP8KIT_CHECK(config->history_len >= 1 && config->history_len <= FP8KIT_AMAX_HISTORY_LEN_MAX,
-               op, ": config->history_len is ", config->history_len, "; it must be in [1, ",
+  FP8KIT_CHECK(config->amax_history_len >= 1 &&
+                   config->amax_history_len <= FP8KIT_AMAX_HISTORY_LEN_MAX,
+               op, ": config->amax_history_len is ", config->amax_history_len,
+               "; it must be in [1, ",
                FP8KIT_AMAX_HISTORY_LEN_MAX, "] (FP8KIT_AMAX_HISTORY_LEN_MAX; 1 keeps only the "
                "newest amax)");
   FP8KIT_CHECK(config->amax_reduction == FP8KIT_AMAX_MAX ||
@@ -151,7 +153,7 @@ void check_delayed_quantize_state(const char* op, const char* arg,
                    s.scale_inv != nullptr && s.counter != nullptr,
                op, ": ", arg, " has a NULL pointer; amax_history, amax, scale, scale_inv and "
                "counter are all required (seeded may be NULL)");
-  FP8KIT_CHECK(s.amax < s.amax_history || s.amax >= s.amax_history + config.history_len, op,
+  FP8KIT_CHECK(s.amax < s.amax_history || s.amax >= s.amax_history + config.amax_history_len, op,
                ": ", arg, ".amax points into its amax_history; the amax accumulator needs a "
                "float of its own");
 }

@@ -18,7 +18,7 @@ namespace fp8kit {
 void check_quantize_args(const char* op, const fp8kit_tensor* input, const fp8kit_tensor* output,
                          bool current_scaling);
 
-// history_len and margin within the ranges of fp8kit/delayed_scaling.h
+// amax_history_len and margin within the ranges of fp8kit/delayed_scaling.h
 // (FP8KIT_AMAX_HISTORY_LEN_MAX, FP8KIT_MARGIN_MAX), a known reduction.
 void check_delayed_scaling_config(const char* op, const fp8kit_delayed_scaling_config* config);
 

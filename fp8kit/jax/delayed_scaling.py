@@ -81,7 +81,7 @@ NUM_SLOTS = _ffi.NUM_SLOTS
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class DelayedScalingState:
-    """amax_history: float32 [slots, history_len]; scale: float32 [slots];
+    """amax_history: float32 [slots, amax_history_len]; scale: float32 [slots];
     seeded: float32 [slots] (0.0 fresh, 1.0 seeded); slots = 3 per Linear.
 
     The constructor checks nothing: JAX rebuilds the state from tracers
@@ -114,7 +114,7 @@ class DelayedScalingState:
     @classmethod
     def from_arrays(cls, amax_history, scale, seeded) -> "DelayedScalingState":
         """A state from its three arrays (kept as given, not copied),
-        checked: float32, shapes [slots, history_len], [slots], [slots]
+        checked: float32, shapes [slots, amax_history_len], [slots], [slots]
         with 3 or 6 slots (1 or 2 Linears), and, where the values are
         concrete, the values (module docstring)."""
         return cls._checked("DelayedScalingState.from_arrays",
@@ -161,8 +161,8 @@ class DelayedScalingState:
                 or not 1 <= shapes["amax_history"][1] <= _ffi.AMAX_HISTORY_LEN_MAX):
             raise ValueError(
                 f"{fn}: amax_history, scale and seeded have shapes {tuple(shapes.values())}; a "
-                f"state has [slots, history_len], [slots] and [slots] with slots = 3 per Linear "
-                f"(3 or 6) and 1 <= history_len <= {_ffi.AMAX_HISTORY_LEN_MAX}")
+                f"state has [slots, amax_history_len], [slots] and [slots] with slots = 3 per "
+                f"Linear (3 or 6) and 1 <= amax_history_len <= {_ffi.AMAX_HISTORY_LEN_MAX}")
         state = cls(**arrays)
         state.check_values(f"{fn}: ", fix)
         return state
@@ -263,7 +263,7 @@ def delayed_scaling_update(amax_history, amax, scale, fp8_dtypes: Sequence, marg
                            amax_reduction=recipe_lib.AmaxReduction.MAX):
     """Update n tensors' scaling state at once.
 
-    amax_history: float32 [n, history_len]; amax: float32 [n] (the newest
+    amax_history: float32 [n, amax_history_len]; amax: float32 [n] (the newest
     amaxes); scale: float32 [n] (the scales in use); fp8_dtypes: n formats
     ("e4m3"/"e5m2"). Returns (new_history, new_scale, new_scale_inv).
     """
@@ -273,7 +273,7 @@ def delayed_scaling_update(amax_history, amax, scale, fp8_dtypes: Sequence, marg
         if a.dtype != jnp.float32:
             raise TypeError(f"{fn}: {name} has dtype {a.dtype}; scaling state is float32")
     if amax_history.ndim != 2 or amax_history.shape[1] < 1:
-        raise ValueError(f"{fn}: amax_history must be [n, history_len >= 1], got shape "
+        raise ValueError(f"{fn}: amax_history must be [n, amax_history_len >= 1], got shape "
                          f"{amax_history.shape}")
     n = amax_history.shape[0]
     if amax.shape != (n,) or scale.shape != (n,):

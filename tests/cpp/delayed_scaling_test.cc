@@ -28,7 +28,7 @@ struct HostState {
 };
 
 void expected_update(HostState& s, const fp8kit_delayed_scaling_config& c) {
-  for (int i = c.history_len - 1; i > 0; --i) s.history[size_t(i)] = s.history[size_t(i - 1)];
+  for (int i = c.amax_history_len - 1; i > 0; --i) s.history[size_t(i)] = s.history[size_t(i - 1)];
   s.history[0] = s.amax;
   double reduced = s.history[0];
   bool nan = std::isnan(s.history[0]);
@@ -52,14 +52,14 @@ void expected_update(HostState& s, const fp8kit_delayed_scaling_config& c) {
   s.scale_inv = float(1.0 / double(s.scale));
 }
 
-std::vector<HostState> make_states(int count, int history_len, uint32_t seed) {
+std::vector<HostState> make_states(int count, int amax_history_len, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(0.0f, 10.0f);
   std::vector<HostState> v(static_cast<size_t>(count));
   for (int i = 0; i < count; ++i) {
     HostState& s = v[size_t(i)];
     s.fmt = i % 3 == 0 ? FP8KIT_E5M2 : FP8KIT_E4M3;
-    s.history.resize(size_t(history_len));
+    s.history.resize(size_t(amax_history_len));
     for (auto& h : s.history) h = u(rng);
     s.amax = u(rng) * (i % 5 == 0 ? 100.0f : 1.0f);
     s.scale = 0.5f + float(i);
@@ -129,11 +129,11 @@ const fp8kit_delayed_scaling_config kConfigs[] = {
 TEST(DelayedScaling, MatchesIndependentComputation) {
   uint32_t seed = 5;
   for (const auto& c : kConfigs) {
-    std::vector<HostState> got = make_states(23, c.history_len, seed++);
+    std::vector<HostState> got = make_states(23, c.amax_history_len, seed++);
     std::vector<HostState> want = got;
     ASSERT_EQ(run_update(FP8KIT_DEVICE_CPU, got, c), FP8KIT_OK) << fp8kit_last_error();
     for (auto& s : want) expected_update(s, c);
-    expect_same_states(want, got, "len " + std::to_string(c.history_len));
+    expect_same_states(want, got, "len " + std::to_string(c.amax_history_len));
   }
 }
 
@@ -187,9 +187,9 @@ TEST(DelayedScaling, Errors) {
   expect(&st, -1, &c, "count is -1");
   expect(nullptr, 2, &c, "states is NULL");
   expect(&st, 1, nullptr, "config is NULL");
-  c.history_len = 0;
-  expect(&st, 1, &c, "history_len is 0");
-  c.history_len = 4;
+  c.amax_history_len = 0;
+  expect(&st, 1, &c, "amax_history_len is 0");
+  c.amax_history_len = 4;
   c.amax_reduction = fp8kit_amax_reduction(7);
   expect(&st, 1, &c, "amax_reduction");
   c.amax_reduction = FP8KIT_AMAX_MAX;
@@ -217,12 +217,12 @@ TEST(CudaQuantDelayedScaling, MatchesCpu) {
   uint32_t seed = 50;
   for (const auto& c : kConfigs) {
     for (int count : {1, 64, 150}) {
-      std::vector<HostState> cpu = make_states(count, c.history_len, seed++);
+      std::vector<HostState> cpu = make_states(count, c.amax_history_len, seed++);
       std::vector<HostState> gpu = cpu;
       ASSERT_EQ(run_update(FP8KIT_DEVICE_CPU, cpu, c), FP8KIT_OK) << fp8kit_last_error();
       ASSERT_EQ(run_update(FP8KIT_DEVICE_CUDA, gpu, c), FP8KIT_OK) << fp8kit_last_error();
       expect_same_states(cpu, gpu,
-                         "len " + std::to_string(c.history_len) + " count " + std::to_string(count));
+                         "len " + std::to_string(c.amax_history_len) + " count " + std::to_string(count));
     }
   }
 }

@@ -139,23 +139,23 @@ void expect_state(const MemberResult& got, const MemberResult& want, const std::
 }
 
 // Fresh, seeded and flagless members of every cast kind.
-std::vector<Member> flagged_members(int history_len, uint32_t seed) {
-  std::vector<Member> v = fused::mixed_members(history_len, seed);
+std::vector<Member> flagged_members(int amax_history_len, uint32_t seed) {
+  std::vector<Member> v = fused::mixed_members(amax_history_len, seed);
   for (size_t i = 0; i < v.size(); ++i) v[i].seeded = int(i % 3) - 1;  // -1, 0, 1
   Member zeros = fresh_member(std::vector<float>(64, 0.0f), FP8KIT_E4M3, 3.0f);
-  zeros.history.assign(size_t(history_len), 0.0f);
+  zeros.history.assign(size_t(amax_history_len), 0.0f);
   v.push_back(zeros);
   std::vector<float> x(64, 1.0f);
   x[5] = NAN;
   Member nan = fresh_member(x, FP8KIT_E5M2, 3.0f);
-  nan.history.assign(size_t(history_len), 0.0f);
+  nan.history.assign(size_t(amax_history_len), 0.0f);
   v.push_back(nan);
   return v;
 }
 
 TEST(DelayedRecord, ZeroCastsAsRecordingDoesAndLeavesTheStateBitIdentical) {
   const fp8kit_delayed_scaling_config c{16, 1, FP8KIT_AMAX_MAX};
-  const std::vector<Member> members = flagged_members(c.history_len, 5);
+  const std::vector<Member> members = flagged_members(c.amax_history_len, 5);
   FusedRun off(FP8KIT_DEVICE_CPU, members, c), on(FP8KIT_DEVICE_CPU, members, c);
   ASSERT_EQ(off.call(/*record=*/0), FP8KIT_OK) << fp8kit_last_error();
   ASSERT_EQ(on.call(/*record=*/1), FP8KIT_OK) << fp8kit_last_error();
@@ -204,7 +204,7 @@ TEST(CudaDelayedSeeding, MatchesCpu) {
   for (const fp8kit_delayed_scaling_config& c :
        {fp8kit_delayed_scaling_config{16, 1, FP8KIT_AMAX_MAX},
         fp8kit_delayed_scaling_config{4, 0, FP8KIT_AMAX_MOST_RECENT}}) {
-    const std::vector<Member> members = flagged_members(c.history_len, 17);
+    const std::vector<Member> members = flagged_members(c.amax_history_len, 17);
     FusedRun cpu(FP8KIT_DEVICE_CPU, members, c), gpu(FP8KIT_DEVICE_CUDA, members, c);
     // Not recorded first (fresh slots stay fresh), then recorded (they
     // seed), then both again: the flags, accumulators and counters carry.
@@ -213,7 +213,7 @@ TEST(CudaDelayedSeeding, MatchesCpu) {
       ASSERT_EQ(gpu.call(record), FP8KIT_OK) << fp8kit_last_error();
       const std::vector<MemberResult> a = cpu.results(), b = gpu.results();
       for (size_t i = 0; i < members.size(); ++i) {
-        fused::expect_same(a[i], b[i], "len " + std::to_string(c.history_len) + " record " +
+        fused::expect_same(a[i], b[i], "len " + std::to_string(c.amax_history_len) + " record " +
                                            std::to_string(record) + " member " +
                                            std::to_string(i));
       }

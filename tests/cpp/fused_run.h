@@ -127,7 +127,7 @@ class FusedRun {
 };
 
 inline Member make_member(fp8kit_dtype in_dtype, std::vector<int64_t> shape, fp8kit_dtype fp8,
-                   bool rowwise, bool columnwise, int history_len, uint32_t seed) {
+                   bool rowwise, bool columnwise, int amax_history_len, uint32_t seed) {
   Member m;
   m.spec.in_dtype = in_dtype;
   m.spec.shape = std::move(shape);
@@ -137,7 +137,7 @@ inline Member make_member(fp8kit_dtype in_dtype, std::vector<int64_t> shape, fp8
   const size_t n = size_t(qtest::numel(m.spec.shape));
   m.input = qtest::encode_input(qtest::random_values(n, 1.0f + float(seed % 7), seed, seed % 3 == 0),
                                 in_dtype);
-  for (int i = 0; i < history_len; ++i) m.history.push_back(float((seed * 31 + i * 17) % 97) / 9.0f);
+  for (int i = 0; i < amax_history_len; ++i) m.history.push_back(float((seed * 31 + i * 17) % 97) / 9.0f);
   m.scale = 0.25f * float(1 + seed % 13);
   m.amax = seed % 4 == 1 ? 3.5f : 0.0f;  // sometimes an amax already accumulated
   return m;
@@ -146,18 +146,18 @@ inline Member make_member(fp8kit_dtype in_dtype, std::vector<int64_t> shape, fp8
 // The members the CUDA tests use: every cast kind, odd and empty shapes,
 // all three input dtypes, both formats; 6 bf16 rowwise+columnwise tensors (more than
 // one launch's 4) so the grouping splits.
-inline std::vector<Member> mixed_members(int history_len, uint32_t seed) {
+inline std::vector<Member> mixed_members(int amax_history_len, uint32_t seed) {
   std::vector<Member> v;
   for (int i = 0; i < 6; ++i) {
     v.push_back(make_member(FP8KIT_BFLOAT16, {int64_t(16 + 100 * i), 1024}, FP8KIT_E4M3, true,
-                            true, history_len, seed + uint32_t(i)));
+                            true, amax_history_len, seed + uint32_t(i)));
   }
-  v.push_back(make_member(FP8KIT_BFLOAT16, {333, 77}, FP8KIT_E4M3, true, true, history_len, seed + 10));
-  v.push_back(make_member(FP8KIT_FLOAT32, {257, 130}, FP8KIT_E5M2, false, true, history_len, seed + 11));
-  v.push_back(make_member(FP8KIT_FLOAT16, {5, 3, 1000}, FP8KIT_E4M3, true, false, history_len, seed + 12));
-  v.push_back(make_member(FP8KIT_BFLOAT16, {0, 64}, FP8KIT_E4M3, true, true, history_len, seed + 13));
-  v.push_back(make_member(FP8KIT_BFLOAT16, {1, 4096}, FP8KIT_E5M2, true, true, history_len, seed + 14));
-  v.push_back(make_member(FP8KIT_BFLOAT16, {4096}, FP8KIT_E4M3, true, false, history_len, seed + 15));
+  v.push_back(make_member(FP8KIT_BFLOAT16, {333, 77}, FP8KIT_E4M3, true, true, amax_history_len, seed + 10));
+  v.push_back(make_member(FP8KIT_FLOAT32, {257, 130}, FP8KIT_E5M2, false, true, amax_history_len, seed + 11));
+  v.push_back(make_member(FP8KIT_FLOAT16, {5, 3, 1000}, FP8KIT_E4M3, true, false, amax_history_len, seed + 12));
+  v.push_back(make_member(FP8KIT_BFLOAT16, {0, 64}, FP8KIT_E4M3, true, true, amax_history_len, seed + 13));
+  v.push_back(make_member(FP8KIT_BFLOAT16, {1, 4096}, FP8KIT_E5M2, true, true, amax_history_len, seed + 14));
+  v.push_back(make_member(FP8KIT_BFLOAT16, {4096}, FP8KIT_E4M3, true, false, amax_history_len, seed + 15));
   return v;
 }
 

@@ -268,8 +268,8 @@ TEST(Norm, ErrorsNameTheArgument) {
   bc.state.counter = nullptr;
   expect_names(fwd(cfg, &tx, &tg, &tb, &ty, &tq, &bc, &tm, &tr), "cast->state", "no counter");
   bc = c;
-  bc.delayed_config.history_len = 0;
-  expect_names(fwd(cfg, &tx, &tg, &tb, &ty, &tq, &bc, &tm, &tr), "history_len", "history_len");
+  bc.delayed_config.amax_history_len = 0;
+  expect_names(fwd(cfg, &tx, &tg, &tb, &ty, &tq, &bc, &tm, &tr), "amax_history_len", "amax_history_len");
   bc = c;
   bc.recipe = FP8KIT_FUSED_CAST_CURRENT;
   expect_names(fwd(cfg, &tx, &tg, &tb, &ty, &tq, &bc, &tm, &tr), "y_fp8", "current without scale");

@@ -58,7 +58,7 @@ const fp8kit_delayed_scaling_config kConfigs[] = {
 TEST(QuantizeDelayedUpdate, CpuEqualsQuantizeThenUpdate) {
   uint32_t seed = 1;
   for (const auto& c : kConfigs) {
-    std::vector<Member> members = mixed_members(c.history_len, seed);
+    std::vector<Member> members = mixed_members(c.amax_history_len, seed);
     seed += 100;
     members.back().input = qtest::encode_input(
         qtest::random_values(4096, 2.0f, 9, false, /*nan=*/true), FP8KIT_BFLOAT16);
@@ -69,7 +69,7 @@ TEST(QuantizeDelayedUpdate, CpuEqualsQuantizeThenUpdate) {
     const std::vector<MemberResult> got = run.results();
     for (size_t i = 0; i < members.size(); ++i) {
       expect_same(composed(members[i], c), got[i],
-                  "len " + std::to_string(c.history_len) + " member " + std::to_string(i));
+                  "len " + std::to_string(c.amax_history_len) + " member " + std::to_string(i));
     }
   }
 }
@@ -152,7 +152,7 @@ TEST(CudaQuantizeDelayedUpdate, MatchesCpu) {
   QTEST_SKIP_WITHOUT_GPU();
   uint32_t seed = 7;
   for (const auto& c : kConfigs) {
-    const std::vector<Member> members = mixed_members(c.history_len, seed);
+    const std::vector<Member> members = mixed_members(c.amax_history_len, seed);
     seed += 100;
     FusedRun cpu(FP8KIT_DEVICE_CPU, members, c), gpu(FP8KIT_DEVICE_CUDA, members, c);
     // Three calls on the same state: the counters and amax accumulators
@@ -162,7 +162,7 @@ TEST(CudaQuantizeDelayedUpdate, MatchesCpu) {
       ASSERT_EQ(gpu.call(), FP8KIT_OK) << fp8kit_last_error();
       const std::vector<MemberResult> a = cpu.results(), b = gpu.results();
       for (size_t i = 0; i < members.size(); ++i) {
-        expect_same(a[i], b[i], "len " + std::to_string(c.history_len) + " call " +
+        expect_same(a[i], b[i], "len " + std::to_string(c.amax_history_len) + " call " +
                                     std::to_string(call) + " member " + std::to_string(i));
       }
     }

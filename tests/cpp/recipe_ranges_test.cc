@@ -1,5 +1,5 @@
 // The recipe ranges of fp8kit/delayed_scaling.h, one rule for the core and
-// both front ends: margin in [0, FP8KIT_MARGIN_MAX], history_len in
+// both front ends: margin in [0, FP8KIT_MARGIN_MAX], amax_history_len in
 // [1, FP8KIT_AMAX_HISTORY_LEN_MAX]. Both entry points that take a
 // fp8kit_delayed_scaling_config accept the bounds and refuse one past
 // them, naming the field and the macro; the bound on the margin is the one
@@ -24,8 +24,8 @@ class RecipeRanges : public ::testing::Test {
   std::vector<fp8kit_status> run_all(const fp8kit_delayed_scaling_config& config) {
     // A refused length is never read: one float stands in for it.
     const bool len_ok =
-        config.history_len >= 1 && config.history_len <= FP8KIT_AMAX_HISTORY_LEN_MAX;
-    history.assign(len_ok ? size_t(config.history_len) : 1u, 1.0f);
+        config.amax_history_len >= 1 && config.amax_history_len <= FP8KIT_AMAX_HISTORY_LEN_MAX;
+    history.assign(len_ok ? size_t(config.amax_history_len) : 1u, 1.0f);
     std::vector<fp8kit_status> got;
     amax = 2.0f;
     scale = 1.0f;
@@ -89,7 +89,7 @@ TEST_F(RecipeRanges, HistoryLengthBoundsAreAcceptedAndOnePastIsRefused) {
   expect_ok({1, 0, FP8KIT_AMAX_MOST_RECENT});
   expect_ok({FP8KIT_AMAX_HISTORY_LEN_MAX, 0, FP8KIT_AMAX_MAX});
   for (int len : {0, -1, FP8KIT_AMAX_HISTORY_LEN_MAX + 1, INT_MIN, INT_MAX}) {
-    expect_refused({len, 0, FP8KIT_AMAX_MAX}, "config->history_len",
+    expect_refused({len, 0, FP8KIT_AMAX_MAX}, "config->amax_history_len",
                    "FP8KIT_AMAX_HISTORY_LEN_MAX");
   }
 }

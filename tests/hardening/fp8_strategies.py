@@ -154,9 +154,9 @@ def recipes(draw):
     fmt = Format.HYBRID if hybrid else Format.E4M3
     if draw(st.booleans()):
         r = lref.Recipe(delayed=True, hybrid=hybrid, margin=draw(st.integers(0, 3)),
-                        history_len=draw(st.integers(1, 4)),
+                        amax_history_len=draw(st.integers(1, 4)),
                         reduction=draw(st.sampled_from(["max", "most_recent"])))
-        return r, DelayedScaling(fp8_format=fmt, amax_history_len=r.history_len,
+        return r, DelayedScaling(fp8_format=fmt, amax_history_len=r.amax_history_len,
                                  margin=r.margin, amax_reduction=AmaxReduction(r.reduction))
     r = lref.Recipe(delayed=False, hybrid=hybrid, epsilon=draw(st.sampled_from([0.0, 1e-3])),
                     pow2=draw(st.booleans()))

@@ -26,7 +26,7 @@ class Recipe:
     delayed: bool
     hybrid: bool
     margin: int = 0
-    history_len: int = 1
+    amax_history_len: int = 1
     reduction: str = "max"
     epsilon: float = 0.0
     pow2: bool = False
@@ -43,7 +43,7 @@ class Slot:
 
 
 def fresh_state(recipe: Recipe) -> dict:
-    return {name: Slot(np.zeros(recipe.history_len, np.float32)) for name in ("x", "w", "dy")}
+    return {name: Slot(np.zeros(recipe.amax_history_len, np.float32)) for name in ("x", "w", "dy")}
 
 
 def quantize_slot(recipe: Recipe, state: dict, slot: str, values: np.ndarray, record: bool):

@@ -20,8 +20,8 @@ F32 = np.float32
 class RuleState:
     """fp8kit/linear.h's delayed-scaling rule for one slot, in float32."""
 
-    def __init__(self, history_len, fmt):
-        self.history = np.zeros(history_len, F32)
+    def __init__(self, amax_history_len, fmt):
+        self.history = np.zeros(amax_history_len, F32)
         self.scale, self.fmt = F32(1), fmt
 
     def record(self, amax):

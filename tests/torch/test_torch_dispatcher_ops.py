@@ -175,9 +175,9 @@ def test_gemm_fp8_output_with_d_scale():
     assert_bits_equal(ops.gemm(*args), want)
 
 
-def _delayed_state(dev, n=3, history_len=4):
+def _delayed_state(dev, n=3, amax_history_len=4):
     torch.manual_seed(4)
-    return ([torch.rand(history_len, device=dev) * 10 for _ in range(n)],
+    return ([torch.rand(amax_history_len, device=dev) * 10 for _ in range(n)],
             [torch.rand(1, device=dev) * 20 for _ in range(n)],
             [torch.ones(1, device=dev) for _ in range(n)],
             [torch.ones(1, device=dev) for _ in range(n)])

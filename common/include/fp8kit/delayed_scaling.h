@@ -17,7 +17,7 @@ extern "C" {
  * export these):
  *   margin      an integer in [0, FP8KIT_MARGIN_MAX], so that 2**-margin
  *               is a normal float32 (and built exactly);
- *   history_len an integer in [1, FP8KIT_AMAX_HISTORY_LEN_MAX] (1 keeps
+ *   amax_history_len an integer in [1, FP8KIT_AMAX_HISTORY_LEN_MAX] (1 keeps
  *               only the newest amax); the bound, 2**20, is far beyond any
  *               useful history and keeps a layer's history buffers (a few
  *               MiB) and their indexing well within int.
@@ -33,7 +33,7 @@ typedef enum fp8kit_amax_reduction {
 
 /* One tensor's scaling state; every pointer is on the call's device. */
 typedef struct fp8kit_delayed_scaling_state {
-  float* amax_history;  /* [history_len], element 0 is the newest */
+  float* amax_history;  /* [amax_history_len], element 0 is the newest */
   const float* amax;    /* the amax the last quantize wrote (1 float) */
   float* scale;         /* read (previous scale) and written */
   float* scale_inv;     /* written (= 1/scale) */
@@ -41,7 +41,7 @@ typedef struct fp8kit_delayed_scaling_state {
 } fp8kit_delayed_scaling_state;
 
 typedef struct fp8kit_delayed_scaling_config {
-  int history_len;                 /* [1, FP8KIT_AMAX_HISTORY_LEN_MAX] */
+  int amax_history_len;                 /* [1, FP8KIT_AMAX_HISTORY_LEN_MAX] */
   int margin;                      /* [0, FP8KIT_MARGIN_MAX]:
                                     * scale = fp8_max / amax_reduced / 2**margin */
   fp8kit_amax_reduction amax_reduction;
@@ -69,7 +69,7 @@ FP8KIT_API fp8kit_status fp8kit_delayed_scaling_update(
 /* One tensor's state for fp8kit_quantize_delayed_update; every pointer is
  * on the call's device and none aliases another. */
 typedef struct fp8kit_delayed_quantize_state {
-  float* amax_history;  /* [history_len], element 0 is the newest */
+  float* amax_history;  /* [amax_history_len], element 0 is the newest */
   float* amax;          /* amax accumulator: >= 0 (or NaN) on entry, 0 on exit */
   float* scale;         /* read (this quantization's scale unless the slot is fresh)
                          * and, when recording, written (the next one) */

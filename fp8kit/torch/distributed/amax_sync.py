@@ -125,7 +125,7 @@ class AmaxSync:
         _group.check_signature(_FN, reduced[:_group.SIGNATURE_FLOATS],
                                "fp8kit layers or recipes")
         offset = _group.SIGNATURE_FLOATS
-        by_config = {}  # (history_len, margin, amax_reduction) -> update lists
+        by_config = {}  # (amax_history_len, margin, amax_reduction) -> update lists
         scales = {}
         with torch.no_grad():
             for (_, st), (history, scale, scale_inv) in entries:
