@@ -40,7 +40,7 @@ variable_list linear_backward_below_autograd(const BackwardInfo& info, const Lin
   const at::Tensor& w_scalars = saved[3];
   DeviceScope scope(st.device);
   const auto dev_type = st.device.is_cuda() ? FP8KIT_DEVICE_CUDA : FP8KIT_DEVICE_CPU;
-  const fp8kit_dtype fwd = st.recipe.fwd_fp8, bwd = st.recipe.bwd_fp8;
+  const fp8kit_dtype fwd = st.recipe.forward_dtype, bwd = st.recipe.backward_dtype;
   const at::Tensor dy = dy_in.contiguous();
   const at::TensorOptions opts = dy.options();
   at::Tensor dx, dw, db;

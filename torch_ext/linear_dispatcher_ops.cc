@@ -34,8 +34,8 @@ LinearRecipe recipe_of(const char* fn, const std::string& scaling, const std::st
                      scaling, "'; use 'delayed' or 'current' (LinearState.recipe['scaling'])");
   LinearRecipe r;
   r.delayed = scaling == "delayed";
-  r.fwd_fp8 = parse_fp8_name(fwd_dtype, fn, "fwd_dtype");
-  r.bwd_fp8 = parse_fp8_name(bwd_dtype, fn, "bwd_dtype");
+  r.forward_dtype = parse_fp8_name(fwd_dtype, fn, "fwd_dtype");
+  r.backward_dtype = parse_fp8_name(bwd_dtype, fn, "bwd_dtype");
   FP8KIT_VALUE_CHECK(amax_history_len >= 1 && amax_history_len <= FP8KIT_AMAX_HISTORY_LEN_MAX, fn,
                      ": amax_history has ", amax_history_len,
                      " columns; the history length is 1 to ", FP8KIT_AMAX_HISTORY_LEN_MAX);
@@ -103,7 +103,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> linear_forward_op(
   LinearSaved saved;
   saved.own_buffers = true;
   Tensor y = linear_forward_below_autograd(st, input, weight, b, call, save ? &saved : nullptr);
-  const auto fp8 = input.options().dtype(torch_fp8_type(recipe.fwd_fp8));
+  const auto fp8 = input.options().dtype(torch_fp8_type(recipe.forward_dtype));
   const auto f32 = input.options().dtype(at::kFloat);
   return {y, or_empty(saved.x_q, fp8), or_empty(saved.x_scalars, f32), or_empty(saved.w_q, fp8),
           or_empty(saved.w_scalars, f32)};

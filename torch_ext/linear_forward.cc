@@ -57,7 +57,7 @@ at::Tensor linear_forward_below_autograd(LinearState& st, const at::Tensor& x_in
     }
     // Every FP8 buffer and scalars block of this call, carved by lifetime:
     // kept for backward, kept by the weight cache, or used only here.
-    const at::ScalarType fp8 = torch_fp8_type(st.recipe.fwd_fp8);
+    const at::ScalarType fp8 = torch_fp8_type(st.recipe.forward_dtype);
     const std::vector<int64_t> x_cw =
         x_cast.columnwise ? columnwise_shape(x.sizes()) : std::vector<int64_t>();
     const bool w_columnwise_cast = requant && w_cast.columnwise;
@@ -119,7 +119,7 @@ at::Tensor linear_forward_below_autograd(LinearState& st, const at::Tensor& x_in
   // the rowwise copies every plan writes for x and an [N, K] weight.
   const at::ScalarType out_dtype = x.scalar_type();
   at::Tensor y = at::empty(out_sizes(x, p.n), x.options());
-  const fp8kit_dtype fwd = st.recipe.fwd_fp8;
+  const fp8kit_dtype fwd = st.recipe.forward_dtype;
   const fp8kit_tensor a = gemm_operand(st.device, fwd, p.m, p.k, x_data.data_ptr(), nullptr,
                                        scale_inv_of(x_scalars));
   const fp8kit_tensor bw = gemm_operand(st.device, fwd, p.n, p.k, w_data.data_ptr(), nullptr,
@@ -189,7 +189,7 @@ at::Tensor forward_with_grad(LinearState& st, const at::Tensor& x, const at::Ten
 // reads, with its scale_inv copied into a scalars block of its own.
 GivenWeight checked_fp8_weight(const LinearState& st, const FP8Weight& fw, const at::Tensor& w,
                              const fp8kit_linear_plan& plan) {
-  const at::ScalarType fp8 = torch_fp8_type(st.recipe.fwd_fp8);
+  const at::ScalarType fp8 = torch_fp8_type(st.recipe.forward_dtype);
   const int64_t n = w.size(0), k = w.size(1);
   auto check_copy = [&](const at::Tensor& t, const char* arg, int64_t rows, int64_t cols,
                         bool needed, const char* fix) {

@@ -48,10 +48,10 @@ LinearRecipe recipe_from_python(py::handle recipe, bool* fast_accumulation) {
   const py::object fmt = recipe.attr("fp8_format");
   FP8KIT_TYPE_CHECK(is_instance(fmt, t.format), where("fp8_format"), " is ", value_str(fmt),
                     "; it must be an fp8kit.recipe.Format");
-  r.fwd_fp8 = parse_fp8_name(fmt.attr("forward_dtype").cast<std::string>(), kFn,
-                             "recipe.fp8_format.forward_dtype");
-  r.bwd_fp8 = parse_fp8_name(fmt.attr("backward_dtype").cast<std::string>(), kFn,
-                             "recipe.fp8_format.backward_dtype");
+  r.forward_dtype = parse_fp8_name(fmt.attr("forward_dtype").cast<std::string>(), kFn,
+                                   "recipe.fp8_format.forward_dtype");
+  r.backward_dtype = parse_fp8_name(fmt.attr("backward_dtype").cast<std::string>(), kFn,
+                                    "recipe.fp8_format.backward_dtype");
   const bool fast =
       read_bool(recipe.attr("forward_fast_accumulation"), where("forward_fast_accumulation"));
   if (fast_accumulation) *fast_accumulation = fast;
@@ -76,8 +76,8 @@ LinearRecipe recipe_from_python(py::handle recipe, bool* fast_accumulation) {
 py::dict recipe_to_plain(const LinearRecipe& r) {
   py::dict d;
   d["scaling"] = r.delayed ? "delayed" : "current";
-  d["fwd_dtype"] = fp8_name(r.fwd_fp8);
-  d["bwd_dtype"] = fp8_name(r.bwd_fp8);
+  d["fwd_dtype"] = fp8_name(r.forward_dtype);
+  d["bwd_dtype"] = fp8_name(r.backward_dtype);
   if (r.delayed) {
     d["amax_history_len"] = r.amax_history_len;
     d["margin"] = r.margin;
@@ -104,10 +104,10 @@ LinearRecipe recipe_from_plain(py::handle saved, const std::string& where_saved)
   FP8KIT_VALUE_CHECK(scaling == "delayed" || scaling == "current", where("scaling"), " is '",
                      scaling, "'; it must be 'delayed' or 'current'");
   r.delayed = scaling == "delayed";
-  r.fwd_fp8 = parse_fp8_name(read_str(get("fwd_dtype"), where("fwd_dtype")), fn,
-                             "the saved recipe's 'fwd_dtype'");
-  r.bwd_fp8 = parse_fp8_name(read_str(get("bwd_dtype"), where("bwd_dtype")), fn,
-                             "the saved recipe's 'bwd_dtype'");
+  r.forward_dtype = parse_fp8_name(read_str(get("fwd_dtype"), where("fwd_dtype")), fn,
+                                   "the saved recipe's 'fwd_dtype'");
+  r.backward_dtype = parse_fp8_name(read_str(get("bwd_dtype"), where("bwd_dtype")), fn,
+                                    "the saved recipe's 'bwd_dtype'");
   if (r.delayed) {
     r.amax_history_len = read_int(get("amax_history_len"), where("amax_history_len"), 1,
                              FP8KIT_AMAX_HISTORY_LEN_MAX);

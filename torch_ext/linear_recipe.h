@@ -10,8 +10,8 @@ namespace fp8kit_torch {
 
 struct LinearRecipe {
   bool delayed = true;  // DelayedScaling; false: CurrentScaling
-  fp8kit_dtype fwd_fp8 = FP8KIT_E4M3;  // input and weight
-  fp8kit_dtype bwd_fp8 = FP8KIT_E5M2;  // grad_output
+  fp8kit_dtype forward_dtype = FP8KIT_E4M3;   // input and weight
+  fp8kit_dtype backward_dtype = FP8KIT_E5M2;  // grad_output
   // Delayed scaling.
   int amax_history_len = 1;
   int margin = 0;

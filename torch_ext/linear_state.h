@@ -57,7 +57,7 @@ struct LinearState : torch::CustomClassHolder {
               const at::Tensor& seeded_flags);
 
   fp8kit_dtype slot_dtype(int slot) const {
-    return slot == kGrad ? recipe.bwd_fp8 : recipe.fwd_fp8;
+    return slot == kGrad ? recipe.backward_dtype : recipe.forward_dtype;
   }
 
   // Quantizes `jobs`, `record` telling whether the pass computes gradients

@@ -54,7 +54,7 @@ def norm_forward(lin: LinearCall, norm: str, epsilon: float, x, gamma, beta, cop
         mean = None
         rsigma = 1 / jnp.sqrt(jnp.sum(x * x, axis=1) / width + eps)
         y = (x * rsigma[:, None]) * gamma.astype(F32)
-    return _quantize_tokens(lin, y, lin.forward_fmt, copies, "the norm output"), mean, rsigma
+    return _quantize_tokens(lin, y, lin.forward_dtype, copies, "the norm output"), mean, rsigma
 
 
 def _activation(activation: str):
@@ -74,7 +74,7 @@ def activation_forward(lin: LinearCall, activation: str, h, copies) -> ScaledTen
     """act(h) (h [rows, F], [rows, 2F] or [rows, 2, F], the GEMMs' output) in
     float32, cast as `lin`'s input, its rows padded."""
     a = _activation(activation)(h.astype(F32))
-    return _quantize_tokens(lin, a, lin.forward_fmt, copies, "the activation output")
+    return _quantize_tokens(lin, a, lin.forward_dtype, copies, "the activation output")
 
 
 def activation_backward(lin: LinearCall, activation: str, d_a, h, copies):
@@ -89,7 +89,7 @@ def activation_backward(lin: LinearCall, activation: str, d_a, h, copies):
     (dh,) = vjp(sh.retype(d_a, sh.explicit_spec(a)).astype(F32))
     db = None if lin.bias_dtype is None else jnp.sum(dh, axis=0).astype(lin.bias_dtype)
     if dh.ndim == 3:
-        return Pair(None, tuple(_quantize_tokens(lin, dh[:, i], lin.backward_fmt, copies,
+        return Pair(None, tuple(_quantize_tokens(lin, dh[:, i], lin.backward_dtype, copies,
                                                  f"the activation gradient's {half} half")
                                 for i, half in enumerate(HALVES))), db
-    return _quantize_tokens(lin, dh, lin.backward_fmt, copies, "the activation gradient"), db
+    return _quantize_tokens(lin, dh, lin.backward_dtype, copies, "the activation gradient"), db

@@ -66,7 +66,7 @@ def norm_forward(lin: LinearCall, norm: str, epsilon: float, x, gamma, beta, sta
     ScaledTensor, mean (LayerNorm) or None, rsigma)."""
     if lin.block:
         return (state, *block.norm_forward(lin, norm, epsilon, x, gamma, beta, copies))
-    cast = _cast(lin, lin.input_slot, lin.forward_fmt, copies, record)
+    cast = _cast(lin, lin.input_slot, lin.forward_dtype, copies, record)
     result, mean, rsigma = shf.norm_forward(cast, _state_in(state), x, gamma, beta, norm,
                                             epsilon)
     return (_state_out(result, state), _scaled(result, cast),
@@ -85,7 +85,7 @@ def activation_forward(lin: LinearCall, activation: str, h, state, copies, recor
     [rows, 2F] or SwiGLU's paired [rows, 2, F] (_sharding_fused.py)."""
     if lin.block:
         return state, block.activation_forward(lin, activation, h, copies)
-    cast = _cast(lin, lin.input_slot, lin.forward_fmt, copies, record)
+    cast = _cast(lin, lin.input_slot, lin.forward_dtype, copies, record)
     result = shf.activation_forward(cast, _state_in(state), h, activation)
     return _state_out(result, state), _scaled(result, cast)
 
@@ -108,7 +108,7 @@ def activation_backward(lin: LinearCall, activation: str, d_a, h, state, copies)
     one_row = sums_dtype is not None and rows == 1
     if one_row:
         d_a, h = (jnp.pad(t, [(0, 1)] + [(0, 0)] * (t.ndim - 1)) for t in (d_a, h))
-    cast = _cast(lin, lin.grad_slot, lin.backward_fmt, copies, True, sums_dtype)
+    cast = _cast(lin, lin.grad_slot, lin.backward_dtype, copies, True, sums_dtype)
     result = shf.activation_backward(cast, _state_in(state), d_a, h, activation)
     if one_row:  # the rows are the copies' first and last dims
         result = dataclasses.replace(

@@ -78,11 +78,11 @@ class LinearCall:
         return jnp.dtype(dtype)
 
     @property
-    def forward_fmt(self) -> str:
+    def forward_dtype(self) -> str:
         return self.recipe.fp8_format.forward_dtype
 
     @property
-    def backward_fmt(self) -> str:
+    def backward_dtype(self) -> str:
         return self.recipe.fp8_format.backward_dtype
 
     @property
@@ -147,20 +147,20 @@ def unpad_token_rows(t, m: int):
 def quantize_input(lin: LinearCall, x, copies) -> ScaledTensor:
     """Q(x) by a stateless recipe (current or block scaling)."""
     if lin.block:
-        return quantize_block(lin, x, lin.forward_fmt, copies, "block_1x128", "x")
-    return quantize_current(lin.recipe, x, lin.forward_fmt, copies)[0]
+        return quantize_block(lin, x, lin.forward_dtype, copies, "block_1x128", "x")
+    return quantize_current(lin.recipe, x, lin.forward_dtype, copies)[0]
 
 
 def quantize_kernel(lin: LinearCall, kernel, state, copies, record: bool):
     """Q(kernel) by the recipe: (state, ScaledTensor)."""
     if lin.block:
-        return state, quantize_block(lin, kernel, lin.forward_fmt, copies, "block_128x128",
+        return state, quantize_block(lin, kernel, lin.forward_dtype, copies, "block_128x128",
                                      "the kernel")
     if lin.delayed:
         state, (kq,), _ = quantize_and_record(state, lin.recipe, lin.kernel_slot, (kernel,),
                                               (copies,), (None,), record)
         return state, kq
-    return state, quantize_current(lin.recipe, kernel, lin.forward_fmt, copies)[0]
+    return state, quantize_current(lin.recipe, kernel, lin.forward_dtype, copies)[0]
 
 
 def forward_gemm(lin: LinearCall, xq: ScaledTensor, kq: ScaledTensor, bias, n: int):
@@ -184,7 +184,7 @@ def quantize_grad(lin: LinearCall, dy, state, copies):
     copy, and a single token row is summed here). Returns (state, dq, db)."""
     m, n = dy.shape
     if lin.block:  # the block cast writes no column sums
-        dq = quantize_block(lin, dy, lin.backward_fmt, copies, "block_1x128",
+        dq = quantize_block(lin, dy, lin.backward_dtype, copies, "block_1x128",
                             "the output gradient")
         return state, dq, bias_grad_of_one_row(lin, dy, None, None)
     sums_dtype = lin.bias_dtype if lin.bias_dtype is not None and m > 1 else None
@@ -194,7 +194,7 @@ def quantize_grad(lin: LinearCall, dy, state, copies):
         state, (dq,), (db,) = quantize_and_record(state, lin.recipe, lin.grad_slot, (dy,),
                                                   (copies,), (sums_dtype,), record=True)
     else:
-        dq, db = quantize_current(lin.recipe, dy, lin.backward_fmt, copies, sums_dtype)
+        dq, db = quantize_current(lin.recipe, dy, lin.backward_dtype, copies, sums_dtype)
     return state, dq, bias_grad_of_one_row(lin, dy, db, sums_dtype)
 
 

@@ -157,7 +157,7 @@ def quantize_kernel(lin: LinearCall, kernel_1, state, copies, record: bool):
         return _linear.quantize_kernel(lin, kernel_1, state, copies, record)
     if lin.block:
         return state, Pair(None, tuple(
-            _linear.quantize_block(lin, kernel_1[:, i], lin.forward_fmt, copies,
+            _linear.quantize_block(lin, kernel_1[:, i], lin.forward_dtype, copies,
                                    "block_128x128", f"kernel_1's {half} half")
             for i, half in enumerate(HALVES)))
     state, kq = _linear.quantize_kernel(lin, kernel_1, state, copies, record)
