@@ -105,3 +105,10 @@ def cycle(graph: dict) -> list | None:
         if start not in state and (found := visit(start, [start])):
             return found
     return None
+
+
+def assert_no_cycle(graph: dict, local: dict) -> None:
+    """No import cycle through the module-level and function-local imports
+    together (a function-local import can hide one, not break it)."""
+    found = cycle({m: graph[m] | local[m] for m in graph})
+    assert found is None, " -> ".join(found)
