@@ -57,15 +57,6 @@ def _float64_activation(act: str, h, d_a=None):
     return h.grad
 
 
-def _check(out, want, tol: float, what: str) -> str:
-    data, columnwise, scale_inv = out[0], out[1], out[2]
-    checks.same_fp8(f"{what} columnwise", columnwise, data.t().contiguous())
-    got = data.float().double() * scale_inv.double()
-    err = checks.norm_rel_err(got, want)
-    checks.within(f"{what} output", err, tol, "rel err")
-    return f"columnwise = rowwise.T bit-exact; vs float64 rel err {err:.2g}<={tol:g}"
-
-
 def run_shape(ctx: Context, tokens: int, f: int, seed: int) -> list[Row]:
     import torch
     from fp8kit.recipe import DelayedScaling
@@ -73,8 +64,7 @@ def run_shape(ctx: Context, tokens: int, f: int, seed: int) -> list[Row]:
 
     dev = ctx.torch_device
     n = tokens * f
-    xs, copy = bf16_inputs(tokens, f, dev, seed)   # the limit: a copy of [tokens, F] bf16
-    del xs
+    _, copy = bf16_inputs(tokens, f, dev, seed)   # the limit: a copy of [tokens, F] bf16
     g = torch.Generator(device=dev).manual_seed(seed + 1)
     h = {"swiglu": torch.randn(tokens, 2 * f, device=dev, dtype=torch.bfloat16, generator=g),
          "gelu": torch.randn(tokens, f, device=dev, dtype=torch.bfloat16, generator=g)}
@@ -99,7 +89,7 @@ def run_shape(ctx: Context, tokens: int, f: int, seed: int) -> list[Row]:
             want = _float64_activation(act, h[act], d_a)
         try:
             fn(0)   # the first call seeds the slot; the second casts with that scale
-            row.check = _check(fn(0), want, TOL[direction], name)
+            row.check = checks.fp8_copies(name, fn(0), want, TOL[direction])
             fns[name] = fn
         except checks.Mismatch as e:
             row.error = f"not timed: {e}"

@@ -75,3 +75,14 @@ def close_fp8(what: str, got, want, max_fraction: float = 1e-3) -> str:
         raise Mismatch(f"{what}: {n_diff} of {got.numel()} bytes differ (max code distance "
                        f"{d.max().item()})")
     return f"{n_diff} of {got.numel()} bytes one code apart"
+
+
+def fp8_copies(what: str, out, want, tol: float) -> str:
+    """A fused cast's outputs (rowwise data, columnwise data, scale_inv, ...):
+    the columnwise copy is the rowwise one transposed, bit for bit, and the
+    rowwise copy dequantized is within `tol` of `want` (float64)."""
+    data, columnwise, scale_inv = out[0], out[1], out[2]
+    same_fp8(f"{what} columnwise", columnwise, data.t().contiguous())
+    err = norm_rel_err(data.float().double() * scale_inv.double(), want)
+    within(f"{what} output", err, tol, "rel err")
+    return f"columnwise = rowwise.T bit-exact; vs float64 rel err {err:.2g}<={tol:g}"

@@ -64,15 +64,6 @@ def _float64_norm(x, gamma, beta, norm: str):
     return y + beta.double() if beta is not None else y
 
 
-def _check(out, x, gamma, beta, norm: str) -> str:
-    data, columnwise, scale_inv = out[0], out[1], out[2]
-    checks.same_fp8(f"{norm} columnwise", columnwise, data.t().contiguous())
-    got = data.float().double() * scale_inv.double()
-    err = checks.norm_rel_err(got, _float64_norm(x, gamma, beta, norm))
-    checks.within(f"{norm} output", err, FP8_TOL, "rel err")
-    return f"columnwise = rowwise.T bit-exact; vs float64 rel err {err:.2g}<={FP8_TOL:g}"
-
-
 def run_shape(ctx: Context, tokens: int, hidden: int, seed: int) -> list[Row]:
     import torch
     from fp8kit.recipe import DelayedScaling
@@ -97,7 +88,8 @@ def run_shape(ctx: Context, tokens: int, hidden: int, seed: int) -> list[Row]:
                 # training forward of a LayerNormLinear / LayerNormMLP.
                 return ext.norm_forward(xs[i % copies], gamma, beta, norm, EPS, st, slot,
                                         True, True, True, False)
-            row.check = _check(fn(0), xs[0], gamma, beta, norm)
+            row.check = checks.fp8_copies(norm, fn(0), _float64_norm(xs[0], gamma, beta, norm),
+                                           FP8_TOL)
             fns[norm] = fn
         except checks.Mismatch as e:
             row.error = f"not timed: {e}"
