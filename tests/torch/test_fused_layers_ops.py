@@ -217,9 +217,11 @@ def test_cuda_matches_cpu(recipe, rows):
                                                        True, True)
             bw = ext.activation_backward(d_a.to(d), h.to(d), activation, st, 2, True, True, True,
                                          torch.bfloat16 if rows > 1 else None, True)
-            outs.append(dict(fp8=[data, cw, bw[0], bw[1]], values=[a, bw[4]], sums=bw[3],
-                             scalars=[sinv, bw[2], st.scale, st.amax_history]))
-        cpu, gpu = (as_numpy(o) for o in outs)
+            outs.append(dict(fp8=[fp8_codes(t) for t in (data, cw, bw[0], bw[1])],
+                             values=[f32(a), f32(bw[4])],
+                             sums=None if bw[3] is None else f32(bw[3]),
+                             scalars=[f32(t) for t in (sinv, bw[2], st.scale, st.amax_history)]))
+        cpu, gpu = outs
         # The activation kernels' bound (fp8kit/activation.h).
         for c, g in zip(cpu["values"], gpu["values"]):
             assert_within_activation_bound(c, g)
@@ -229,18 +231,18 @@ def test_cuda_matches_cpu(recipe, rows):
             np.testing.assert_allclose(g, c, rtol=2 ** -14)
         if cpu["sums"] is not None:
             dh = np.abs(cpu["values"][1].astype(np.float64))
-            bound = 2 ** -18 * dh.sum(0) + 2 ** -20 * dh.max() * rows + 2 ** -7 * np.abs(cpu["sums"])
+            bound = (2 ** -18 * dh.sum(0) + 2 ** -20 * dh.max() * rows
+                     + 2 ** -7 * np.abs(cpu["sums"]))
             assert np.all(np.abs(gpu["sums"] - cpu["sums"]) <= bound)
 
 
-def as_numpy(out: dict) -> dict:
-    """Each tensor of `out` on the CPU as NumPy: FP8 as its bytes, the
-    rest as float32."""
-    conv = {"fp8": lambda t: t.cpu().view(torch.uint8).numpy().astype(np.int32)}
-    return {k: (None if v is None else
-                [conv.get(k, lambda t: to_numpy_f32(t.cpu()))(t) for t in v] if isinstance(v, list)
-                else to_numpy_f32(v.cpu()))
-            for k, v in out.items()}
+def fp8_codes(t: torch.Tensor) -> np.ndarray:
+    """An FP8 tensor's bytes, as ints (for code arithmetic)."""
+    return t.cpu().view(torch.uint8).numpy().astype(np.int32)
+
+
+def f32(t: torch.Tensor) -> np.ndarray:
+    return to_numpy_f32(t.cpu())
 
 
 def assert_within_activation_bound(cpu: np.ndarray, gpu: np.ndarray):
