@@ -79,8 +79,16 @@ def _cuda_configure_impl(repository_ctx):
         repository_ctx.file("nvcc", "#!/bin/sh\necho 'fp8kit CUDA build: %s' >&2\nexit 1\n" % missing.replace("'", ""))
     else:
         # A script rather than a symlink: nvcc finds its toolkit from its
-        # own location.
-        repository_ctx.file("nvcc", '#!/bin/sh\nexec "%s/bin/nvcc" "$@"\n' % root)
+        # own location. Each call gets a temporary directory of its own:
+        # nvcc names its intermediate files after its process id, and in
+        # Bazel's sandbox every action is the same pid of its own
+        # namespace, so two concurrent compilations would overwrite each
+        # other's /tmp/tmpxft_00000002_* files.
+        repository_ctx.file("nvcc", """#!/bin/sh
+tmp=$(mktemp -d) || exit 1
+trap 'rm -rf "$tmp"' EXIT
+TMPDIR="$tmp" "{root}/bin/nvcc" "$@"
+""".format(root = root))
         cublas_inc = cublas_inc.rpartition("/")[0]
         repository_ctx.symlink(root + "/include", "cuda_include")
         repository_ctx.symlink(cudart, "cuda_lib/libcudart_static.a")
