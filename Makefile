@@ -25,7 +25,7 @@ PIP := $(PY) -m pip
 JOBS ?= $(shell nproc)
 # The pinned stack: torch's CPU build on CI machines; the rest from PyPI.
 # flax (optional for fp8kit) is here for the tests of fp8kit.jax.flax.
-PY_DEPS := torch==2.13.0 jax flax ml_dtypes numpy pybind11 scikit-build-core ninja \
+PY_DEPS := torch==2.13.0 jax flax ml_dtypes numpy safetensors pybind11 scikit-build-core ninja \
            pytest pytest-xdist hypothesis absl-py matplotlib
 
 # The tests run against the installed wheel (the rest run under Bazel).

@@ -92,8 +92,29 @@ def _torch_run(kind, norm, act, recipe, params, seq, dtype):
         y.backward(torch.from_numpy(dy).to(dtype))
         r = {"y": y.detach(), "dx": xt.grad}
         r.update({f"d_{n}": p.grad for n, p in layer.named_parameters()})
-        results.append({k: v.float().numpy() for k, v in r.items()})
+        r = {k: v.float().numpy() for k, v in r.items()}
+        if isinstance(recipe, DelayedScaling):
+            r.update(_as_jax_state(layer.fp8_state_arrays(recipe)))
+        results.append(r)
     return results
+
+
+# The rows of fp8kit.jax.layernorm_mlp's state holding each Linear's
+# input, weight and grad_output slots (its docstring's table).
+_JAX_ROWS = {"fc1": [0, 1, 4], "fc2": [2, 3, 5], "linear": [0, 1, 2]}
+
+
+def _as_jax_state(arrays):
+    """A PyTorch layer's fp8_state_arrays() as the fields of the JAX layer's
+    DelayedScalingState: the same arrays, the MLP's two Linears stacked."""
+    rows = sum(len(_JAX_ROWS[g]) for g in arrays)
+    out = {}
+    for field in ("amax_history", "scale", "seeded"):
+        first = arrays[next(iter(arrays))][field]
+        out[field] = np.empty((rows,) + first.shape[1:], np.float32)
+        for gemm, a in arrays.items():
+            out[field][_JAX_ROWS[gemm]] = a[field]
+    return out
 
 
 def _jax_run(kind, norm, act, recipe, params, seq, dtype):
@@ -129,9 +150,10 @@ def _jax_run(kind, norm, act, recipe, params, seq, dtype):
     results = []
     for x, dy in seq:
         y, grads = step(jnp.asarray(x, jdt), args, state, jnp.asarray(dy, jdt))
+        r = {"y": y, "dx": grads[0]}
         if delayed:
             state = grads[-1]
-        r = {"y": y, "dx": grads[0]}
+            r.update({f: getattr(state, f) for f in ("amax_history", "scale", "seeded")})
         for name, g in zip(names, grads[1:-1]):
             if g is not None:  # no beta for RMSNorm
                 r[f"d_{name}"] = g.T if g.ndim == 2 else g  # kernels [in, out] -> torch's [out, in]

@@ -66,10 +66,8 @@ def _torch_run(recipe, seq, dtype):
         r = {"y": y.detach(), "dx": xt.grad, "dw": layer.weight.grad, "db": layer.bias.grad}
         r = {k: v.float().numpy() if v.dtype == torch.bfloat16 else v.numpy()
              for k, v in r.items()}
-        st = layer.fp8_state
         if isinstance(recipe, DelayedScaling):
-            r["amax_history"] = st.amax_history.clone().numpy()
-            r["scale"] = st.scale.clone().numpy()
+            r.update(layer.fp8_state_arrays(recipe)["linear"])
         results.append(r)
     return results
 
@@ -92,8 +90,8 @@ def _jax_run(recipe, seq, dtype):
              for k, v in r.items()}
         if delayed:
             state = new_state
-            r["amax_history"] = np.asarray(state.amax_history)
-            r["scale"] = np.asarray(state.scale)
+            r.update({f: np.asarray(getattr(state, f)) for f in ("amax_history", "scale",
+                                                                  "seeded")})
         results.append(r)
     return results
 

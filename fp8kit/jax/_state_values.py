@@ -2,8 +2,9 @@
 use that the values cannot show in time: one call per state per
 differentiated step.
 
-Values (the rule fp8kit.torch applies to a Linear's saved state, so that a
-state either framework rejects is the same): amax_history >= 0 (an amax is
+Values (fp8kit.checkpoint.STATE_RULES, the rule fp8kit.torch applies to a
+Linear's saved state, so that a state either framework rejects is the
+same): amax_history >= 0 (an amax is
 a max of |x|; NaN and +inf are amaxes of tensors that held them, which the
 update skips), scale finite and > 0 (every cast multiplies by it),
 seeded 0.0 or 1.0 (a flag kept as float32 only so that it has a
@@ -27,19 +28,16 @@ import weakref
 from typing import Optional
 
 import jax
-import numpy as np
+
+from fp8kit import checkpoint
+from fp8kit.checkpoint import STATE_FIELDS
 
 # Private: JAX has no public way to ask whether a tracer belongs to the
 # differentiation being traced now.
 from jax._src import core as _core
 from jax._src.interpreters import ad as _ad
 
-FIELDS = ("amax_history", "scale", "seeded")
-_RULES = {
-    "amax_history": (">= 0 (NaN and inf allowed)", lambda v: ~(v < 0)),
-    "scale": ("finite and > 0", lambda v: np.isfinite(v) & (v > 0)),
-    "seeded": ("0.0 (fresh) or 1.0 (seeded)", lambda v: (v == 0) | (v == 1)),
-}
+FIELDS = STATE_FIELDS
 ONE_CALL_PER_STEP = ("Use each state in exactly one call per step (its updated value leaves "
                      "as its cotangent, and the cotangents of two uses add up); a module of "
                      "fp8kit.jax.flax holds one state, so call it once per step, or make one "
@@ -60,17 +58,14 @@ def first_bad_value(state, fix: str) -> Optional[str]:
     first value of a concrete state that breaks its field's rule, else
     None. A whole seeded above 1 says instead what made it (several uses)."""
     for field in FIELDS:
-        v = np.asarray(getattr(state, field), np.float32).ravel()
-        rule, ok = _RULES[field]
-        bad = np.flatnonzero(~ok(v))
-        if bad.size:
-            i = int(bad[0])
-            text = f"{field} holds {float(v[i]):g} (flat index {i}); {field} values must be {rule}"
-            if field == "seeded" and v[i] > 1 and v[i] == np.round(v[i]):
-                return (f"{text}. A seeded of {float(v[i]):g} is what {float(v[i]):g} uses of one "
-                        f"state in a differentiated step leave (its scales summed too). "
-                        f"{ONE_CALL_PER_STEP}")
-            return f"{text}: {fix}"
+        bad = checkpoint.first_bad_value(field, getattr(state, field))
+        if bad is None:
+            continue
+        value, text = bad
+        if field == "seeded" and value > 1 and value == round(value):
+            return (f"{text}. A seeded of {value:g} is what {value:g} uses of one state in a "
+                    f"differentiated step leave (its scales summed too). {ONE_CALL_PER_STEP}")
+        return f"{text}: {fix}"
     return None
 
 

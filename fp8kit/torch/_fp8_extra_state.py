@@ -37,6 +37,32 @@ class FP8ExtraState:
     def _fresh_fp8_states(self):
         raise NotImplementedError
 
+    def _states_by_gemm(self) -> dict:
+        """{GEMM name: its RecipeStates}."""
+        raise NotImplementedError
+
+    def _fp8_device(self):
+        raise NotImplementedError
+
+    def fp8_state_arrays(self, recipe) -> dict:
+        """{GEMM name: `recipe`'s scaling state as fp8kit.checkpoint's
+        arrays (amax_history [3, amax_history_len], scale [3], seeded [3],
+        float32 NumPy; the rows input, weight, grad_output) or None before
+        the recipe's first use}: the arrays fp8kit.jax's DelayedScalingState
+        holds for the same layer."""
+        return {g: st.arrays(recipe) for g, st in self._states_by_gemm().items()}
+
+    def load_fp8_state_arrays(self, recipe, arrays: dict) -> None:
+        """Sets `recipe`'s scaling state from fp8_state_arrays()'s dict
+        (every GEMM of the layer), checked as a saved state is."""
+        gemms = self._states_by_gemm()
+        check_entries(arrays, tuple(gemms), f"{type(self).__name__}.load_fp8_state_arrays")
+        for g, st in gemms.items():
+            # Only a Linear may cache its FP8 weight (cache_fp8_weight).
+            st.set_arrays(recipe, arrays[g], self._fp8_device(),
+                          getattr(self, "_fp8_cache_weight", False),
+                          f"{type(self).__name__}.load_fp8_state_arrays: [{g!r}]")
+
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
         # set_extra_state's errors name the checkpoint key they come from.

@@ -231,3 +231,9 @@ class FusedLayer(FP8ExtraState, torch.nn.Module):
 
     def _fresh_fp8_states(self):
         return {g: RecipeStates() for g in self._GEMMS}
+
+    def _states_by_gemm(self) -> dict:
+        return self._fp8_states
+
+    def _fp8_device(self):
+        return self.layer_norm_weight.device

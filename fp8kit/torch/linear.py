@@ -197,6 +197,12 @@ class Linear(FP8ExtraState, torch.nn.Linear):
     def _fresh_fp8_states(self):
         return RecipeStates()
 
+    def _states_by_gemm(self) -> dict:
+        return {"linear": self._fp8_states}
+
+    def _fp8_device(self):
+        return self.weight.device
+
 
 def _autocast_cast(input, weight, bias):
     """input, weight and bias in torch.autocast's dtype, as torch.nn.Linear

@@ -229,6 +229,52 @@ def test_a_scale_inv_that_is_not_the_reciprocal_is_refused(kind):
     layer.load_state_dict(sd)
 
 
+@pytest.mark.parametrize("kind", ["lnl", "mlp", "linear"])
+def test_state_arrays_carry_the_state_to_another_layer(kind):
+    """fp8_state_arrays() gives each GEMM's state as the arrays fp8kit.jax
+    holds (float32 amax_history [3, len], scale [3], seeded [3]); a fresh
+    layer given them (load_fp8_state_arrays) trains on bit for bit as the
+    layer they came from. Bad arrays are refused, naming what is wrong."""
+    make = {"lnl": lambda: ft.LayerNormLinear(64, 32),
+            "mlp": lambda: ft.LayerNormMLP(64, 32),
+            "linear": lambda: ft.Linear(64, 32)}[kind]
+    recipe = DelayedScaling(amax_history_len=3)
+    torch.manual_seed(0)
+    layer = make()
+    assert all(a is None for a in layer.fp8_state_arrays(recipe).values())
+    _train_steps(layer, recipe, 2, 0)
+    arrays = layer.fp8_state_arrays(recipe)
+    gemm = next(iter(arrays))
+    assert set(arrays) == ({"fc1", "fc2"} if kind == "mlp" else {"linear"})
+    for a in arrays.values():
+        assert {k: (v.dtype, v.shape) for k, v in a.items()} == {
+            "amax_history": (F32, (3, 3)), "scale": (F32, (3,)), "seeded": (F32, (3,))}
+        assert a["seeded"].tolist() == [1.0, 1.0, 1.0] and (a["amax_history"][:, 0] > 0).all()
+    other = make()
+    other.load_state_dict({k: v for k, v in layer.state_dict().items() if k != "_extra_state"})
+    other.load_fp8_state_arrays(recipe, arrays)
+    for a, b in zip(_train_steps(layer, recipe, 2, 5), _train_steps(other, recipe, 2, 5)):
+        assert torch.equal(a, b)
+
+    def bad(field, value):
+        changed = {g: dict(a) for g, a in arrays.items()}
+        changed[gemm][field] = np.array(changed[gemm][field], copy=True)
+        changed[gemm][field].reshape(-1)[1] = value
+        return changed
+    with pytest.raises(ValueError, match=r"saved 'scale' holds 0 \(flat index 1\); scale "
+                                         r"values must be finite and > 0"):
+        other.load_fp8_state_arrays(recipe, bad("scale", 0.0))
+    with pytest.raises(ValueError, match=r"seeded is \[1.0, 0.5, 1.0\]; it must be 3 values, "
+                                         r"each 0.0 \(fresh\) or 1.0 \(seeded\)"):
+        other.load_fp8_state_arrays(recipe, bad("seeded", 0.5))
+    with pytest.raises(ValueError, match=rf"has no '{gemm}' entry"):
+        other.load_fp8_state_arrays(recipe, {})
+    with pytest.raises(ValueError, match=r"saved 'amax_history' is torch.float32 of shape "
+                                         r"\[3, 3\] but the saved recipe needs torch.float32 of "
+                                         r"shape \[3, 16\]"):
+        other.load_fp8_state_arrays(DelayedScaling(), arrays)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("activation", ["gelu", None])
 def test_from_unfused_keeps_rms_norms_default_eps(dtype, activation):
