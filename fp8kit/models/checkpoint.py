@@ -1,11 +1,22 @@
-"""What both frameworks' checkpoints share: the run's configuration,
-checked on load so that a checkpoint is never resumed into a different
-model, schedule or recipe, and which file format a checkpoint is in, so
-that one trainer's file handed to the other is named as such.
+"""The decoder's checkpoint, one file for both trainers: a TorchTrainer's
+checkpoint resumes in a JaxTrainer and the reverse (fp8kit.checkpoint's
+safetensors format).
 
-Both formats are zip archives: np.savez writes one "NAME.npy" member per
-array (JaxTrainer), torch.save one folder holding "data.pkl" and the
-tensors' storages (TorchTrainer).
+The arrays are named in fp8kit/models/init.py's layout, whatever layout
+the framework's model holds them in (kernels [in, out], the fused layers'
+concatenated kernels apart):
+
+    params.<name>            float32 weights: params.embed,
+                             params.layers.<i>.wq, ..., params.lm_head
+    adamw.m.<name>           AdamW's first and second moments, same layout
+    adamw.v.<name>           (zeros before the first step)
+    fp8.<linear>.<field>     delayed scaling only: each FP8 Linear's state
+                             (fp8kit.checkpoint.STATE_FIELDS), <linear> one
+                             of FP8_LINEARS per layer: layers.<i>.qkv, ...
+
+and the metadata holds the run's configuration (checked on load, so that a
+checkpoint is never resumed into a different model, schedule or recipe),
+the step, the batch sampler's state and the framework that wrote it.
 """
 
 from __future__ import annotations
@@ -13,50 +24,13 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
-import zipfile
 
-FORMAT = 1
-NPZ = "a NumPy .npz archive (JaxTrainer.save's format)"
-TORCH = "a PyTorch checkpoint (torch.save's zip archive, TorchTrainer.save's format)"
-PICKLE = "a pickle (torch.save's legacy format, or another pickle)"
-_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")  # a local file header; an empty archive's end
-_NPY_MAGIC = b"\x93NUMPY"
-_PICKLE_MAGIC = b"\x80"  # the protocol opcode; torch.save's legacy format is a pickle
+import fp8kit.checkpoint as portable
+from fp8kit.models.config import LlamaConfig
 
-
-def file_format(path) -> str:
-    """NPZ, TORCH, or what else the file at `path` is, in words."""
-    with open(path, "rb") as f:
-        head = f.read(8)
-    if head.startswith(_NPY_MAGIC):
-        return "a single NumPy array (np.save's .npy), not an archive"
-    if head.startswith(_PICKLE_MAGIC):
-        return PICKLE
-    if not head.startswith(_ZIP_MAGIC):
-        return f"not a zip archive (it starts with {head!r})"
-    try:
-        with zipfile.ZipFile(path) as z:
-            names = z.namelist()
-    except zipfile.BadZipFile as e:
-        return f"a damaged zip archive ({e})"
-    if names and all(n.endswith(".npy") for n in names):
-        return NPZ
-    if any(n.endswith("/data.pkl") for n in names):
-        return TORCH
-    return f"a zip archive of neither trainer's layout (members {names[:3]})"
-
-
-def check_file_format(path, accepted: tuple[str, ...], reader: str, other: str) -> None:
-    """ValueError unless the file at `path` is in one of the `accepted`
-    formats (the first is what `reader` writes): it names the file, what
-    it is and what was expected, and `other`, the reader of the other
-    trainer's format, when it is that."""
-    found = file_format(path)
-    if found in accepted:
-        return
-    hint = f" Load it with {other}." if found in (NPZ, TORCH) else ""
-    raise ValueError(f"checkpoint {os.fspath(path)} is {found}; {reader} reads {accepted[0]}."
-                     f"{hint}")
+# A decoder layer's FP8 Linears: the norm + q, k, v projection, the output
+# projection, and the MLP's two (gate and up fused in fc1; down in fc2).
+FP8_LINEARS = ("qkv", "wo", "mlp.fc1", "mlp.fc2")
 
 
 def run_description(model_cfg, train_cfg, recipe) -> dict:
@@ -87,16 +61,82 @@ def check_compatible(saved: dict, current: dict, path) -> None:
                          f"resume it with the same settings ({'; '.join(diffs)})")
 
 
-def check_format(fmt, path) -> None:
-    if fmt != FORMAT:
-        raise ValueError(f"checkpoint {os.fspath(path)} has format {fmt!r}; this fp8kit reads "
-                         f"format {FORMAT}")
+def flatten(params: dict) -> dict:
+    """init's nested layout as {"embed": a, "layers.0.wq": a, ...}."""
+    flat = {k: v for k, v in params.items() if k != "layers"}
+    for i, layer in enumerate(params["layers"]):
+        flat.update({f"layers.{i}.{k}": v for k, v in layer.items()})
+    return flat
 
 
-def replace_atomically(write, path) -> None:
-    """write(file object) into path + '.tmp', then rename over path: a
-    crash mid-save never leaves a truncated checkpoint behind."""
-    tmp = os.fspath(path) + ".tmp"
-    with open(tmp, "wb") as f:
-        write(f)
-    os.replace(tmp, path)
+def unflatten(flat: dict, cfg: LlamaConfig) -> dict:
+    """flatten's inverse."""
+    params = {k: v for k, v in flat.items() if not k.startswith("layers.")}
+    params["layers"] = [{} for _ in range(cfg.layers)]
+    for k, v in flat.items():
+        if k.startswith("layers."):
+            _, i, name = k.split(".", 2)
+            params["layers"][int(i)][name] = v
+    return params
+
+
+def fp8_linear_names(cfg: LlamaConfig) -> list[str]:
+    return [f"layers.{i}.{n}" for i in range(cfg.layers) for n in FP8_LINEARS]
+
+
+def to_arrays(params: dict, moments: tuple[dict, dict], fp8_states: dict | None) -> dict:
+    """The checkpoint's arrays: params and moments (m, v) flat (flatten's
+    names), fp8_states {linear name: {field: array}} or None."""
+    arrays = {f"params.{k}": v for k, v in params.items()}
+    for which, tree in zip(("m", "v"), moments):
+        arrays.update({f"adamw.{which}.{k}": v for k, v in tree.items()})
+    for linear, state in (fp8_states or {}).items():
+        arrays.update({f"fp8.{linear}.{f}": state[f] for f in portable.STATE_FIELDS})
+    return arrays
+
+
+def save(path, *, framework: str, run: dict, step: int, sampler: dict, params: dict,
+         moments: tuple[dict, dict], fp8_states: dict | None) -> None:
+    portable.save(path, to_arrays(params, moments, fp8_states),
+                  {"run": run, "step": step, "sampler": sampler, "framework": framework})
+
+
+def load(path, *, run: dict, like: dict) -> tuple[dict, dict]:
+    """(arrays, metadata) of the checkpoint at `path`, checked against this
+    trainer: the same run, and the arrays `like` (what this trainer's save
+    writes) by name, shape and dtype."""
+    arrays, meta = portable.load(path)
+    for key in ("run", "step", "sampler", "framework"):
+        if key not in meta:
+            raise ValueError(f"checkpoint {os.fspath(path)} has no {key!r} in its metadata: "
+                             "it is an fp8kit checkpoint, but not a trainer's")
+    check_compatible(meta["run"], run, path)
+    missing, extra = sorted(set(like) - set(arrays)), sorted(set(arrays) - set(like))
+    if missing or extra:
+        raise ValueError(f"checkpoint {os.fspath(path)} does not hold this trainer's arrays: "
+                         f"missing {missing[:5]}, unexpected {extra[:5]}")
+    for name, a in arrays.items():
+        b = like[name]
+        if a.shape != b.shape or a.dtype != b.dtype:
+            raise ValueError(f"checkpoint {os.fspath(path)}: {name} is {a.dtype}{list(a.shape)}, "
+                             f"the trainer's is {b.dtype}{list(b.shape)}")
+        field = name.rsplit(".", 1)[1]
+        bad = portable.first_bad_value(field, a) if name.startswith("fp8.") else None
+        if bad is not None:
+            raise ValueError(f"checkpoint {os.fspath(path)}: {name.rsplit('.', 1)[0]}.{bad[1]}: "
+                             "the checkpoint is corrupt (resume from an earlier one)")
+    return arrays, meta
+
+
+def section(arrays: dict, prefix: str) -> dict:
+    """The arrays named prefix + name, as {name: array}."""
+    return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+
+
+def fp8_states(arrays: dict) -> dict:
+    """{linear: {field: array}} of the arrays named fp8.<linear>.<field>."""
+    out = {}
+    for k, v in section(arrays, "fp8.").items():
+        linear, field = k.rsplit(".", 1)
+        out.setdefault(linear, {})[field] = v
+    return out

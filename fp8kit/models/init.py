@@ -35,8 +35,10 @@ from fp8kit.models.config import LlamaConfig
 PROJECTIONS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 # Those that write into the residual stream (scaled down at init).
 RESIDUAL_OUTPUTS = ("wo", "w_down")
-# Those that the FP8 model's fused layers take concatenated (fuse_kernels).
-UNFUSED_KERNELS = ("wq", "wk", "wv", "w_gate", "w_up")
+# The FP8 model's fused kernels, each the concatenation along its outputs
+# of these kernels (fuse_kernels), in this order.
+FUSED_KERNELS = {"wqkv": ("wq", "wk", "wv"), "w_gate_up": ("w_gate", "w_up")}
+UNFUSED_KERNELS = sum(FUSED_KERNELS.values(), ())
 
 
 def init_params(cfg: LlamaConfig, seed: int) -> dict:
@@ -69,9 +71,30 @@ def fuse_kernels(layer: dict) -> dict:
     "w_gate_up" [hidden, 2 * ffn] = [w_gate | w_up] (SwiGLU's fc1 in the
     LayerNormMLP, the gate first), the other weights as they are."""
     fused = {k: v for k, v in layer.items() if k not in UNFUSED_KERNELS}
-    fused["wqkv"] = np.concatenate([layer["wq"], layer["wk"], layer["wv"]], axis=1)
-    fused["w_gate_up"] = np.concatenate([layer["w_gate"], layer["w_up"]], axis=1)
+    for name, parts in FUSED_KERNELS.items():
+        fused[name] = np.concatenate([layer[p] for p in parts], axis=1)
     return fused
+
+
+def output_width(cfg: LlamaConfig, name: str) -> int:
+    """The output width of kernel `name` of init's layout."""
+    return {"wq": cfg.hidden, "wk": cfg.kv_width, "wv": cfg.kv_width,
+            "w_gate": cfg.ffn, "w_up": cfg.ffn}[name]
+
+
+def split_kernel(kernel: np.ndarray, parts: tuple, cfg: LlamaConfig) -> dict:
+    """A fused kernel [in, sum of widths] (or a moment of it) as its
+    parts {name: [in, width]}: fuse_kernels' inverse for one kernel."""
+    bounds = np.cumsum([output_width(cfg, p) for p in parts])[:-1]
+    return dict(zip(parts, np.split(kernel, bounds, axis=1)))
+
+
+def unfuse_kernels(layer: dict, cfg: LlamaConfig) -> dict:
+    """fuse_kernels' inverse: one layer in init's layout."""
+    out = {k: v for k, v in layer.items() if k not in FUSED_KERNELS}
+    for name, parts in FUSED_KERNELS.items():
+        out.update(split_kernel(layer[name], parts, cfg))
+    return out
 
 
 def rope_tables(cfg: LlamaConfig) -> tuple[np.ndarray, np.ndarray]:

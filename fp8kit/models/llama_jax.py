@@ -37,10 +37,12 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import fp8kit.jax as fj
+from fp8kit.checkpoint import STATE_FIELDS
 from fp8kit.models.config import LlamaConfig
-from fp8kit.models.init import fuse_kernels, rope_tables
+from fp8kit.models.init import fuse_kernels, rope_tables, unfuse_kernels
 from fp8kit.recipe import DelayedScaling
 
 BF16, F32 = jnp.bfloat16, jnp.float32
@@ -55,6 +57,52 @@ def model_params(params: dict, recipe) -> dict:
     if recipe is None:
         return params
     return {**params, "layers": [fuse_kernels(layer) for layer in params["layers"]]}
+
+
+def init_layout(params: dict, cfg: LlamaConfig, recipe) -> dict:
+    """model_params' inverse (for the params or a pytree shaped like them,
+    an optimizer moment): NumPy arrays in init's layout."""
+    params = jax.tree.map(np.asarray, params)
+    if recipe is None:
+        return params
+    return {**params, "layers": [unfuse_kernels(layer, cfg) for layer in params["layers"]]}
+
+
+# The rows of layernorm_mlp's state (fp8kit.jax.layernorm_mlp) that are
+# each Linear's input, weight and grad_output slots.
+_MLP_ROWS = {"mlp.fc1": [0, 1, 4], "mlp.fc2": [2, 3, 5]}
+
+
+def fp8_state_arrays(states) -> dict:
+    """{FP8 Linear name (fp8kit.models.checkpoint.FP8_LINEARS): its state as
+    fp8kit.checkpoint's arrays} of create_fp8_states' pytree."""
+    out = {}
+    for i, layer in enumerate(states["layers"]):
+        for name, state in layer.items():
+            fields = {f: np.asarray(getattr(state, f)) for f in STATE_FIELDS}
+            rows = _MLP_ROWS if name == "mlp" else {name: [0, 1, 2]}
+            for linear, r in rows.items():
+                out[f"layers.{i}.{linear}"] = {f: np.ascontiguousarray(a[r])
+                                               for f, a in fields.items()}
+    return out
+
+
+def fp8_states_from_arrays(arrays: dict, cfg: LlamaConfig):
+    """fp8_state_arrays' inverse, checked as DelayedScalingState.from_arrays checks."""
+    layers = []
+    for i in range(cfg.layers):
+        layer = {}
+        for name in ("qkv", "wo"):
+            layer[name] = fj.DelayedScalingState.from_arrays(
+                **arrays[f"layers.{i}.{name}"])
+        mlp = {f: np.empty((6,) + arrays[f"layers.{i}.mlp.fc1"][f].shape[1:], np.float32)
+               for f in STATE_FIELDS}
+        for linear, rows in _MLP_ROWS.items():
+            for f in STATE_FIELDS:
+                mlp[f][rows] = arrays[f"layers.{i}.{linear}"][f]
+        layer["mlp"] = fj.DelayedScalingState.from_arrays(**mlp)
+        layers.append(layer)
+    return {"layers": layers}
 
 
 def _fp8kit_states(cfg: LlamaConfig, recipe):

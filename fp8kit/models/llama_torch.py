@@ -42,7 +42,8 @@ import torch.nn.functional as F
 
 import fp8kit.torch as ft
 from fp8kit.models.config import LlamaConfig
-from fp8kit.models.init import fuse_kernels, rope_tables
+from fp8kit.models.checkpoint import flatten
+from fp8kit.models.init import FUSED_KERNELS, rope_tables, split_kernel
 
 BF16 = torch.bfloat16
 
@@ -236,39 +237,106 @@ class Llama(torch.nn.Module):
             return self.lm_head(self.final_norm(x)).float()
 
 
-def load_params(model: Llama, params: dict) -> None:
-    """Copies NumPy weights in fp8kit/models/init.py's layout into `model`:
-    the one place where a kernel [in, out] becomes a weight [out, in], and
-    where the FP8 model's fused layers get their concatenated kernels
-    (init.fuse_kernels)."""
-    def put(param, value, kernel=False):
-        value = np.ascontiguousarray(value.T if kernel else value)
-        if tuple(param.shape) != value.shape:
-            raise ValueError(f"load_params: weight of shape {value.shape} does not fit "
-                             f"parameter of shape {tuple(param.shape)}; wrong config?")
-        with torch.no_grad():
-            param.copy_(torch.from_numpy(value))
-
-    if len(params["layers"]) != len(model.layers):
-        raise ValueError(f"load_params: {len(params['layers'])} layers of weights for a model "
-                         f"of {len(model.layers)}")
-    put(model.embed.weight, params["embed"])
-    for layer, p in zip(model.layers, params["layers"]):
+def weight_layout(model: Llama) -> list[tuple[torch.nn.Parameter, tuple[str, ...], bool]]:
+    """Every parameter of `model` with where it is in fp8kit/models/init.py's
+    layout: the flat names (checkpoint.flatten's) of the arrays it holds
+    (several: a fused layer's kernels, concatenated in fuse_kernels' order)
+    and whether it is a kernel, which the model holds transposed ([out, in],
+    torch.nn.Linear's weight). The one place where the two layouts meet."""
+    out = [(model.embed.weight, ("embed",), False)]
+    for i, layer in enumerate(model.layers):
         qkv, mlp = layer.attention.qkv, layer.mlp
-        put(layer.attention.wo.weight, p["wo"], kernel=True)
+        name = lambda n: f"layers.{i}.{n}"  # noqa: E731
         if isinstance(qkv, FusedNormQKV):
-            fused = fuse_kernels(p)
-            put(qkv.layer.layer_norm_weight, p["attn_norm"])
-            put(qkv.layer.weight, fused["wqkv"], kernel=True)
-            put(mlp.layer.layer_norm_weight, p["mlp_norm"])
-            put(mlp.layer.fc1_weight, fused["w_gate_up"], kernel=True)
-            put(mlp.layer.fc2_weight, p["w_down"], kernel=True)
-            continue
-        put(qkv.norm.weight, p["attn_norm"])
-        for name in ("wq", "wk", "wv"):
-            put(getattr(qkv, name).weight, p[name], kernel=True)
-        put(mlp.norm.weight, p["mlp_norm"])
-        for name in ("w_gate", "w_up", "w_down"):
-            put(getattr(mlp, name).weight, p[name], kernel=True)
-    put(model.final_norm.weight, params["final_norm"])
-    put(model.lm_head.weight, params["lm_head"], kernel=True)
+            out += [(qkv.layer.layer_norm_weight, (name("attn_norm"),), False),
+                    (qkv.layer.weight, tuple(map(name, FUSED_KERNELS["wqkv"])), True)]
+        else:
+            out += [(qkv.norm.weight, (name("attn_norm"),), False)]
+            out += [(getattr(qkv, n).weight, (name(n),), True) for n in ("wq", "wk", "wv")]
+        out.append((layer.attention.wo.weight, (name("wo"),), True))
+        if isinstance(mlp, FusedNormMLP):
+            out += [(mlp.layer.layer_norm_weight, (name("mlp_norm"),), False),
+                    (mlp.layer.fc1_weight, tuple(map(name, FUSED_KERNELS["w_gate_up"])), True),
+                    (mlp.layer.fc2_weight, (name("w_down"),), True)]
+        else:
+            out += [(mlp.norm.weight, (name("mlp_norm"),), False)]
+            out += [(getattr(mlp, n).weight, (name(n),), True)
+                    for n in ("w_gate", "w_up", "w_down")]
+    out += [(model.final_norm.weight, ("final_norm",), False),
+            (model.lm_head.weight, ("lm_head",), True)]
+    placed = {id(p) for p, _, _ in out}
+    unplaced = [n for n, p in model.named_parameters() if id(p) not in placed]
+    if unplaced:
+        raise ValueError(f"weight_layout: parameters {unplaced[:3]} of the model have no place in "
+                         "init's layout (a model changed after it was built?)")
+    return out
+
+
+def load_params(model: Llama, params: dict) -> None:
+    """Copies NumPy weights in fp8kit/models/init.py's layout (nested, as
+    init_params makes them, or flat: checkpoint.flatten's) into `model`."""
+    flat = params if "layers" not in params else flatten(params)
+    n = sum(k.startswith("layers.") and k.endswith(".wo") for k in flat)
+    if n != len(model.layers):
+        raise ValueError(f"load_params: {n} layers of weights for a model of "
+                         f"{len(model.layers)}")
+    for param, names, kernel in weight_layout(model):
+        put_layout(param, [flat[n] for n in names], kernel)
+
+
+def put_layout(tensor: torch.Tensor, values: list, kernel: bool) -> None:
+    """Copies arrays of init's layout (weight_layout's names, in order) into
+    `tensor`, a parameter or a tensor shaped like one (an optimizer moment)."""
+    value = np.concatenate(values, axis=1) if kernel else values[0]
+    value = np.ascontiguousarray(value.T if kernel else value)
+    if tuple(tensor.shape) != value.shape:
+        raise ValueError(f"load_params: weight of shape {value.shape} does not fit "
+                         f"parameter of shape {tuple(tensor.shape)}; wrong config?")
+    with torch.no_grad():
+        tensor.copy_(torch.from_numpy(value))
+
+
+def take_layout(tensor: torch.Tensor, names: tuple, kernel: bool, cfg: LlamaConfig) -> dict:
+    """put_layout's inverse: {name: float32 NumPy array of init's layout}."""
+    value = tensor.detach().float().cpu().numpy()
+    if not kernel:
+        return {names[0]: value}
+    value = value.T
+    if len(names) == 1:
+        return {names[0]: np.ascontiguousarray(value)}
+    parts = split_kernel(value, tuple(n.rsplit(".", 1)[1] for n in names), cfg)
+    return {n: np.ascontiguousarray(v) for n, v in zip(names, parts.values())}
+
+
+def _fp8_linears(model: Llama) -> dict:
+    """{checkpoint.FP8_LINEARS name: (layer, GEMM)}: where each FP8 Linear's
+    scaling state is (the layer's fp8_state_arrays()[GEMM])."""
+    out = {}
+    for i, layer in enumerate(model.layers):
+        out[f"layers.{i}.qkv"] = (layer.attention.qkv.layer, "linear")
+        out[f"layers.{i}.wo"] = (layer.attention.wo, "linear")
+        out[f"layers.{i}.mlp.fc1"] = (layer.mlp.layer, "fc1")
+        out[f"layers.{i}.mlp.fc2"] = (layer.mlp.layer, "fc2")
+    return out
+
+
+def fp8_state_arrays(model: Llama, recipe) -> dict:
+    """{FP8 Linear name (checkpoint.FP8_LINEARS): its `recipe` scaling state
+    as fp8kit.checkpoint's arrays}, a fresh state's before its first use."""
+    out = {}
+    for name, (layer, gemm) in _fp8_linears(model).items():
+        arrays = layer.fp8_state_arrays(recipe)[gemm]
+        if arrays is None:
+            arrays = {"amax_history": np.zeros((3, recipe.amax_history_len), np.float32),
+                      "scale": np.ones(3, np.float32), "seeded": np.zeros(3, np.float32)}
+        out[name] = arrays
+    return out
+
+
+def load_fp8_state_arrays(model: Llama, recipe, states: dict) -> None:
+    """fp8_state_arrays' inverse: every FP8 Linear's `recipe` state set."""
+    by_layer = {}
+    for name, (layer, gemm) in _fp8_linears(model).items():
+        by_layer.setdefault(layer, {})[gemm] = states[name]
+    for layer, arrays in by_layer.items():
+        layer.load_fp8_state_arrays(recipe, arrays)

@@ -4,40 +4,33 @@ learning rate, the same batches) as one jit-compiled step.
 
     trainer = JaxTrainer(LlamaConfig(), TrainConfig(), DelayedScaling())
     loss = trainer.train_step()
-    trainer.save("ckpt.npz")             # later: trainer.load("ckpt.npz")
+    trainer.save("ckpt.safetensors")     # later: trainer.load(...)
 
 The step differentiates the loss with respect to the params and, under
 delayed scaling, the FP8 states, whose "gradient" is their updated value
 (fp8kit.jax.dense's convention): it replaces the states rather than being
 applied by the optimizer.
 
-A checkpoint is one .npz file: every array of the params, the optimizer
-state (step count, first and second moments) and the FP8 states, named by
-its pytree path, plus a JSON entry with the step, the batch sampler's
-state and the run's configuration. Loading restores into the trainer's own
-pytrees and checks that the file is such an archive (a TorchTrainer
-checkpoint is named as one), that every name, shape and dtype matches, and
-that every FP8 scaling state's values are valid (the rule fp8kit.torch
-applies to its saved state).
+A checkpoint (fp8kit/models/checkpoint.py) holds the params, the
+optimizer's moments and the FP8 states in init's layout, the same file a
+TorchTrainer writes and reads: a run moves between the frameworks.
+Loading checks that the file is one of this run, that every name, shape
+and dtype matches, and that every FP8 scaling state's values are valid
+(the rule fp8kit.torch applies to its saved state).
 """
 
 from __future__ import annotations
 
 import functools
-import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-import fp8kit.jax as fj
 from fp8kit.models import checkpoint, data, llama_jax
 from fp8kit.models.config import LlamaConfig
 from fp8kit.models.init import init_params
 from fp8kit.models.schedule import TrainConfig, decays, learning_rate
-
-_META = "__meta__"
-
 
 def default_device():
     return jax.devices()[0]
@@ -162,60 +155,47 @@ class JaxTrainer:
         return sum(losses) / len(losses)
 
     # ------------------------------------------------------- checkpoints
-    def _trees(self) -> dict:
-        return {"params": self.params, "opt": self.opt_state, "fp8_states": self.fp8_states}
-
     def _description(self) -> dict:
         return checkpoint.run_description(self.model_cfg, self.train_cfg, self.recipe)
 
     def save(self, path) -> None:
-        arrays = {jax.tree_util.keystr(k): np.asarray(v)
-                  for k, v in jax.tree_util.tree_leaves_with_path(self._trees())}
-        meta = {"format": checkpoint.FORMAT, "run": self._description(), "step": self.step,
-                "sampler": self.sampler.state_dict()}
-        arrays[_META] = np.array(json.dumps(meta))
-        checkpoint.replace_atomically(lambda f: np.savez(f, **arrays), path)
+        """One fp8kit.models.checkpoint file, which a TorchTrainer of the
+        same run loads as well."""
+        checkpoint.save(path, framework=self.framework, **self._checkpoint())
 
     def load(self, path) -> None:
-        checkpoint.check_file_format(path, (checkpoint.NPZ,), "JaxTrainer.load",
-                                     "TorchTrainer.load")
-        with np.load(path, allow_pickle=False) as f:
-            stored = {k: f[k] for k in f.files}
-        if _META not in stored:
-            raise ValueError(f"checkpoint {path} is a NumPy .npz archive without the '{_META}' "
-                             f"entry JaxTrainer.save writes (it holds {sorted(stored)[:5]}): it "
-                             "is not a JaxTrainer checkpoint")
-        meta = json.loads(str(stored.pop(_META)))
-        checkpoint.check_format(meta.get("format"), path)
-        checkpoint.check_compatible(meta["run"], self._description(), path)
-        paths, tree = jax.tree_util.tree_flatten_with_path(self._trees())
-        names = [jax.tree_util.keystr(k) for k, _ in paths]
-        missing = [n for n in names if n not in stored]
-        extra = sorted(set(stored) - set(names))
-        if missing or extra:
-            raise ValueError(f"checkpoint {path} does not hold this trainer's arrays: "
-                             f"missing {missing[:5]}, unexpected {extra[:5]}")
-        for name, (_, current) in zip(names, paths):
-            a = stored[name]
-            if a.shape != current.shape or a.dtype != current.dtype:
-                raise ValueError(f"checkpoint {path}: {name} is {a.dtype}{list(a.shape)}, "
-                                 f"the trainer's is {current.dtype}{list(current.shape)}")
-        trees = jax.tree_util.tree_unflatten(tree, [stored[name] for name in names])
-        _check_fp8_states(trees["fp8_states"], path)
-        trees = jax.tree.map(lambda a: jax.device_put(a, self.device), trees)
-        self.params, self.opt_state = trees["params"], trees["opt"]
-        self.fp8_states = trees["fp8_states"]
+        """Resumes from a checkpoint of this run that save() or
+        TorchTrainer.save() wrote; every FP8 scaling state's values are
+        checked (the rule fp8kit.torch applies to its saved state)."""
+        saved = self._checkpoint()
+        like = checkpoint.to_arrays(saved["params"], saved["moments"], saved["fp8_states"])
+        arrays, meta = checkpoint.load(path, run=saved["run"], like=like)
+        model = lambda flat: llama_jax.model_params(  # noqa: E731
+            checkpoint.unflatten(flat, self.model_cfg), self.recipe)
+        params = model(checkpoint.section(arrays, "params."))
+        m, v = (model(checkpoint.section(arrays, f"adamw.{w}.")) for w in ("m", "v"))
+        fp8_states = None
+        if self.fp8_states is not None:
+            try:
+                fp8_states = llama_jax.fp8_states_from_arrays(checkpoint.fp8_states(arrays),
+                                                              self.model_cfg)
+            except ValueError as e:
+                raise ValueError(f"checkpoint {path}: {e}") from None
+        step = int(meta["step"])
+        self.params = self._own(params)
+        self.opt_state = self._own({"count": np.int32(step), "m": m, "v": v})
+        self.fp8_states = self._own(fp8_states)
         self.sampler.load_state_dict(meta["sampler"])
-        self.step = int(meta["step"])
+        self.step = step
 
-
-def _check_fp8_states(fp8_states, path) -> None:
-    """The values of every fp8kit DelayedScalingState among the loaded
-    (NumPy) FP8 states, as fp8kit.torch checks a Linear's saved state: a
-    corrupt one is named, not trained on (a NaN or zero scale makes every
-    loss NaN)."""
-    is_state = lambda x: isinstance(x, fj.DelayedScalingState)  # noqa: E731
-    for key, state in jax.tree_util.tree_flatten_with_path(fp8_states, is_leaf=is_state)[0]:
-        if is_state(state):
-            state.check_values(f"checkpoint {path}: ['fp8_states']{jax.tree_util.keystr(key)}.",
-                               "the checkpoint is corrupt (resume from an earlier one)")
+    def _checkpoint(self) -> dict:
+        """checkpoint.save's arguments for this trainer's state now."""
+        flat = lambda tree: checkpoint.flatten(  # noqa: E731
+            llama_jax.init_layout(tree, self.model_cfg, self.recipe))
+        fp8 = None
+        if self.fp8_states is not None:
+            fp8 = llama_jax.fp8_state_arrays(self.fp8_states)
+        return {"run": self._description(), "step": self.step,
+                "sampler": self.sampler.state_dict(), "params": flat(self.params),
+                "moments": (flat(self.opt_state["m"]), flat(self.opt_state["v"])),
+                "fp8_states": fp8}

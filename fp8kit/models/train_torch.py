@@ -6,15 +6,13 @@ checkpoints that resume exactly.
     trainer = TorchTrainer(LlamaConfig(), TrainConfig(), DelayedScaling())
     for _ in range(100):
         loss = trainer.train_step()
-    trainer.save("ckpt.pt")              # later: trainer.load("ckpt.pt")
+    trainer.save("ckpt.safetensors")     # later: trainer.load(...)
 
-A checkpoint holds the model's state_dict (weights, and each
-fp8kit.torch.Linear's FP8 scaling state in its _extra_state), the
-optimizer's state, the step, and the batch sampler's state (data position
-and generator state; the model has no dropout, so that generator is the
-run's only randomness). It loads with torch.load(weights_only=True), once
-the file is seen to be torch.save's archive (a JaxTrainer .npz is named as
-one, fp8kit/models/checkpoint.py).
+A checkpoint (fp8kit/models/checkpoint.py) holds the weights, AdamW's
+moments and each FP8 Linear's scaling state in init's layout, the step and
+the batch sampler's state (data position and generator state; the model
+has no dropout, so that generator is the run's only randomness): the same
+file a JaxTrainer writes and reads, so a run moves between the frameworks.
 
 TorchTrainer(..., compile=True) runs the forward and the loss through
 torch.compile(fullgraph=True): the whole decoder is one graph (fp8kit's
@@ -37,8 +35,11 @@ import torch.nn.functional as F
 from fp8kit.models import checkpoint, data
 from fp8kit.models.config import LlamaConfig
 from fp8kit.models.init import init_params
-from fp8kit.models.llama_torch import FP8KIT_LAYERS, FP8Layers, Llama, load_params
+from fp8kit.models.llama_torch import (FP8KIT_LAYERS, FP8Layers, Llama, fp8_state_arrays,
+                                       load_fp8_state_arrays, load_params, put_layout,
+                                       take_layout, weight_layout)
 from fp8kit.models.schedule import TrainConfig, decays, learning_rate
+from fp8kit.recipe import DelayedScaling
 
 
 def default_device() -> torch.device:
@@ -138,18 +139,52 @@ class TorchTrainer:
         return checkpoint.run_description(self.model_cfg, self.train_cfg, self.recipe)
 
     def save(self, path) -> None:
-        state = {"format": checkpoint.FORMAT, "run": self._description(), "step": self.step,
-                 "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                 "sampler": self.sampler.state_dict()}
-        checkpoint.replace_atomically(lambda f: torch.save(state, f), path)
+        """One fp8kit.models.checkpoint file, which a JaxTrainer of the
+        same run loads as well."""
+        checkpoint.save(path, framework=self.framework, **self._checkpoint())
 
     def load(self, path) -> None:
-        checkpoint.check_file_format(path, (checkpoint.TORCH, checkpoint.PICKLE),
-                                     "TorchTrainer.load", "JaxTrainer.load")
-        state = torch.load(path, map_location=self.device, weights_only=True)
-        checkpoint.check_format(state.get("format"), path)
-        checkpoint.check_compatible(state["run"], self._description(), path)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.sampler.load_state_dict(state["sampler"])
-        self.step = int(state["step"])
+        """Resumes from a checkpoint of this run that save() or
+        JaxTrainer.save() wrote."""
+        saved = self._checkpoint()
+        like = checkpoint.to_arrays(saved["params"], saved["moments"], saved["fp8_states"])
+        arrays, meta = checkpoint.load(path, run=saved["run"], like=like)
+        params = checkpoint.section(arrays, "params.")
+        moments = [checkpoint.section(arrays, f"adamw.{w}.") for w in ("m", "v")]
+        if isinstance(self.recipe, DelayedScaling):
+            load_fp8_state_arrays(self.model, self.recipe, checkpoint.fp8_states(arrays))
+        load_params(self.model, params)
+        self.optimizer.load_state_dict(self._optimizer_state(moments, int(meta["step"])))
+        self.sampler.load_state_dict(meta["sampler"])
+        self.step = int(meta["step"])
+
+    def _checkpoint(self) -> dict:
+        """checkpoint.save's arguments for this trainer's state now."""
+        params, m, v = {}, {}, {}
+        for p, names, kernel in weight_layout(self.model):
+            params.update(take_layout(p, names, kernel, self.model_cfg))
+            state = self.optimizer.state.get(p, {})
+            for out, key in ((m, "exp_avg"), (v, "exp_avg_sq")):
+                moment = state.get(key, torch.zeros_like(p))
+                out.update(take_layout(moment, names, kernel, self.model_cfg))
+        fp8 = None
+        if isinstance(self.recipe, DelayedScaling):
+            fp8 = fp8_state_arrays(self.model, self.recipe)
+        return {"run": self._description(), "step": self.step,
+                "sampler": self.sampler.state_dict(), "params": params, "moments": (m, v),
+                "fp8_states": fp8}
+
+    def _optimizer_state(self, moments, step: int) -> dict:
+        """The optimizer's state_dict with the moments (init's layout) and step."""
+        index = {id(p): i for i, p in enumerate(
+            p for group in self.optimizer.param_groups for p in group["params"])}
+        state = {}
+        if step > 0:
+            for p, names, kernel in weight_layout(self.model):
+                m, v = (torch.empty_like(p, device="cpu") for _ in range(2))
+                put_layout(m, [moments[0][n] for n in names], kernel)
+                put_layout(v, [moments[1][n] for n in names], kernel)
+                state[index[id(p)]] = {"step": torch.tensor(float(step)), "exp_avg": m,
+                                       "exp_avg_sq": v}
+        return {"state": state, "param_groups": self.optimizer.state_dict()["param_groups"]}
+
