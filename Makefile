@@ -97,17 +97,19 @@ bazel-test: venv
 CUBLAS_WHEEL = $(PY) -c "import nvidia.cu13" 2>/dev/null || $(PIP) install -q nvidia-cublas
 
 # With nvcc on the machine (no GPU needed), compile every CUDA source of
-# the core for sm_90 and link the consumer's C test and fp8kit's
-# GoogleTest binary with its CUDA tests against it, so that a CUDA build
-# break cannot land unnoticed (nothing runs there; the GPU run is
-# scripts/gpu_check.sh). Its own output tree (--platform_suffix), so the
-# CPU build's outputs stay cached.
+# the core for sm_90 and link against it the consumer's C test, fp8kit's
+# GoogleTest binary with its CUDA tests, and the package's shared core
+# (libfp8kit.so, CUDA's runtime inside) with the JAX module that links it,
+# so that a CUDA build break cannot land unnoticed (nothing runs there;
+# the GPU run is scripts/gpu_check.sh). Its own output tree
+# (--platform_suffix), so the CPU build's outputs stay cached.
 bazel-cuda-build: venv
 	@if command -v nvcc >/dev/null; then \
 	  $(CUBLAS_WHEEL); \
 	  cd examples/bazel_consumer && $(BAZEL_ENV) bazel build --jobs=$(JOBS) \
-	    --@fp8kit//:cuda=true --platform_suffix=cuda //:c_api_test @fp8kit//tests/cpp:fp8kit_core_test; \
-	  echo "bazel-cuda-build: the CUDA core, the C API test and the CUDA GoogleTest binary built for sm_90"; \
+	    --@fp8kit//:cuda=true --platform_suffix=cuda //:c_api_test @fp8kit//tests/cpp:fp8kit_core_test \
+	    @fp8kit//fp8kit:libfp8kit.so @fp8kit//fp8kit:_jax_ext.so; \
+	  echo "bazel-cuda-build: the CUDA core, the C API test, the CUDA GoogleTest binary, libfp8kit.so and the JAX module built for sm_90"; \
 	else echo "bazel-cuda-build: no nvcc, skipped"; fi
 
 # The wheel's tests, run from outside the source tree so `import fp8kit`

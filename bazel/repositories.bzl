@@ -109,7 +109,7 @@ def fp8kit_dependencies(
     if python_repo and not _defined(python_repo):
         python_configure(
             name = python_repo,
-            cudart = "@%s//:cudart" % cuda_repo if cuda_repo else "",
+            cuda_headers = "@%s//:cuda_headers" % cuda_repo if cuda_repo else "",
         )
     if cuda_repo and not _defined(cuda_repo):
         cuda_configure(name = cuda_repo)

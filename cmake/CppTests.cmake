@@ -18,8 +18,10 @@ if(NOT GTest_FOUND)
 endif()
 file(GLOB FP8KIT_CPP_TEST_SRCS CONFIGURE_DEPENDS tests/cpp/*_test.cc)
 # Test-only CUDA code (the FP8 conversion self-test kernel): compiled into
-# the test, never into the shipped fp8kit_core.
+# the test, never into the shipped libfp8kit.so.
 file(GLOB FP8KIT_CPP_TEST_CUDA_SRCS CONFIGURE_DEPENDS tests/cpp/*.cu)
+# The core's objects are linked in directly: the tests reach internals
+# that libfp8kit.so does not export.
 add_executable(fp8kit_core_test ${FP8KIT_CPP_TEST_SRCS})
 target_include_directories(fp8kit_core_test PRIVATE common/src tests/cpp)
 target_link_libraries(fp8kit_core_test PRIVATE fp8kit_core GTest::gtest_main)

@@ -9,8 +9,8 @@ pybind11_add_module(_jax_ext MODULE ${FP8KIT_JAX_SRCS})
 # return-type) that are not ours to fix.
 target_include_directories(_jax_ext SYSTEM PRIVATE ${FP8KIT_XLA_FFI_INCLUDE})
 target_include_directories(_jax_ext PRIVATE jax_ext)
-target_link_libraries(_jax_ext PRIVATE fp8kit_core)
-if(FP8KIT_WITH_CUDA)
-  target_link_libraries(_jax_ext PRIVATE CUDA::cudart_static)
-endif()
+# The core is libfp8kit.so beside this module; the CUDA handlers reach the
+# CUDA runtime through it (fp8kit/memory.h), so no cudart is linked here.
+target_link_libraries(_jax_ext PRIVATE fp8kit)
+set_target_properties(_jax_ext PROPERTIES INSTALL_RPATH "$ORIGIN")
 install(TARGETS _jax_ext LIBRARY DESTINATION fp8kit)

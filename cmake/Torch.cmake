@@ -25,12 +25,18 @@ set(_libs torch torch_cpu torch_python c10)
 if(FP8KIT_WITH_CUDA AND FP8KIT_TORCH_HAS_CUDA)
   list(APPEND _libs torch_cuda c10_cuda)
   target_compile_definitions(_torch_ext PRIVATE FP8KIT_TORCH_CUDA)
-  target_link_libraries(_torch_ext PRIVATE CUDA::cudart)
+  # Headers only: the module makes no CUDA runtime call of its own. What
+  # c10's CUDA headers call inline resolves, at load time, to the runtime
+  # that torch itself loads (a dependency of libc10_cuda); the core's is
+  # inside libfp8kit.so.
+  target_include_directories(_torch_ext SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
 endif()
 foreach(_l ${_libs})
   find_library(_p_${_l} ${_l} HINTS ${FP8KIT_TORCH_LIB_DIR} NO_DEFAULT_PATH REQUIRED)
   target_link_libraries(_torch_ext PRIVATE ${_p_${_l}})
 endforeach()
-target_link_libraries(_torch_ext PRIVATE fp8kit_core)
-# torch's libraries are found at run time because `import torch` loads them first.
+# The core is libfp8kit.so beside this module. torch's libraries are found
+# at run time because `import torch` loads them first.
+target_link_libraries(_torch_ext PRIVATE fp8kit)
+set_target_properties(_torch_ext PROPERTIES INSTALL_RPATH "$ORIGIN")
 install(TARGETS _torch_ext LIBRARY DESTINATION fp8kit)

@@ -1,12 +1,7 @@
 #include "ffi_helpers.h"
 
-#include <cstring>
 #include <string>
 #include <utility>
-
-#ifdef FP8KIT_WITH_CUDA
-#include <cuda_runtime_api.h>
-#endif
 
 namespace fp8kit_jax {
 
@@ -45,10 +40,11 @@ std::string XlaTypeName(ffi::DataType type) {
   }
 }
 
-ffi::Error FromStatus(fp8kit_status status) {
+ffi::Error FromStatus(fp8kit_status status, const char* op) {
   if (status == FP8KIT_OK) return ffi::Error::Success();
   std::string message = fp8kit_last_error();
   if (message.empty()) message = fp8kit_status_name(status);
+  if (op != nullptr) message = std::string(op) + ": " + message;
   switch (status) {
     case FP8KIT_INVALID_ARGUMENT:
       return ffi::Error(ffi::ErrorCode::kInvalidArgument, std::move(message));
@@ -98,43 +94,14 @@ void View2d(ffi::AnyBuffer::Dimensions dims, int64_t* rows, int64_t* cols) {
   for (size_t i = 0; i + 1 < dims.size(); ++i) *rows *= dims[i];
 }
 
-#ifdef FP8KIT_WITH_CUDA
-namespace {
-ffi::Error CudaError(const char* op, const char* what, cudaError_t err) {
-  return ffi::Error::Internal(std::string(op) + ": " + what + " failed: " +
-                              cudaGetErrorString(err));
-}
-}  // namespace
-#endif
-
 ffi::Error CopyBytes(const char* op, const Device& device, void* dst, const void* src,
                      size_t bytes) {
-  if (bytes == 0) return ffi::Error::Success();
-  if (device.type == FP8KIT_DEVICE_CPU) {
-    std::memcpy(dst, src, bytes);
-    return ffi::Error::Success();
-  }
-#ifdef FP8KIT_WITH_CUDA
-  cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
-                                    static_cast<cudaStream_t>(device.stream));
-  return err == cudaSuccess ? ffi::Error::Success() : CudaError(op, "cudaMemcpyAsync", err);
-#else
-  return ffi::Error::Internal(std::string(op) + ": CUDA buffer in a CPU-only build");
-#endif
+  return FromStatus(fp8kit_copy_bytes(device.type, device.index, dst, src, bytes, device.stream),
+                    op);
 }
 
 ffi::Error ZeroBytes(const char* op, const Device& device, void* dst, size_t bytes) {
-  if (bytes == 0) return ffi::Error::Success();
-  if (device.type == FP8KIT_DEVICE_CPU) {
-    std::memset(dst, 0, bytes);
-    return ffi::Error::Success();
-  }
-#ifdef FP8KIT_WITH_CUDA
-  cudaError_t err = cudaMemsetAsync(dst, 0, bytes, static_cast<cudaStream_t>(device.stream));
-  return err == cudaSuccess ? ffi::Error::Success() : CudaError(op, "cudaMemsetAsync", err);
-#else
-  return ffi::Error::Internal(std::string(op) + ": CUDA buffer in a CPU-only build");
-#endif
+  return FromStatus(fp8kit_zero_bytes(device.type, device.index, dst, bytes, device.stream), op);
 }
 
 namespace {

@@ -40,7 +40,9 @@ bool ToFp8kitDtype(ffi::DataType type, fp8kit_dtype* out);
 std::string XlaTypeName(ffi::DataType type);
 
 // An ffi::Error carrying the core's message for a failed call, or success.
-ffi::Error FromStatus(fp8kit_status status);
+// With `op`, the message starts with "<op>: " (for core calls whose own
+// message names a helper rather than the handler).
+ffi::Error FromStatus(fp8kit_status status, const char* op = nullptr);
 
 // InvalidArgument error prefixed with the op name: "fp8kit_quantize: ...".
 ffi::Error Invalid(const char* op, const std::string& message);
@@ -75,8 +77,9 @@ int64_t NumElements(ffi::AnyBuffer::Dimensions dims);
 void View2d(ffi::AnyBuffer::Dimensions dims, int64_t* rows, int64_t* cols);
 
 // Device memory operations on the handler's device and stream (memcpy /
-// memset on the CPU, their async CUDA forms on XLA's stream). `op` names
-// the handler in errors.
+// memset on the CPU, their async CUDA forms on XLA's stream), through the
+// core (fp8kit/memory.h): this module links no CUDA runtime of its own.
+// `op` names the handler in errors.
 ffi::Error CopyBytes(const char* op, const Device& device, void* dst, const void* src,
                      size_t bytes);
 ffi::Error ZeroBytes(const char* op, const Device& device, void* dst, size_t bytes);

@@ -10,7 +10,9 @@ This test reads both and fails when they drift:
     compiled by one build and not the other, or by neither;
   * a header there is declared by no BUILD target (Bazel's sandbox would
     hide it from the compiler, CMake would still find it);
-  * the version in CMakeLists.txt, common/BUILD and pyproject.toml differ.
+  * the version in CMakeLists.txt, common/BUILD and pyproject.toml differ;
+  * the core is not one shared library in both, or an extension module
+    links the core's objects or a CUDA runtime of its own instead of it.
 
 Both the CPU configuration and the CUDA one (CMake with FP8KIT_WITH_CUDA,
 Bazel with --//:cuda=true) are checked.
@@ -52,6 +54,13 @@ LIBRARIES = {
 }
 
 CONFIGS = ("cpu", "cuda")
+
+# The core as one shared library (libfp8kit.so), built from the core's
+# objects, and the extension modules that link it: CMake target -> Bazel
+# target in both.
+SHARED_CORE = ("fp8kit", "//fp8kit:libfp8kit.so")
+CORE_OBJECTS = ("fp8kit_core", "//common:fp8kit_core")
+EXTENSIONS = {"_jax_ext": "//fp8kit:_jax_ext.so", "_torch_ext": "//fp8kit:_torch_ext.so"}
 
 # Bazel rules whose srcs are compiled (or, for macros, passed through).
 CC_RULES = ("cc_library", "cc_binary", "cc_test")
@@ -405,6 +414,80 @@ def check_tree(root):
                 "pyproject.toml": m.group(1) if m else None}
     if len(set(versions.values())) != 1:
         problems.append("versions differ: %s" % versions)
+    return problems + one_core_problems(root, rules)
+
+
+# -------------------------------------------------- one core per process ---
+
+def _cmake_linking(root):
+    """({target: add_library type}, {target: set of target_link_libraries items})."""
+    kinds, links = {}, {}
+    for path in [root / "CMakeLists.txt"] + sorted((root / "cmake").glob("*.cmake")):
+        if not path.is_file():
+            continue
+        for cmd, args in _cmake_commands(path.read_text()):
+            if cmd == "add_library" and len(args) > 1:
+                kinds[args[0]] = args[1]
+            elif cmd == "target_link_libraries" and args:
+                links.setdefault(args[0], set()).update(
+                    a for a in args[1:] if a not in ("PRIVATE", "PUBLIC", "INTERFACE"))
+    return kinds, links
+
+
+def _label(pkg, dep):
+    """A dependency label of package `pkg`, absolute: //pkg:name or @repo//..."""
+    if dep.startswith(":"):
+        return "//%s:%s" % (pkg, dep[1:])
+    if dep.startswith("//") and ":" not in dep:
+        return "%s:%s" % (dep, dep.rsplit("/", 1)[-1])
+    return dep
+
+
+def _bazel_links(rules, label):
+    """Labels `label` links through its deps, in any config; stops at a
+    cc_import (a prebuilt library: it is linked, its inputs are not)."""
+    seen, todo = set(), [label]
+    while todo:
+        rule = rules.get(todo.pop())
+        if rule is None or rule.kind == "cc_import":
+            continue
+        for config in CONFIGS:
+            for dep in rule.items("deps", config):
+                dep = _label(rule.pkg, dep)
+                if dep not in seen:
+                    seen.add(dep)
+                    todo.append(dep)
+    return seen
+
+
+def one_core_problems(root, rules):
+    """Ways either build gives a process more than one core or CUDA runtime."""
+    problems = []
+    kinds, links = _cmake_linking(root)
+    core, core_label = SHARED_CORE
+    if kinds.get(core) != "SHARED" or CORE_OBJECTS[0] not in links.get(core, ()):
+        problems.append("CMake: %s must be a SHARED library linking %s" % (core, CORE_OBJECTS[0]))
+    rule = rules.get(core_label)
+    if (rule is None or rule.kind != "cc_binary" or not rule.attrs.get("linkshared")
+            or CORE_OBJECTS[1] not in _bazel_links(rules, core_label)):
+        problems.append("Bazel: %s must be a cc_binary with linkshared linking %s"
+                        % (core_label, CORE_OBJECTS[1]))
+    imports = {r.label for r in rules.values() if r.kind == "cc_import"
+               and _label(r.pkg, r.attrs.get("shared_library", "")) == core_label}
+    for target, label in sorted(EXTENSIONS.items()):
+        mine = links.get(target, set())
+        if core not in mine:
+            problems.append("CMake: %s does not link %s" % (target, core))
+        for item in sorted(i for i in mine if i == CORE_OBJECTS[0] or "cudart" in i):
+            problems.append("CMake: %s links %s; it must reach the core and the CUDA runtime "
+                            "through %s only" % (target, item, core))
+        linked = _bazel_links(rules, label)
+        if not linked & imports:
+            problems.append("Bazel: %s does not link %s (through a cc_import of it)" % (label, core_label))
+        for dep in sorted(d for d in linked if d in ("//common:core", CORE_OBJECTS[1])
+                          or d.endswith(":cudart")):
+            problems.append("Bazel: %s links %s; it must reach the core and the CUDA runtime "
+                            "through %s only" % (label, dep, core_label))
     return problems
 
 
@@ -475,14 +558,19 @@ _CMAKE = """
 project(demo VERSION 1.2.3 LANGUAGES CXX)
 file(GLOB FP8KIT_CORE_SRCS CONFIGURE_DEPENDS common/src/*.cc)
 file(GLOB FP8KIT_CORE_CUDA_SRCS CONFIGURE_DEPENDS common/cuda/*.cu common/cuda/*.cc)
-add_library(fp8kit_core STATIC ${FP8KIT_CORE_SRCS})
+add_library(fp8kit_core OBJECT ${FP8KIT_CORE_SRCS})
 if(FP8KIT_WITH_CUDA)  # a comment (with parentheses)
   target_sources(fp8kit_core PRIVATE ${FP8KIT_CORE_CUDA_SRCS})
+  target_link_libraries(fp8kit_core PUBLIC CUDA::cudart_static)
 endif()
+add_library(fp8kit SHARED)
+target_link_libraries(fp8kit PRIVATE fp8kit_core)
 file(GLOB FP8KIT_JAX_SRCS CONFIGURE_DEPENDS jax_ext/*.cc)
 pybind11_add_module(_jax_ext MODULE ${FP8KIT_JAX_SRCS})
+target_link_libraries(_jax_ext PRIVATE fp8kit)
 file(GLOB FP8KIT_TORCH_SRCS CONFIGURE_DEPENDS torch_ext/*.cc)
 pybind11_add_module(_torch_ext MODULE ${FP8KIT_TORCH_SRCS})
+target_link_libraries(_torch_ext PRIVATE fp8kit)
 file(GLOB FP8KIT_CPP_TEST_SRCS CONFIGURE_DEPENDS tests/cpp/*_test.cc)
 add_executable(fp8kit_core_test ${FP8KIT_CPP_TEST_SRCS})
 """
@@ -502,6 +590,12 @@ cc_library(
 ''',
     "jax_ext/BUILD": 'cc_library(name = "jax_ext", srcs = glob(["*.cc"]) + glob(["*.h"]))\n',
     "torch_ext/BUILD": 'cc_library(name = "torch_ext", srcs = glob(["*.cc"]))\n',
+    "fp8kit/BUILD": '''
+cc_binary(name = "libfp8kit.so", linkshared = 1, deps = ["//common:fp8kit_core"])
+cc_import(name = "libfp8kit", shared_library = ":libfp8kit.so")
+cc_binary(name = "_jax_ext.so", linkshared = 1, deps = [":libfp8kit", "//jax_ext"])
+cc_binary(name = "_torch_ext.so", linkshared = 1, deps = [":libfp8kit", "//torch_ext"])
+''',
     "tests/cpp/BUILD": 'cc_test(name = "fp8kit_core_test", srcs = glob(["*_test.cc"]))\n',
 }
 
@@ -573,6 +667,35 @@ def test_checker_catches_missing_library_and_version_drift(tmp_path):
     assert any("CMake target extra has sources but no Bazel twin" in p for p in problems), problems
     assert any("//tests/cpp:fp8kit_core_test (CMake fp8kit_core_test) is missing" in p for p in problems), problems
     assert any("versions differ" in p for p in problems), problems
+
+
+def test_checker_catches_a_second_core(tmp_path):
+    cmake = _CMAKE.replace("target_link_libraries(_jax_ext PRIVATE fp8kit)",
+                           "target_link_libraries(_jax_ext PRIVATE fp8kit_core CUDA::cudart)")
+    builds = {"torch_ext/BUILD": '''
+cc_library(
+    name = "torch_ext",
+    srcs = glob(["*.cc"]),
+    deps = ["//common:core"] + select({"//:cuda_enabled": ["@fp8kit_deps//:cudart"]}),
+)
+'''}
+    problems = check_tree(_make_tree(tmp_path, cmake=cmake, builds=builds))
+    assert "CMake: _jax_ext does not link fp8kit" in problems, problems
+    assert any("CMake: _jax_ext links fp8kit_core;" in p for p in problems), problems
+    assert any("CMake: _jax_ext links CUDA::cudart;" in p for p in problems), problems
+    assert any("//fp8kit:_torch_ext.so links //common:core;" in p for p in problems), problems
+    assert any("//fp8kit:_torch_ext.so links @fp8kit_deps//:cudart;" in p for p in problems), problems
+    assert len(problems) == 5, problems
+
+
+def test_checker_catches_a_static_core(tmp_path):
+    cmake = _CMAKE.replace("add_library(fp8kit SHARED)", "add_library(fp8kit STATIC)")
+    builds = {"fp8kit/BUILD": _BUILDS["fp8kit/BUILD"].replace('shared_library = ":libfp8kit.so"',
+                                                              'shared_library = ":other.so"')}
+    problems = check_tree(_make_tree(tmp_path, cmake=cmake, builds=builds))
+    assert "CMake: fp8kit must be a SHARED library linking fp8kit_core" in problems, problems
+    assert any("//fp8kit:_jax_ext.so does not link //fp8kit:libfp8kit.so" in p for p in problems), problems
+    assert len(problems) == 3, problems
 
 
 @pytest.mark.parametrize("pattern,path,hit", [

@@ -173,15 +173,19 @@ def _python_configure_impl(repository_ctx):
         if facts.get("torch_cuda"):
             cuda_libs, text = _shared_libs(repository_ctx, "torch_cuda", facts["torch_lib"], ["torch_cuda", "c10_cuda"])
             build.append(text)
-            cudart = repository_ctx.attr.cudart
-            if cudart:
+            cuda_headers = repository_ctx.attr.cuda_headers
+            if cuda_headers:
+                # The CUDA headers, not the runtime: what c10's CUDA headers
+                # call inline resolves to the runtime torch itself loads (a
+                # dependency of libc10_cuda), and fp8kit's own is inside
+                # libfp8kit.so.
                 build.append("""
 cc_library(
     name = "torch_cuda",
     defines = ["FP8KIT_TORCH_CUDA"],
     deps = {deps},
 )
-""".format(deps = repr(cuda_libs + [":torch", cudart])))
+""".format(deps = repr(cuda_libs + [":torch", cuda_headers])))
             else:
                 build.append(failing_target("torch_cuda", "torch %s has CUDA but fp8kit_dependencies() configured no CUDA repository (cuda_repo = None)" % facts["torch_version"]))
         else:
@@ -221,8 +225,8 @@ toolchain(
 python_configure = repository_rule(
     implementation = _python_configure_impl,
     attrs = {
-        "cudart": attr.string(
-            doc = "Label of the CUDA runtime library that :torch_cuda links (a CUDA torch only); \"\" for none.",
+        "cuda_headers": attr.string(
+            doc = "Label of the CUDA toolkit's headers, which :torch_cuda needs (a CUDA torch only); \"\" for none.",
         ),
     },
     environ = _ENV_VARS,

@@ -6,6 +6,7 @@
 #ifndef FP8KIT_SRC_CUDA_BACKEND_H_
 #define FP8KIT_SRC_CUDA_BACKEND_H_
 
+#include <cstddef>
 #include <string>
 
 #include "fp8kit/activation.h"
@@ -27,6 +28,10 @@ bool supports_non_tn_fp8_gemm(int device_index);
 // Empty when the device runs block-scaled FP8 GEMMs; otherwise what it
 // lacks, e.g. "CUDA device 0 has compute capability 10.0".
 const std::string& block_scaled_fp8_gemm_missing(int device_index);
+
+// Asynchronous copy and fill on `stream`, a cudaStream_t (common/cuda/memory.cc).
+void copy_bytes(int device_index, void* dst, const void* src, size_t bytes, void* stream);
+void zero_bytes(int device_index, void* dst, size_t bytes, void* stream);
 
 // Kernels (common/cuda/*.cu). `stream` is a cudaStream_t.
 void amax(const fp8kit_tensor& input, float* amax_out, void* stream);

@@ -1,7 +1,7 @@
 /* fp8kit's C API from C: quantize to E4M3 with a given scale, dequantize,
- * and a refused call with its error message. Compiled as C with this
- * workspace's default flags: the public headers need no C++ and no flag
- * from fp8kit. */
+ * a refused call with its error message, and a byte copy and fill.
+ * Compiled as C with this workspace's default flags: the public headers
+ * need no C++ and no flag from fp8kit. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -59,6 +59,14 @@ int main(void) {
   CHECK(status == FP8KIT_INVALID_ARGUMENT);
   CHECK(strlen(fp8kit_last_error()) > 0);
   printf("refused as expected: %s\n", fp8kit_last_error());
+
+  /* Byte copy and fill (fp8kit/memory.h); a NULL destination is refused. */
+  uint8_t bytes[4] = {0};
+  CHECK(fp8kit_copy_bytes(FP8KIT_DEVICE_CPU, 0, bytes, expected_bits, 4, NULL) == FP8KIT_OK);
+  CHECK(memcmp(bytes, expected_bits, 4) == 0);
+  CHECK(fp8kit_zero_bytes(FP8KIT_DEVICE_CPU, 0, bytes, 2, NULL) == FP8KIT_OK);
+  CHECK(bytes[0] == 0 && bytes[1] == 0 && bytes[2] == expected_bits[2]);
+  CHECK(fp8kit_copy_bytes(FP8KIT_DEVICE_CPU, 0, NULL, bytes, 4, NULL) == FP8KIT_INVALID_ARGUMENT);
 
   if (failures) fprintf(stderr, "%d check(s) failed\n", failures);
   return failures ? 1 : 0;

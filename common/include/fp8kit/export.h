@@ -1,6 +1,7 @@
-/* Symbol visibility for the fp8kit C API. The core is linked statically
- * into each extension module, which is built with -fvisibility=hidden; the
- * API symbols stay default-visible so a shared build of the core works too. */
+/* Symbol visibility for the fp8kit C API. The core is built as one shared
+ * library, libfp8kit.so, with -fvisibility=hidden: these symbols are the
+ * whole of what it exports (common/libfp8kit.lds keeps it so for code it
+ * links in statically, such as the CUDA runtime). */
 #ifndef FP8KIT_EXPORT_H_
 #define FP8KIT_EXPORT_H_
 

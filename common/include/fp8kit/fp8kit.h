@@ -11,6 +11,7 @@
 #include "fp8kit/fused_cast.h"
 #include "fp8kit/gemm.h"
 #include "fp8kit/linear.h"
+#include "fp8kit/memory.h"
 #include "fp8kit/normalization.h"
 #include "fp8kit/quantize.h"
 #include "fp8kit/status.h"
