@@ -158,8 +158,9 @@ void register_linear(py::module_& m) {
           py::arg("device"), "Moves the state to `device` in place.")
       .def(
           "get_state", [](py::handle self) { return state_self(self).checkpoint(); },
-          "The recipe as plain values, CPU copies of the state tensors and the seeded flags "
-          "(for extra_state).");
+          "The recipe as plain values and CPU copies of the state: float32 amax_history [3, "
+          "amax_history_len], scale [3] and seeded [3], the arrays fp8kit.jax's "
+          "DelayedScalingState holds (for extra_state).");
 
   m.def(
       "linear_recipe",

@@ -186,11 +186,12 @@ py::dict LinearState::checkpoint() {
   const auto lock = lock_state(mu);
   py::dict d;
   d["recipe"] = recipe_to_plain(recipe);
-  // The amax accumulators and counters are 0 between calls: not state.
+  // The three arrays fp8kit.jax's DelayedScalingState holds. Not state: the
+  // amax accumulators and counters (0 between calls) and scale_inv (always
+  // 1 / scale, recomputed on load).
   d["amax_history"] = history.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
   d["scale"] = scale.to(at::kCPU, false, true);
-  d["scale_inv"] = scale_inv.to(at::kCPU, false, true);
-  d["seeded"] = seeded_slots();
+  d["seeded"] = seeded_flags.to(at::kCPU, false, true);
   return d;
 }
 
@@ -243,14 +244,39 @@ c10::intrusive_ptr<LinearState> LinearState::from_checkpoint(py::handle saved_in
   at::NoGradGuard no_grad;
   load("amax_history", st->history, /*positive=*/false);
   load("scale", st->scale, /*positive=*/true);
-  load("scale_inv", st->scale_inv, /*positive=*/true);
-  check_reciprocals(fn, st->scale, st->scale_inv);
+  if (saved.contains("scale_inv")) {
+    // An older entry (extra-state formats before the three-array one)
+    // saved scale_inv too: it must still be the reciprocal.
+    load("scale_inv", st->scale_inv, /*positive=*/true);
+    check_reciprocals(fn, st->scale, st->scale_inv);
+  } else {
+    // The float32 quotient, as the core computes it (IEEE division on the CPU).
+    st->scale_inv.copy_(st->scale.to(at::kCPU).reciprocal());
+  }
   const py::object seeded = get("seeded");
-  bool ok = PyList_Check(seeded.ptr()) && PyList_GET_SIZE(seeded.ptr()) == kSlots;
-  for (int i = 0; ok && i < kSlots; ++i) ok = PyBool_Check(PyList_GET_ITEM(seeded.ptr(), i));
-  FP8KIT_TYPE_CHECK(ok, fn, ": saved 'seeded' is ", value_str(seeded), "; it must be a list of ",
-                    kSlots, " bools (input, weight, grad_output)");
-  for (int i = 0; i < kSlots; ++i) st->seeded[i] = PyList_GET_ITEM(seeded.ptr(), i) == Py_True;
+  if (PyList_Check(seeded.ptr())) {  // older entries: a list of bools
+    bool ok = PyList_GET_SIZE(seeded.ptr()) == kSlots;
+    for (int i = 0; ok && i < kSlots; ++i) ok = PyBool_Check(PyList_GET_ITEM(seeded.ptr(), i));
+    FP8KIT_TYPE_CHECK(ok, fn, ": saved 'seeded' is ", value_str(seeded),
+                      "; it must be float32 [", kSlots, "] (or a list of ", kSlots, " bools)");
+    for (int i = 0; i < kSlots; ++i) st->seeded[i] = PyList_GET_ITEM(seeded.ptr(), i) == Py_True;
+  } else {
+    const at::Tensor flags = read_tensor(seeded, c10::str(fn, ": saved 'seeded'"));
+    FP8KIT_VALUE_CHECK(flags.scalar_type() == at::kFloat && flags.dim() == 1 &&
+                           flags.size(0) == kSlots,
+                       fn, ": saved 'seeded' is ", dtype_str(flags.scalar_type()), " of shape ",
+                       shape_str(flags.sizes()), "; it must be torch.float32 of shape [", kSlots,
+                       "] (0.0 fresh, 1.0 seeded: input, weight, grad_output)");
+    const at::Tensor v = flags.to(at::kCPU).contiguous();
+    for (int i = 0; i < kSlots; ++i) {
+      const float f = v.data_ptr<float>()[i];
+      FP8KIT_VALUE_CHECK(f == 0.0f || f == 1.0f, fn, ": saved 'seeded' holds ", float_str(f),
+                         " (flat index ", i, "); seeded values must be 0.0 (fresh) or 1.0 "
+                         "(seeded): the checkpoint is corrupt (drop the entry to start the FP8 "
+                         "state fresh)");
+      st->seeded[i] = f == 1.0f;
+    }
+  }
   st->seeded_flags.copy_(at::tensor(std::vector<float>(st->seeded.begin(), st->seeded.end())));
   return st;
 }

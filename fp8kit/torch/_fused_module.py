@@ -4,13 +4,14 @@ normalization's parameters and high-precision math, the FP8 scaling states
 one per recipe), their checkpoint form, device moves and pickling, and the
 dtype/device checks of a call.
 
-Extra state (format 1; plain values and tensors only, so it loads with
+Extra state (format 2; plain values and tensors only, so it loads with
 torch.load(weights_only=True)):
-    {"format": 1, "layer": "<class name>",
+    {"format": 2, "layer": "<class name>",
      "gemms": {"<gemm name>": [one LinearState.get_state() dict per recipe]}}
 with the gemm names of the layer (LayerNormLinear: "linear"; LayerNormMLP:
 "fc1", "fc2"). Loading checks every entry as fp8kit.torch.Linear's does,
-and refuses a missing or an unknown one.
+and refuses a missing or an unknown one. Format 1, which also loads, had
+Linear's entries of format 2 (scale_inv saved, seeded a list of bools).
 
 eps: torch's meaning, with None (RMSNorm only, torch.nn.RMSNorm's default)
 the machine epsilon of the computation type: float32's for float32,
@@ -37,7 +38,8 @@ from fp8kit.torch._traced_linear import traced_state
 from fp8kit.torch.float8_tensor import Float8Tensor
 from fp8kit.torch.linear import _autocast_cast, _tracing
 
-_EXTRA_STATE_FORMAT = 1
+_EXTRA_STATE_FORMAT = 2
+_READABLE_FORMATS = (1, 2)
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 _any_autocast = torch._C._is_any_autocast_enabled
 _FLOAT32_EPS = torch.finfo(torch.float32).eps
@@ -205,7 +207,7 @@ class FusedLayer(FP8ExtraState, torch.nn.Module):
     def set_extra_state(self, state) -> None:
         cls = self._LAYER
         where = f"fp8kit.torch.{cls}: " + (getattr(self, "_fp8_loading", None) or "_extra_state")
-        ok = (isinstance(state, dict) and state.get("format") == _EXTRA_STATE_FORMAT
+        ok = (isinstance(state, dict) and state.get("format") in _READABLE_FORMATS
               and state.get("layer") == cls and isinstance(state.get("gemms"), dict))
         if not ok:
             raise ValueError(

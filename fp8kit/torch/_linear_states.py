@@ -15,7 +15,6 @@ import itertools
 import threading
 import weakref
 
-import numpy as np
 import torch
 
 from fp8kit.recipe import BlockScaling
@@ -90,23 +89,14 @@ class RecipeStates:
         if state is None:
             return None
         saved = state.get_state()
-        return {"amax_history": saved["amax_history"].numpy(), "scale": saved["scale"].numpy(),
-                "seeded": np.array(saved["seeded"], np.float32)}
+        return {k: saved[k].numpy() for k in ("amax_history", "scale", "seeded")}
 
     def set_arrays(self, recipe, arrays: dict, device, cache_weight: bool, where: str) -> None:
         """Makes `recipe`'s state the one `arrays` (arrays()'s layout)
         describe, checked as a saved state is (errors name `where`)."""
         scaling, _ = ext.linear_recipe(recipe)
-        scale = torch.as_tensor(arrays["scale"])
-        seeded = np.asarray(arrays["seeded"])
-        if not np.isin(seeded, (0.0, 1.0)).all() or seeded.shape != (3,):
-            raise ValueError(f"{where}: seeded is {seeded.tolist()}; it must be 3 values, each "
-                             "0.0 (fresh) or 1.0 (seeded)")
-        entry = {"recipe": scaling, "amax_history": torch.as_tensor(arrays["amax_history"]),
-                 # The core's scale_inv is the float32 quotient 1 / scale:
-                 # recomputed here bit for bit.
-                 "scale": scale, "scale_inv": 1.0 / scale,
-                 "seeded": [bool(v) for v in seeded]}
+        entry = {"recipe": scaling, **{k: torch.as_tensor(arrays[k])
+                                       for k in ("amax_history", "scale", "seeded")}}
         state = ext.LinearState.from_state(entry, device, where)
         state.cache_weight = cache_weight
         with self._lock:

@@ -59,11 +59,12 @@ fp8kit.torch.distributed gives the layer) is read as it is: its FP8 copies
 go to the GEMMs, its gradient reaches it as a plain tensor, and the
 weight's scaling slot records nothing (fp8kit.torch._fp8_weight).
 
-The extra state (format 2) holds plain values and tensors only, so it
-loads with torch.load(weights_only=True): {"format": 2, "states": [...]},
+The extra state (format 3) holds plain values and tensors only, so it
+loads with torch.load(weights_only=True): {"format": 3, "states": [...]},
 one entry per recipe, each with the recipe's scaling parameters as a dict
-of str/int/float/bool, the delayed-scaling history, scale and scale_inv,
-and which slots are seeded. Loading checks every entry and names a
+of str/int/float/bool and the delayed-scaling state's three float32
+arrays, amax_history, scale and seeded (those of fp8kit.jax's
+DelayedScalingState; fp8_state_arrays gives them as NumPy arrays). Loading checks every entry and names a
 missing, mistyped or corrupt one.
 
 An inf or NaN in the input or a weight is never saturated: the outputs it
@@ -88,10 +89,13 @@ from fp8kit.torch.float8_tensor import Float8Tensor
 from fp8kit.torch.quantized_tensor import QuantizedTensor
 
 _linear_forward = ext.linear_forward
-# 2: {"states": [one dict per recipe]}, each recipe a dict of named plain
-# values (1 had a positional tuple and a flag for amaxes left waiting by an
-# older update order).
-_EXTRA_STATE_FORMAT = 2
+# 3: {"states": [one dict per recipe]}, each recipe a dict of named plain
+# values and the state's three float32 arrays (amax_history, scale,
+# seeded: fp8kit.jax's). 2, which also loads, saved scale_inv and seeded
+# as a list of bools; 1 had a positional tuple and a flag for amaxes left
+# waiting by an older update order.
+_EXTRA_STATE_FORMAT = 3
+_READABLE_FORMATS = (2, 3)
 # Whether any torch.autocast is on: a fast test before the per-device one
 # (torch.is_autocast_enabled(device) costs ~1 us a call).
 _any_autocast = torch._C._is_any_autocast_enabled
@@ -174,7 +178,7 @@ class Linear(FP8ExtraState, torch.nn.Linear):
     def set_extra_state(self, state) -> None:
         where = getattr(self, "_fp8_loading", None) or "_extra_state"
         fmt = state.get("format") if isinstance(state, dict) else None
-        if fmt != _EXTRA_STATE_FORMAT:
+        if fmt not in _READABLE_FORMATS:
             raise ValueError(
                 f"fp8kit.torch.Linear: {where} is not an fp8kit Linear FP8 state of format "
                 f"{_EXTRA_STATE_FORMAT} (got format {fmt!r}); it was written by another fp8kit "

@@ -49,7 +49,7 @@ def assert_same_layers(got_model, want_model):
             for name in ("amax_history", "amax", "scale", "scale_inv"):
                 assert_bits_equal(getattr(g, name), getattr(w, name))
             assert g.seeded == w.seeded
-            assert g.get_state()["seeded"] == w.get_state()["seeded"]
+            assert torch.equal(g.get_state()["seeded"], w.get_state()["seeded"])
 
 
 def train_step(model, x, dy, recipe):

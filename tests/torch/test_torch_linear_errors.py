@@ -84,7 +84,7 @@ def _with_entry(sd, **entries):
     """The state dict with its FP8 state's entries replaced (None: removed)."""
     st = dict(sd["0._extra_state"]["states"][0], **entries)
     st = {k: v for k, v in st.items() if v is not None}
-    return dict(sd, **{"0._extra_state": {"format": 2, "states": [st]}})
+    return dict(sd, **{"0._extra_state": {"format": 3, "states": [st]}})
 
 
 WHERE = r"'0._extra_state'\['states'\]\[0\]: "
@@ -103,15 +103,19 @@ NAN, INF = float("nan"), float("inf")
      r"saved 'scale' holds nan \(flat index 1\); scale values must be finite and > 0"),
     ({"scale": torch.tensor([1.0, 1.0, 0.0])}, ValueError, r"saved 'scale' holds 0 \(flat"),
     ({"scale": torch.tensor([-2.0, 1.0, 1.0])}, ValueError, r"saved 'scale' holds -2"),
+    # scale_inv is not saved; an older entry's (format 2) is checked.
     ({"scale_inv": torch.tensor([INF, 1.0, 1.0])}, ValueError, "saved 'scale_inv' holds inf"),
     ({"scale_inv": torch.tensor([2.0, 1.0, 1.0])}, ValueError,
      r"saved 'scale_inv' holds 2 \(flat index 0\) but saved 'scale' holds .* there; scale_inv "
      r"must be 1 / scale"),
     ({"amax_history": -torch.ones(3, 4)}, ValueError,
      r"saved 'amax_history' holds -1 \(flat index 0\); amax_history values must be >= 0"),
-    ({"seeded": torch.ones(3, dtype=torch.bool)}, TypeError,
-     "saved 'seeded' is tensor.*; it must be a list of 3 bools"),
-    ({"seeded": [1, 1, 1]}, TypeError, r"saved 'seeded' is \[1, 1, 1\]"),
+    ({"seeded": torch.ones(3, dtype=torch.bool)}, ValueError,
+     r"saved 'seeded' is torch.bool of shape \[3\]; it must be torch.float32 of shape \[3\]"),
+    ({"seeded": torch.tensor([1.0, 0.5, 0.0])}, ValueError,
+     r"saved 'seeded' holds 0.5 \(flat index 1\); seeded values must be 0.0 \(fresh\) or 1.0"),
+    ({"seeded": [1, 1, 1]}, TypeError,
+     r"saved 'seeded' is \[1, 1, 1\].*; it must be float32 \[3\] \(or a list of 3 bools\)"),
     ({"recipe": "delayed"}, TypeError, r"the saved 'recipe' is 'delayed' \(str\)"),
 ])
 def test_a_bad_checkpoint_entry_is_named(entries, error, match):
@@ -142,7 +146,7 @@ def test_recorded_nan_and_inf_amaxes_load():
     ({"format": 2, "states": {}}, TypeError, r"\['states'\] is \{\} \(dict\); it must be the list"),
     ({"format": 2, "states": [7]}, TypeError,
      r"\['states'\]\[0\]: the saved FP8 state is 7 \(int\); it must be the dict"),
-    ({"format": 3}, ValueError, r"'0._extra_state' is not an fp8kit Linear FP8 state of format 2"),
+    ({"format": 4}, ValueError, r"'0._extra_state' is not an fp8kit Linear FP8 state of format 3"),
     (None, ValueError, r"\(got format None\)"),
 ])
 def test_a_bad_extra_state_is_named(extra, error, match):
@@ -152,11 +156,26 @@ def test_a_bad_extra_state_is_named(extra, error, match):
         model.load_state_dict(sd)
 
 
+def test_an_older_format_2_state_loads_as_it_was():
+    """Format 2 saved scale_inv and seeded as a list of bools: it loads
+    into the same state (scale_inv checked against scale)."""
+    model = _trained()
+    st = dict(model.state_dict()["0._extra_state"]["states"][0])
+    old = dict(st, scale_inv=1 / st["scale"], seeded=[bool(v) for v in st["seeded"]])
+    fresh = torch.nn.Sequential(ft.Linear(32, 16))
+    fresh.load_state_dict(dict(model.state_dict(),
+                               **{"0._extra_state": {"format": 2, "states": [old]}}))
+    (got,) = fresh[0].get_extra_state()["states"]
+    assert got.keys() == st.keys() and got["recipe"] == st["recipe"]
+    for k in ("amax_history", "scale", "seeded"):
+        assert torch.equal(got[k], st[k]), k
+
+
 def test_two_entries_for_one_recipe_are_refused():
     model = _trained()
     sd = model.state_dict()
     st = sd["0._extra_state"]["states"][0]
-    sd["0._extra_state"] = {"format": 2, "states": [st, st]}
+    sd["0._extra_state"] = {"format": 3, "states": [st, st]}
     with pytest.raises(ValueError, match=r"\['states'\]\[1\] has the scaling recipe of an "
                                          "earlier entry"):
         model.load_state_dict(sd)

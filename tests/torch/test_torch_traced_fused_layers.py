@@ -45,7 +45,7 @@ def assert_same_state(got, want):
     for g, w in zip(got.tensors, want.tensors):
         assert_bits_equal(g, w)
     assert got.seeded == want.seeded
-    assert got.get_state()["seeded"] == want.get_state()["seeded"]
+    assert torch.equal(got.get_state()["seeded"], want.get_state()["seeded"])
 
 
 # ----------------------------------------------------------------- the ops

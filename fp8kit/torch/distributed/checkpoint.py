@@ -7,7 +7,7 @@ layers' scaling state, complete and unpickling nothing but plain data.
 
 DCP saves a layer's extra state (Linear.get_extra_state(): plain values
 and tensors in nested dicts and lists) flattened: one tensor entry per
-history, scale and scale_inv, one bytes entry per plain value. It loads
+amax_history, scale and seeded, one bytes entry per plain value. It loads
 into the structure of the state dict it is given, and a model that has not
 run yet has no scaling states: its extra state has an empty list where the
 checkpoint holds one entry per recipe, and the recorded state would be
