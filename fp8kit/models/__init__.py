@@ -9,7 +9,8 @@ in JAX: the same architecture, initial weights and arithmetic in both.
                     and layernorm_mlp per layer)
     data.py         the corpus (Python's own library source), byte tokenizer, batches
     schedule.py     TrainConfig and the warmup + cosine learning rate
-    checkpoint.py   what a checkpoint records besides tensors, checked on load
+    checkpoint.py   one checkpoint file for both trainers, in init's layout,
+                    checked on load (runs move between the frameworks)
     train_torch.py  TorchTrainer: AdamW, clipping, checkpoint and exact resume,
                     the decoder optionally under torch.compile
     train_jax.py    JaxTrainer: the same, one jit-compiled step
