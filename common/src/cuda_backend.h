@@ -15,6 +15,7 @@
 #include "fp8kit/gemm.h"
 #include "fp8kit/normalization.h"
 #include "fp8kit/quantize.h"
+#include "fp8kit/statistics.h"
 #include "fp8kit/tensor.h"
 #include "gemm_problem.h"
 
@@ -72,6 +73,10 @@ void activation_forward(fp8kit_activation act, const fp8kit_tensor& h, fp8kit_te
 void activation_backward(fp8kit_activation act, const fp8kit_tensor& d_a, const fp8kit_tensor& h,
                          fp8kit_tensor* dh, fp8kit_tensor& dh_fp8, const fp8kit_fused_cast& cast,
                          const fp8kit_column_sums* sums, void* stream);
+
+// Statistics of a cast (common/cuda/cast_statistics.cu).
+void cast_statistics(const fp8kit_tensor& input, const fp8kit_tensor& quantized,
+                     bool from_columnwise, const fp8kit_cast_statistics& out, void* stream);
 
 // cuBLASLt GEMM (common/cuda/gemm_cublaslt.cc). Takes the problem that
 // make_gemm_problem (common/src/gemm_problem.h) validated and canonicalized.

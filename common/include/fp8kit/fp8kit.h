@@ -14,6 +14,7 @@
 #include "fp8kit/memory.h"
 #include "fp8kit/normalization.h"
 #include "fp8kit/quantize.h"
+#include "fp8kit/statistics.h"
 #include "fp8kit/status.h"
 #include "fp8kit/tensor.h"
 

@@ -1,0 +1,222 @@
+// fp8kit::cuda::cast_statistics: one pass over the input and the FP8 copy.
+//
+// The per-element rule is cast_statistics.h's, shared with the CPU
+// reference, so amax and the counts are bit-identical and each term of the
+// sums is the same double. Each thread accumulates in double, each thread
+// block reduces in double, and thread 0 of each block commits with one
+// atomicMax (amax, as the amax kernel does) and four atomicAdds. The grid
+// has at most kMaxBlocks blocks: that caps the float32 roundings of the
+// sums at kMaxBlocks + 1, the bound fp8kit/statistics.h documents.
+//
+// The rowwise copy is read in its stored order, which is the input's
+// (coalesced for both). The columnwise copy is the transpose: each block
+// stages a 32x32 tile of it through shared memory, read along its stored
+// rows, and then walks the tile in the input's order, so both reads stay
+// coalesced. A statistics op rather than a hot path: element-wise loads,
+// no vectorization.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "block_scale_layout.h"
+#include "cast_statistics.h"
+#include "cuda_backend.h"
+#include "cuda_check.h"
+#include "launch_config.h"
+#include "quantize_device.cuh"
+#include "validate.h"
+
+namespace fp8kit {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 1024;  // also one element per thread of a 32x32 tile
+constexpr int kWarps = kThreads / 32;
+constexpr int kTile = 32;
+constexpr int64_t kMaxBlocks = 128;  // see the bound above before raising it
+
+using Partial = CastStatsPartial<double>;
+
+// The scale_inv of stored element (r, c) of the copy read.
+struct Scales {
+  const float* p;
+  bool block;
+  BlockScaleLayout layout;  // of the copy as stored (block scaling only)
+
+  __device__ __forceinline__ float at(int64_t r, int64_t c, float per_tensor) const {
+    return block ? p[layout.index(r, c)] : per_tensor;
+  }
+};
+
+template <int kIn>
+__device__ __forceinline__ float load_input(const void* data, int64_t i) {
+  const uint32_t bits = load_bits<kIn>(data, i);
+  if constexpr (kIn == FP8KIT_FLOAT32) {
+    return __uint_as_float(bits);
+  } else {
+    return bits16_to_float<kIn>(bits);
+  }
+}
+
+__device__ __forceinline__ double warp_sum(double v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Reduces the block's partials and commits them to `out` (zeroed before the
+// launch). Called by every thread of the block.
+__device__ void block_commit(const Partial& p, const fp8kit_cast_statistics& out) {
+  __shared__ uint32_t warp_max[kWarps];
+  __shared__ uint32_t warp_underflow[kWarps], warp_saturated[kWarps];
+  __shared__ double warp_error[kWarps], warp_norm[kWarps];
+  amax_block_publish(p.amax_bits, warp_max);
+  const uint32_t underflow = __reduce_add_sync(0xffffffffu, p.underflow);
+  const uint32_t saturated = __reduce_add_sync(0xffffffffu, p.saturated);
+  const double error_sq = warp_sum(p.error_sq);
+  const double norm_sq = warp_sum(p.norm_sq);
+  const int warp = threadIdx.x >> 5;
+  if ((threadIdx.x & 31) == 0) {
+    warp_underflow[warp] = underflow;
+    warp_saturated[warp] = saturated;
+    warp_error[warp] = error_sq;
+    warp_norm[warp] = norm_sq;
+  }
+  __syncthreads();
+  amax_block_commit<kWarps>(warp_max, out.amax);
+  if (threadIdx.x != 0) return;
+  uint32_t u = 0, s = 0;
+  double e = 0.0, n = 0.0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    u += warp_underflow[w];
+    s += warp_saturated[w];
+    e += warp_error[w];
+    n += warp_norm[w];
+  }
+  if (u != 0) atomicAdd(out.underflow, u);
+  if (s != 0) atomicAdd(out.saturated, s);
+  // A NaN or inf partial is added too: it must reach the output.
+  if (e != 0.0) atomicAdd(out.error_sq, float(e));
+  if (n != 0.0) atomicAdd(out.norm_sq, float(n));
+}
+
+// A copy whose stored order is the input's: the rowwise copy, or a
+// columnwise copy of one row or one column. `stored_cols`: the row length
+// of the copy as stored (block scaling only).
+template <int kIn>
+__global__ void __launch_bounds__(kThreads)
+    stats_stored_order_kernel(const void* __restrict__ input, const uint8_t* __restrict__ q,
+                              int64_t n, int64_t stored_cols, const Scales scales,
+                              fp8kit_dtype fp8_dtype, const fp8kit_cast_statistics out) {
+  const float per_tensor = scales.block ? 0.0f : *scales.p;
+  Partial p;
+  const int64_t stride = int64_t(gridDim.x) * kThreads;
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += stride) {
+    const float s = scales.block ? scales.at(i / stored_cols, i % stored_cols, 0.0f) : per_tensor;
+    p.add(load_input<kIn>(input, i), q[i], fp8_dtype, s);
+  }
+  block_commit(p, out);
+}
+
+// The columnwise copy: row-major [cols, rows]; the input row-major [rows,
+// cols]. Tiles numbered along cols first, strided over the grid.
+template <int kIn>
+__global__ void __launch_bounds__(kThreads)
+    stats_columnwise_kernel(const void* __restrict__ input, const uint8_t* __restrict__ columnwise,
+                            int64_t rows, int64_t cols, int64_t tiles_c, int64_t tiles,
+                            const Scales scales, fp8kit_dtype fp8_dtype,
+                            const fp8kit_cast_statistics out) {
+  __shared__ uint8_t tile[kTile][kTile + 1];
+  const float per_tensor = scales.block ? 0.0f : *scales.p;
+  const int tx = threadIdx.x % kTile;
+  const int ty = threadIdx.x / kTile;
+  Partial p;
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int64_t r0 = (t / tiles_c) * kTile, c0 = (t % tiles_c) * kTile;
+    {
+      const int64_t c = c0 + ty, r = r0 + tx;  // coalesced along the stored rows
+      if (c < cols && r < rows) tile[ty][tx] = columnwise[c * rows + r];
+    }
+    __syncthreads();
+    const int64_t r = r0 + ty, c = c0 + tx;  // coalesced along the input's rows
+    if (r < rows && c < cols) {
+      // Logical (r, c) is stored element (c, r).
+      p.add(load_input<kIn>(input, r * cols + c), tile[tx][ty], fp8_dtype,
+            scales.at(c, r, per_tensor));
+    }
+    __syncthreads();  // the tile is overwritten next iteration
+  }
+  block_commit(p, out);
+}
+
+int64_t grid_size(int64_t work_items, const char* op) {
+  int64_t blocks = ceil_div(work_items, kThreads);
+  const int64_t resident = int64_t(sm_count(op)) * 2;  // 2 blocks of 1024 threads per SM
+  if (blocks > resident) blocks = resident;
+  if (blocks > kMaxBlocks) blocks = kMaxBlocks;
+  return blocks < 1 ? 1 : blocks;
+}
+
+template <int kIn>
+void launch(const fp8kit_tensor& input, const fp8kit_tensor& quantized, bool from_columnwise,
+            const fp8kit_cast_statistics& out, cudaStream_t stream, const char* op) {
+  int64_t rows = 0, cols = 0;
+  flatten_2d(input, &rows, &cols);
+  const int64_t n = rows * cols;
+  Scales scales;
+  scales.block = is_block_scaling(quantized.scaling_mode);
+  scales.p = !scales.block     ? quantized.scale_inv
+             : from_columnwise ? quantized.columnwise_block_scale_inv
+                               : quantized.block_scale_inv;
+  scales.layout = from_columnwise ? BlockScaleLayout::of(quantized.scaling_mode, cols, rows)
+                                  : BlockScaleLayout::of(quantized.scaling_mode, rows, cols);
+  if (!from_columnwise || rows == 1 || cols == 1) {
+    // A columnwise copy [cols, 1] or [1, rows] holds its elements in the
+    // input's order; its block indices come from its own stored shape.
+    const uint8_t* q = static_cast<const uint8_t*>(from_columnwise ? quantized.columnwise_data
+                                                                   : quantized.data);
+    const int64_t stored_cols = from_columnwise ? rows : cols;
+    stats_stored_order_kernel<kIn><<<unsigned(grid_size(n, op)), kThreads, 0, stream>>>(
+        input.data, q, n, stored_cols, scales, quantized.dtype, out);
+    check_launch(op, "launching the cast statistics kernel");
+    return;
+  }
+  const int64_t tiles_c = ceil_div(cols, kTile);
+  const int64_t tiles = ceil_div(rows, kTile) * tiles_c;
+  stats_columnwise_kernel<kIn><<<unsigned(grid_size(tiles * kThreads, op)), kThreads, 0,
+                                 stream>>>(
+      input.data, static_cast<const uint8_t*>(quantized.columnwise_data), rows, cols, tiles_c,
+      tiles, scales, quantized.dtype, out);
+  check_launch(op, "launching the columnwise cast statistics kernel");
+}
+
+}  // namespace
+
+void cast_statistics(const fp8kit_tensor& input, const fp8kit_tensor& quantized,
+                     bool from_columnwise, const fp8kit_cast_statistics& out, void* stream_ptr) {
+  const char* op = "cast_statistics_of";
+  ScopedDevice device(input.device_index, op);
+  // The kernel accumulates into the outputs; an empty tensor leaves them 0.
+  zero_bytes(input.device_index, out.amax, sizeof(float), stream_ptr);
+  zero_bytes(input.device_index, out.underflow, sizeof(unsigned int), stream_ptr);
+  zero_bytes(input.device_index, out.saturated, sizeof(unsigned int), stream_ptr);
+  zero_bytes(input.device_index, out.error_sq, sizeof(float), stream_ptr);
+  zero_bytes(input.device_index, out.norm_sq, sizeof(float), stream_ptr);
+  if (fp8kit_tensor_numel(&input) == 0) return;
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  switch (input.dtype) {
+    case FP8KIT_FLOAT32:
+      launch<FP8KIT_FLOAT32>(input, quantized, from_columnwise, out, stream, op);
+      break;
+    case FP8KIT_BFLOAT16:
+      launch<FP8KIT_BFLOAT16>(input, quantized, from_columnwise, out, stream, op);
+      break;
+    default:
+      launch<FP8KIT_FLOAT16>(input, quantized, from_columnwise, out, stream, op);
+      break;
+  }
+}
+
+}  // namespace cuda
+}  // namespace fp8kit

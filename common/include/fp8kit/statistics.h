@@ -1,0 +1,87 @@
+/* Cast statistics: what a cast to FP8 did to a tensor, computed from the
+ * high-precision input and the FP8 copy the cast wrote, beside the cast
+ * (the FP8 copy is read as it is; nothing is re-quantized here).
+ *
+ * For each element x of the input, q is its FP8 code in the copy read and
+ * d = q * scale_inv its dequantized value exactly as fp8kit_dequantize
+ * computes it (one float32 multiply by the tensor's scale_inv, or by the
+ * element's block's). Then:
+ *   amax      = max |x| over all elements, NaN-propagating as fp8kit_amax
+ *               (a NaN anywhere gives NaN, +-inf gives inf);
+ *   underflow = #{x finite, x != 0, q = +-0}: values the cast flushed to
+ *               zero (exact zeros are not counted);
+ *   saturated = #{x finite, q = +-fp8_max} (448 for E4M3, 57344 for E5M2):
+ *               values clipped to the format's range, and values that land
+ *               on fp8_max exactly. Under current or block scaling the
+ *               element at each block's (or the tensor's) amax maps to
+ *               fp8_max by construction, so there this count is at least
+ *               the number of blocks whose amax is finite and non-zero;
+ *   error_sq  = sum over finite x of (d - x)^2;
+ *   norm_sq   = sum over finite x of x^2.
+ * Non-finite x (+-inf, NaN) are left out of the counts and the sums; only
+ * amax sees them. What a user reads off them:
+ *   relative error   sqrt(error_sq / norm_sq)   (norm_sq = 0: no signal);
+ *   SQNR in dB       10 * log10(norm_sq / error_sq);
+ *   underflow rate   underflow / numel;  saturation rate  saturated / numel.
+ * A finite x whose copy is non-finite (a bad scale makes every code NaN,
+ * fp8kit/quantize.h; a scale_inv so large that q * scale_inv overflows)
+ * makes error_sq NaN or inf: the cast lost that element, and the sum says
+ * so instead of hiding it. The float32 sums overflow to inf beyond FLT_MAX
+ * (|x| around 1.8e19 and above). An empty tensor gives 0 everywhere.
+ *
+ * Precision and reproducibility. The CPU reference accumulates the sums in
+ * double in element order and rounds each once to float32: deterministic.
+ * The CUDA kernel accumulates per thread in double, reduces each thread
+ * block in double, and adds the (at most 128) block sums into the float32
+ * outputs with atomicAdd: every term is non-negative, so each sum is within
+ * 129 float32 roundings (129 * 2^-24 < 8e-6, relative) of its double value
+ * and within 1e-5 relative of the CPU's; its last bits may vary from run to
+ * run with the order of the atomics. amax and the counts are exact and
+ * bit-identical between CPU and CUDA (a NaN amax is 0x7FC00000 on both). */
+#ifndef FP8KIT_STATISTICS_H_
+#define FP8KIT_STATISTICS_H_
+
+#include "fp8kit/export.h"
+#include "fp8kit/status.h"
+#include "fp8kit/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Where fp8kit_cast_statistics_of writes: each pointer one value on the
+ * call's device (the input's), all required and all written. */
+typedef struct fp8kit_cast_statistics {
+  float* amax;              /* max |x|, NaN-propagating */
+  unsigned int* underflow;  /* finite x != 0 cast to +-0 */
+  unsigned int* saturated;  /* finite x cast to +-fp8_max */
+  float* error_sq;          /* sum over finite x of (q * scale_inv - x)^2 */
+  float* norm_sq;           /* sum over finite x of x^2 */
+} fp8kit_cast_statistics;
+
+/* The statistics of the cast of `input` into `quantized` (see above).
+ *   input:     float32/bfloat16/float16, the high-precision tensor, any rank
+ *              (rank 0 counts as [1]); fewer than 2^32 elements (the counts
+ *              are 32-bit).
+ *   quantized: its FP8 copy, E4M3 or E5M2, same shape and device as input:
+ *              PER_TENSOR with scale_inv, or BLOCK_1X128 / BLOCK_128X128
+ *              with the scales of the copy read (fp8kit/block_scaling.h).
+ *              Read: data and block_scale_inv, or, when from_columnwise !=
+ *              0, columnwise_data (the transpose, read back in the logical
+ *              order as fp8kit_dequantize does) and
+ *              columnwise_block_scale_inv.
+ *   out:       the five outputs, all non-NULL.
+ * One pass over the input: on CUDA, a zeroing of the outputs and one kernel
+ * on `stream` (a cudaStream_t, NULL = default stream), asynchronous; on the
+ * CPU, synchronous (`stream` ignored). */
+FP8KIT_API fp8kit_status fp8kit_cast_statistics_of(const fp8kit_tensor* input,
+                                                   const fp8kit_tensor* quantized,
+                                                   int from_columnwise,
+                                                   const fp8kit_cast_statistics* out,
+                                                   void* stream);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif  /* FP8KIT_STATISTICS_H_ */

@@ -1,0 +1,105 @@
+// fp8kit_cast_statistics_of: validation shared by both paths, then the CPU
+// reference or the CUDA kernel.
+#include "fp8kit/statistics.h"
+
+#include <cstdint>
+
+#include "block_scale_layout.h"
+#include "cast_statistics.h"
+#include "error.h"
+#include "quantize_validate.h"
+#include "validate.h"
+#ifdef FP8KIT_WITH_CUDA
+#include "cuda_backend.h"
+#endif
+
+namespace fp8kit {
+namespace {
+
+constexpr const char* kOp = "cast_statistics_of";
+
+void check_outputs(const fp8kit_cast_statistics* out) {
+  FP8KIT_CHECK(out != nullptr, kOp,
+               ": out is NULL; pass an fp8kit_cast_statistics with its five pointers set");
+  const struct {
+    const char* name;
+    const void* p;
+  } fields[] = {{"amax", out->amax},
+                {"underflow", out->underflow},
+                {"saturated", out->saturated},
+                {"error_sq", out->error_sq},
+                {"norm_sq", out->norm_sq}};
+  for (const auto& f : fields) {
+    FP8KIT_CHECK(f.p != nullptr, kOp, ": out->", f.name,
+                 " is NULL; every output is written, so pass one value's buffer on the input's "
+                 "device for each");
+  }
+}
+
+void check_quantized(const fp8kit_tensor& q, bool from_columnwise) {
+  check_fp8(kOp, "quantized", q);
+  const bool block = is_block_scaling(q.scaling_mode);
+  FP8KIT_CHECK(block || q.scaling_mode == FP8KIT_SCALING_PER_TENSOR, kOp, ": quantized has ",
+               scaling_mode_name(q.scaling_mode), " (", int(q.scaling_mode),
+               "); an FP8 copy is read with its scales: use FP8KIT_SCALING_PER_TENSOR (with "
+               "scale_inv), FP8KIT_SCALING_BLOCK_1X128 or FP8KIT_SCALING_BLOCK_128X128");
+  const bool empty = fp8kit_tensor_numel(&q) == 0;
+  if (block) {
+    const char* field = from_columnwise ? "columnwise_block_scale_inv" : "block_scale_inv";
+    const float* scales = from_columnwise ? q.columnwise_block_scale_inv : q.block_scale_inv;
+    FP8KIT_CHECK(empty || scales != nullptr, kOp, ": quantized->", field,
+                 " is NULL; a block-scaled copy is read with the scales of that copy, so pass "
+                 "the ones the quantize call wrote");
+  } else {
+    FP8KIT_CHECK(q.scale_inv != nullptr, kOp,
+                 ": quantized->scale_inv is NULL; the FP8 values are dequantized with it, so "
+                 "pass the tensor's scale_inv");
+  }
+  if (empty) return;
+  if (from_columnwise) {
+    FP8KIT_CHECK(q.columnwise_data != nullptr, kOp,
+                 ": from_columnwise is set but quantized->columnwise_data is NULL; pass the "
+                 "columnwise copy or read the rowwise data (from_columnwise = 0)");
+  } else {
+    FP8KIT_CHECK(q.data != nullptr, kOp,
+                 ": quantized->data (rowwise) is NULL; pass from_columnwise = 1 to read the "
+                 "columnwise copy instead");
+  }
+}
+
+void check_args(const fp8kit_tensor* input, const fp8kit_tensor* quantized, bool from_columnwise,
+                const fp8kit_cast_statistics* out) {
+  check_tensor(kOp, "input", input);
+  check_high_precision(kOp, "input", *input);
+  check_element_aligned(kOp, "input", *input);
+  check_tensor(kOp, "quantized", quantized, /*allow_null_data=*/true);
+  check_same_device(kOp, "input", *input, "quantized", *quantized);
+  check_same_shape(kOp, "input", *input, "quantized", *quantized);
+  const int64_t n = fp8kit_tensor_numel(input);
+  FP8KIT_CHECK(n < (int64_t(1) << 32), kOp, ": input has ", n, " elements (shape ",
+               shape_string(*input), ") but the counts are 32-bit, so at most 2^32 - 1 "
+               "elements are taken; compute the statistics of slices and add them up");
+  check_quantized(*quantized, from_columnwise);
+  check_outputs(out);
+}
+
+}  // namespace
+}  // namespace fp8kit
+
+extern "C" fp8kit_status fp8kit_cast_statistics_of(const fp8kit_tensor* input,
+                                                   const fp8kit_tensor* quantized,
+                                                   int from_columnwise,
+                                                   const fp8kit_cast_statistics* out,
+                                                   void* stream) {
+  return fp8kit::guard([&] {
+    fp8kit::check_args(input, quantized, from_columnwise != 0, out);
+    if (input->device_type == FP8KIT_DEVICE_CPU) {
+      fp8kit::cast_statistics_cpu(*input, *quantized, from_columnwise != 0, *out);
+    } else {
+#ifdef FP8KIT_WITH_CUDA
+      fp8kit::cuda::cast_statistics(*input, *quantized, from_columnwise != 0, *out, stream);
+#endif
+    }
+    (void)stream;
+  });
+}
