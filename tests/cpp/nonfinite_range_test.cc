@@ -116,7 +116,9 @@ void expect_visible(const QuantSpec& s, const std::vector<float>& x, const Quant
   const std::vector<float> y = dequantize_per_tensor(r.data, s.fp8, s.shape, r.scale_inv);
   for (size_t i = 0; i < x.size(); ++i) {
     EXPECT_EQ(std::isfinite(y[i]), std::isfinite(x[i])) << "element " << i << ": " << x[i];
-    if (std::isinf(x[i])) EXPECT_EQ(r.data[i], inf_code(x[i], s.fp8)) << i;
+    if (std::isinf(x[i])) {
+      EXPECT_EQ(r.data[i], inf_code(x[i], s.fp8)) << i;
+    }
   }
 }
 
