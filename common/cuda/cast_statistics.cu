@@ -22,6 +22,7 @@
 #include "cast_statistics.h"
 #include "cuda_backend.h"
 #include "cuda_check.h"
+#include "dequant_scales.cuh"
 #include "launch_config.h"
 #include "quantize_device.cuh"
 #include "validate.h"
@@ -36,17 +37,6 @@ constexpr int kTile = 32;
 constexpr int64_t kMaxBlocks = 128;  // see the bound above before raising it
 
 using Partial = CastStatsPartial<double>;
-
-// The scale_inv of stored element (r, c) of the copy read.
-struct Scales {
-  const float* p;
-  bool block;
-  BlockScaleLayout layout;  // of the copy as stored (block scaling only)
-
-  __device__ __forceinline__ float at(int64_t r, int64_t c, float per_tensor) const {
-    return block ? p[layout.index(r, c)] : per_tensor;
-  }
-};
 
 template <int kIn>
 __device__ __forceinline__ float load_input(const void* data, int64_t i) {
@@ -107,9 +97,9 @@ __device__ void block_commit(const Partial& p, const fp8kit_cast_statistics& out
 template <int kIn>
 __global__ void __launch_bounds__(kThreads)
     stats_stored_order_kernel(const void* __restrict__ input, const uint8_t* __restrict__ q,
-                              int64_t n, int64_t stored_cols, const Scales scales,
+                              int64_t n, int64_t stored_cols, const DequantScales scales,
                               fp8kit_dtype fp8_dtype, const fp8kit_cast_statistics out) {
-  const float per_tensor = scales.block ? 0.0f : *scales.p;
+  const float per_tensor = scales.block ? 0.0f : *scales.scale_inv;
   Partial p;
   const int64_t stride = int64_t(gridDim.x) * kThreads;
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += stride) {
@@ -125,10 +115,10 @@ template <int kIn>
 __global__ void __launch_bounds__(kThreads)
     stats_columnwise_kernel(const void* __restrict__ input, const uint8_t* __restrict__ columnwise,
                             int64_t rows, int64_t cols, int64_t tiles_c, int64_t tiles,
-                            const Scales scales, fp8kit_dtype fp8_dtype,
+                            const DequantScales scales, fp8kit_dtype fp8_dtype,
                             const fp8kit_cast_statistics out) {
   __shared__ uint8_t tile[kTile][kTile + 1];
-  const float per_tensor = scales.block ? 0.0f : *scales.p;
+  const float per_tensor = scales.block ? 0.0f : *scales.scale_inv;
   const int tx = threadIdx.x % kTile;
   const int ty = threadIdx.x / kTile;
   Partial p;
@@ -164,13 +154,7 @@ void launch(const fp8kit_tensor& input, const fp8kit_tensor& quantized, bool fro
   int64_t rows = 0, cols = 0;
   flatten_2d(input, &rows, &cols);
   const int64_t n = rows * cols;
-  Scales scales;
-  scales.block = is_block_scaling(quantized.scaling_mode);
-  scales.p = !scales.block     ? quantized.scale_inv
-             : from_columnwise ? quantized.columnwise_block_scale_inv
-                               : quantized.block_scale_inv;
-  scales.layout = from_columnwise ? BlockScaleLayout::of(quantized.scaling_mode, cols, rows)
-                                  : BlockScaleLayout::of(quantized.scaling_mode, rows, cols);
+  const DequantScales scales = dequant_scales(quantized, from_columnwise, rows, cols);
   if (!from_columnwise || rows == 1 || cols == 1) {
     // A columnwise copy [cols, 1] or [1, rows] holds its elements in the
     // input's order; its block indices come from its own stored shape.

@@ -10,6 +10,7 @@
 #include "block_scale_layout.h"
 #include "cuda_backend.h"
 #include "cuda_check.h"
+#include "dequant_scales.cuh"
 #include "dequantize_convert.h"
 #include "launch_config.h"
 #include "validate.h"
@@ -32,26 +33,14 @@ __device__ __forceinline__ void store_value(void* out, int64_t i, float v) {
   }
 }
 
-// The scale_inv of stored element (r, c) of the copy read: the tensor's one
-// float, or its block's.
-struct Scales {
-  const float* scale_inv;
-  bool block;
-  BlockScaleLayout layout;  // of the copy as stored (block scaling only)
-
-  __device__ __forceinline__ float at(int64_t r, int64_t c) const {
-    return block ? scale_inv[layout.index(r, c)] : *scale_inv;
-  }
-};
-
 // `cols`: row length of the stored copy (block scaling only).
 template <int kOut>
 __global__ void __launch_bounds__(kDqThreads)
     dequantize_rowwise_kernel(const uint8_t* __restrict__ q, void* out, int64_t n, int64_t cols,
-                              const Scales scales, fp8kit_dtype fp8_dtype) {
+                              const DequantScales scales, fp8kit_dtype fp8_dtype) {
   const int64_t stride = int64_t(gridDim.x) * kDqThreads;
   for (int64_t i = int64_t(blockIdx.x) * kDqThreads + threadIdx.x; i < n; i += stride) {
-    const float s = scales.block ? scales.at(i / cols, i % cols) : *scales.scale_inv;
+    const float s = scales.block ? scales.at(i / cols, i % cols, 0.0f) : *scales.scale_inv;
     store_value<kOut>(out, i, dequantize_value(q[i], fp8_dtype, s));
   }
 }
@@ -61,9 +50,10 @@ __global__ void __launch_bounds__(kDqThreads)
 template <int kOut>
 __global__ void __launch_bounds__(kDqTile * 8)
     dequantize_columnwise_kernel(const uint8_t* __restrict__ columnwise, void* out, int64_t rows,
-                                 int64_t cols, int64_t tiles_c, const Scales scales,
+                                 int64_t cols, int64_t tiles_c, const DequantScales scales,
                                  fp8kit_dtype fp8_dtype) {
   __shared__ uint8_t tile[kDqTile][kDqTile + 1];
+  const float per_tensor = scales.block ? 0.0f : *scales.scale_inv;
   const int64_t r0 = (int64_t(blockIdx.x) / tiles_c) * kDqTile;
   const int64_t c0 = (int64_t(blockIdx.x) % tiles_c) * kDqTile;
   const int tx = threadIdx.x % kDqTile;
@@ -78,7 +68,7 @@ __global__ void __launch_bounds__(kDqTile * 8)
     if (r < rows && c < cols) {
       // Stored element (c, r) of the columnwise copy.
       store_value<kOut>(out, r * cols + c,
-                        dequantize_value(tile[tx][i], fp8_dtype, scales.at(c, r)));
+                        dequantize_value(tile[tx][i], fp8_dtype, scales.at(c, r, per_tensor)));
     }
   }
 }
@@ -89,13 +79,7 @@ void launch_dequantize(const fp8kit_tensor& input, fp8kit_tensor& output, bool f
   int64_t rows = 0, cols = 0;
   flatten_2d(input, &rows, &cols);
   const int64_t n = rows * cols;
-  Scales scales;
-  scales.block = is_block_scaling(input.scaling_mode);
-  scales.scale_inv = !scales.block     ? input.scale_inv
-                     : from_columnwise ? input.columnwise_block_scale_inv
-                                       : input.block_scale_inv;
-  scales.layout = from_columnwise ? BlockScaleLayout::of(input.scaling_mode, cols, rows)
-                                  : BlockScaleLayout::of(input.scaling_mode, rows, cols);
+  const DequantScales scales = dequant_scales(input, from_columnwise, rows, cols);
   if (!from_columnwise || (!scales.block && (rows == 1 || cols == 1))) {
     // One row or one column: the columnwise copy has the row-major layout
     // (its per-tensor scale does not care which).
