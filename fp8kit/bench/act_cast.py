@@ -13,9 +13,15 @@ per element of d_a. The limit is a device-to-device copy of a bf16
 [rows, F] tensor (4 B/element), timed in the same alternating rounds and
 scaled to the kernel's bytes. Target P7-act: 90% of that limit.
 
+The backward also runs as LayerNormMLP runs it when fc1 has a bias
+("+ bias grad"): the kernel adds dh's column sums (fc1's bias gradient) in
+the same pass; they read and write nothing per element beyond the cast, so
+the bytes counted are the same and the row shows what the sums cost.
+
 Shape: the Llama-3-8B MLP's 8192 tokens x 14336. Before timing, the
 rowwise FP8 output dequantized must match the float64 activation within
-the FP8 format's rounding, and the columnwise copy be its transpose.
+the FP8 format's rounding, the columnwise copy be its transpose, and the
+bias gradient match the float64 column sums within bf16's rounding.
 """
 
 from __future__ import annotations
@@ -33,7 +39,11 @@ SHAPES = [(8192, 14336)]
 QUICK_SHAPES = [(48, 64)]
 # (activation, pass) -> bytes moved per element of [rows, F]
 BYTES_PER_ELEMENT = {("swiglu", "forward"): 6, ("swiglu", "backward"): 10,
-                     ("gelu", "forward"): 4, ("gelu", "backward"): 6}
+                     ("swiglu", "backward + bias grad"): 10,
+                     ("gelu", "forward"): 4, ("gelu", "backward"): 6,
+                     ("gelu", "backward + bias grad"): 6}
+# The bias gradient (bf16 column sums of float32 sums) against float64.
+SUMS_TOL = 2.0 ** -7
 # ||dequantized - float64|| / ||float64||: E4M3 rounds by <= 2^-4, E5M2 by <= 2^-3.
 TOL = {"forward": 2.0 ** -4, "backward": 2.0 ** -3}
 
@@ -83,13 +93,19 @@ def run_shape(ctx: Context, tokens: int, f: int, seed: int) -> list[Row]:
                 return ext.activation_forward(h[act], act, st, 0, True, True, True, False)
             want = _float64_activation(act, h[act])
         else:
-            def fn(i, act=act, st=st):
-                return ext.activation_backward(d_a, h[act], act, st, 2, True, True, True, None,
-                                               False)
+            sums_dtype = torch.bfloat16 if direction.endswith("bias grad") else None
+            def fn(i, act=act, st=st, sums_dtype=sums_dtype):
+                return ext.activation_backward(d_a, h[act], act, st, 2, True, True, True,
+                                               sums_dtype, False)
             want = _float64_activation(act, h[act], d_a)
         try:
             fn(0)   # the first call seeds the slot; the second casts with that scale
-            row.check = checks.fp8_copies(name, fn(0), want, TOL[direction])
+            out = fn(0)
+            row.check = checks.fp8_copies(name, out, want, TOL[direction.split(" ")[0]])
+            if direction.endswith("bias grad"):
+                err = checks.norm_rel_err(out[3], want.sum(0))
+                row.check += "; bias grad " + checks.within(f"{name} sums", err, SUMS_TOL, "rel err")
+            del out
             fns[name] = fn
         except checks.Mismatch as e:
             row.error = f"not timed: {e}"
