@@ -264,9 +264,13 @@ __global__ void __launch_bounds__(TileShape<kOp>::kThreads) act_kernel(const Act
         }
       }
       __syncthreads();
+      // The partials are published before the columnwise stores, so that
+      // the fence does not wait for those.
+      const int64_t sums_col = output_col<kOp>(p, tile_c, int(threadIdx.x));
+      const unsigned counted =
+          publish_column_sums(p.sums, p.cols, tile_r, tile_c, sums_col, group_sums);
       store_columnwise_tile<kOp>(p, tile_r0, tile_c, tile_columnwise);  // validated: columnwise set
-      finish_column_sums_at(p.sums, p.cols, tile_r, tile_c,
-                            output_col<kOp>(p, tile_c, int(threadIdx.x)), group_sums);
+      finish_column_sums_if_last(p.sums, p.cols, tile_c, sums_col, counted);
     } else if (p.cast.columnwise != nullptr) {
       __syncthreads();
       store_columnwise_tile<kOp>(p, tile_r0, tile_c, tile_columnwise);

@@ -31,20 +31,25 @@ inline SumsJob sums_job(const fp8kit_column_sums& s, int64_t rows) {
   return SumsJob{s.sums, s.dtype, s.partials, s.counters, ceil_div(rows, kCtTile)};
 }
 
-// After a cast+transpose pass over tile (tile_r, tile_c) of a tensor with
-// `cols` columns: the tile's column sums (its 16 group sums added in
-// order) go to the partials, and the block that finishes column tile
-// tile_c last (threadfence + counter) adds the partials of every row tile
-// in order and writes the column sums, then resets the counter. The order
-// is fp8kit_column_sums's. `col` is the tensor column of this thread's
-// tile column (threadIdx.x < 128), >= cols where there is none: a tile's
-// columns need not be consecutive (SwiGLU backward's hold both halves).
-__device__ __forceinline__ void finish_column_sums_at(const SumsJob& s, int64_t cols,
-                                                      int64_t tile_r, int64_t tile_c, int64_t col,
-                                                      const GroupSums& group_sums) {
-  __shared__ bool last;
-  const bool owns_col = threadIdx.x < kCtTile && col < cols;
-  if (owns_col) {
+// The column sums of tile (tile_r, tile_c) of a tensor with `cols`
+// columns, in two steps around the caller's last stores:
+//   publish_column_sums: the tile's column sums (its 16 group sums added in
+//     order) go to the partials, and the tile counts itself done on the
+//     column tile's counter (threadfence + atomic). Returns, in thread 0,
+//     the count before this tile's (0 in the other threads);
+//   finish_column_sums_if_last: the block that counted last adds the
+//     partials of every row tile in order, writes the column sums and
+//     resets the counter.
+// A block that issues its large stores between the two keeps them out of
+// the fence, which waits for every store its thread has in flight. The
+// order is fp8kit_column_sums's. `col` is the tensor column of this
+// thread's tile column (threadIdx.x < 128), >= cols where there is none: a
+// tile's columns need not be consecutive (SwiGLU backward's hold both
+// halves).
+__device__ __forceinline__ unsigned publish_column_sums(const SumsJob& s, int64_t cols,
+                                                        int64_t tile_r, int64_t tile_c,
+                                                        int64_t col, const GroupSums& group_sums) {
+  if (threadIdx.x < kCtTile && col < cols) {
     float sum = 0.0f;
 #pragma unroll
     for (int grp = 0; grp < kCtTile / 8; ++grp) {
@@ -54,10 +59,17 @@ __device__ __forceinline__ void finish_column_sums_at(const SumsJob& s, int64_t 
     __threadfence();  // the partial is visible before the tile counts itself done
   }
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&s.counters[tile_c], 1u) == unsigned(s.tiles_r - 1);
+  return threadIdx.x == 0 ? atomicAdd(&s.counters[tile_c], 1u) : 0u;
+}
+
+__device__ __forceinline__ void finish_column_sums_if_last(const SumsJob& s, int64_t cols,
+                                                           int64_t tile_c, int64_t col,
+                                                           unsigned counted) {
+  __shared__ bool last;
+  if (threadIdx.x == 0) last = counted == unsigned(s.tiles_r - 1);
   __syncthreads();
   if (!last) return;
-  if (owns_col) {
+  if (threadIdx.x < kCtTile && col < cols) {
     // The adds are in tile order; the loads (from L2, not a stale L1) are
     // issued kChunk at a time, so the last blocks of the grid wait for
     // tiles_r / kChunk L2 round trips, not tiles_r.
@@ -76,6 +88,14 @@ __device__ __forceinline__ void finish_column_sums_at(const SumsJob& s, int64_t 
     store_rounded(s.out, s.dtype, col, total);
   }
   if (threadIdx.x == 0) s.counters[tile_c] = 0u;
+}
+
+// Both steps at once, for a block whose stores are all issued.
+__device__ __forceinline__ void finish_column_sums_at(const SumsJob& s, int64_t cols,
+                                                      int64_t tile_r, int64_t tile_c, int64_t col,
+                                                      const GroupSums& group_sums) {
+  const unsigned counted = publish_column_sums(s, cols, tile_r, tile_c, col, group_sums);
+  finish_column_sums_if_last(s, cols, tile_c, col, counted);
 }
 
 // finish_column_sums_at for cast_transpose_block<..., kSums = true> on tile
