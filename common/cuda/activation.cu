@@ -176,8 +176,12 @@ __device__ __forceinline__ void store_columnwise_tile(const ActParams& p, int64_
   }
 }
 
+// SwiGLU backward's 128-thread blocks are held to 128 registers a thread,
+// so that four blocks share an SM (153 left three with the column sums).
 template <int kIn, bool kE4M3, ActOp kOp, bool kAmaxPass, bool kSums>
-__global__ void __launch_bounds__(TileShape<kOp>::kThreads) act_kernel(const ActParams p) {
+__global__ void __launch_bounds__(TileShape<kOp>::kThreads,
+                                  kOp == ActOp::kSwigluBackward ? 4 : 1)
+    act_kernel(const ActParams p) {
   using Shape = TileShape<kOp>;
   constexpr int kMicroTiles = Shape::kMicroTiles;
   __shared__ __align__(16) uint4 tile_columnwise[kCtTile * 8];  // as cast_transpose_block's
