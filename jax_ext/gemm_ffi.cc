@@ -157,4 +157,4 @@ auto BindGemm(Binding binding) {
 }  // namespace
 }  // namespace fp8kit_jax
 
-FP8KIT_JAX_HANDLER(gemm, fp8kit_jax::GemmImpl, fp8kit_jax::BindGemm);
+FP8KIT_JAX_HANDLER_UNCAPTURED(gemm, fp8kit_jax::GemmImpl, fp8kit_jax::BindGemm);

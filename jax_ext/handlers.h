@@ -12,6 +12,14 @@
 // both under the target name "fp8kit_quantize"; module.cc exports every
 // registered target from `registrations()`, and fp8kit/jax/_ffi.py
 // registers them with JAX. Nothing else lists the ops.
+//
+// The CUDA handlers are command-buffer compatible: XLA may record them into
+// its CUDA graphs with the fusions around them, instead of cutting the
+// graph at each fp8kit call and launching that call from the host. They
+// only launch kernels and memsets on XLA's stream into buffers XLA passed.
+// The GEMM is the exception (FP8KIT_JAX_HANDLER_UNCAPTURED): its first call
+// for a shape times cuBLASLt's candidates (events, a synchronization) and
+// allocates the autotuning scratch, neither of which a graph may hold.
 #ifndef FP8KIT_JAX_EXT_HANDLERS_H_
 #define FP8KIT_JAX_EXT_HANDLERS_H_
 
@@ -73,26 +81,34 @@ const std::vector<HandlerEntry>& Handlers();
 }  // namespace fp8kit_jax
 
 #ifdef FP8KIT_WITH_CUDA
-#define FP8KIT_JAX_CUDA_HANDLER_(handler, impl, bind, target)                       \
+#define FP8KIT_JAX_CUDA_HANDLER_(handler, impl, bind, target, traits)              \
   XLA_FFI_DEFINE_HANDLER(handler, ::fp8kit_jax::OnCuda<impl>{target},                \
-                         bind(::fp8kit_jax::CudaBinding()));
+                         bind(::fp8kit_jax::CudaBinding()), traits);
 #define FP8KIT_JAX_CUDA_POINTER_(handler) reinterpret_cast<void*>(handler)
 #else
-#define FP8KIT_JAX_CUDA_HANDLER_(handler, impl, bind, target)
+#define FP8KIT_JAX_CUDA_HANDLER_(handler, impl, bind, target, traits)
 #define FP8KIT_JAX_CUDA_POINTER_(handler) nullptr
 #endif
+#define FP8KIT_JAX_CAPTURED_ {::xla::ffi::Traits::kCmdBufferCompatible}
+#define FP8KIT_JAX_UNCAPTURED_ {}
 
 // Defines and registers the handlers of target "fp8kit_<name>" from
 // `impl` (the Impl function) and `bind` (its BindXxx); at namespace scope,
 // outside any namespace. The handlers are file-local function pointers
 // (XLA_FFI_DEFINE_HANDLER): the registry, not the symbol table, exports them.
-#define FP8KIT_JAX_HANDLER(name, impl, bind)                                              \
+#define FP8KIT_JAX_HANDLER_WITH_(name, impl, bind, cuda_traits)                           \
   XLA_FFI_DEFINE_HANDLER(fp8kit_jax_##name##_cpu, ::fp8kit_jax::OnCpu<impl>{"fp8kit_" #name}, \
                          bind(::fp8kit_jax::CpuBinding()));                               \
-  FP8KIT_JAX_CUDA_HANDLER_(fp8kit_jax_##name##_cuda, impl, bind, "fp8kit_" #name)         \
+  FP8KIT_JAX_CUDA_HANDLER_(fp8kit_jax_##name##_cuda, impl, bind, "fp8kit_" #name,         \
+                           cuda_traits)                                                   \
   [[maybe_unused]] static const bool fp8kit_jax_##name##_registered =                     \
       ::fp8kit_jax::RegisterHandler("fp8kit_" #name,                                      \
                                     reinterpret_cast<void*>(fp8kit_jax_##name##_cpu),     \
                                     FP8KIT_JAX_CUDA_POINTER_(fp8kit_jax_##name##_cuda))
+#define FP8KIT_JAX_HANDLER(name, impl, bind) \
+  FP8KIT_JAX_HANDLER_WITH_(name, impl, bind, FP8KIT_JAX_CAPTURED_)
+// A handler XLA must not record into a command buffer (see above).
+#define FP8KIT_JAX_HANDLER_UNCAPTURED(name, impl, bind) \
+  FP8KIT_JAX_HANDLER_WITH_(name, impl, bind, FP8KIT_JAX_UNCAPTURED_)
 
 #endif  // FP8KIT_JAX_EXT_HANDLERS_H_
