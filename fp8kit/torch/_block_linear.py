@@ -57,6 +57,15 @@ _MIN_TRACED_ROWS = ext.BLOCK_LEN + _TOKEN_MULTIPLE
 _tracing = torch.compiler.is_compiling
 
 
+def _traced_rows(rows):
+    """max(rows, _MIN_TRACED_ROWS) without a guard on a symbolic count
+    (torch.sym_max); a static count takes the plain max, since dynamo
+    (torch 2.11) refuses a torch.* call that returns an int."""
+    if isinstance(rows, torch.SymInt):
+        return torch.sym_max(rows, _MIN_TRACED_ROWS)
+    return max(rows, _MIN_TRACED_ROWS)
+
+
 def _gemm_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
 
@@ -157,7 +166,7 @@ def block_linear(layer: str, recipe, input: torch.Tensor, weight: torch.Tensor,
         return F.linear(input, weight, bias)
     pad = -m % _TOKEN_MULTIPLE
     if _tracing():
-        pad = torch.sym_max(m + pad, _MIN_TRACED_ROWS) - m
+        pad = _traced_rows(m + pad) - m
     # A symbolic pad (torch.compile's dynamic token count) is applied even
     # where it is 0: testing it would specialize the graph on the count.
     padded = not statically_known_true(pad == 0)
