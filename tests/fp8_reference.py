@@ -1,6 +1,7 @@
-"""The independent NumPy reference of fp8kit's per-tensor FP8 math, shared
-by the PyTorch tests (tests/torch), the JAX tests (tests/jax) and the
-hardening suite (tests/hardening).
+"""The independent NumPy reference of fp8kit's per-tensor FP8 math, and of
+the statistics of a cast (per-tensor or block-scaled copy), shared by the
+PyTorch tests (tests/torch), the JAX tests (tests/jax) and the hardening
+suite (tests/hardening).
 
 Independent: NumPy (float32 where the contract says float32, float64 for
 GEMMs) and ml_dtypes' FP8 conversions only. Nothing here imports fp8kit,
@@ -9,8 +10,9 @@ hide in its own reference; the front ends' tests turn their tensors into
 NumPy arrays first (tests/torch/torch_reference.py does it for torch).
 
 The contract under test, as documented in common/include/fp8kit/tensor.h,
-quantize.h, delayed_scaling.h, column_sums.h and common/src/compute_scale.h
-(and fp8kit/recipe.py's module docstring):
+quantize.h, delayed_scaling.h, column_sums.h, statistics.h (with
+block_scaling.h's scale layout) and common/src/compute_scale.h (and
+fp8kit/recipe.py's module docstring):
   q = saturate(round_to_nearest_even(x * scale)) with x * scale one float32
   multiply, saturating for finite x only (+-inf gives NaN in E4M3, +-inf in
   E5M2) and NaN giving the canonical NaN byte 0x7F in both formats;
@@ -315,3 +317,141 @@ def assert_gemm_close(got, want, bound, what: str):
         lanes = ", ".join(f"[{j}] got={got.ravel()[j]!r} want={want.ravel()[j]!r} "
                           f"allowed={bound.ravel()[j]:.3g}" for j in i[:6])
         raise AssertionError(f"{what}: {i.size} of {got.size} elements off: {lanes}")
+
+
+# --- the statistics of a cast (common/include/fp8kit/statistics.h) ------------------------
+
+BLOCK_LEN = 128
+# The header's bound on the float32 sums (the CPU's is one rounding of a
+# double sum; CUDA's adds at most 129 float32 roundings).
+SUM_RTOL = 1e-5
+
+
+def element_scale_inv(scale_inv, mode: str, shape, columnwise: bool) -> np.ndarray:
+    """float32 [rows, cols] (the 2-D view of `shape`): the scale_inv each
+    element of one stored copy is read with. "per_tensor": the one float32.
+    Block modes: the copy's scales in the core's layout (block_scaling.h),
+    for the stored copy [R, C] ([rows, cols], or [cols, rows] columnwise):
+    1x128 tile (r, j) at [j, r], 128x128 block (i, j) at [i, j]."""
+    rows, cols = view_2d(shape)
+    if mode == "per_tensor":
+        return np.full((rows, cols), F32(np.asarray(scale_inv).reshape(())), np.float32)
+    scales = np.asarray(scale_inv, np.float32)
+    r, c = (cols, rows) if columnwise else (rows, cols)
+    stored_r, stored_c = np.arange(r)[:, None], (np.arange(c) // BLOCK_LEN)[None, :]
+    if mode == "block_1x128":
+        per = scales[stored_c, stored_r]
+    elif mode == "block_128x128":
+        per = scales[stored_r // BLOCK_LEN, stored_c]
+    else:
+        raise ValueError(f"unknown scaling mode {mode!r}")
+    return per.T if columnwise else per
+
+
+def logical_bits(bits, shape, columnwise: bool) -> np.ndarray:
+    """uint8 FP8 codes of one stored copy in the 2-D view [rows, cols] of
+    the tensor's `shape` (the columnwise copy transposed back)."""
+    bits = np.asarray(bits, np.uint8)
+    rows, cols = view_2d(shape)
+    return bits.reshape(cols, rows).T if columnwise else bits.reshape(rows, cols)
+
+
+def cast_statistics(x, bits, fmt: str, scale_inv) -> dict:
+    """The statistics of the cast of x into the FP8 codes `bits` (uint8, one
+    per element of x, in x's order), each dequantized as d = q * scale_inv
+    in one float32 multiply (`scale_inv` float32, one or one per element):
+      amax       max |x| (NaN if any NaN, 0 if empty), float32;
+      underflow  #{x finite, x != 0, q = +-0};
+      saturated  #{x finite, q = +-fp8_max};
+      error_sq   sum over finite x of (d - x)^2, float64;
+      norm_sq    sum over finite x of x^2, float64."""
+    x64 = np.asarray(x, np.float32).astype(np.float64).ravel()
+    q = np.asarray(bits, np.uint8).ravel()
+    max_code = np.array(FP8_MAX[fmt], ML_FP8[fmt]).view(np.uint8) & 0x7F
+    finite = np.isfinite(x64)
+    magnitude = q & 0x7F
+    with np.errstate(over="ignore", invalid="ignore"):
+        d = (q.view(ML_FP8[fmt]).astype(np.float32)
+             * np.broadcast_to(np.asarray(scale_inv, np.float32).ravel(), q.shape))
+        error = (d.astype(np.float64) - x64)[finite]
+        return dict(amax=amax(x64), underflow=int(np.sum(finite & (x64 != 0) & (magnitude == 0))),
+                    saturated=int(np.sum(finite & (magnitude == max_code))),
+                    error_sq=float(np.sum(error * error)),
+                    norm_sq=float(np.sum(x64[finite] ** 2)))
+
+
+def assert_cast_statistics(got: dict, want: dict, what: str) -> None:
+    """amax exactly (NaN as NaN), the counts exactly, each sum within
+    SUM_RTOL of the float64 reference; a sum whose float32 is not finite
+    (past FLT_MAX, NaN) must be exactly that."""
+    assert same_floats(got["amax"], want["amax"]), \
+        f"{what}: amax {got['amax']!r}, expected {want['amax']!r}"
+    for count in ("underflow", "saturated"):
+        assert int(got[count]) == want[count], \
+            f"{what}: {count} {int(got[count])}, expected {want[count]}"
+    for total in ("error_sq", "norm_sq"):
+        g, w = float(got[total]), want[total]
+        with np.errstate(over="ignore"):
+            w32 = np.float64(np.float32(w))
+        ok = same_floats(g, w32) if not np.isfinite(w32) else abs(g - w) <= SUM_RTOL * abs(w)
+        assert ok, f"{what}: {total} {g!r}, expected {w!r} (within {SUM_RTOL:g} relative)"
+
+
+# Inputs whose counts are known by construction, for both front ends' tests.
+
+def min_subnormal(fmt: str) -> float:
+    """The format's smallest subnormal: 2^-9 (E4M3), 2^-16 (E5M2)."""
+    return float(ml_dtypes.finfo(ML_FP8[fmt]).smallest_subnormal)
+
+
+def crafted_per_tensor(fmt: str, scale: float, specials: str):
+    """float32 [5, 40] for a cast with a given per-tensor `scale` (1/64 to
+    64): values of magnitude 0.5..2.5, in range, with, at known places, 7
+    that underflow (far below, below and exactly at half the smallest
+    subnormal after scaling, that tie going to even +0), one that rounds up
+    to the smallest subnormal, +0 and -0, 3 that saturate (beyond fp8_max,
+    exactly -fp8_max, far beyond), one just inside the range, and
+    `specials` ("": none, "inf": +-inf, "nan": +-inf and NaN). The counts
+    hold for x rounded to bfloat16 too. Returns (x, underflow, saturated)."""
+    m, sub = FP8_MAX[fmt], min_subnormal(fmt)
+    x = np.array([(-0.5 if i % 2 else 0.5) * (1 + i % 5) for i in range(200)], np.float32)
+    placed = [1e-30, sub / 16, -sub / 16, sub / 8, sub / 64, -sub / 8, sub / 2]  # underflow
+    placed += [0.75 * sub, 0.0, -0.0]
+    scaled = [v / scale for v in placed]
+    scaled += [2 * m / scale, -m / scale, 1e6 * m / scale, 0.9 * m / scale]
+    scaled += {"": [], "inf": [np.inf, -np.inf], "nan": [np.inf, -np.inf, np.nan]}[specials]
+    for k, v in enumerate(scaled):
+        x[(k * 37) % x.size] = v  # 37 is prime to 200: distinct places
+    return x.reshape(5, 40), 7, 3
+
+
+def crafted_blocks(fmt: str):
+    """float32 [256, 256] whose every 1x128 tile, 128x1 tile and 128x128
+    block holds +-fp8_max (its amax), so that every block scale is 1 and the
+    counts are a plain cast's: those 512 values and one 2 * fp8_max
+    saturate (its tiles and block also hold an inf or a NaN, which makes
+    their scale 1 as well), 5 values of a quarter of the smallest subnormal
+    underflow, one of 3/4 of it rounds up, +0 and -0 count as neither. The
+    counts hold for x rounded to bfloat16 too. Returns (x, underflow,
+    saturated)."""
+    m, sub = FP8_MAX[fmt], min_subnormal(fmt)
+    i = np.arange(256 * 256)
+    x = (np.where(i % 3 != 0, 0.5, -1.0) + (i % 97) / 64).astype(np.float32).reshape(256, 256)
+    r, c = np.meshgrid(np.arange(256), np.arange(256), indexing="ij")
+    diagonal = c % 128 == r % 128
+    x[diagonal] = np.where((r + c) % 2 == 1, m, -m)[diagonal]
+    x[0, 5], x[3, 7], x[0, 7] = np.inf, np.nan, 2 * m
+    flat = x.reshape(-1)
+    for k in (1000, 2001, 30000, 40003, 65000):  # off the diagonal
+        flat[k] = (-sub if k % 2 else sub) / 4
+    flat[50001], flat[50002], flat[50003] = 0.75 * sub, 0.0, -0.0
+    return x, 5, int(diagonal.sum()) + 1
+
+
+def mixed_magnitudes(shape, seed: int) -> np.ndarray:
+    """float32 normal values over 11 decades (from far below any FP8 range
+    to a few thousand) and 2% exact zeros."""
+    g = np.random.default_rng(seed)
+    x = g.standard_normal(shape) * 10.0 ** g.uniform(-8, 3, shape)
+    x[g.random(shape) < 0.02] = 0.0
+    return x.astype(np.float32)

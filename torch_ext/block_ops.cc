@@ -32,20 +32,6 @@ fp8kit_tensor shape_only(at::IntArrayRef shape, fp8kit_scaling_mode mode) {
   return t;
 }
 
-void check_block_scales(const char* fn, const char* arg, const at::Tensor& s,
-                        const std::vector<int64_t>& want, const char* ref_arg,
-                        const at::Tensor& ref) {
-  check_dense(fn, arg, s);
-  FP8KIT_TYPE_CHECK(s.scalar_type() == at::kFloat, fn, ": ", arg, " has dtype ",
-                    dtype_str(s.scalar_type()), "; block scales are torch.float32");
-  FP8KIT_VALUE_CHECK(s.sizes() == at::IntArrayRef(want), fn, ": ", arg, " has shape ",
-                     shape_str(s.sizes()), " but the copy it scales has block scales of shape ",
-                     shape_str(want), " (fp8kit.torch.block_scale_inv_shape); pass the scales "
-                     "the block quantization returned with this copy");
-  check_contiguous(fn, arg, s);
-  check_same_device(fn, arg, s, ref_arg, ref);
-}
-
 void check_copy(const char* fn, const char* arg, const at::Tensor& t, at::IntArrayRef want,
                 fp8kit_dtype fp8, const char* ref_arg, const at::Tensor& ref) {
   const fp8kit_dtype f = check_fp8(fn, arg, t);
@@ -106,6 +92,20 @@ fp8kit_tensor gemm_block_operand(const char* fn, const char* name, const BlockOp
 }
 
 }  // namespace
+
+void check_block_scales(const char* fn, const char* arg, const at::Tensor& s,
+                        const std::vector<int64_t>& want, const char* ref_arg,
+                        const at::Tensor& ref) {
+  check_dense(fn, arg, s);
+  FP8KIT_TYPE_CHECK(s.scalar_type() == at::kFloat, fn, ": ", arg, " has dtype ",
+                    dtype_str(s.scalar_type()), "; block scales are torch.float32");
+  FP8KIT_VALUE_CHECK(s.sizes() == at::IntArrayRef(want), fn, ": ", arg, " has shape ",
+                     shape_str(s.sizes()), " but the copy it scales has block scales of shape ",
+                     shape_str(want), " (fp8kit.torch.block_scale_inv_shape); pass the scales "
+                     "the block quantization returned with this copy");
+  check_contiguous(fn, arg, s);
+  check_same_device(fn, arg, s, ref_arg, ref);
+}
 
 fp8kit_scaling_mode parse_block_mode(const std::string& name, const char* fn, const char* arg) {
   if (name == "block_1x128") return FP8KIT_SCALING_BLOCK_1X128;

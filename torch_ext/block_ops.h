@@ -32,6 +32,12 @@ const char* block_mode_name(fp8kit_scaling_mode mode);
 std::vector<int64_t> block_scale_inv_shape(at::IntArrayRef shape, fp8kit_scaling_mode mode,
                                            bool columnwise);
 
+// Checks that `s` is the float32 block scales of shape `want` (the core
+// reads exactly that many floats), contiguous, on ref's device.
+void check_block_scales(const char* fn, const char* arg, const at::Tensor& s,
+                        const std::vector<int64_t>& want, const char* ref_arg,
+                        const at::Tensor& ref);
+
 // The buffers of one block-scaled quantization (undefined: not held).
 struct BlockBuffers {
   at::Tensor data, block_scale_inv, columnwise_data, columnwise_block_scale_inv;

@@ -11,6 +11,10 @@ Importing this package registers fp8kit's FFI handlers with JAX (for the
                                               -> ScaledTensor with a scale per 1x128
                                               tile or 128x128 block
     dequantize(st, dtype, from_columnwise)
+    cast_statistics(x, st, columnwise)        -> CastStatistics: what the cast of x
+                                              into st lost (amax, underflow and
+                                              saturation counts, error and signal
+                                              sums of squares)
     delayed_scaling_update(history, amax, scale, fp8_dtypes, margin, amax_reduction)
     gemm(a, b, trans_a, trans_b, out_dtype, bias)
     supports_non_tn_fp8_gemm(device), supports_block_scaled_fp8_gemm(device)
@@ -53,7 +57,7 @@ are no cycles; tests/jax/test_jax_imports.py checks it):
     block_quantization,      layer 3: the public functions (checks, then the
     quantization, matmul,    layer 2 call), one module per op family, each
     delayed_scaling,         named for its family and never for a function
-    dense_layer              it exports (fp8kit.jax.gemm is the function)
+    dense_layer, statistics  it exports (fp8kit.jax.gemm is the function)
     _linear, _mlp_fc1,       the steps of one Linear, of layernorm_mlp's fc1
     _fused_steps,            (SwiGLU's paired halves), and the fused norm and
     _fused_block_steps       activation casts (under BlockScaling: float32
@@ -73,10 +77,11 @@ from fp8kit.jax.matmul import gemm, supports_block_scaled_fp8_gemm, supports_non
 from fp8kit.jax.quantization import (amax, compute_scale, dequantize, quantize,
                                      quantize_current_scaling)
 from fp8kit.jax.scaled_tensor import ScaledTensor
+from fp8kit.jax.statistics import CastStatistics, cast_statistics
 
 __all__ = [
-    "BUILT_WITH_CUDA", "DelayedScalingState", "ScaledTensor", "amax", "compute_scale",
-    "delayed_scaling_update", "dense", "dequantize", "gemm", "layernorm_dense", "layernorm_mlp",
-    "quantize", "quantize_block_scaling",
+    "BUILT_WITH_CUDA", "CastStatistics", "DelayedScalingState", "ScaledTensor", "amax",
+    "cast_statistics", "compute_scale", "delayed_scaling_update", "dense", "dequantize", "gemm",
+    "layernorm_dense", "layernorm_mlp", "quantize", "quantize_block_scaling",
     "quantize_current_scaling", "supports_block_scaled_fp8_gemm", "supports_non_tn_fp8_gemm",
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -98,6 +99,21 @@ def array(fn: str, arg: str, x) -> None:
     if not hasattr(x, "dtype") or not hasattr(x, "shape"):
         raise TypeError(f"{fn}: {arg} must be a jax or NumPy array, got {type(x).__name__}; "
                         f"pass jnp.asarray({arg}, dtype) instead.")
+
+
+def same_devices(fn: str, arg: str, x, ref_arg: str, ref) -> None:
+    """x and ref, when both are arrays committed to devices (jax.device_put),
+    are on the same ones; JAX places uncommitted arrays and tracers itself."""
+    def placed(a) -> bool:
+        return isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer) and a.committed
+
+    def names(a) -> str:
+        return ", ".join(sorted(str(d) for d in a.devices()))
+
+    if placed(x) and placed(ref) and x.devices() != ref.devices():
+        raise ValueError(f"{fn}: {arg} is on {names(x)} but {ref_arg} is on {names(ref)}; "
+                         f"put them on one device, e.g. jax.device_put({arg}, "
+                         f"{ref_arg}.sharding)")
 
 
 def fp8_dtype(fn: str, arg: str, fmt) -> str:

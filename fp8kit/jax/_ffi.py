@@ -168,6 +168,21 @@ def dequantize_call(data, scale_inv, shape, dtype, from_columnwise: bool,
         scaling_mode=np.int32(SCALING_MODE_CODES[scaling_mode]))
 
 
+# --- cast statistics --------------------------------------------------------------------
+
+def cast_statistics_call(x, data, scale_inv, from_columnwise: bool, scaling_mode: str):
+    """fp8kit_cast_statistics_of: (amax, underflow, saturated, error_sq,
+    norm_sq) of the cast of x into `data` (its rowwise copy, or its
+    columnwise one), read with scale_inv (one float32, or that copy's block
+    scales); scalars, the counts uint32."""
+    u32 = jax.ShapeDtypeStruct((), jnp.uint32)
+    return jax.ffi.ffi_call("fp8kit_cast_statistics",
+                            (F32_SCALAR, u32, u32, F32_SCALAR, F32_SCALAR),
+                            vmap_method="sequential")(
+        x, data, scale_inv, from_columnwise=bool(from_columnwise),
+        scaling_mode=np.int32(SCALING_MODE_CODES[scaling_mode]))
+
+
 # --- block scaling -----------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)

@@ -2,9 +2,11 @@
 
 Functional ops (fp8kit.torch.ops): amax, quantize, quantize_current_scaling,
 dequantize, columnwise_from_rowwise, delayed_scaling_update, gemm,
-supports_non_tn_fp8_gemm; and
+supports_non_tn_fp8_gemm;
 block-scaled (fp8kit.torch.block_ops): quantize_block, dequantize_block,
-gemm_block, block_scale_inv_shape, supports_block_scaled_fp8_gemm.
+gemm_block, block_scale_inv_shape, supports_block_scaled_fp8_gemm; and
+cast_statistics(x, quantized) (fp8kit.torch.statistics): what a cast of x
+into a Float8Tensor or Float8BlockTensor lost, as a CastStatistics.
 Quantizers (C++): Float8Quantizer (delayed scaling),
 Float8CurrentScalingQuantizer; calling one returns a Float8Tensor.
 Float8BlockQuantizer (a scale per 1x128 tile or 128x128 block) returns a
@@ -13,7 +15,7 @@ Float8BlockTensor. Modules: Linear and the fused LayerNormLinear and
 LayerNormMLP, used inside autocast(recipe=...) with DelayedScaling,
 CurrentScaling or BlockScaling.
 Dispatcher ops (torch.ops.fp8kit.*, what torch.compile traces): see
-fp8kit.torch.ops and fp8kit.torch.block_ops.
+fp8kit.torch.ops, fp8kit.torch.block_ops and fp8kit.torch.statistics.
 """
 
 from fp8kit.recipe import (AmaxReduction, BlockScaling, CurrentScaling,  # noqa: F401
@@ -36,6 +38,7 @@ from fp8kit.torch.ops import (amax, built_with_cuda, columnwise_from_rowwise,
 from fp8kit.torch.quantized_tensor import QuantizedTensor
 from fp8kit.torch.quantizers import (Float8BlockQuantizer, Float8CurrentScalingQuantizer,
                                      Float8Quantizer, Quantizer, quantizer_for)
+from fp8kit.torch.statistics import CastStatistics, cast_statistics
 
 __all__ = [
     "amax", "quantize", "quantize_current_scaling", "dequantize", "columnwise_from_rowwise",
@@ -45,7 +48,7 @@ __all__ = [
     "Linear", "LayerNormLinear", "LayerNormMLP", "autocast", "current_recipe", "DelayedScaling",
     "CurrentScaling", "Format", "AmaxReduction", "BlockScaling", "quantize_block",
     "dequantize_block", "gemm_block", "block_scale_inv_shape", "supports_block_scaled_fp8_gemm",
-    "Float8BlockQuantizer", "Float8BlockTensor",
+    "Float8BlockQuantizer", "Float8BlockTensor", "cast_statistics", "CastStatistics",
 ]
 
 

@@ -1,10 +1,11 @@
 """Fake (meta) kernels of the dispatcher ops torch.ops.fp8kit.* (defined in
 C++, torch_ext/dispatcher_ops.cc; the functional ops, the Linear's two steps,
-the fused layers' steps): each gives its op's output shapes, dtypes
-and devices without computing anything, so that the ops trace under
-FakeTensorMode and torch.compile. They follow the C++ kernels' rules:
-a layout not asked for is an empty [0] tensor of the FP8 dtype, scales and
-amaxes are float32 [1], and every output is on the input's device.
+the fused layers' steps; cast_statistics, torch_ext/cast_statistics.cc): each
+gives its op's output shapes, dtypes and devices without computing anything,
+so that the ops trace under FakeTensorMode and torch.compile. They follow
+the C++ kernels' rules: a layout not asked for is an empty [0] tensor of the
+FP8 dtype, scales and amaxes are float32 [1], and every output is on the
+input's device.
 tests/torch/test_torch_dispatcher_ops.py checks them against the real kernels
 with torch.library.opcheck.
 """
@@ -88,6 +89,16 @@ def _dequantize(data, scale_inv, out_dtype, from_columnwise=False, shape=None):
 @torch.library.register_fake("fp8kit::columnwise_from_rowwise")
 def _columnwise_from_rowwise(data):
     return data.new_empty(columnwise_shape(data.shape))
+
+
+@torch.library.register_fake("fp8kit::cast_statistics")
+def _cast_statistics(x, data, scale_inv, scaling_mode="per_tensor", from_columnwise=False):
+    # (amax, underflow, saturated, error_sq, norm_sq): 0-d, the counts int64.
+    def scalar(dtype):
+        return x.new_empty((), dtype=dtype)
+
+    f32, i64 = torch.float32, torch.int64
+    return scalar(f32), scalar(i64), scalar(i64), scalar(f32), scalar(f32)
 
 
 @torch.library.register_fake("fp8kit::delayed_scaling_update")

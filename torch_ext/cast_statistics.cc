@@ -1,0 +1,115 @@
+// torch.ops.fp8kit.cast_statistics: what casting a high-precision tensor
+// into one FP8 copy of it lost (fp8kit/statistics.h), as a dispatcher op (a
+// fragment of the fp8kit library of dispatcher_ops.cc) with one kernel for
+// CPU and CUDA; its fake kernel is in fp8kit/torch/_fake_ops.py.
+// fp8kit.torch.cast_statistics calls this op eagerly and under tracing
+// alike. Unlike the ops of ops.h it has no pybind11 twin: that would only
+// skip the dispatcher's few microseconds, which a diagnostic does not need,
+// and with one path torch.compile traces exactly what eager mode runs.
+#include <torch/library.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "block_ops.h"
+#include "core_calls.h"
+#include "descriptors.h"
+#include "errors.h"
+
+namespace fp8kit_torch {
+namespace {
+
+constexpr const char* kFn = "fp8kit::cast_statistics";
+
+using Statistics = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+fp8kit_scaling_mode parse_scaling_mode(const std::string& name) {
+  if (name == "per_tensor") return FP8KIT_SCALING_PER_TENSOR;
+  FP8KIT_VALUE_CHECK(name == "block_1x128" || name == "block_128x128", kFn, ": scaling_mode is '",
+                     name, "'; use 'per_tensor' (a Float8Tensor's), 'block_1x128' or "
+                     "'block_128x128' (a Float8BlockTensor's)");
+  return parse_block_mode(name, kFn, "scaling_mode");
+}
+
+// `data` is x's FP8 copy in the layout read (the core describes the copy
+// with x's shape, so a copy of another shape must be refused here).
+fp8kit_dtype check_copy_of(const at::Tensor& data, const at::Tensor& x, bool from_columnwise) {
+  const fp8kit_dtype f = check_fp8(kFn, "data", data);
+  check_same_device(kFn, "data", data, "x", x);
+  const std::vector<int64_t> want =
+      from_columnwise ? columnwise_shape(x.sizes()) : x.sizes().vec();
+  FP8KIT_VALUE_CHECK(data.sizes() == at::IntArrayRef(want), kFn, ": data has shape ",
+                     shape_str(data.sizes()), " but x has shape ", shape_str(x.sizes()),
+                     ", whose ", from_columnwise ? "columnwise" : "rowwise", " copy is ",
+                     shape_str(want), "; pass the FP8 copy of x itself");
+  check_contiguous(kFn, "data", data);
+  return f;
+}
+
+Statistics cast_statistics_op(const at::Tensor& x_in, const at::Tensor& data,
+                              const at::Tensor& scale_inv, const std::string& scaling_mode,
+                              bool from_columnwise) {
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  const fp8kit_scaling_mode mode = parse_scaling_mode(scaling_mode);
+  const at::Tensor x = contiguous_high_precision(kFn, "x", x_in);
+  const fp8kit_device_type dev = device_type_of(x, kFn, "x");
+  const fp8kit_dtype fp8 = check_copy_of(data, x, from_columnwise);
+  if (mode == FP8KIT_SCALING_PER_TENSOR) {
+    check_f32_scalar(kFn, "scale_inv", scale_inv, "x", x);
+    check_contiguous(kFn, "scale_inv", scale_inv);
+  } else {
+    check_block_scales(kFn, "scale_inv", scale_inv,
+                       block_scale_inv_shape(x.sizes(), mode, from_columnwise), "x", x);
+  }
+  DeviceScope scope(x.device());
+  const auto f32 = x.options().dtype(at::kFloat);
+  const auto u32 = x.options().dtype(at::kUInt32);
+  at::Tensor amax = at::empty({}, f32), error_sq = at::empty({}, f32),
+             norm_sq = at::empty({}, f32);
+  at::Tensor underflow = at::empty({}, u32), saturated = at::empty({}, u32);
+  const fp8kit_cast_statistics out{amax.data_ptr<float>(),
+                                   static_cast<unsigned int*>(underflow.data_ptr()),
+                                   static_cast<unsigned int*>(saturated.data_ptr()),
+                                   error_sq.data_ptr<float>(), norm_sq.data_ptr<float>()};
+  const fp8kit_tensor in = describe(x, *high_precision_dtype(x.scalar_type()), dev);
+  fp8kit_tensor q = in;  // x's logical shape; the copy's bytes and scales below
+  q.dtype = fp8;
+  q.scaling_mode = mode;
+  q.data = from_columnwise ? nullptr : data.data_ptr();
+  q.columnwise_data = from_columnwise ? data.data_ptr() : nullptr;
+  float* scales = scale_inv.data_ptr<float>();
+  if (mode == FP8KIT_SCALING_PER_TENSOR) {
+    q.scale_inv = scales;
+  } else if (from_columnwise) {
+    q.columnwise_block_scale_inv = scales;
+  } else {
+    q.block_scale_inv = scales;
+  }
+  FP8KIT_PROFILE_SCOPE("fp8kit::cast_statistics");
+  void* stream = current_stream(x.device());
+  check_status(call_core(dev == FP8KIT_DEVICE_CPU, [&] {
+    return fp8kit_cast_statistics_of(&in, &q, from_columnwise ? 1 : 0, &out, stream);
+  }));
+  // The core counts in 32 bits; torch does integer arithmetic (a count
+  // over numel, say) in int64, on the same stream as the core's writes.
+  return {amax, underflow.to(at::kLong), saturated.to(at::kLong), error_sq, norm_sq};
+}
+
+}  // namespace
+}  // namespace fp8kit_torch
+
+TORCH_LIBRARY_FRAGMENT(fp8kit, m) {
+  m.def(
+      "cast_statistics(Tensor x, Tensor data, Tensor scale_inv, str scaling_mode=\"per_tensor\", "
+      "bool from_columnwise=False) -> (Tensor amax, Tensor underflow, Tensor saturated, Tensor "
+      "error_sq, Tensor norm_sq)");
+}
+
+TORCH_LIBRARY_IMPL(fp8kit, CPU, m) { m.impl("cast_statistics", &fp8kit_torch::cast_statistics_op); }
+
+#ifdef FP8KIT_TORCH_CUDA
+TORCH_LIBRARY_IMPL(fp8kit, CUDA, m) {
+  m.impl("cast_statistics", &fp8kit_torch::cast_statistics_op);
+}
+#endif
