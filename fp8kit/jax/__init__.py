@@ -15,6 +15,10 @@ Importing this package registers fp8kit's FFI handlers with JAX (for the
                                               into st lost (amax, underflow and
                                               saturation counts, error and signal
                                               sums of squares)
+    statistics_rows(num_linears)              -> rows for a layer's `statistics`
+                                              argument, whose gradient is then the
+                                              statistics of the layer's casts
+    tensor_statistics(rows, layer)            -> those as fp8kit.inspect TensorStats
     delayed_scaling_update(history, amax, scale, fp8_dtypes, margin, amax_reduction)
     gemm(a, b, trans_a, trans_b, out_dtype, bias)
     supports_non_tn_fp8_gemm(device), supports_block_scaled_fp8_gemm(device)
@@ -77,11 +81,13 @@ from fp8kit.jax.matmul import gemm, supports_block_scaled_fp8_gemm, supports_non
 from fp8kit.jax.quantization import (amax, compute_scale, dequantize, quantize,
                                      quantize_current_scaling)
 from fp8kit.jax.scaled_tensor import ScaledTensor
-from fp8kit.jax.statistics import CastStatistics, cast_statistics
+from fp8kit.jax.statistics import (CastStatistics, cast_statistics, statistics_rows,
+                                   tensor_statistics)
 
 __all__ = [
     "BUILT_WITH_CUDA", "CastStatistics", "DelayedScalingState", "ScaledTensor", "amax",
     "cast_statistics", "compute_scale", "delayed_scaling_update", "dense", "dequantize", "gemm",
     "layernorm_dense", "layernorm_mlp", "quantize", "quantize_block_scaling",
-    "quantize_current_scaling", "supports_block_scaled_fp8_gemm", "supports_non_tn_fp8_gemm",
+    "quantize_current_scaling", "statistics_rows", "supports_block_scaled_fp8_gemm",
+    "supports_non_tn_fp8_gemm", "tensor_statistics",
 ]

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from fp8kit.jax import _checks, _linear
+from fp8kit.jax import _statistics_rows as stats_rows
 from fp8kit.jax import _sharding as sh
 from fp8kit.jax import matmul
 from fp8kit.jax.delayed_scaling import (GRAD_OUTPUT, INPUT, WEIGHT, DelayedScalingState, note_use,
@@ -97,37 +98,42 @@ def _quantize_forward(lin: _linear.LinearCall, x, kernel, state, plan: dict, rec
     return state, _linear.quantize_input(lin, x, copies[INPUT]), kq
 
 
-def _forward(cfg: _Config, x, kernel, bias, state, grads: bool):
-    """y, and the forward's state and plan; not differentiating, a delayed
-    state is read (a fresh slot seeded from its tensor) but not recorded."""
+def _forward(cfg: _Config, x, kernel, bias, state, grads: bool, stats=None):
+    """y, and the forward's state, plan and statistics rows; not
+    differentiating, a delayed state is read (a fresh slot seeded from its
+    tensor) but not recorded."""
     lin = cfg.linear
     m, n = x.shape[0], kernel.shape[1]
     x = _linear.pad_token_rows(lin, x)
     plan = lin.plan(*x.shape, n, grads)
     state, xq, kq = _quantize_forward(lin, x, kernel, state, plan, record=grads)
+    stats = stats_rows.record(stats, INPUT, x, xq, m * x.shape[1])
+    stats = stats_rows.record(stats, WEIGHT, kernel, kq, kernel.size)
     y = _linear.unpad_token_rows(_linear.forward_gemm(lin, xq, kq, bias, n), m)
     y = y if cfg.types is None else sh.retype(y, cfg.types.y)
-    return y, state, plan, xq, kq
+    return y, state, plan, xq, kq, stats
 
 
-def _dense_primal(cfg: _Config, x, kernel, bias, state):
+def _dense_primal(cfg: _Config, x, kernel, bias, state, stats):
     return _forward(cfg, x, kernel, bias, state, grads=False)[0]
 
 
-def _dense_fwd(cfg: _Config, x, kernel, bias, state):
-    y, state, plan, xq, kq = _forward(cfg, x, kernel, bias, state, grads=True)
-    # The forward's updated state travels to the backward, which records dy.
+def _dense_fwd(cfg: _Config, x, kernel, bias, state, stats):
+    y, state, plan, xq, kq, stats = _forward(cfg, x, kernel, bias, state, True, stats)
+    # The forward's updated state (and statistics) travel to the backward,
+    # which records dy.
     return y, (_linear.keep(xq, plan["saved_input"]), _linear.keep(kq, plan["saved_weight"]),
-               state)
+               state, stats)
 
 
 def _dense_bwd(cfg: _Config, res, dy):
     lin = cfg.linear
-    x_saved, k_saved, state = res
+    x_saved, k_saved, state, stats = res
     m, (k, n) = dy.shape[0], k_saved.shape
     dy = _linear.pad_token_rows(lin, dy)
     plan = lin.plan(dy.shape[0], k, n, grads=True)
     state, dq, db = _linear.quantize_grad(lin, dy, state, plan["quantize"][GRAD_OUTPUT])
+    stats = stats_rows.record(stats, GRAD_OUTPUT, dy, dq, m * n)
     dx, dk = _linear.grad_gemms(lin, plan, dq, x_saved, k_saved)
     dx = _linear.unpad_token_rows(dx, m)
     if cfg.types is not None:  # each cotangent with its primal's sharding type
@@ -137,14 +143,15 @@ def _dense_bwd(cfg: _Config, res, dy):
         if lin.delayed:
             leaves, tree = jax.tree_util.tree_flatten(state)
             state = tree.unflatten(map(sh.retype, leaves, t.state))
-    return dx, dk, db, (state if lin.delayed else None)
+    return dx, dk, db, (state if lin.delayed else None), stats
 
 
 _dense = jax.custom_vjp(_dense_primal, nondiff_argnums=(0,))
 _dense.defvjp(_dense_fwd, _dense_bwd)
 
 
-def dense(x, kernel, bias=None, *, state: Optional[DelayedScalingState] = None, recipe):
+def dense(x, kernel, bias=None, *, state: Optional[DelayedScalingState] = None, recipe,
+          statistics=None):
     """FP8 dense layer: y = x @ kernel (+ bias), differentiable, jit/vmap-able.
 
     x:      [..., K] float32/bfloat16/float16; y has x's dtype and shape [..., N].
@@ -158,6 +165,10 @@ def dense(x, kernel, bias=None, *, state: Optional[DelayedScalingState] = None, 
     An inf or NaN in x, kernel or the gradient is never saturated: the
     outputs it reaches are non-finite, as in bf16 (fp8kit.recipe says how
     the scales treat it).
+    statistics: None, or fp8kit.jax.statistics_rows(1): then the gradient
+            with respect to it is the cast statistics of this call's input,
+            kernel and output gradient (fp8kit.jax.tensor_statistics reads
+            them); nothing else changes.
     """
     _linear.check_recipe_state(_FN, recipe, state)
     _checks.high_precision(_FN, "x", x)
@@ -176,5 +187,6 @@ def dense(x, kernel, bias=None, *, state: Optional[DelayedScalingState] = None, 
                              grad_slot=GRAD_OUTPUT)
     cfg = _Config(linear=lin, types=_Types.of(x, kernel, bias, state))
     note_use(_FN, state)
-    y = _dense(cfg, x, kernel, bias, state)
+    statistics = stats_rows.check(_FN, statistics, 1)
+    y = _dense(cfg, x, kernel, bias, state, statistics)
     return y.reshape(*lead, n)

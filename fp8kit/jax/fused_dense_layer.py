@@ -36,6 +36,7 @@ import jax.numpy as jnp
 
 from fp8kit.jax import _fused_steps as steps
 from fp8kit.jax import _linear, matmul
+from fp8kit.jax import _statistics_rows as stats_rows
 from fp8kit.jax._linear import LinearCall
 from fp8kit.jax.delayed_scaling import (GRAD_OUTPUT, INPUT, WEIGHT, DelayedScalingState,
                                         note_use)
@@ -55,7 +56,7 @@ class _Config:
     specs: Optional[tuple]  # the arguments' sharding types (Explicit axes), else None
 
 
-def _forward(cfg: _Config, x, gamma, beta, kernel, bias, state, grads: bool):
+def _forward(cfg: _Config, x, gamma, beta, kernel, bias, state, stats, grads: bool):
     lin = cfg.linear
     (m, hidden), n = x.shape, kernel.shape[1]
     plan = lin.plan(lin.gemm_rows(m), hidden, n, grads)
@@ -63,35 +64,38 @@ def _forward(cfg: _Config, x, gamma, beta, kernel, bias, state, grads: bool):
     state, ln, mean, rsigma = steps.norm_forward(lin, cfg.normalization, cfg.epsilon, x, gamma,
                                                  beta, state, plan["quantize"][INPUT], grads)
     state, kq = _linear.quantize_kernel(lin, kernel, state, plan["quantize"][WEIGHT], grads)
+    # The norm output exists only as its FP8 copy: its row stays unrecorded.
+    stats = stats_rows.record(stats, WEIGHT, kernel, kq, kernel.size)
     y = _linear.unpad_token_rows(_linear.forward_gemm(lin, ln, kq, bias, n), m)
     y = steps.retype_rows(y, cfg.specs)
     saved = (x, gamma, mean, rsigma, _linear.keep(ln, plan["saved_input"]),
-             _linear.keep(kq, plan["saved_weight"]), state)
+             _linear.keep(kq, plan["saved_weight"]), state, stats)
     return y, saved
 
 
-def _primal(cfg, x, gamma, beta, kernel, bias, state):
-    return _forward(cfg, x, gamma, beta, kernel, bias, state, False)[0]
+def _primal(cfg, x, gamma, beta, kernel, bias, state, stats):
+    return _forward(cfg, x, gamma, beta, kernel, bias, state, None, False)[0]
 
 
-def _fwd(cfg, x, gamma, beta, kernel, bias, state):
-    return _forward(cfg, x, gamma, beta, kernel, bias, state, True)
+def _fwd(cfg, x, gamma, beta, kernel, bias, state, stats):
+    return _forward(cfg, x, gamma, beta, kernel, bias, state, stats, True)
 
 
 def _bwd(cfg: _Config, res, dy):
     lin = cfg.linear
-    x, gamma, mean, rsigma, ln, kq, state = res
+    x, gamma, mean, rsigma, ln, kq, state, stats = res
     (m, hidden), n = x.shape, dy.shape[1]
     dy = _linear.pad_token_rows(lin, dy)
     plan = lin.plan(dy.shape[0], hidden, n, True)
     state, dq, db = _linear.quantize_grad(lin, dy, state, plan["quantize"][GRAD_OUTPUT])
+    stats = stats_rows.record(stats, GRAD_OUTPUT, dy, dq, m * n)
     d_ln, dk = _linear.grad_gemms(lin, plan, dq, ln, kq)
     d_ln = _linear.unpad_token_rows(d_ln, m)
     dx, dgamma, dbeta = steps.norm_backward(cfg.normalization, cfg.epsilon, d_ln, x, mean,
                                             rsigma, gamma, cfg.gamma_dtype)
     if dbeta is not None:
         dbeta = dbeta.astype(cfg.beta_dtype)
-    grads = (dx, dgamma, dbeta, dk, db, state if lin.delayed else None)
+    grads = (dx, dgamma, dbeta, dk, db, state if lin.delayed else None, stats)
     return steps.retype_like(grads, cfg.specs)
 
 
@@ -101,7 +105,7 @@ _layernorm_dense.defvjp(_fwd, _bwd)
 
 def layernorm_dense(x, gamma, beta, kernel, bias=None, *, normalization: str = "layernorm",
                     epsilon: float = 1e-5, state: Optional[DelayedScalingState] = None,
-                    recipe):
+                    recipe, statistics=None):
     """FP8 norm + dense: y = norm(x) @ kernel (+ bias), differentiable.
 
     x:           [..., hidden] float32/bfloat16/float16; y has x's dtype, [..., N].
@@ -113,6 +117,11 @@ def layernorm_dense(x, gamma, beta, kernel, bias=None, *, normalization: str = "
     An inf or NaN in x or a weight is never saturated: the outputs it
     reaches are non-finite, as in bf16 (fp8kit.recipe says how the scales
     treat it).
+    statistics:  None, or fp8kit.jax.statistics_rows(1): the gradient with
+                 respect to it holds the cast statistics of the kernel and
+                 the output gradient (fp8kit.jax.tensor_statistics reads
+                 them); the norm output's row is not recorded (the fused
+                 kernel writes only its FP8 copy).
     """
     x, gamma, beta, epsilon = steps.check_norm_args(_FN, x, gamma, beta, normalization, epsilon)
     _linear.check_recipe_state(_FN, recipe, state)
@@ -126,7 +135,7 @@ def layernorm_dense(x, gamma, beta, kernel, bias=None, *, normalization: str = "
                      x_dtype=jnp.dtype(x.dtype), kernel_dtype=dtype(kernel),
                      bias_dtype=dtype(bias), input_slot=INPUT, kernel_slot=WEIGHT,
                      grad_slot=GRAD_OUTPUT)
-    args = (x, gamma, beta, kernel, bias, state)
+    args = (x, gamma, beta, kernel, bias, state, stats_rows.check(_FN, statistics, 1))
     cfg = _Config(linear=lin, normalization=normalization, epsilon=epsilon,
                   gamma_dtype=dtype(gamma), beta_dtype=dtype(beta),
                   specs=steps.explicit_specs(*args))

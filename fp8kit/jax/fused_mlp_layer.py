@@ -75,6 +75,7 @@ import jax.numpy as jnp
 from fp8kit.jax import _fused_steps as steps
 from fp8kit.jax import _linear, matmul
 from fp8kit.jax import _mlp_fc1 as fc1_steps
+from fp8kit.jax import _statistics_rows as stats_rows
 from fp8kit.jax.delayed_scaling import DelayedScalingState, note_use
 from fp8kit.jax._linear import LinearCall
 
@@ -104,7 +105,13 @@ class _Config:
         return self.fc1.plan(m, hidden, n1, grads), self.fc2.plan(m, f, n2, grads)
 
 
-def _forward(cfg: _Config, x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, state,
+def _whole_copy(k1):
+    """The cast of kernel_1 as one ScaledTensor, or None (the halves of a
+    paired kernel cast 128x128 block by block have no whole)."""
+    return k1.whole if isinstance(k1, fc1_steps.Pair) else k1
+
+
+def _forward(cfg: _Config, x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, state, stats,
              grads: bool):
     (m, hidden), n1, n2 = x.shape, math.prod(kernel_1.shape[1:]), kernel_2.shape[1]
     plan1, plan2 = cfg.plans(cfg.fc1.gemm_rows(m), hidden, n1, n2, grads)
@@ -119,28 +126,35 @@ def _forward(cfg: _Config, x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, s
                                         plan2["quantize"][_X], grads)
     state, k2 = _linear.quantize_kernel(cfg.fc2, kernel_2, state, plan2["quantize"][_KERNEL],
                                         grads)
+    # The norm and activation outputs exist only as their FP8 copies: their
+    # rows stay unrecorded.
+    if _whole_copy(k1) is not None:
+        stats = stats_rows.record(stats, FC1_KERNEL, kernel_1, _whole_copy(k1), kernel_1.size)
+    stats = stats_rows.record(stats, FC2_KERNEL, kernel_2, k2, kernel_2.size)
     y = _linear.unpad_token_rows(_linear.forward_gemm(cfg.fc2, a, k2, bias_2, n2), m)
     y = steps.retype_rows(y, cfg.specs)
     saved = (x, gamma, mean, rsigma, _linear.keep(ln, plan1["saved_input"]),
              fc1_steps.keep(k1, plan1["saved_weight"]), h, _linear.keep(a, plan2["saved_input"]),
-             _linear.keep(k2, plan2["saved_weight"]), state)
+             _linear.keep(k2, plan2["saved_weight"]), state, stats)
     return y, saved
 
 
-def _primal(cfg, x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, state):
-    return _forward(cfg, x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, state, False)[0]
+def _primal(cfg, x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, state, stats):
+    return _forward(cfg, x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, state, None,
+                    False)[0]
 
 
-def _fwd(cfg, x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, state):
-    return _forward(cfg, x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, state, True)
+def _fwd(cfg, x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, state, stats):
+    return _forward(cfg, x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, state, stats, True)
 
 
 def _bwd(cfg: _Config, res, dy):
-    x, gamma, mean, rsigma, ln, k1, h, a, k2, state = res
+    x, gamma, mean, rsigma, ln, k1, h, a, k2, state, stats = res
     (m, hidden), n1, n2 = x.shape, math.prod(h.shape[1:]), dy.shape[1]
     dy = _linear.pad_token_rows(cfg.fc2, dy)
     plan1, plan2 = cfg.plans(dy.shape[0], hidden, n1, n2, True)
     state, dq2, db2 = _linear.quantize_grad(cfg.fc2, dy, state, plan2["quantize"][_GRAD])
+    stats = stats_rows.record(stats, FC2_GRAD, dy, dq2, m * n2)
     d_a, dk2 = _linear.grad_gemms(cfg.fc2, plan2, dq2, a, k2)
     state, dh, db1 = steps.activation_backward(cfg.fc1, cfg.activation,
                                                _linear.unpad_token_rows(d_a, m), h, state,
@@ -151,7 +165,7 @@ def _bwd(cfg: _Config, res, dy):
                                             rsigma, gamma, cfg.gamma_dtype)
     if dbeta is not None:
         dbeta = dbeta.astype(cfg.beta_dtype)
-    grads = (dx, dgamma, dbeta, dk1, db1, dk2, db2, state if cfg.fc1.delayed else None)
+    grads = (dx, dgamma, dbeta, dk1, db1, dk2, db2, state if cfg.fc1.delayed else None, stats)
     return steps.retype_like(grads, cfg.specs)
 
 
@@ -161,7 +175,8 @@ _mlp.defvjp(_fwd, _bwd)
 
 def layernorm_mlp(x, gamma, beta, kernel_1, kernel_2, bias_1=None, bias_2=None, *,
                   normalization: str = "layernorm", activation: str = "gelu",
-                  epsilon: float = 1e-5, state: Optional[DelayedScalingState] = None, recipe):
+                  epsilon: float = 1e-5, state: Optional[DelayedScalingState] = None, recipe,
+                  statistics=None):
     """FP8 MLP block: act(norm(x) @ kernel_1 + bias_1) @ kernel_2 + bias_2.
 
     x:            [..., hidden] float32/bfloat16/float16; y has x's dtype, [..., N].
@@ -177,6 +192,13 @@ def layernorm_mlp(x, gamma, beta, kernel_1, kernel_2, bias_1=None, bias_2=None, 
     An inf or NaN in x or a weight is never saturated: the outputs it
     reaches are non-finite, as in bf16 (fp8kit.recipe says how the scales
     treat it).
+    statistics:   None, or fp8kit.jax.statistics_rows(2): the gradient with
+                  respect to it holds the cast statistics of the two kernels
+                  and of dy (rows as the state's; tensor_statistics reads
+                  them). The norm output, the activation and its gradient
+                  are cast inside the fused kernels, which write only their
+                  FP8 copies: those rows are not recorded, nor is a paired
+                  kernel_1's under BlockScaling (cast half by half).
     """
     x, gamma, beta, epsilon = steps.check_norm_args(_FN, x, gamma, beta, normalization, epsilon)
     _linear.check_recipe_state(_FN, recipe, state, num_linears=2)
@@ -208,7 +230,8 @@ def layernorm_mlp(x, gamma, beta, kernel_1, kernel_2, bias_1=None, bias_2=None, 
     fc2 = LinearCall(fn=_FN, recipe=recipe, non_tn=non_tn, x_dtype=jnp.dtype(x.dtype),
                      kernel_dtype=dtype(kernel_2), bias_dtype=dtype(bias_2),
                      input_slot=FC2_INPUT, kernel_slot=FC2_KERNEL, grad_slot=FC2_GRAD)
-    args = (x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, state)
+    args = (x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, state,
+            stats_rows.check(_FN, statistics, 2))
     cfg = _Config(fc1=fc1, fc2=fc2, normalization=normalization, epsilon=epsilon,
                   activation=activation, gamma_dtype=dtype(gamma), beta_dtype=dtype(beta),
                   specs=steps.explicit_specs(*args),

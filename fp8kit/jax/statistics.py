@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from fp8kit.jax import _checks, _ffi
+from fp8kit.jax import _statistics_rows as _rows
 from fp8kit.jax.block_quantization import check_block_scales
 from fp8kit.jax.scaled_tensor import ScaledTensor, columnwise_shape
 from fp8kit.statistics import CastStatistics
@@ -71,3 +72,41 @@ def cast_statistics(x, scaled: ScaledTensor, columnwise: bool = False) -> CastSt
     x, data, scales = jax.lax.stop_gradient((jnp.asarray(x), data, scales))
     return CastStatistics(*_ffi.cast_statistics_call(x, data, scales, columnwise,
                                                      scaled.scaling_mode))
+
+
+# --- a layer's statistics rows --------------------------------------------------------
+
+# (GEMM, role) of each row of a layer's statistics, by its number of rows:
+# the rows of its delayed-scaling state (dense and layernorm_dense: one
+# Linear; layernorm_mlp: fc1 and fc2).
+_ROW_TENSORS = {
+    3: (("", "input"), ("", "weight"), ("", "grad_output")),
+    6: ((".fc1", "input"), (".fc1", "weight"), (".fc2", "input"), (".fc2", "weight"),
+        (".fc1", "grad_output"), (".fc2", "grad_output")),
+}
+
+
+def statistics_rows(num_linears: int = 1):
+    """Zeroed statistics rows for one layer call: pass them as the layer's
+    `statistics` argument (dense and layernorm_dense: num_linears=1;
+    layernorm_mlp: 2) and differentiate with respect to them; the
+    gradient is the filled rows (fp8kit/jax/_statistics_rows.py), which
+    tensor_statistics reads."""
+    if num_linears not in (1, 2):
+        raise ValueError(f"fp8kit.jax.statistics_rows: num_linears={num_linears!r}; a layer "
+                         "has 1 (dense, layernorm_dense) or 2 (layernorm_mlp) Linears")
+    return jnp.zeros((3 * num_linears, len(_rows.COLUMNS)), jnp.float32)
+
+
+def tensor_statistics(rows, layer: str) -> list:
+    """The filled rows of one layer as fp8kit.inspect TensorStats (host
+    numbers; this reads the device): one per cast that ran, named
+    `layer` (+ ".fc1" / ".fc2" for layernorm_mlp) and its role."""
+    from fp8kit.inspect.records import TensorStats
+    rows = jnp.asarray(rows)
+    names = _ROW_TENSORS.get(rows.shape[0]) if rows.ndim == 2 else None
+    if names is None or rows.shape[1] != len(_rows.COLUMNS):
+        raise ValueError(f"fp8kit.jax.tensor_statistics: rows have shape {rows.shape}; pass "
+                         "what a layer filled from statistics_rows(1) or statistics_rows(2)")
+    return [TensorStats(layer=layer + suffix, role=role, **values)
+            for (suffix, role), values in zip(names, _rows.read(rows)) if values is not None]

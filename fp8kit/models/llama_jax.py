@@ -145,13 +145,14 @@ def create_fp8_states(cfg: LlamaConfig, recipe, layers: JaxLayers = FP8KIT_LAYER
     return None if recipe is None else layers.create_states(cfg, recipe)
 
 
-def project(x, kernel, state, recipe, layers: JaxLayers = FP8KIT_LAYERS):
+def project(x, kernel, fp8_kwargs, recipe, layers: JaxLayers = FP8KIT_LAYERS):
     """x bf16 [..., in] @ kernel [in, out], the float32 kernel cast to bf16
-    first (as torch.autocast does): FP8 through layers.dense with a recipe."""
+    first (as torch.autocast does): FP8 through layers.dense with a recipe
+    (fp8_kwargs: its state and statistics keyword arguments)."""
     kernel = kernel.astype(BF16)
     if recipe is None:
         return jnp.dot(x, kernel)
-    return layers.dense(x, kernel, state=state, recipe=recipe)
+    return layers.dense(x, kernel, recipe=recipe, **fp8_kwargs)
 
 
 def rms_norm(x, weight, eps: float):
@@ -176,14 +177,51 @@ def _state(states, name):
     return None if states is None else states[name]
 
 
-def norm_qkv(p, states, x, cfg: LlamaConfig, recipe, layers: JaxLayers):
+def _fp8_kwargs(states, statistics, name):
+    """The keyword arguments of FP8 call `name`: its state, and its
+    statistics rows when they are collected (the argument stays unset
+    otherwise, so layers without it - TE-JAX's - still fit)."""
+    kwargs = {"state": _state(states, name)}
+    if statistics is not None:
+        kwargs["statistics"] = statistics[name]
+    return kwargs
+
+
+# The FP8 calls of a decoder layer and their Linears, in the layout of
+# fp8kit.models.checkpoint.FP8_LINEARS ("mlp" is layernorm_mlp's two).
+_FP8_CALLS = {"qkv": 1, "wo": 1, "mlp": 2}
+
+
+def records_statistics(layers: JaxLayers) -> bool:
+    """Whether `layers` are fp8kit.jax's, which take statistics rows."""
+    return (layers.layernorm_dense is fj.layernorm_dense and layers.dense is fj.dense
+            and layers.layernorm_mlp is fj.layernorm_mlp)
+
+
+def create_statistics_rows(cfg: LlamaConfig):
+    """Zeroed statistics rows of every FP8 call (fp8kit.jax.statistics_rows),
+    {"layers": [{"qkv", "wo", "mlp": rows}]}: pass them to forward and
+    differentiate with respect to them to collect the casts' statistics."""
+    return {"layers": [{name: fj.statistics_rows(n) for name, n in _FP8_CALLS.items()}
+                       for _ in range(cfg.layers)]}
+
+
+def tensor_statistics(statistics) -> list:
+    """The filled rows of create_statistics_rows' pytree as fp8kit.inspect
+    TensorStats named as the checkpoint names the Linears (layers.<i>.qkv,
+    layers.<i>.mlp.fc1, ...); reads the device."""
+    return [s for i, layer in enumerate(statistics["layers"]) for name in _FP8_CALLS
+            for s in fj.tensor_statistics(layer[name], f"layers.{i}.{name}")]
+
+
+def norm_qkv(p, states, x, cfg: LlamaConfig, recipe, layers: JaxLayers, statistics=None):
     """RMSNorm and the q, k, v projections of x (the float32 stream): q, k, v in bf16."""
     if recipe is None:
         h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
-        return tuple(project(h, p[n], None, None) for n in ("wq", "wk", "wv"))
+        return tuple(project(h, p[n], {}, None) for n in ("wq", "wk", "wv"))
     qkv = layers.layernorm_dense(_seam(x, layers), p["attn_norm"], None, p["wqkv"],
-                                 normalization="rmsnorm", epsilon=cfg.norm_eps,
-                                 state=_state(states, "qkv"), recipe=recipe)
+                                 normalization="rmsnorm", epsilon=cfg.norm_eps, recipe=recipe,
+                                 **_fp8_kwargs(states, statistics, "qkv"))
     q, k, v = jnp.split(qkv, [cfg.hidden, cfg.hidden + cfg.kv_width], axis=-1)
     return q.astype(BF16), k.astype(BF16), v.astype(BF16)
 
@@ -209,38 +247,41 @@ def causal_attention(q, k, v, implementation: str | None):
 
 
 def attention(p, states, x, cos, sin, cfg: LlamaConfig, recipe, layers: JaxLayers,
-              implementation: str | None = None):
+              implementation: str | None = None, statistics=None):
     b, s, _ = x.shape
-    q, k, v = norm_qkv(p, states, x, cfg, recipe, layers)
+    q, k, v = norm_qkv(p, states, x, cfg, recipe, layers, statistics)
     q = apply_rope(q.reshape(b, s, cfg.heads, cfg.head_dim), cos, sin)
     k = apply_rope(k.reshape(b, s, cfg.num_kv_heads, cfg.head_dim), cos, sin)
     v = v.reshape(b, s, cfg.num_kv_heads, cfg.head_dim)
     o = causal_attention(q, k, v, implementation)
-    return project(o.reshape(b, s, cfg.hidden), p["wo"], _state(states, "wo"), recipe, layers)
+    return project(o.reshape(b, s, cfg.hidden), p["wo"], _fp8_kwargs(states, statistics, "wo"),
+                   recipe, layers)
 
 
-def norm_mlp(p, states, x, cfg: LlamaConfig, recipe, layers: JaxLayers):
+def norm_mlp(p, states, x, cfg: LlamaConfig, recipe, layers: JaxLayers, statistics=None):
     """RMSNorm and the SwiGLU MLP of x (the float32 stream): bf16 with
     recipe=None; from the fused FP8 call bf16, float32 with float32 seams."""
     if recipe is None:
         h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
-        gate, up = project(h, p["w_gate"], None, None), project(h, p["w_up"], None, None)
+        gate, up = project(h, p["w_gate"], {}, None), project(h, p["w_up"], {}, None)
         g = jax.nn.silu(gate.astype(F32)) * up.astype(F32)
-        return project(g.astype(BF16), p["w_down"], None, None)
+        return project(g.astype(BF16), p["w_down"], {}, None)
     return layers.layernorm_mlp(_seam(x, layers), p["mlp_norm"], None, p["w_gate_up"],
                                 p["w_down"],
                                 normalization="rmsnorm", activation="swiglu",
-                                epsilon=cfg.norm_eps, state=_state(states, "mlp"),
-                                recipe=recipe)
+                                epsilon=cfg.norm_eps, recipe=recipe,
+                                **_fp8_kwargs(states, statistics, "mlp"))
 
 
 def forward(params, fp8_states, tokens, cfg: LlamaConfig, recipe,
-            layers: JaxLayers = FP8KIT_LAYERS, attention_impl: str | None = None):
+            layers: JaxLayers = FP8KIT_LAYERS, attention_impl: str | None = None,
+            statistics=None):
     """tokens int32 [batch, seq] -> float32 logits [batch, seq, vocab];
     params in model_params(..., recipe)'s layout, fp8_states from
     create_fp8_states(cfg, recipe, layers); attention_impl:
     jax.nn.dot_product_attention's implementation (attention_implementation
-    picks one for a device)."""
+    picks one for a device); statistics: None, or create_statistics_rows'
+    pytree, whose cotangent is then the FP8 casts' statistics."""
     s = tokens.shape[1]
     if s > cfg.seq_len:
         raise ValueError(f"llama_jax.forward: sequence of {s} tokens is longer than the "
@@ -249,8 +290,9 @@ def forward(params, fp8_states, tokens, cfg: LlamaConfig, recipe,
     x = params["embed"][tokens]                       # the float32 residual stream
     for i, p in enumerate(params["layers"]):
         states = None if fp8_states is None else fp8_states["layers"][i]
-        x = x + attention(p, states, x, cos, sin, cfg, recipe, layers, attention_impl)
-        x = x + norm_mlp(p, states, x, cfg, recipe, layers)
+        rows = None if statistics is None else statistics["layers"][i]
+        x = x + attention(p, states, x, cos, sin, cfg, recipe, layers, attention_impl, rows)
+        x = x + norm_mlp(p, states, x, cfg, recipe, layers, rows)
     h = rms_norm(x, params["final_norm"], cfg.norm_eps)
     # The output head stays in bf16 whatever the recipe, as FP8 training
     # recipes usually keep it: FP8 logits measurably hurt the loss.

@@ -11,6 +11,12 @@ delayed scaling, the FP8 states, whose "gradient" is their updated value
 (fp8kit.jax.dense's convention): it replaces the states rather than being
 applied by the optimizer.
 
+With a `statistics` log (fp8kit.inspect.StatsLog), the steps it logs
+also differentiate with respect to zeroed statistics rows
+(llama_jax.create_statistics_rows): their cotangent is the statistics of
+every FP8 cast fp8kit.jax records, read to the host and written at those
+steps only. The other steps run the step compiled without them.
+
 A checkpoint (fp8kit/models/checkpoint.py) holds the params, the
 optimizer's moments and the FP8 states in init's layout, the same file a
 TorchTrainer writes and reads: a run moves between the frameworks.
@@ -60,11 +66,15 @@ def _adamw(params, grads, opt, lr, cfg: TrainConfig):
     return jax.tree.map(update, params, m, v), {"count": count, "m": m, "v": v}
 
 
+def _step_loss(params, fp8_states, statistics, batch, model_cfg, recipe, layers, attention_impl):
+    logits = llama_jax.forward(params, fp8_states, batch[:, :-1], model_cfg, recipe, layers,
+                               attention_impl, statistics)
+    return llama_jax.cross_entropy(logits, batch[:, 1:])
+
+
 @functools.partial(jax.jit, static_argnames=("model_cfg", "recipe", "layers", "attention_impl"))
 def _loss(params, fp8_states, batch, model_cfg, recipe, layers, attention_impl):
-    logits = llama_jax.forward(params, fp8_states, batch[:, :-1], model_cfg, recipe, layers,
-                               attention_impl)
-    return llama_jax.cross_entropy(logits, batch[:, 1:])
+    return _step_loss(params, fp8_states, None, batch, model_cfg, recipe, layers, attention_impl)
 
 
 # jit-compiled once per (configs, recipe), whichever trainer calls it. The
@@ -74,31 +84,38 @@ def _loss(params, fp8_states, batch, model_cfg, recipe, layers, attention_impl):
 @functools.partial(jax.jit, static_argnames=("model_cfg", "train_cfg", "recipe", "layers",
                                              "attention_impl"),
                    donate_argnames=("params", "fp8_states", "opt"))
-def _train_step(params, fp8_states, opt, batch, lr, *, model_cfg, train_cfg, recipe, layers,
-                attention_impl):
+def _train_step(params, fp8_states, opt, batch, lr, statistics=None, *, model_cfg, train_cfg,
+                recipe, layers, attention_impl):
+    """The step; with statistics rows, also their filled values (else None)."""
     model = (batch, model_cfg, recipe, layers, attention_impl)
-    if fp8_states is None:
-        loss, grads = jax.value_and_grad(_loss)(params, None, *model)
-    else:
-        loss, (grads, fp8_states) = jax.value_and_grad(_loss, argnums=(0, 1))(
-            params, fp8_states, *model)
+    loss, (grads, new_states, statistics) = jax.value_and_grad(_step_loss, argnums=(0, 1, 2))(
+        params, fp8_states, statistics, *model)
+    if fp8_states is not None:  # the states' cotangent is their next value
+        fp8_states = new_states
     grads = _clip_by_global_norm(grads, train_cfg.clip_norm)
     params, opt = _adamw(params, grads, opt, lr, train_cfg)
-    return params, fp8_states, opt, loss
+    return params, fp8_states, opt, loss, statistics
 
 
 class JaxTrainer:
     """One training run. recipe None trains in bf16; params (NumPy, as
     init_params makes them) default to init_params(model_cfg, train_cfg.seed);
-    layers: the FP8 calls (llama_jax.JaxLayers), fp8kit.jax's by default."""
+    layers: the FP8 calls (llama_jax.JaxLayers), fp8kit.jax's by default;
+    statistics: an fp8kit.inspect.StatsLog that the FP8 casts' statistics
+    are written to at the steps it logs (fp8kit's layers, a recipe)."""
 
     framework = "jax"
 
     def __init__(self, model_cfg: LlamaConfig, train_cfg: TrainConfig, recipe=None,
                  params: dict | None = None, device=None,
-                 layers: llama_jax.JaxLayers = llama_jax.FP8KIT_LAYERS):
+                 layers: llama_jax.JaxLayers = llama_jax.FP8KIT_LAYERS, statistics=None):
         self.model_cfg, self.train_cfg, self.recipe = model_cfg, train_cfg, recipe
         self.layers = layers
+        fp8kit_layers = llama_jax.records_statistics(layers)
+        if statistics is not None and (recipe is None or not fp8kit_layers):
+            raise ValueError("JaxTrainer: statistics are the casts of fp8kit's FP8 layers; "
+                             "pass a recipe and the default layers, or statistics=None")
+        self.statistics = statistics
         self.device = device if device is not None else default_device()
         self.attention_impl = llama_jax.attention_implementation(self.device)
         if params is None:
@@ -138,10 +155,16 @@ class JaxTrainer:
         """One optimizer step; its loss, on the device (not waited for)."""
         batch = jax.device_put(self.sampler.next(), self.device)
         lr = np.float32(learning_rate(self.step, self.train_cfg))
-        self.params, self.fp8_states, self.opt_state, loss = _train_step(
-            self.params, self.fp8_states, self.opt_state, batch, lr, model_cfg=self.model_cfg,
-            train_cfg=self.train_cfg, recipe=self.recipe, layers=self.layers,
-            attention_impl=self.attention_impl)
+        log = self.statistics
+        rows = (llama_jax.create_statistics_rows(self.model_cfg)
+                if log is not None and log.should_log(self.step) else None)
+        self.params, self.fp8_states, self.opt_state, loss, rows = _train_step(
+            self.params, self.fp8_states, self.opt_state, batch, lr, rows,
+            model_cfg=self.model_cfg, train_cfg=self.train_cfg, recipe=self.recipe,
+            layers=self.layers, attention_impl=self.attention_impl)
+        if rows is not None:  # a logged step: the one read of the device for it
+            log.write(self.step, self.framework, type(self.recipe).__name__,
+                      llama_jax.tensor_statistics(rows))
         self.step += 1
         return loss
 

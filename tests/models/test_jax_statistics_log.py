@@ -1,0 +1,50 @@
+"""The JAX trainer's FP8 cast statistics: written at the steps a StatsLog
+logs, named as the checkpoint names the Linears, and without any effect
+on the run."""
+import json
+
+import pytest
+from small_config import SMALL, SMALL_TRAIN
+
+from fp8kit.inspect import StatsLog, read_run
+from fp8kit.models import llama_jax
+from fp8kit.models.train_jax import JaxTrainer
+from fp8kit.recipe import BlockScaling, CurrentScaling, DelayedScaling
+
+STEPS = 5
+
+
+@pytest.mark.parametrize("recipe", [DelayedScaling(), CurrentScaling(), BlockScaling()],
+                         ids=["delayed", "current", "block"])
+def test_logged_steps_change_nothing_and_name_every_recorded_cast(tmp_path, recipe):
+    path = tmp_path / "run.jsonl"
+    with StatsLog(path, every=2) as log:
+        inspected = JaxTrainer(SMALL, SMALL_TRAIN, recipe, statistics=log).train_steps(STEPS)
+    plain = JaxTrainer(SMALL, SMALL_TRAIN, recipe).train_steps(STEPS)
+    assert inspected == plain
+    records = read_run(path)
+    assert [r["step"] for r in records] == [0, 2, 4]
+    assert {(r["framework"], r["recipe"]) for r in records} == {("jax", type(recipe).__name__)}
+    # fp8kit.jax records every cast whose high-precision tensor exists: the
+    # kernels, wo's input, the output gradients of qkv, wo and fc2.
+    per_layer = ["mlp.fc1/weight", "mlp.fc2/grad_output", "mlp.fc2/weight", "qkv/grad_output",
+                 "qkv/weight", "wo/grad_output", "wo/input", "wo/weight"]
+    want = sorted(f"layers.{i}.{n}" for i in range(SMALL.layers) for n in per_layer)
+    for r in records:
+        assert sorted(r["tensors"]) == want
+        for name, t in r["tensors"].items():
+            assert t["numel"] > 0 and t["amax"] > 0, name
+            assert 0.0 < t["relative_error"] < 0.2, name
+            assert (t["scale"] is None) == isinstance(recipe, BlockScaling), name
+    json.dumps(records)  # plain numbers only
+
+
+def test_statistics_need_a_recipe_and_fp8kits_layers(tmp_path):
+    with StatsLog(tmp_path / "run.jsonl", every=1) as log:
+        with pytest.raises(ValueError, match="statistics"):
+            JaxTrainer(SMALL, SMALL_TRAIN, None, statistics=log)
+        other = llama_jax.JaxLayers(lambda *a, **k: None, llama_jax.FP8KIT_LAYERS.dense,
+                                    llama_jax.FP8KIT_LAYERS.layernorm_mlp,
+                                    llama_jax.FP8KIT_LAYERS.create_states)
+        with pytest.raises(ValueError, match="fp8kit's FP8 layers"):
+            JaxTrainer(SMALL, SMALL_TRAIN, DelayedScaling(), layers=other, statistics=log)
