@@ -9,8 +9,9 @@ them (common/include/fp8kit/statistics.h):
     amax       max |x|; NaN if x holds a NaN, else inf if it holds an inf
     underflow  finite x != 0 that the cast flushed to +-0
     saturated  finite x cast to +-fp8_max: clipped, or landing on it exactly
-               (under current or block scaling every tensor's or block's
-               amax does, by construction)
+               (under current or block scaling with exact scales every
+               tensor's or block's amax does, by construction; a power-of-2
+               scale maps it below)
     error_sq   sum over finite x of (d - x)^2
     norm_sq    sum over finite x of x^2
 

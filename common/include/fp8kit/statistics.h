@@ -12,10 +12,12 @@
  *               zero (exact zeros are not counted);
  *   saturated = #{x finite, q = +-fp8_max} (448 for E4M3, 57344 for E5M2):
  *               values clipped to the format's range, and values that land
- *               on fp8_max exactly. Under current or block scaling the
- *               element at each block's (or the tensor's) amax maps to
- *               fp8_max by construction, so there this count is at least
- *               the number of blocks whose amax is finite and non-zero;
+ *               on fp8_max exactly. Under current or block scaling with
+ *               exact scales (no power_2_scale) the element at each
+ *               block's (or the tensor's) amax maps to fp8_max by
+ *               construction, so there this count is at least the number
+ *               of blocks whose amax is finite and non-zero; a scale
+ *               rounded down to a power of two maps it below fp8_max;
  *   error_sq  = sum over finite x of (d - x)^2;
  *   norm_sq   = sum over finite x of x^2.
  * Non-finite x (+-inf, NaN) are left out of the counts and the sums; only
