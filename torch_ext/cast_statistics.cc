@@ -53,7 +53,7 @@ Statistics cast_statistics_op(const at::Tensor& x_in, const at::Tensor& data,
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   const fp8kit_scaling_mode mode = parse_scaling_mode(scaling_mode);
   const at::Tensor x = contiguous_high_precision(kFn, "x", x_in);
-  const fp8kit_device_type dev = device_type_of(x, kFn, "x");
+  device_type_of(x, kFn, "x");  // a CPU or CUDA tensor
   const fp8kit_dtype fp8 = check_copy_of(data, x, from_columnwise);
   if (mode == FP8KIT_SCALING_PER_TENSOR) {
     check_f32_scalar(kFn, "scale_inv", scale_inv, "x", x);
@@ -72,25 +72,7 @@ Statistics cast_statistics_op(const at::Tensor& x_in, const at::Tensor& data,
                                    static_cast<unsigned int*>(underflow.data_ptr()),
                                    static_cast<unsigned int*>(saturated.data_ptr()),
                                    error_sq.data_ptr<float>(), norm_sq.data_ptr<float>()};
-  const fp8kit_tensor in = describe(x, *high_precision_dtype(x.scalar_type()), dev);
-  fp8kit_tensor q = in;  // x's logical shape; the copy's bytes and scales below
-  q.dtype = fp8;
-  q.scaling_mode = mode;
-  q.data = from_columnwise ? nullptr : data.data_ptr();
-  q.columnwise_data = from_columnwise ? data.data_ptr() : nullptr;
-  float* scales = scale_inv.data_ptr<float>();
-  if (mode == FP8KIT_SCALING_PER_TENSOR) {
-    q.scale_inv = scales;
-  } else if (from_columnwise) {
-    q.columnwise_block_scale_inv = scales;
-  } else {
-    q.block_scale_inv = scales;
-  }
-  FP8KIT_PROFILE_SCOPE("fp8kit::cast_statistics");
-  void* stream = current_stream(x.device());
-  check_status(call_core(dev == FP8KIT_DEVICE_CPU, [&] {
-    return fp8kit_cast_statistics_of(&in, &q, from_columnwise ? 1 : 0, &out, stream);
-  }));
+  cast_statistics_into(x, fp8, mode, data, from_columnwise, scale_inv.data_ptr<float>(), out);
   // The core counts in 32 bits; torch does integer arithmetic (a count
   // over numel, say) in int64, on the same stream as the core's writes.
   return {amax, underflow.to(at::kLong), saturated.to(at::kLong), error_sq, norm_sq};

@@ -121,6 +121,30 @@ void amax_into(const at::Tensor& x, float* amax) {
   check_status(call_core(dev == FP8KIT_DEVICE_CPU, [&] { return fp8kit_amax(&in, amax, stream); }));
 }
 
+void cast_statistics_into(const at::Tensor& x, fp8kit_dtype fp8, fp8kit_scaling_mode mode,
+                          const at::Tensor& data, bool from_columnwise, float* scales,
+                          const fp8kit_cast_statistics& out) {
+  FP8KIT_PROFILE_SCOPE("fp8kit::cast_statistics");
+  const fp8kit_device_type dev = fp8kit_device(x.device());
+  const fp8kit_tensor in = describe(x, *high_precision_dtype(x.scalar_type()), dev);
+  fp8kit_tensor q = in;  // x's logical shape; the copy's bytes and scales below
+  q.dtype = fp8;
+  q.scaling_mode = mode;
+  q.data = from_columnwise ? nullptr : data.data_ptr();
+  q.columnwise_data = from_columnwise ? data.data_ptr() : nullptr;
+  if (mode == FP8KIT_SCALING_PER_TENSOR) {
+    q.scale_inv = scales;
+  } else if (from_columnwise) {
+    q.columnwise_block_scale_inv = scales;
+  } else {
+    q.block_scale_inv = scales;
+  }
+  void* stream = current_stream(x.device());
+  check_status(call_core(dev == FP8KIT_DEVICE_CPU, [&] {
+    return fp8kit_cast_statistics_of(&in, &q, from_columnwise ? 1 : 0, &out, stream);
+  }));
+}
+
 void delayed_update(const fp8kit_delayed_scaling_state* states, int count,
                     const fp8kit_delayed_scaling_config& config, const at::Device& device) {
   if (count == 0) return;

@@ -51,6 +51,14 @@ void columnwise_from_rowwise_into(const at::Tensor& data, fp8kit_dtype fp8,
 // Writes max|x| of contiguous high-precision x to `amax` (device pointer).
 void amax_into(const at::Tensor& x, float* amax);
 
+// The statistics of the cast of contiguous high-precision `x` into its FP8
+// copy `data` (x's shape, or columnwise_shape(x) with from_columnwise),
+// whose scale_inv (per tensor) or block scales (`mode` a block mode) are at
+// `scales`, written where `out` points (fp8kit_cast_statistics_of).
+void cast_statistics_into(const at::Tensor& x, fp8kit_dtype fp8, fp8kit_scaling_mode mode,
+                          const at::Tensor& data, bool from_columnwise, float* scales,
+                          const fp8kit_cast_statistics& out);
+
 // One fp8kit_delayed_scaling_update call on `device`.
 void delayed_update(const fp8kit_delayed_scaling_state* states, int count,
                     const fp8kit_delayed_scaling_config& config, const at::Device& device);

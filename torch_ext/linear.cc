@@ -162,6 +162,11 @@ void register_linear(py::module_& m) {
           "amax_history_len], scale [3] and seeded [3], the arrays fp8kit.jax's "
           "DelayedScalingState holds (for extra_state).");
 
+  // The columns of linear_forward's statistics rows (LinearStatistics), in order.
+  m.attr("STATISTICS_COLUMNS") = py::make_tuple("amax", "underflow", "saturated", "error_sq",
+                                                "norm_sq", "scale_inv", "recorded");
+  static_assert(kStatColumns == 7, "STATISTICS_COLUMNS names every column");
+
   m.def(
       "linear_recipe",
       [](py::handle recipe) {
@@ -175,7 +180,7 @@ void register_linear(py::module_& m) {
   m.def(
       "linear_forward",
       [](py::handle state, py::handle input, py::handle weight, py::handle bias,
-         py::handle fast_accumulation, py::handle fp8_weight) {
+         py::handle fast_accumulation, py::handle fp8_weight, py::handle statistics) {
         constexpr const char* fn = "fp8kit.torch.Linear";
         LinearState& st = state_self(state);
         const at::Tensor x = read_tensor(input, c10::str(fn, ": input"));
@@ -184,18 +189,25 @@ void register_linear(py::module_& m) {
         if (!bias.is_none()) b = read_tensor(bias, c10::str(fn, ": bias"));
         const bool fast =
             read_bool(fast_accumulation, c10::str(fn, ": recipe.forward_fast_accumulation"));
-        if (fp8_weight.is_none()) return linear_forward(st, x, w, b, fast);
+        const at::Tensor stats = statistics.is_none()
+                                     ? at::Tensor()
+                                     : read_tensor(statistics, c10::str(fn, ": statistics"));
+        if (fp8_weight.is_none()) return linear_forward(st, x, w, b, fast, nullptr, stats);
         const FP8Weight fw = read_fp8_weight(fp8_weight);
-        return linear_forward(st, x, w, b, fast, &fw);
+        return linear_forward(st, x, w, b, fast, &fw, stats);
       },
       py::arg("state"), py::arg("input"), py::arg("weight"), py::arg("bias") = py::none(),
       py::arg("fast_accumulation") = false, py::arg("fp8_weight") = py::none(),
+      py::arg("statistics") = py::none(),
       "FP8 y = input @ weight.T + bias with autograd (FP8 dgrad and wgrad), per `state`; "
       "fast_accumulation: the forward GEMM's (the recipe's forward_fast_accumulation). "
       "fp8_weight: None, or (data, columnwise_data, scale_inv) of the weight already in FP8 "
       "(data or columnwise_data None where the call reads no such copy); the GEMMs read it, "
       "`weight` then gives only the shape, dtype and autograd edge, and the weight's scaling "
-      "slot records nothing.");
+      "slot records nothing. statistics: None, or a float32 [3, len(STATISTICS_COLUMNS)] "
+      "tensor on the layer's device that this call and its backward fill with their casts' "
+      "statistics, a row per slot (fp8kit.torch.inspect reads it; torch_ext/linear_autograd.h "
+      "lays it out); the outputs, gradients and scaling state are the same bits either way.");
 }
 
 }  // namespace fp8kit_torch

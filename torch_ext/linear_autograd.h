@@ -23,7 +23,35 @@ struct LinearCall {
   // one scaling state may differ in it.
   bool fast_accumulation = false;
   fp8kit_linear_plan plan{};
+  // Where an inspected call writes its casts' statistics (see
+  // LinearStatistics below); undefined for every other call.
+  at::Tensor statistics;
 };
+
+// An inspected call's cast statistics (fp8kit.torch.inspect): a float32
+// [kSlots, kStatColumns] tensor on the layer's device that the forward
+// (input, weight) and its backward (grad_output) fill beside their casts,
+// a row per slot: the fp8kit_cast_statistics of the slot's high-precision
+// tensor and the FP8 copy the cast wrote (read as it is, not re-quantized),
+// the scale_inv the cast used, and 1 in kStatRecorded once written (a row
+// left 0 had no cast: no backward, or a weight already in FP8). The two
+// counts are the core's 32-bit unsigned integers, stored in their float32
+// columns' bits.
+enum LinearStatistics {
+  kStatAmax, kStatUnderflow, kStatSaturated, kStatErrorSq, kStatNormSq, kStatScaleInv,
+  kStatRecorded, kStatColumns
+};
+
+// Checks `statistics` (when defined) against the layer's device; errors
+// name `fn`.
+void check_statistics(const char* fn, const at::Tensor& statistics, const at::Device& device);
+
+// Writes row `slot` of `statistics`: the cast of contiguous `x` into
+// `data` (its rowwise copy, or with from_columnwise its columnwise one) in
+// format `fp8`, whose scalars block is `scalars`.
+void record_statistics(const at::Tensor& statistics, int slot, const at::Tensor& x,
+                       fp8kit_dtype fp8, const at::Tensor& data, bool from_columnwise,
+                       const at::Tensor& scalars);
 
 // The core's plan for `call`'s sizes, gradients and device (the weight is
 // torch's [out_features, in_features]).
@@ -101,9 +129,13 @@ torch::autograd::variable_list linear_backward_below_autograd(
 // With `fp8_weight`, the GEMMs read it instead of quantizing `w` (which
 // then only gives the weight's shape, dtype and autograd edge) and the
 // weight's scaling slot records nothing: whoever cast the weight owns it.
+// With `statistics` defined, the call and its backward write their casts'
+// statistics there (LinearStatistics); the outputs, gradients and scaling
+// state are the same bits either way.
 at::Tensor linear_forward(LinearState& st, const at::Tensor& x, const at::Tensor& w,
                           const std::optional<at::Tensor>& bias, bool fast_accumulation,
-                          const FP8Weight* fp8_weight = nullptr);
+                          const FP8Weight* fp8_weight = nullptr,
+                          const at::Tensor& statistics = at::Tensor());
 
 }  // namespace fp8kit_torch
 

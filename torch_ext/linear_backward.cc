@@ -88,6 +88,11 @@ variable_list linear_backward_below_autograd(const BackwardInfo& info, const Lin
       }
       st.quantize_slots(&job, 1, /*record=*/true);
     }
+    if (p.statistics.defined()) {  // an inspected call: whichever copy the cast wrote
+      const bool rowwise = dy_cast.rowwise != 0;
+      record_statistics(p.statistics, kGrad, dy, bwd, rowwise ? dy_data : dy_columnwise,
+                        !rowwise, dy_scalars);
+    }
     if (p.dgrad) {
       // dx[M, K] = dy[M, N] @ w[N, K]: w is read N-contiguous, from its
       // columnwise copy on TN-only devices (whichever copy forward kept).

@@ -114,6 +114,14 @@ at::Tensor linear_forward_below_autograd(LinearState& st, const at::Tensor& x_in
     jobs[n++] = SlotJob{kInput, &x, x_data, x_columnwise, x_scalars.data_ptr<float>()};
     st.quantize_slots(jobs, n, /*record=*/save);
   }
+  if (p.statistics.defined()) {  // an inspected call; the GEMM reads both rowwise copies
+    const fp8kit_dtype fwd = st.recipe.forward_dtype;
+    record_statistics(p.statistics, kInput, x, fwd, x_data, false, x_scalars);
+    if (given == nullptr) {  // a weight already in FP8 has no high-precision copy here
+      record_statistics(p.statistics, kWeight, w.defined() ? w : w_in.contiguous(), fwd, w_data,
+                        false, w_scalars);
+    }
+  }
 
   // y[M, N] = x[M, K] @ w[N, K]^T (+ bias): both operands K-contiguous,
   // the rowwise copies every plan writes for x and an [N, K] weight.
@@ -222,6 +230,32 @@ GivenWeight checked_fp8_weight(const LinearState& st, const FP8Weight& fw, const
 
 }  // namespace
 
+void check_statistics(const char* fn, const at::Tensor& statistics, const at::Device& device) {
+  if (!statistics.defined()) return;
+  FP8KIT_VALUE_CHECK(statistics.scalar_type() == at::kFloat && statistics.dim() == 2 &&
+                         statistics.size(0) == kSlots && statistics.size(1) == kStatColumns &&
+                         statistics.is_contiguous() && statistics.device() == device,
+                     fn, ": statistics is ", dtype_str(statistics.scalar_type()), " of shape ",
+                     shape_str(statistics.sizes()), " on ", device_str(statistics.device()),
+                     "; it must be a contiguous float32 [", kSlots, ", ", kStatColumns,
+                     "] tensor on the layer's device (", device_str(device), ")");
+}
+
+void record_statistics(const at::Tensor& statistics, int slot, const at::Tensor& x,
+                       fp8kit_dtype fp8, const at::Tensor& data, bool from_columnwise,
+                       const at::Tensor& scalars) {
+  const at::Tensor row = statistics.select(0, slot);
+  float* r = row.data_ptr<float>();
+  const fp8kit_cast_statistics out{r + kStatAmax,
+                                   reinterpret_cast<unsigned int*>(r + kStatUnderflow),
+                                   reinterpret_cast<unsigned int*>(r + kStatSaturated),
+                                   r + kStatErrorSq, r + kStatNormSq};
+  cast_statistics_into(x, fp8, FP8KIT_SCALING_PER_TENSOR, data, from_columnwise,
+                       scale_inv_of(scalars), out);
+  row.narrow(0, kStatScaleInv, 1).copy_(scalars.narrow(0, kScaleInv, 1));
+  row.narrow(0, kStatRecorded, 1).fill_(1.0);
+}
+
 fp8kit_linear_plan linear_plan(const LinearCall& call) {
   fp8kit_linear_plan plan;
   check_status(fp8kit_linear_plan_make(call.m, call.k, call.n, FP8KIT_WEIGHT_OUT_IN,
@@ -290,13 +324,17 @@ LinearCall linear_call(const char* fn, const LinearState& st, const at::Tensor& 
 
 at::Tensor linear_forward(LinearState& st, const at::Tensor& x, const at::Tensor& w,
                           const std::optional<at::Tensor>& bias, bool fast_accumulation,
-                          const FP8Weight* fp8_weight) {
+                          const FP8Weight* fp8_weight, const at::Tensor& statistics) {
   FP8KIT_PROFILE_SCOPE("fp8kit::linear_forward");
   const at::Tensor b = bias && bias->defined() ? *bias : at::Tensor();
   const bool grad = at::GradMode::is_enabled();
-  const LinearCall p =
+  LinearCall p =
       linear_call(kFn, st, x, w, b, grad && x.requires_grad(), grad && w.requires_grad(),
                   grad && b.defined() && b.requires_grad(), fast_accumulation);
+  if (statistics.defined()) {
+    check_statistics(kFn, statistics, st.device);
+    p.statistics = statistics;
+  }
   DeviceScope scope(st.device);
   GivenWeight given;
   if (fp8_weight != nullptr) given = checked_fp8_weight(st, *fp8_weight, w, p.plan);

@@ -320,6 +320,15 @@ def _fp8_linears(model: Llama) -> dict:
     return out
 
 
+def fp8_linear_names(model: Llama) -> dict:
+    """{the name fp8kit.torch.inspect gives an FP8 Linear (its module's
+    qualified name, ".fc1" / ".fc2" for the MLP's): its checkpoint.FP8_LINEARS
+    name}, which fp8kit.jax's statistics use too."""
+    qualified = {id(m): n for n, m in model.named_modules()}
+    return {qualified[id(layer)] + ("" if gemm == "linear" else f".{gemm}"): name
+            for name, (layer, gemm) in _fp8_linears(model).items()}
+
+
 def fp8_state_arrays(model: Llama, recipe) -> dict:
     """{FP8 Linear name (checkpoint.FP8_LINEARS): its `recipe` scaling state
     as fp8kit.checkpoint's arrays}, a fresh state's before its first use."""

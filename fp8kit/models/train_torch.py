@@ -23,6 +23,13 @@ Python float that changes every step, which a compiled optimizer step
 would recompile for unless it were held in a tensor, and on a GPU AdamW
 already runs as PyTorch's fused kernels. evaluate() runs eagerly (a
 no-grad forward would be a second compiled graph).
+
+With a `statistics` log (fp8kit.inspect.StatsLog), fp8kit.torch.inspect
+records the cast statistics of every FP8 GEMM operand at the steps the log
+logs (the trainer's step numbers, a resumed run's included), named as the
+checkpoint names the Linears (layers.<i>.qkv, layers.<i>.mlp.fc1, ...), as
+JaxTrainer names them; train_step and train_steps write them before they
+return (they wait for the device then anyway). Eager mode only.
 """
 
 from __future__ import annotations
@@ -35,11 +42,12 @@ import torch.nn.functional as F
 from fp8kit.models import checkpoint, data
 from fp8kit.models.config import LlamaConfig
 from fp8kit.models.init import init_params
-from fp8kit.models.llama_torch import (FP8KIT_LAYERS, FP8Layers, Llama, fp8_state_arrays,
-                                       load_fp8_state_arrays, load_params, put_layout,
-                                       take_layout, weight_layout)
+from fp8kit.models.llama_torch import (FP8KIT_LAYERS, FP8Layers, Llama, fp8_linear_names,
+                                       fp8_state_arrays, load_fp8_state_arrays, load_params,
+                                       put_layout, take_layout, weight_layout)
 from fp8kit.models.schedule import TrainConfig, decays, learning_rate
 from fp8kit.recipe import DelayedScaling
+from fp8kit.torch.inspection import inspect
 
 
 def default_device() -> torch.device:
@@ -55,14 +63,16 @@ class TorchTrainer:
     (the benchmark's torchao peer swaps the bf16 model's projections for
     torchao's with it); compile: the forward and loss through torch.compile
     (fullgraph=True) with compile_backend (tests pass "aot_eager", which
-    runs eager mode's kernels)."""
+    runs eager mode's kernels); statistics: an fp8kit.inspect.StatsLog that
+    the FP8 casts' statistics are written to at the steps it logs (fp8kit's
+    layers, a recipe, eager mode)."""
 
     framework = "torch"
 
     def __init__(self, model_cfg: LlamaConfig, train_cfg: TrainConfig, recipe=None,
                  params: dict | None = None, device=None, layers: FP8Layers = FP8KIT_LAYERS,
                  convert: Callable[[Llama], Llama] | None = None, compile: bool = False,
-                 compile_backend="inductor"):
+                 compile_backend="inductor", statistics=None):
         self.model_cfg, self.train_cfg, self.recipe = model_cfg, train_cfg, recipe
         self.device = torch.device(device) if device is not None else default_device()
         self.model = Llama(model_cfg, recipe, self.device, layers)
@@ -70,6 +80,14 @@ class TorchTrainer:
                     else init_params(model_cfg, train_cfg.seed))
         if convert is not None:
             self.model = convert(self.model)
+        self.statistics, self.inspection = statistics, None
+        if statistics is not None:
+            if recipe is None or compile:
+                raise ValueError("TorchTrainer: statistics are the casts of the eager model's "
+                                 "FP8 layers; pass a recipe and leave out compile=True, or "
+                                 "statistics=None")
+            self.inspection = inspect(self.model, log=statistics,
+                                      names=fp8_linear_names(self.model).__getitem__)
         # What train_step calls: the loss, compiled or not.
         self.step_loss = (torch.compile(self.loss, fullgraph=True, backend=compile_backend)
                           if compile else self.loss)
@@ -105,7 +123,9 @@ class TorchTrainer:
 
     def train_step(self) -> float:
         """One optimizer step on the next batch; returns its loss (before the step)."""
-        return self._step().item()
+        loss = self._step().item()
+        self._write_statistics()
+        return loss
 
     def train_steps(self, n: int) -> list[float]:
         """n optimizer steps; their losses. The host waits for the device
@@ -113,13 +133,23 @@ class TorchTrainer:
         queues each step's kernels while the device still runs the last
         one's, as a training loop that logs every n steps would."""
         losses = [self._step() for _ in range(n)]
-        return torch.stack(losses).tolist() if losses else []
+        losses = torch.stack(losses).tolist() if losses else []
+        self._write_statistics()
+        return losses
+
+    def _write_statistics(self) -> None:
+        """Writes the logged steps' statistics (after the host waited for
+        the device anyway)."""
+        if self.inspection is not None:
+            self.inspection.flush()
 
     def _step(self) -> torch.Tensor:
         """One optimizer step; its loss, on the device (not waited for)."""
         batch = self._tensor(self.sampler.next())
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(self.step, self.train_cfg)
+        if self.inspection is not None:  # the forwards that follow are this step's
+            self.inspection.step(self.step)
         loss = self.step_loss(batch)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -13,7 +13,9 @@ Float8BlockQuantizer (a scale per 1x128 tile or 128x128 block) returns a
 Float8BlockTensor. Tensors: QuantizedTensor, Float8Tensor,
 Float8BlockTensor. Modules: Linear and the fused LayerNormLinear and
 LayerNormMLP, used inside autocast(recipe=...) with DelayedScaling,
-CurrentScaling or BlockScaling.
+CurrentScaling or BlockScaling. inspect(model, every=N, log=path)
+(fp8kit.torch.inspection): the cast statistics of every FP8 GEMM operand
+of a model's fp8kit layers, logged every N training steps.
 Dispatcher ops (torch.ops.fp8kit.*, what torch.compile traces): see
 fp8kit.torch.ops, fp8kit.torch.block_ops and fp8kit.torch.statistics.
 """
@@ -29,6 +31,7 @@ from fp8kit.torch.block_ops import (block_scale_inv_shape, dequantize_block, gem
                                     quantize_block, supports_block_scaled_fp8_gemm)
 from fp8kit.torch.float8_block_tensor import Float8BlockTensor
 from fp8kit.torch.float8_tensor import Float8Tensor
+from fp8kit.torch.inspection import Inspection, inspect
 from fp8kit.torch.layernorm_linear import LayerNormLinear
 from fp8kit.torch.layernorm_mlp import LayerNormMLP
 from fp8kit.torch.linear import Linear
@@ -48,7 +51,8 @@ __all__ = [
     "Linear", "LayerNormLinear", "LayerNormMLP", "autocast", "current_recipe", "DelayedScaling",
     "CurrentScaling", "Format", "AmaxReduction", "BlockScaling", "quantize_block",
     "dequantize_block", "gemm_block", "block_scale_inv_shape", "supports_block_scaled_fp8_gemm",
-    "Float8BlockQuantizer", "Float8BlockTensor", "cast_statistics", "CastStatistics",
+    "Float8BlockQuantizer", "Float8BlockTensor", "cast_statistics", "CastStatistics", "inspect",
+    "Inspection",
 ]
 
 

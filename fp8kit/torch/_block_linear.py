@@ -74,8 +74,8 @@ class _BlockLinearFunction(torch.autograd.Function):
     """y = x @ w^T (+ bias) on [M, K] x with M a multiple of 16."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, cfg):
-        return _forward(ctx, x, weight, bias, cfg)
+    def forward(ctx, x, weight, bias, cfg, inspect):
+        return _forward(ctx, x, weight, bias, cfg, inspect)
 
     @staticmethod
     def backward(ctx, dy):
@@ -87,6 +87,10 @@ class _BlockLinearFunction(torch.autograd.Function):
         dx = dw = db = None
         if dgrad or wgrad:
             dy_d, dy_s, dy_cw, dy_cws = _ops.quantize_block(dy, bwd, ROW, dgrad, wgrad, eps, pow2)
+            if ctx.inspect is not None:
+                recorder, gemm, tokens = ctx.inspect
+                recorder.record(gemm, "grad_output", dy, dy_d if dgrad else None,
+                                dy_s if dgrad else dy_cws, ROW, dy_cw, tokens * dy.shape[1])
             gemm_dtype = _gemm_dtype(dy.dtype)
             if dgrad:
                 dx = _ops.gemm_block(dy_d, dy_s, None, None, ROW, None, None, w_cw, w_cw_sinv,
@@ -96,15 +100,21 @@ class _BlockLinearFunction(torch.autograd.Function):
                                      ROW, True, False, gemm_dtype, None).to(dy.dtype)
         if need_b:
             db = dy.sum(0, dtype=torch.float32).to(ctx.bias_dtype)
-        return dx, dw, db, None
+        return dx, dw, db, None, None
 
 
-def _forward(ctx, x, weight, bias, cfg):
+def _forward(ctx, x, weight, bias, cfg, inspect):
     """The forward GEMM; with ctx (a pass that computes gradients) it saves
-    the columnwise copies backward reads."""
+    the columnwise copies backward reads. inspect: None, or (the layer's
+    recorder of fp8kit.torch.inspect, the GEMM's name in it, the token
+    count before padding)."""
     fwd, bwd, eps, pow2, dgrad, wgrad = cfg
     x_d, x_s, x_cw, x_cws = _ops.quantize_block(x, fwd, ROW, True, wgrad, eps, pow2)
     w_d, w_s, w_cw, w_cws = _ops.quantize_block(weight, fwd, BLOCK, True, dgrad, eps, pow2)
+    if inspect is not None:
+        recorder, gemm, tokens = inspect
+        recorder.record(gemm, "input", x, x_d, x_s, ROW, numel=tokens * x.shape[1])
+        recorder.record(gemm, "weight", weight, w_d, w_s, BLOCK)
     gemm_dtype = _gemm_dtype(x.dtype)
     fused_bias = bias if bias is not None and gemm_dtype == torch.bfloat16 else None
     y = _ops.gemm_block(x_d, x_s, None, None, ROW, w_d, w_s, None, None, BLOCK, False, True,
@@ -112,7 +122,7 @@ def _forward(ctx, x, weight, bias, cfg):
     if bias is not None and fused_bias is None:
         y = y + bias
     if ctx is not None:
-        ctx.cfg = cfg
+        ctx.cfg, ctx.inspect = cfg, inspect
         ctx.bias_dtype = None if bias is None else bias.dtype
         ctx.save_for_backward(x_cw if wgrad else None, x_cws if wgrad else None,
                               w_cw if dgrad else None, w_cws if dgrad else None)
@@ -135,9 +145,10 @@ def check_features(layer: str, in_features: int, out_features: int) -> None:
 
 
 def block_linear(layer: str, recipe, input: torch.Tensor, weight: torch.Tensor,
-                 bias) -> torch.Tensor:
+                 bias, inspect=None, gemm: str = "") -> torch.Tensor:
     """y = input @ weight^T + bias with BlockScaling `recipe`; errors name
-    fp8kit.torch.<layer>."""
+    fp8kit.torch.<layer>. inspect: the layer's recorder at a logged step of
+    fp8kit.torch.inspect (its casts report as the GEMM `gemm`), else None."""
     fn = f"fp8kit.torch.{layer}"
     if isinstance(weight, QuantizedTensor):
         raise TypeError(
@@ -178,10 +189,12 @@ def block_linear(layer: str, recipe, input: torch.Tensor, weight: torch.Tensor,
     fmt = recipe.fp8_format
     cfg = (_checks.TORCH_FP8[fmt.forward_dtype], _checks.TORCH_FP8[fmt.backward_dtype],
            float(recipe.amax_epsilon), bool(recipe.power_2_scale), dgrad, wgrad)
+    if inspect is not None:
+        inspect = (inspect, gemm, m)
     if dgrad or wgrad or (grad and bias is not None and bias.requires_grad):
-        y = _BlockLinearFunction.apply(x.contiguous(), weight.contiguous(), bias, cfg)
+        y = _BlockLinearFunction.apply(x.contiguous(), weight.contiguous(), bias, cfg, inspect)
     else:
-        y = _forward(None, x.contiguous(), weight.contiguous(), bias, cfg)
+        y = _forward(None, x.contiguous(), weight.contiguous(), bias, cfg, inspect)
     if padded:
         y = y[:m]
     return layer_output(y, input, n)

@@ -46,10 +46,13 @@ def untraceable(layer: str) -> NotImplementedError:
         "region (torch.compiler.disable)")
 
 
-def linear_with_fp8_weight(states, recipe, input, weight, bias, cache_weight: bool):
+def linear_with_fp8_weight(states, recipe, input, weight, bias, cache_weight: bool,
+                           inspect=None):
     """y = input @ weight.T + bias in FP8 with a Float8Tensor `weight`
     (2-D, in the recipe's forward format), the layer's `states`
-    (RecipeStates) giving the input's and the gradient's scaling."""
+    (RecipeStates) giving the input's and the gradient's scaling; inspect:
+    the layer's recorder at a logged step of fp8kit.torch.inspect (the
+    input's and the gradient's casts report, the weight had none here)."""
     if torch.compiler.is_compiling():
         raise untraceable("Linear")
     state, fast = states.select(recipe, weight, cache_weight)
@@ -61,5 +64,6 @@ def linear_with_fp8_weight(states, recipe, input, weight, bias, cache_weight: bo
         columnwise = weight.columnwise_data
     data = weight.rowwise_data
     stand_in = _WeightStandIn.apply(weight)
+    statistics = None if inspect is None else inspect.linear_statistics("", input, weight)
     return _linear_forward(state, input, stand_in, bias, fast,
-                           (data, columnwise, weight.scale_inv))
+                           (data, columnwise, weight.scale_inv), statistics)

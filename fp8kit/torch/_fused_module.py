@@ -101,6 +101,9 @@ class FusedLayer(FP8ExtraState, torch.nn.Module):
     # a subclass (fully_shard makes the module an FSDP<name>, and a
     # checkpoint must load across the two).
     _LAYER: str = ""
+    # fp8kit.torch.inspect's recorder while a logged step runs (set on the
+    # instance by the handle, fp8kit.torch._cast_records); None otherwise.
+    _fp8_inspect = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -179,6 +182,8 @@ class FusedLayer(FP8ExtraState, torch.nn.Module):
         the dispatcher ops and TracedStates while torch.compile or
         torch.export traces (fp8kit.torch._fused_steps)."""
         tracing = _tracing()
+        if tracing and self._fp8_inspect is not None:
+            self._fp8_inspect.refuse_tracing()
         select = traced_state if tracing else RecipeStates.select
         fast = False
         states = []

@@ -40,7 +40,13 @@ def _cast(data, columnwise_data, scale_inv, rowwise, columnwise):
     return data if rowwise else None, columnwise_data if columnwise else None, scale_inv
 
 
-def _norm_forward(x, gamma, beta, normalization, eps, st, slot, record, rowwise, columnwise):
+# want_y and want_a (the high-precision outputs beside the casts) serve
+# fp8kit.torch.inspect, which runs eagerly only: these two ops have neither.
+
+
+def _norm_forward(x, gamma, beta, normalization, eps, st, slot, record, rowwise, columnwise,
+                  want_y=False):
+    assert not want_y
     data, cw, scale_inv, mean, rsigma = _ops.norm_forward(
         x, gamma, beta, normalization, eps, *st.tensors, *st.recipe, slot, record, rowwise,
         columnwise)
@@ -53,7 +59,8 @@ def _norm_backward(dy, x, mean, rsigma, gamma, normalization, eps):
     return dx, dgamma, dbeta if normalization == "LayerNorm" else None
 
 
-def _activation_forward(h, activation, st, slot, record, rowwise, columnwise):
+def _activation_forward(h, activation, st, slot, record, rowwise, columnwise, want_a=False):
+    assert not want_a
     data, cw, scale_inv = _ops.activation_forward(h, activation, *st.tensors, *st.recipe, slot,
                                                 record, rowwise, columnwise)
     return (*_cast(data, cw, scale_inv, rowwise, columnwise), None)

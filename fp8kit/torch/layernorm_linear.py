@@ -111,10 +111,11 @@ class LayerNormLinear(FusedLayer):
         params = [p["layer_norm_weight"], p["layer_norm_bias"], p["weight"], p["bias"]]
         x, (gamma, beta, weight, bias) = self._fp8_inputs(input, params)
         if type(recipe) is BlockScaling:
-            y = block_linear("LayerNormLinear", recipe, self._norm(x, gamma, beta), weight, bias)
+            y = block_linear("LayerNormLinear", recipe, self._norm(x, gamma, beta), weight, bias,
+                             self._fp8_inspect)
             return layer_output(y, input, self.out_features)
         steps, (state,), fast = self._select_states(recipe, (weight,))
-        call = _Call(steps, state, fast, self.normalization, self._fp8_eps)
+        call = _Call(steps, state, fast, self.normalization, self._fp8_eps, self._fp8_inspect)
         tensors = (x, gamma, beta, weight, bias)
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
             y = _LayerNormLinearFunction.apply(call, *tensors)
@@ -135,6 +136,7 @@ class _Call(NamedTuple):
     fast: bool
     normalization: str
     eps: float
+    inspect: object  # fp8kit.torch.inspect's recorder at a logged step, else None
 
 
 def _forward(call, x, gamma, beta, weight, bias, ctx):
@@ -147,10 +149,15 @@ def _forward(call, x, gamma, beta, weight, bias, ctx):
     dgrad = record and any(ctx.needs_input_grad[1:4])
     wgrad = record and ctx.needs_input_grad[4]
     p = plan(m, k, n, dgrad, wgrad, st.non_tn)
-    x_data, x_cw, x_sinv, mean, rsigma, _ = steps.norm_forward(
-        x, gamma, beta, call.normalization, call.eps, st, G.INPUT, record, *p.input)
+    inspect = call.inspect
+    # Inspected: the kernel also writes the normalized x it casts (want_y).
+    x_data, x_cw, x_sinv, mean, rsigma, x_norm = steps.norm_forward(
+        x, gamma, beta, call.normalization, call.eps, st, G.INPUT, record, *p.input,
+        inspect is not None)
     w_data, w_cw, w_sinv = G.weight_copies(steps, st, weight, record, p,
                                            "fp8kit.torch.LayerNormLinear: weight")
+    if inspect is not None:
+        inspect.record_gemm("", x_norm, x_data, x_cw, x_sinv, weight, w_data, w_cw, w_sinv)
     y = G.fprop(steps, x_data, x_sinv, w_data, w_sinv, bias, x.dtype, call.fast)
     if record:
         ctx.call, ctx.plan = call, p
@@ -187,6 +194,8 @@ class _LayerNormLinearFunction(torch.autograd.Function):
         # The backward's own plan (only the gradients asked for) picks dy's copies.
         p = plan(m, k, n, want_dgrad, want_wgrad, st.non_tn)
         dy_data, dy_cw, dy_sinv, db = G.cast_grad_output(steps, st, dy, p, bias_dtype)
+        if call.inspect is not None and dy_sinv is not None:
+            call.inspect.record("", "grad_output", dy, dy_data, dy_sinv, columnwise_data=dy_cw)
         if want_dgrad:
             d_norm = G.dgrad(steps, dy_data, dy_sinv, w_kept, w_sinv, fwd_plan, x.dtype)
             dx, dgamma, dbeta = steps.norm_backward(d_norm, x, mean, rsigma, gamma,

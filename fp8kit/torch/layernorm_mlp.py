@@ -150,11 +150,14 @@ class LayerNormMLP(FusedLayer):
         x, params = self._fp8_inputs(input, params)
         if type(recipe) is BlockScaling:
             gamma, beta, w1, b1, w2, b2 = params
-            h = block_linear("LayerNormMLP", recipe, self._norm(x, gamma, beta), w1, b1)
-            y = block_linear("LayerNormMLP", recipe, self._act(h), w2, b2)
+            inspect = self._fp8_inspect
+            h = block_linear("LayerNormMLP", recipe, self._norm(x, gamma, beta), w1, b1, inspect,
+                             "fc1")
+            y = block_linear("LayerNormMLP", recipe, self._act(h), w2, b2, inspect, "fc2")
             return layer_output(y, input, self.hidden_size)
         steps, states, fast = self._select_states(recipe, (params[2], params[4]))
-        call = _Call(steps, states, fast, self.normalization, self._fp8_eps, self.activation)
+        call = _Call(steps, states, fast, self.normalization, self._fp8_eps, self.activation,
+                     self._fp8_inspect)
         tensors = (x, *params)
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
             y = _LayerNormMLPFunction.apply(call, *tensors)
@@ -176,6 +179,7 @@ class _Call(NamedTuple):
     normalization: str
     eps: float
     activation: str
+    inspect: object  # fp8kit.torch.inspect's recorder at a logged step, else None
 
 
 # needs_input_grad indices of _LayerNormMLPFunction.apply(call, x, gamma,
@@ -205,15 +209,21 @@ def _forward(call, x, gamma, beta, w1, b1, w2, b2, ctx):
     f1, f = w1.shape[0], w2.shape[1]
     record = ctx is not None
     p1, p2 = _plans(call, m, k, f1, f, ctx.needs_input_grad if record else None)
-    x_data, x_cw, x_sinv, mean, rsigma, _ = steps.norm_forward(
-        x, gamma, beta, call.normalization, call.eps, st1, G.INPUT, record, *p1.input)
+    inspect = call.inspect
+    # Inspected: the kernels also write the values they cast (want_y, want_a).
+    x_data, x_cw, x_sinv, mean, rsigma, x_norm = steps.norm_forward(
+        x, gamma, beta, call.normalization, call.eps, st1, G.INPUT, record, *p1.input,
+        inspect is not None)
     w1_data, w1_cw, w1_sinv = G.weight_copies(steps, st1, w1, record, p1,
                                               "fp8kit.torch.LayerNormMLP: fc1_weight")
     h = G.fprop(steps, x_data, x_sinv, w1_data, w1_sinv, b1, x.dtype, call.fast)
-    a_data, a_cw, a_sinv, _ = steps.activation_forward(h, call.activation, st2, G.INPUT, record,
-                                                       *p2.input)
+    a_data, a_cw, a_sinv, a = steps.activation_forward(h, call.activation, st2, G.INPUT, record,
+                                                       *p2.input, inspect is not None)
     w2_data, w2_cw, w2_sinv = G.weight_copies(steps, st2, w2, record, p2,
                                               "fp8kit.torch.LayerNormMLP: fc2_weight")
+    if inspect is not None:
+        inspect.record_gemm("fc1", x_norm, x_data, x_cw, x_sinv, w1, w1_data, w1_cw, w1_sinv)
+        inspect.record_gemm("fc2", a, a_data, a_cw, a_sinv, w2, w2_data, w2_cw, w2_sinv)
     y = G.fprop(steps, a_data, a_sinv, w2_data, w2_sinv, b2, x.dtype, call.fast)
     if record:
         ctx.call, ctx.plans = call, (p1, p2)
@@ -260,6 +270,9 @@ class _LayerNormMLPFunction(torch.autograd.Function):
         # fc2: quantize dy (column sums: fc2's bias gradient), dgrad, wgrad.
         dy_data, dy_cw, dy_sinv, grads[_B2] = G.cast_grad_output(
             steps, st2, dy, p2, bias_dtype if needs[_B2] else None)
+        inspect = call.inspect
+        if inspect is not None and dy_sinv is not None:
+            inspect.record("fc2", "grad_output", dy, dy_data, dy_sinv, columnwise_data=dy_cw)
         if needs[_W2]:
             grads[_W2] = G.wgrad(steps, dy_data, dy_cw, dy_sinv, a_kept, a_sinv, fwd2, x.dtype)
         if not dgrad2:
@@ -272,8 +285,10 @@ class _LayerNormMLPFunction(torch.autograd.Function):
         need_dh = needs[_B1] and not sums_in_cast
         dh_data, dh_cw, dh_sinv, db1, dh = steps.activation_backward(
             d_a, h, call.activation, st1, G.GRAD_OUTPUT, True, rowwise or not columnwise,
-            columnwise, bias_dtype if sums_in_cast else None, need_dh)
+            columnwise, bias_dtype if sums_in_cast else None, need_dh or inspect is not None)
         grads[_B1] = dh.sum(0, dtype=bias_dtype) if need_dh else db1
+        if inspect is not None:  # dh as the kernel cast it (want_dh)
+            inspect.record("fc1", "grad_output", dh, dh_data, dh_sinv, columnwise_data=dh_cw)
         if wgrad1:
             grads[_W1] = G.wgrad(steps, dh_data, dh_cw, dh_sinv, x_kept, x_sinv, fwd1, x.dtype)
         if dgrad1:

@@ -70,6 +70,11 @@ missing, mistyped or corrupt one.
 An inf or NaN in the input or a weight is never saturated: the outputs it
 reaches are non-finite, as in bf16 (fp8kit.recipe says how the scales treat
 it).
+
+At a logged step of fp8kit.torch.inspect the layer holds a recorder, and
+the same C++ call (and its backward) also writes the statistics of its
+three casts, from the FP8 copies it made, into the recorder's buffer;
+nothing else changes. Otherwise that recorder is None, checked once a call.
 """
 
 from __future__ import annotations
@@ -107,6 +112,10 @@ _tracing = torch.compiler.is_compiling
 class Linear(FP8ExtraState, torch.nn.Linear):
     """torch.nn.Linear with FP8 GEMMs inside fp8kit.torch.autocast."""
 
+    # fp8kit.torch.inspect's recorder while a logged step runs (set on the
+    # instance by the handle, fp8kit.torch._cast_records); None otherwise.
+    _fp8_inspect = None
+
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
                  dtype=None) -> None:
         super().__init__(in_features, out_features, bias, device, dtype)
@@ -127,22 +136,30 @@ class Linear(FP8ExtraState, torch.nn.Linear):
             if _any_autocast() and isinstance(input, torch.Tensor):
                 input, _, bias = _autocast_cast(input, None, bias)
             return linear_with_fp8_weight(self._fp8_states, recipe, input, weight, bias,
-                                          self._fp8_cache_weight)
+                                          self._fp8_cache_weight, self._fp8_inspect)
         if _any_autocast() and isinstance(input, torch.Tensor):
             input, weight, bias = _autocast_cast(input, weight, bias)
+        inspect = self._fp8_inspect
         if _tracing():  # dispatcher ops trace, the pybind11 call does not
+            if inspect is not None:
+                inspect.refuse_tracing()
             return traced_linear(self._fp8_states, recipe, input, weight, bias,
                                  self._fp8_cache_weight)
         # One selection per call, held in locals: another thread switching
         # this layer to another recipe cannot change the state this call uses.
         state, fast = self._fp8_states.select(recipe, weight, self._fp8_cache_weight)
-        return _linear_forward(state, input, weight, bias, fast)
+        if inspect is None:
+            return _linear_forward(state, input, weight, bias, fast)
+        # A logged step: the same call also writes its casts' statistics,
+        # from its own FP8 copies, into the recorder's buffer.
+        return _linear_forward(state, input, weight, bias, fast, None,
+                               inspect.linear_statistics("", input, weight))
 
     def _block_forward(self, recipe, input, weight, bias):
         if (_any_autocast() and isinstance(input, torch.Tensor)
                 and not isinstance(weight, QuantizedTensor)):  # block_linear refuses that one
             input, weight, bias = _autocast_cast(input, weight, bias)
-        return block_linear("Linear", recipe, input, weight, bias)
+        return block_linear("Linear", recipe, input, weight, bias, self._fp8_inspect)
 
     # ------------------------------------------------------------ FP8 state
     @property
