@@ -34,6 +34,12 @@ with tensorwise scaling; it runs compiled only, since torchao's eager
 Float8Linear is slower than bf16 (its casts are separate PyTorch ops that
 only inductor fuses).
 
+--inspect-every N adds, after each fp8kit FP8 run (eager or jit), the same
+run with the FP8 cast statistics logged every N steps (fp8kit.inspect;
+both trainers' `statistics`, into a temporary file): the row's recipe is
+"<recipe>/iN", and a line under the table gives its tokens/s as a
+fraction of the plain run's, the cost of leaving inspection on.
+
 By default fp8kit's fused layers take bf16 at their seams, as the bf16
 model's layers and TransformerEngine's have it (fp8kit/models/llama_torch.py
 says why); --float32-seams has them read the float32 residual stream and
@@ -72,6 +78,7 @@ import math
 import multiprocessing
 import pathlib
 import sys
+import tempfile
 import time
 
 from fp8kit.models import cli_support
@@ -119,8 +126,18 @@ def _torchao_convert():
         model, config=config, module_filter_fn=lambda module, fqn: fqn != "lm_head")
 
 
+def _statistics_log(inspect_every: int):
+    """A StatsLog into a temporary directory (removed with the process's
+    temporary files), or None when inspect_every is 0."""
+    if not inspect_every:
+        return None
+    from fp8kit.inspect import StatsLog
+    return StatsLog(pathlib.Path(tempfile.mkdtemp(prefix="fp8kit-bench-")) / "run.jsonl",
+                    every=inspect_every)
+
+
 def torch_trainer(model_cfg, train_cfg, recipe_name, params, compile: bool = False,
-                  float32_seams: bool = False):
+                  float32_seams: bool = False, inspect_every: int = 0):
     """(TorchTrainer for the recipe named (RECIPES or TORCH_ONLY), compiled
     when asked, reset the peak-memory counter, read it); RuntimeError when
     TE or torchao is asked for but missing. float32_seams: fp8kit's fused
@@ -142,14 +159,16 @@ def torch_trainer(model_cfg, train_cfg, recipe_name, params, compile: bool = Fal
                                convert=_torchao_convert(), compile=compile)
     else:
         trainer = TorchTrainer(model_cfg, train_cfg, _recipe(recipe_name), params=params,
-                               compile=compile, layers=_seams(FP8KIT_LAYERS, float32_seams))
+                               compile=compile, layers=_seams(FP8KIT_LAYERS, float32_seams),
+                               statistics=_statistics_log(inspect_every))
     if trainer.device.type != "cuda":
         return trainer, lambda: None, lambda: None
     return (trainer, lambda: torch.cuda.reset_peak_memory_stats(trainer.device),
             lambda: torch.cuda.max_memory_allocated(trainer.device))
 
 
-def jax_trainer(model_cfg, train_cfg, recipe_name, params, float32_seams: bool = False):
+def jax_trainer(model_cfg, train_cfg, recipe_name, params, float32_seams: bool = False,
+                inspect_every: int = 0):
     """As torch_trainer, for JAX (whose allocator's peak has no reset)."""
     from fp8kit.models.llama_jax import FP8KIT_LAYERS
     from fp8kit.models.train_jax import JaxTrainer
@@ -163,7 +182,8 @@ def jax_trainer(model_cfg, train_cfg, recipe_name, params, float32_seams: bool =
                              layers=te_peer.jax_layers(tej, name))
     else:
         trainer = JaxTrainer(model_cfg, train_cfg, _recipe(recipe_name), params=params,
-                             layers=_seams(FP8KIT_LAYERS, float32_seams))
+                             layers=_seams(FP8KIT_LAYERS, float32_seams),
+                             statistics=_statistics_log(inspect_every))
     return trainer, lambda: None, lambda: (trainer.device.memory_stats() or {}).get(
         "peak_bytes_in_use")
 
@@ -202,21 +222,26 @@ def diverged(loss: float, model_cfg) -> bool:
 
 
 def measure(framework: str, model_cfg, recipe_name: str, mode: str, batch: int, warmup: int,
-            steps: int, float32_seams: bool = False) -> dict:
-    """One (framework, recipe, mode) run in this process; a dict of plain
+            steps: int, float32_seams: bool = False, inspect_every: int = 0) -> dict:
+    """One (framework, recipe, mode) run in this process, with the FP8 cast
+    statistics logged every inspect_every steps (0: not); a dict of plain
     values (with 'error' instead of the numbers when the run could not be
     made)."""
     from fp8kit.models.init import init_params
     train_cfg = train_config(batch, warmup, steps)
     run = {"framework": framework, "recipe": recipe_name, "mode": mode}
+    if inspect_every:
+        run = {**run, "recipe": f"{recipe_name}/i{inspect_every}",
+               "inspect_every": inspect_every}
     try:
         if framework == "torch":
             made = torch_trainer(model_cfg, train_cfg, recipe_name,
                                  init_params(model_cfg, train_cfg.seed), mode == "compile",
-                                 float32_seams)
+                                 float32_seams, inspect_every)
         else:
             made = jax_trainer(model_cfg, train_cfg, recipe_name,
-                               init_params(model_cfg, train_cfg.seed), float32_seams)
+                               init_params(model_cfg, train_cfg.seed), float32_seams,
+                               inspect_every)
     except RuntimeError as e:
         return {**run, "error": str(e)}
     trainer, reset_peak, peak = made
@@ -282,6 +307,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="fp8kit's fused layers read the float32 residual stream at their "
                         "seams, keeping SwiGLU's input in float32 for backward; costs memory "
                         "(default: bf16 seams, as the bf16 model's layers and TE's have)")
+    p.add_argument("--inspect-every", type=int, default=0, metavar="N",
+                   help="also run each fp8kit FP8 recipe (eager, jit) with its cast "
+                        "statistics logged every N steps, to time inspection's cost")
     p.add_argument("--json", help="also write the results here (a directory: "
                                   "DIR/models_bench.json)")
     return p
@@ -300,13 +328,13 @@ def choices(text: str, allowed, flag: str) -> list[str]:
 def _table(rows) -> str:
     """One line per run; 'x bf16' is tokens/s over that of the bf16 run of
     the same framework and mode."""
-    header = f"{'framework':<9} {'recipe':<10} {'mode':<7} {'device':<8} | {'tokens/s':>10} " \
+    header = f"{'framework':<9} {'recipe':<12} {'mode':<7} {'device':<8} | {'tokens/s':>10} " \
              f"{'x bf16':>6} {'step ms':>9} {'peak GiB':>8} | {'loss':>7}"
     lines = [header, "-" * len(header)]
     bf16 = {(r["framework"], r["mode"]): r["tokens_per_s"] for r in rows
             if r["recipe"] == "bf16" and "error" not in r}
     for r in rows:
-        name = f"{r['framework']:<9} {r['recipe']:<10} {r['mode']:<7}"
+        name = f"{r['framework']:<9} {r['recipe']:<12} {r['mode']:<7}"
         if "error" in r:
             lines.append(f"{name} not run: {r['error']}")
             continue
@@ -317,7 +345,24 @@ def _table(rows) -> str:
         lines.append(f"{name} {r['device']:<8} | "
                      f"{r['tokens_per_s']:10.0f} {ratio} {r['step_ms']:9.1f} {peak} | "
                      f"{r['last_loss']:7.3f}" + (" diverged" if r["diverged"] else ""))
-    return "\n".join(lines)
+    return "\n".join(lines + _inspection_costs(rows))
+
+
+def _inspection_costs(rows) -> list[str]:
+    """A line per inspected run: its tokens/s over the plain run's."""
+    plain = {(r["framework"], r["recipe"], r["mode"]): r["tokens_per_s"] for r in rows
+             if "error" not in r and "inspect_every" not in r}
+    lines = []
+    for r in rows:
+        if "inspect_every" not in r or "error" in r:
+            continue
+        base_recipe = r["recipe"].rsplit("/", 1)[0]
+        base = plain.get((r["framework"], base_recipe, r["mode"]))
+        if base:
+            lines.append(f"statistics every {r['inspect_every']} steps: {r['framework']} "
+                         f"{base_recipe} {r['mode']} runs at {r['tokens_per_s'] / base:.3f} "
+                         "of its tokens/s without them")
+    return lines
 
 
 def _checked(args):
@@ -342,6 +387,14 @@ def _checked(args):
     cli_support.check_seq_len(model_cfg.seq_len, evaluates=False)
     for fw in frameworks:
         cli_support.require(fw, fw, "the benchmark trains in it", "leave it out of --frameworks")
+    if args.inspect_every < 0:
+        raise ValueError(f"--inspect-every={args.inspect_every} must be >= 0 (0: no "
+                         "inspected runs)")
+    if args.inspect_every and args.warmup < 2:
+        # JAX compiles the step with statistics at the first logged step and
+        # without them at the first other one: both belong in the warm-up.
+        raise ValueError(f"--warmup={args.warmup} with --inspect-every would time a "
+                         "compilation: use --warmup >= 2")
     if args.json:
         args.json = cli_support.output_path(args.json, "models_bench.json")
         cli_support.writable_dir(args.json.parent, "--json")
@@ -349,10 +402,19 @@ def _checked(args):
 
 
 def _plan(frameworks, recipes, args) -> list[tuple]:
-    """The (framework, recipe, mode) runs, in order."""
-    return [(fw, recipe, mode) for fw in frameworks for recipe in recipes
-            if fw == "torch" or recipe not in TORCH_ONLY   # torchao is PyTorch's
-            for mode in modes(fw, recipe, args.compile, args.compile_only)]
+    """The (framework, recipe, mode, inspect_every) runs, in order: with
+    --inspect-every, each fp8kit FP8 run that is not compiled is followed
+    by the same run inspected."""
+    runs = []
+    for fw in frameworks:
+        for recipe in recipes:
+            if fw == "jax" and recipe in TORCH_ONLY:   # torchao is PyTorch's
+                continue
+            for mode in modes(fw, recipe, args.compile, args.compile_only):
+                runs.append((fw, recipe, mode, 0))
+                if args.inspect_every and recipe in RECIPES[1:] and mode != "compile":
+                    runs.append((fw, recipe, mode, args.inspect_every))
+    return runs
 
 
 def _long_cpu_run(plan, model_cfg, args):
@@ -360,7 +422,7 @@ def _long_cpu_run(plan, model_cfg, args):
     warm-up included, trains)."""
     tokens = (args.warmup + args.steps) * args.batch * model_cfg.seq_len
     return cli_support.long_cpu_run(model_cfg, [(tokens, recipe != "bf16")
-                                                for _, recipe, _ in plan])
+                                                for _, recipe, _, _ in plan])
 
 
 def main(argv=None) -> int:
@@ -380,10 +442,12 @@ def main(argv=None) -> int:
     if on_cpu and (warning := _long_cpu_run(plan, model_cfg, args)):
         print(warning, file=sys.stderr, flush=True)
     rows = []
-    for fw, recipe, mode in plan:
-        print(f"  {fw} {recipe} {mode} ...", end=" ", flush=True)
+    for fw, recipe, mode, inspect_every in plan:
+        label = f"{recipe}/i{inspect_every}" if inspect_every else recipe
+        print(f"  {fw} {label} {mode} ...", end=" ", flush=True)
         rows.append(_in_fresh_process(measure, fw, model_cfg, recipe, mode, args.batch,
-                                      args.warmup, args.steps, args.float32_seams))
+                                      args.warmup, args.steps, args.float32_seams,
+                                      inspect_every))
         print(_summary(rows[-1]), flush=True)
         # After every run, so a run cut short by a time limit keeps what it measured.
         if args.json:

@@ -35,7 +35,7 @@ def test_smoke_run_reports_every_framework_and_recipe(tmp_path, capsys):
         assert 3.0 < r["last_loss"] < 6.0             # trained from ln(256) = 5.5
         assert r["diverged"] is False
         assert r["peak_memory_bytes"] is None          # no device allocator on a CPU
-        assert f"{r['framework']:<9} {r['recipe']:<10} {r['mode']:<7} cpu" in stdout
+        assert f"{r['framework']:<9} {r['recipe']:<12} {r['mode']:<7} cpu" in stdout
     assert doc["model"]["layers"] == 1 and doc["model"]["hidden"] == 128
 
 
@@ -46,9 +46,9 @@ def test_transformer_engine_rows_say_why_they_did_not_run(capsys):
     reports why in the table, in both frameworks (the other runs go on)."""
     assert bench.main(SMOKE + ["--recipes", "bf16,te-current"]) == 0
     out = capsys.readouterr().out
-    assert ("torch     te-current eager   not run: TransformerEngine (PyTorch) not available"
+    assert ("torch     te-current   eager   not run: TransformerEngine (PyTorch) not available"
             in out)
-    assert "jax       te-current jit     not run: TransformerEngine (JAX) not available" in out
+    assert "jax       te-current   jit     not run: TransformerEngine (JAX) not available" in out
     assert out.count("  1.00 ") == 2   # each framework's bf16 against itself
 
 
@@ -62,7 +62,7 @@ def test_compile_runs_each_torch_recipe_eager_and_compiled(tmp_path, capsys):
     assert runs == [("bf16", "eager"), ("bf16", "compile"), ("delayed", "eager"),
                     ("delayed", "compile")]
     for recipe, mode in runs:
-        assert f"torch     {recipe:<10} {mode:<7} cpu" in stdout
+        assert f"torch     {recipe:<12} {mode:<7} cpu" in stdout
     assert stdout.count("  1.00 ") == 2   # each bf16 run against itself
 
 
@@ -112,7 +112,7 @@ def test_torchao_row_says_why_it_did_not_run(capsys):
     assert bench.main(SMOKE + ["--frameworks", "torch,jax", "--recipes", "torchao",
                                "--compile"]) == 0
     out = capsys.readouterr().out
-    assert "torch     torchao    compile not run: torchao is not installed" in out
+    assert "torch     torchao      compile not run: torchao is not installed" in out
     assert "jax       torchao" not in out
 
 
@@ -229,3 +229,30 @@ def test_measured_runs_warm_the_learning_rate_up_like_training():
     cfg = bench.train_config(batch=8, warmup=5, steps=30)
     assert (cfg.steps, cfg.batch, cfg.warmup_steps) == (35, 8, TrainConfig().warmup_steps)
     assert learning_rate(0, cfg) < cfg.lr / 10
+
+
+def test_inspect_every_adds_an_inspected_run_after_each_fp8kit_one(monkeypatch, capsys):
+    def run(fn, framework, model_cfg, recipe, mode, batch, warmup, steps, seams, every):
+        label = f"{recipe}/i{every}" if every else recipe
+        return {"framework": framework, "recipe": label, "mode": mode, "device": "cpu",
+                "tokens_per_s": 900.0 if every else 1000.0, "step_ms": 1.0,
+                "peak_memory_bytes": None, "last_loss": 5.0, "diverged": False,
+                **({"inspect_every": every} if every else {})}
+    monkeypatch.setattr(bench, "_in_fresh_process", run)
+    args = ["--config", "tiny", "--frameworks", "torch", "--recipes", "bf16,delayed,te-current",
+            "--warmup", "2", "--steps", "1", "--inspect-every", "5"]
+    assert bench.main(args) == 0
+    out = capsys.readouterr().out
+    recipes = [line.split()[1] for line in out.splitlines() if line.startswith("torch     ")]
+    assert recipes == ["bf16", "delayed", "delayed/i5", "te-current"]
+    assert ("statistics every 5 steps: torch delayed eager runs at 0.900 of its tokens/s "
+            "without them") in out
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--inspect-every", "-1"], "--inspect-every=-1 must be >= 0"),
+    (["--inspect-every", "10", "--warmup", "1"], "use --warmup >= 2"),
+])
+def test_inspect_every_is_checked_before_any_run(flags, message, capsys):
+    assert bench.main(SMOKE + flags) == 2
+    assert message in capsys.readouterr().err
