@@ -63,6 +63,35 @@ def test_writes_png_and_json(demo_run):
     assert doc["model"]["hidden"] == 64 and doc["train"]["batch"] == 4
 
 
+def test_logs_and_summarises_the_fp8_runs_cast_statistics(demo_run):
+    """By default each FP8 run logs its casts' statistics 20 times (every
+    STEPS // 20 = 1 step here) beside the plot, and the demo prints which
+    casts lose most and plots each file."""
+    from fp8kit.inspect import read_run
+    rc, stdout, out = demo_run
+    assert rc == 0, stdout
+    for fw in ("jax", "torch"):
+        path = out.with_name(f"{out.stem}_fp8_{fw}.jsonl")
+        records = read_run(path)
+        assert [r["step"] for r in records] == list(range(STEPS))
+        assert {r["framework"] for r in records} == {fw}
+        names = set(records[0]["tensors"])
+        assert {"layers.0.wo/input", "layers.0.mlp.fc2/weight",
+                "layers.0.qkv/grad_output"} <= names, names
+        assert path.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+        assert f"{path.name}: {fw}" in stdout
+    assert "FP8 cast statistics, every 1 steps" in stdout
+    assert "highest mean relative error" in stdout
+
+
+def test_inspect_every_zero_writes_no_statistics(tmp_path):
+    out = tmp_path / "loss.png"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert demo.main(SMALL + ["--frameworks", "jax", "--steps", "2", "--inspect-every",
+                                  "0", "--out", str(out)]) == 0
+    assert not list(tmp_path.glob("*.jsonl"))
+
+
 @pytest.mark.parametrize("frameworks", [["torch"], ["jax", "torch"]])
 def test_plot_title_fits_the_figure(frameworks, tmp_path, monkeypatch):
     """The title wraps to the figure's width: with one framework's column it

@@ -67,6 +67,9 @@ def _parser() -> argparse.ArgumentParser:
                         f"a directory gets DIR/{PLOT_NAME}, a name without a suffix .png")
     p.add_argument("--log-every", type=int, default=0,
                    help="print the loss every N steps (default: about 10 lines per run)")
+    p.add_argument("--inspect-every", type=int, default=None, metavar="N",
+                   help="log the FP8 runs' cast statistics every N steps beside the plot "
+                        "(fp8kit.inspect; default: 20 times per run; 0: not)")
     return p
 
 
@@ -131,9 +134,10 @@ def _checked(args):
     bad = [n for n in names if n not in FRAMEWORKS]
     if bad or not names:
         raise ValueError(f"--frameworks: unknown {bad}; choose from {', '.join(FRAMEWORKS)}")
-    for name in ("seed", "log_every"):
-        if getattr(args, name) < 0:
-            raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 0")
+    for name in ("seed", "log_every", "inspect_every"):
+        value = getattr(args, name)
+        if value is not None and value < 0:
+            raise ValueError(f"--{name.replace('_', '-')}={value} must be >= 0")
     model_cfg, train_cfg = _configs(args)
     cli_support.check_seq_len(model_cfg.seq_len, evaluates=True)
     for name in names:
@@ -161,13 +165,15 @@ def main(argv=None) -> int:
     # JAX must not take 75% of GPU memory when PyTorch shares the GPU.
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-    from fp8kit.demo import report, run
+    from fp8kit.demo import inspection, report, run
     from fp8kit.models.init import init_params
 
     recipe = _recipe(args.recipe)
     recipe_name = f"{args.recipe} scaling, {recipe.fp8_format.name} format" + (
         ", float32 seams" if args.float32_seams else "")
     every = args.log_every or max(1, train_cfg.steps // 10)
+    inspect_every = (max(1, train_cfg.steps // 20) if args.inspect_every is None
+                     else args.inspect_every)
     print(f"fp8kit demo: a Llama-style decoder ({model_cfg.layers} layers, hidden "
           f"{model_cfg.hidden}, {model_cfg.heads} heads, {model_cfg.num_params() / 1e6:.2f}M "
           f"parameters) learning bytes of Python's standard-library source: {train_cfg.steps} "
@@ -184,15 +190,21 @@ def main(argv=None) -> int:
     if warning:
         print(warning, file=sys.stderr, flush=True)
     params = init_params(model_cfg, train_cfg.seed)
-    results = []
+    results, statistics_files = [], []
     for fw, (trainer_cls, device, fp8_layers) in trainers.items():
         if args.float32_seams:
             fp8_layers = dataclasses.replace(fp8_layers, float32_seams=True)
         for precision, run_recipe in (("FP8", recipe), ("bf16", None)):
             label = f"{fw} {precision}"
             print(f"{label}: training", flush=True)
-            r = run.train(trainer_cls, model_cfg, train_cfg, run_recipe, params, device, label,
-                          every, fp8_layers)
+            log = inspection.open_log(out_png, fw, inspect_every) if run_recipe else None
+            try:
+                r = run.train(trainer_cls, model_cfg, train_cfg, run_recipe, params, device,
+                              label, every, fp8_layers, log)
+            finally:
+                if log is not None:
+                    log.close()
+                    statistics_files.append(log.path)
             results.append(r)
             print(f"{label}: done in {r.seconds:.1f} s on {r.device}, held-out loss "
                   f"{r.val_loss:.4f}", flush=True)
@@ -203,6 +215,9 @@ def main(argv=None) -> int:
     out_json = out_png.with_suffix(".json")
     report.write_json(results, model_cfg, train_cfg, recipe_name, out_json)
     print(f"\nloss curves: {out_png.resolve()}\nall losses:  {out_json.resolve()}")
+    if statistics_files:
+        print(f"\nFP8 cast statistics, every {inspect_every} steps:\n"
+              f"{inspection.report(statistics_files)}")
     print(f"total wall time {time.perf_counter() - t_start:.1f} s")
     diverged = [r.label for r in results
                 if not all(math.isfinite(v) for v in r.losses) or not math.isfinite(r.val_loss)]

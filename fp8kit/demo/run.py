@@ -14,12 +14,14 @@ EVAL_BATCHES = 4
 
 
 def train(trainer_cls, model_cfg, train_cfg, recipe, params, device, label: str,
-          log_every: int, layers) -> RunResult:
+          log_every: int, layers, statistics=None) -> RunResult:
     """recipe None trains in bf16; layers: the trainer's FP8 layers (its
-    framework's FP8Layers / JaxLayers). Prints `[jax FP8   ] step 30/300 ...`."""
+    framework's FP8Layers / JaxLayers); statistics: a StatsLog for the FP8
+    casts' statistics (fp8kit.inspect), or None. Prints
+    `[jax FP8   ] step 30/300 ...`."""
     t0 = time.perf_counter()
     trainer = trainer_cls(model_cfg, train_cfg, recipe, params=params, device=device,
-                          layers=layers)
+                          layers=layers, statistics=statistics)
     tokens_per_step = train_cfg.batch * model_cfg.seq_len
     losses, t_first = [], None
     width = len(str(train_cfg.steps))
