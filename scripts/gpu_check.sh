@@ -16,7 +16,8 @@
 #   decoder (TE-JAX where installed); models_compile, the PyTorch 1b step
 #   compiled whole next to torchao's (each of the three fills most of a
 #   10-minute call); convergence, 1000 steps of the 1b decoder in FP8 and
-#   bf16 (CONVERGENCE_ARGS: more demo flags, e.g. "--seed 1");
+#   bf16, with the FP8 runs' cast statistics every 50 steps and their
+#   plots (CONVERGENCE_ARGS: more demo flags, e.g. "--seed 1");
 #   step_profile, where a 1b step's GPU time goes; fsdp, an FSDP2 step on
 #   every GPU (scripts/fsdp_bench.py, FSDP_ARGS: its flags); power_cap,
 #   the GPU's speed against its power cap (scripts/power_cap.py,
@@ -454,7 +455,7 @@ models_compile() {
 convergence() {
   local extra=()
   read -r -a extra <<<"${CONVERGENCE_ARGS:-}"
-  rm -f "$OUTDIR"/convergence_1b.*
+  rm -f "$OUTDIR"/convergence_1b.* "$OUTDIR"/convergence_1b_fp8_*
   (cd /tmp && show "$PY" -m fp8kit.demo --config 1b --steps 1000 --batch 1 "${extra[@]}" \
     --out "$OUTDIR/convergence_1b.png")
 }

@@ -44,6 +44,9 @@ PRODUCTS = {
     "bench/profile_overhead.txt": ("profile_overhead.txt", "bench"),
     "demo_loss.png": ("demo_loss.png", "demo"),
     "convergence_1b.png": ("convergence_1b.png", "convergence"),
+    # The convergence run's FP8 cast statistics (the demo's, fp8kit.inspect).
+    **{f"convergence_1b_fp8_{fw}.{ext}": (f"convergence_1b_fp8_{fw}.{ext}", "convergence")
+       for fw in ("jax", "torch") for ext in ("jsonl", "png")},
 }
 # A sanitizer shard's log has a report per access the tool flags (thousands
 # under initcheck); these lines are its outcome: per test file, per tool

@@ -87,6 +87,16 @@ def test_round_trip_keeps_non_finite_numbers_and_null(tmp_path):
     assert list(got) == list(written["tensors"])  # the collectors' order
 
 
+def test_a_published_files_header_lines_are_skipped(tmp_path):
+    """scripts/publish_results.py puts '# key: value' lines naming the run
+    on top of a published file; the records below still read."""
+    path = tmp_path / "run.jsonl"
+    with fi.StatsLog(path, every=1) as log:
+        log.write(0, "torch", "DelayedScaling", [_ts("l")])
+    path.write_text("# commit:  abc1234\n# gpu:     NVIDIA H200\n" + path.read_text())
+    assert [r["step"] for r in fi.read_run(path)] == [0]
+
+
 def test_every_line_is_flushed_before_close(tmp_path):
     path = tmp_path / "crashed.jsonl"
     log = fi.StatsLog(path, every=1)

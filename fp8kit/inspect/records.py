@@ -152,13 +152,15 @@ def decode_line(line: str) -> dict:
 def read_run(path: str | os.PathLike) -> list[dict]:
     """The records of a file that StatsLog wrote, in the file's order (a
     step logged twice, by a run resumed from a checkpoint, appears twice:
-    fp8kit.inspect.history keeps the later one). Blank lines are skipped.
-    ValueError naming the file and the line for a line that is no record;
-    OSError when the file cannot be read."""
+    fp8kit.inspect.history keeps the later one). Blank lines are skipped,
+    and so are lines starting with '#' (the header naming the run that
+    scripts/publish_results.py puts on a published file). ValueError
+    naming the file and the line for a line that is no record; OSError
+    when the file cannot be read."""
     records = []
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
-            if not line.strip():
+            if not line.strip() or line.startswith("#"):
                 continue
             try:
                 records.append(decode_line(line))
