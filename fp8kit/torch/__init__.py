@@ -51,9 +51,11 @@ __all__ = [
     "Linear", "LayerNormLinear", "LayerNormMLP", "autocast", "current_recipe", "DelayedScaling",
     "CurrentScaling", "Format", "AmaxReduction", "BlockScaling", "quantize_block",
     "dequantize_block", "gemm_block", "block_scale_inv_shape", "supports_block_scaled_fp8_gemm",
-    "Float8BlockQuantizer", "Float8BlockTensor", "cast_statistics", "CastStatistics", "inspect",
+    "Float8BlockQuantizer", "Float8BlockTensor", "cast_statistics", "CastStatistics",
     "Inspection",
 ]
+# fp8kit.torch.inspect stays out of __all__: a star import would shadow the
+# standard library's inspect module in the importer's namespace.
 
 
 def _allow_in_weights_only_load():
