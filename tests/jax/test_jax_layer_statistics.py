@@ -1,6 +1,11 @@
 """The layers' statistics rows (fp8kit.jax.statistics_rows): what dense,
 layernorm_dense and layernorm_mlp record of their casts when asked, read
 back by tensor_statistics; the same gradients with the rows as without."""
+import os
+import subprocess
+import sys
+import textwrap
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -137,3 +142,50 @@ def test_bad_rows_are_refused():
         fj.statistics_rows(3)
     with pytest.raises(ValueError, match="statistics_rows"):
         fj.tensor_statistics(jnp.zeros((4, 10)), "l")
+
+
+def test_rows_under_vmap_are_each_examples_rows():
+    x = jnp.stack([_arrays(seed)[0][:32] for seed in range(3)])
+    _, k, _ = _arrays()
+
+    def loss(x, rows):
+        return jnp.sum(fj.dense(x, k, recipe=CurrentScaling(), statistics=rows)
+                       .astype(jnp.float32) ** 2)
+
+    batched = jax.jit(jax.vmap(jax.grad(loss, argnums=1), in_axes=(0, None)))(
+        x, fj.statistics_rows(1))
+    for i in range(x.shape[0]):
+        np.testing.assert_array_equal(batched[i],
+                                      jax.grad(loss, argnums=1)(x[i], fj.statistics_rows(1)))
+
+
+def test_rows_of_a_sharded_call_are_the_unsharded_calls():
+    # Tokens split over two devices: each cast's statistics are those of the
+    # whole tensor. XLA's host device count is fixed when jax starts: a
+    # child process.
+    script = textwrap.dedent("""
+        import jax, jax.numpy as jnp, numpy as np
+        from jax.sharding import NamedSharding, PartitionSpec as P
+        import fp8kit.jax as fj
+        from fp8kit.recipe import CurrentScaling, DelayedScaling
+        rng = np.random.default_rng(0)
+        x = jnp.asarray(rng.standard_normal((64, 128)), jnp.bfloat16)
+        k = jnp.asarray(rng.standard_normal((128, 256)) * 0.05, jnp.bfloat16)
+        xs = jax.device_put(x, NamedSharding(jax.make_mesh((2,), ("d",)), P("d", None)))
+        for recipe in (CurrentScaling(), DelayedScaling()):
+            state = (fj.DelayedScalingState.create(recipe)
+                     if isinstance(recipe, DelayedScaling) else None)
+            def rows(x):
+                def loss(k, rows):
+                    y = fj.dense(x, k, state=state, recipe=recipe, statistics=rows)
+                    return jnp.sum(y.astype(jnp.float32) ** 2)
+                return jax.jit(jax.grad(loss, argnums=1))(k, fj.statistics_rows(1))
+            print(np.array_equal(rows(xs), rows(x)))
+        """)
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=os.environ.get("XLA_FLAGS", "") +
+               " --xla_force_host_platform_device_count=2")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"]
