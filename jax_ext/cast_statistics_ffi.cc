@@ -50,30 +50,13 @@ ffi::Error CastStatisticsImpl(const Device& device, ffi::AnyBuffer x, ffi::AnyBu
     if (n != 1) return Invalid(kOp, "each of the five results must hold exactly one value");
   }
   // x's logical shape; the copy's bytes go to `data` or `columnwise_data`.
-  fp8kit_tensor quantized = fp8kit_tensor_make(device.type, device.index, fp8->dtype,
-                                               input->rank, input->shape, nullptr);
-  quantized.scaling_mode = static_cast<fp8kit_scaling_mode>(scaling_mode);
-  if (from_columnwise) {
-    quantized.columnwise_data = data.untyped_data();
-  } else {
-    quantized.data = data.untyped_data();
-  }
-  if (quantized.scaling_mode != FP8KIT_SCALING_PER_TENSOR) {
-    // The core refuses a mode that is not a block mode either.
-    if (auto err = AttachBlockScales(kOp, "scale_inv", &quantized, from_columnwise, scale_inv);
-        err.failure()) {
-      return err;
-    }
-  } else if (scale_inv.element_type() != ffi::DataType::F32 ||
-             scale_inv.element_count() != 1) {
-    return Invalid(kOp, "scale_inv must hold exactly one float32");
-  } else {
-    quantized.scale_inv = static_cast<float*>(scale_inv.untyped_data());  // read only
-  }
+  auto quantized = DescribeFp8Copy(kOp, *input, fp8->dtype, data, scale_inv, from_columnwise,
+                                   scaling_mode);
+  if (quantized.has_error()) return quantized.error();
   const fp8kit_cast_statistics out{amax->typed_data(), underflow->typed_data(),
                                    saturated->typed_data(), error_sq->typed_data(),
                                    norm_sq->typed_data()};
-  return FromStatus(fp8kit_cast_statistics_of(&*input, &quantized, from_columnwise ? 1 : 0, &out,
+  return FromStatus(fp8kit_cast_statistics_of(&*input, &*quantized, from_columnwise ? 1 : 0, &out,
                                               device.stream));
 }
 

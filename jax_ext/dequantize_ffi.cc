@@ -27,27 +27,10 @@ ffi::Error DequantizeImpl(const Device& device, ffi::AnyBuffer data, ffi::AnyBuf
                             " elements but the output has " +
                             std::to_string(fp8kit_tensor_numel(&*output)));
   }
-  fp8kit_tensor input = fp8kit_tensor_make(device.type, device.index, fp8->dtype, output->rank,
-                                           output->shape, nullptr);
-  input.scaling_mode = static_cast<fp8kit_scaling_mode>(scaling_mode);
-  if (from_columnwise) {
-    input.columnwise_data = data.untyped_data();
-  } else {
-    input.data = data.untyped_data();
-  }
-  if (input.scaling_mode != FP8KIT_SCALING_PER_TENSOR) {
-    // The core refuses a mode that is not a block mode either.
-    if (auto err = AttachBlockScales(kOp, "scale_inv", &input, from_columnwise, scale_inv);
-        err.failure()) {
-      return err;
-    }
-  } else if (scale_inv.element_type() != ffi::DataType::F32 ||
-             scale_inv.element_count() != 1) {
-    return Invalid(kOp, "scale_inv must hold exactly one float32");
-  } else {
-    input.scale_inv = static_cast<float*>(scale_inv.untyped_data());  // read only
-  }
-  return FromStatus(fp8kit_dequantize(&input, &*output, from_columnwise ? 1 : 0, device.stream));
+  auto input = DescribeFp8Copy(kOp, *output, fp8->dtype, data, scale_inv, from_columnwise,
+                               scaling_mode);
+  if (input.has_error()) return input.error();
+  return FromStatus(fp8kit_dequantize(&*input, &*output, from_columnwise ? 1 : 0, device.stream));
 }
 
 template <typename Binding>

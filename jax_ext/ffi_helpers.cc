@@ -82,6 +82,33 @@ ffi::Error AttachBlockScales(const char* op, const char* arg, fp8kit_tensor* t, 
   return ffi::Error::Success();
 }
 
+ffi::ErrorOr<fp8kit_tensor> DescribeFp8Copy(const char* op, const fp8kit_tensor& like,
+                                            fp8kit_dtype fp8, ffi::AnyBuffer data,
+                                            ffi::AnyBuffer scale_inv, bool from_columnwise,
+                                            int32_t scaling_mode) {
+  fp8kit_tensor t = fp8kit_tensor_make(like.device_type, like.device_index, fp8, like.rank,
+                                       like.shape, nullptr);
+  t.scaling_mode = static_cast<fp8kit_scaling_mode>(scaling_mode);
+  if (from_columnwise) {
+    t.columnwise_data = data.untyped_data();
+  } else {
+    t.data = data.untyped_data();
+  }
+  if (t.scaling_mode != FP8KIT_SCALING_PER_TENSOR) {
+    // The core refuses a mode that is not a block mode either.
+    if (auto err = AttachBlockScales(op, "scale_inv", &t, from_columnwise, scale_inv);
+        err.failure()) {
+      return ffi::Unexpected(err);
+    }
+  } else if (scale_inv.element_type() != ffi::DataType::F32 ||
+             scale_inv.element_count() != 1) {
+    return ffi::Unexpected(Invalid(op, "scale_inv must hold exactly one float32"));
+  } else {
+    t.scale_inv = static_cast<float*>(scale_inv.untyped_data());  // read only
+  }
+  return t;
+}
+
 int64_t NumElements(ffi::AnyBuffer::Dimensions dims) {
   int64_t n = 1;
   for (int64_t d : dims) n *= d;

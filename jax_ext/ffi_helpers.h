@@ -69,6 +69,16 @@ ffi::ErrorOr<fp8kit_tensor> DescribeFp8Output(const char* op, const fp8kit_tenso
 ffi::Error AttachBlockScales(const char* op, const char* arg, fp8kit_tensor* t, bool columnwise,
                              ffi::AnyBuffer scales);
 
+// One stored FP8 copy of a tensor of logical shape `like` (its rank and
+// shape; device and dtype from the others) as the core reads it: `data`'s
+// bytes as the rowwise copy, or with from_columnwise as the columnwise one,
+// and `scale_inv` as its float32 scale_inv (per-tensor) or its block
+// scales (scaling_mode a block mode). Errors name `op` and "scale_inv".
+ffi::ErrorOr<fp8kit_tensor> DescribeFp8Copy(const char* op, const fp8kit_tensor& like,
+                                            fp8kit_dtype fp8, ffi::AnyBuffer data,
+                                            ffi::AnyBuffer scale_inv, bool from_columnwise,
+                                            int32_t scaling_mode);
+
 // Element count of a dims span (1 for rank 0).
 int64_t NumElements(ffi::AnyBuffer::Dimensions dims);
 
