@@ -9,10 +9,6 @@ rowwise and columnwise; under jit and vmap; empty and 0-d arrays, a bad
 scale; the errors. GPU: CUDA against the CPU."""
 
 import math
-import os
-import subprocess
-import sys
-import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +16,7 @@ import numpy as np
 import pytest
 
 import fp8_reference as ref
+import two_cpu_devices
 import fp8kit.jax as fj
 from fp8kit.jax import _ffi
 from jax_gpus import gpus
@@ -254,7 +251,7 @@ def test_two_devices():
     # Arrays committed to different devices are refused; a sharded x (no
     # sharding rule: XLA gathers it) gives the unsharded x's statistics. XLA's
     # host device count is fixed when jax starts: a child process.
-    script = textwrap.dedent("""
+    script = """
         import jax, jax.numpy as jnp, numpy as np
         from jax.sharding import NamedSharding, PartitionSpec as P
         import fp8kit.jax as fj
@@ -271,14 +268,9 @@ def test_two_devices():
                 st = quantize(x, "e4m3", True, True)
                 return fj.cast_statistics(x, st[0] if isinstance(st, tuple) else st, True)
             print([a.item() == b.item() for a, b in zip(stats(xs), stats(x))])
-        """)
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=os.environ.get("XLA_FLAGS", "") +
-               " --xla_force_host_platform_device_count=2")
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().splitlines() == [
+        """
+    stdout = two_cpu_devices.run(script)
+    assert stdout.strip().splitlines() == [
         f"{FN}: x is on cpu:0 but scaled.data is on cpu:1; put them on one device, e.g. "
         "jax.device_put(x, scaled.data.sharding)", str([True] * 5), str([True] * 5)]
 

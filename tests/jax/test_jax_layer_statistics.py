@@ -1,15 +1,11 @@
 """The layers' statistics rows (fp8kit.jax.statistics_rows): what dense,
 layernorm_dense and layernorm_mlp record of their casts when asked, read
 back by tensor_statistics; the same gradients with the rows as without."""
-import os
-import subprocess
-import sys
-import textwrap
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import two_cpu_devices
 
 import fp8kit.jax as fj
 from fp8kit.recipe import BlockScaling, CurrentScaling, DelayedScaling
@@ -163,7 +159,7 @@ def test_rows_of_a_sharded_call_are_the_unsharded_calls():
     # Tokens split over two devices: each cast's statistics are those of the
     # whole tensor. XLA's host device count is fixed when jax starts: a
     # child process.
-    script = textwrap.dedent("""
+    script = """
         import jax, jax.numpy as jnp, numpy as np
         from jax.sharding import NamedSharding, PartitionSpec as P
         import fp8kit.jax as fj
@@ -181,11 +177,6 @@ def test_rows_of_a_sharded_call_are_the_unsharded_calls():
                     return jnp.sum(y.astype(jnp.float32) ** 2)
                 return jax.jit(jax.grad(loss, argnums=1))(k, fj.statistics_rows(1))
             print(np.array_equal(rows(xs), rows(x)))
-        """)
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=os.environ.get("XLA_FLAGS", "") +
-               " --xla_force_host_platform_device_count=2")
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["True", "True"]
+        """
+    stdout = two_cpu_devices.run(script)
+    assert stdout.split() == ["True", "True"]
