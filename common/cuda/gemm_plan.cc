@@ -308,7 +308,7 @@ std::unique_ptr<GemmPlan> build_plan(cublasLtHandle_t handle, cublasLtMatmulDesc
   int chosen = 0;
   plan->timed = false;
   plan->provisional = false;
-  if (candidates.size() > 1 && autotune_enabled()) {
+  if (candidates.size() > 1 && p.autotune && autotune_enabled()) {
     if (stream_is_capturing(stream)) {
       // No timing (or syncs) inside a CUDA graph capture: use the
       // heuristic's first choice now and tune at the first eager call.

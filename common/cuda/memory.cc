@@ -21,5 +21,13 @@ void zero_bytes(int device_index, void* dst, size_t bytes, void* stream) {
              "cudaMemsetAsync");
 }
 
+void copy_to_host(int device_index, void* dst, const void* src, size_t bytes, void* stream) {
+  ScopedDevice device(device_index, "copy_to_host");
+  const auto s = static_cast<cudaStream_t>(stream);
+  cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s), "copy_to_host",
+             "cudaMemcpyAsync");
+  cuda_check(cudaStreamSynchronize(s), "copy_to_host", "cudaStreamSynchronize");
+}
+
 }  // namespace cuda
 }  // namespace fp8kit

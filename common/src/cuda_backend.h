@@ -18,6 +18,7 @@
 #include "fp8kit/statistics.h"
 #include "fp8kit/tensor.h"
 #include "gemm_problem.h"
+#include "grouped_layout.h"
 
 namespace fp8kit {
 namespace cuda {
@@ -33,6 +34,9 @@ const std::string& block_scaled_fp8_gemm_missing(int device_index);
 // Asynchronous copy and fill on `stream`, a cudaStream_t (common/cuda/memory.cc).
 void copy_bytes(int device_index, void* dst, const void* src, size_t bytes, void* stream);
 void zero_bytes(int device_index, void* dst, size_t bytes, void* stream);
+// Device to host, then a wait for `stream` (the copy is needed on the host
+// at once).
+void copy_to_host(int device_index, void* dst, const void* src, size_t bytes, void* stream);
 
 // Kernels (common/cuda/*.cu). `stream` is a cudaStream_t.
 void amax(const fp8kit_tensor& input, float* amax_out, void* stream);
@@ -73,6 +77,11 @@ void activation_forward(fp8kit_activation act, const fp8kit_tensor& h, fp8kit_te
 void activation_backward(fp8kit_activation act, const fp8kit_tensor& d_a, const fp8kit_tensor& h,
                          fp8kit_tensor* dh, fp8kit_tensor& dh_fp8, const fp8kit_fused_cast& cast,
                          const fp8kit_column_sums* sums, void* stream);
+
+// Per-group quantization of a token-grouped tensor (common/cuda/
+// grouped_quantize.cu); `current` NULL casts with the given scales.
+void grouped_quantize(const fp8kit_tensor& input, const GroupLayout& layout, fp8kit_tensor& output,
+                      const fp8kit_current_scaling_config* current, void* stream);
 
 // Statistics of a cast (common/cuda/cast_statistics.cu).
 void cast_statistics(const fp8kit_tensor& input, const fp8kit_tensor& quantized,

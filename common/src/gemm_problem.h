@@ -49,6 +49,11 @@ struct GemmProblem {
   bool fast_accumulation;
   void* workspace;   // NULL: use fp8kit's own (CUDA only)
   size_t workspace_bytes;
+  // Whether a new plan may time cuBLASLt's candidates (gemm_autotune.h).
+  // The grouped GEMMs take the heuristic's choice: their group sizes change
+  // every step, and timing each new size would cost more than it saves. A
+  // plan made untimed is cached as it is for later calls of that shape.
+  bool autotune = true;
 };
 
 inline bool epilogue_has_bias(fp8kit_epilogue e) {

@@ -28,6 +28,7 @@ int64_t fp8kit_tensor_numel(const fp8kit_tensor* t) {
 
 size_t fp8kit_dtype_size(fp8kit_dtype dtype) {
   switch (dtype) {
+    case FP8KIT_INT64: return 8;
     case FP8KIT_FLOAT32: return 4;
     case FP8KIT_BFLOAT16:
     case FP8KIT_FLOAT16: return 2;
@@ -44,6 +45,7 @@ const char* fp8kit_dtype_name(fp8kit_dtype dtype) {
     case FP8KIT_FLOAT16: return "float16";
     case FP8KIT_E4M3: return "e4m3";
     case FP8KIT_E5M2: return "e5m2";
+    case FP8KIT_INT64: return "int64";
   }
   return "unknown";
 }

@@ -10,6 +10,7 @@
 #include "fp8kit/device.h"
 #include "fp8kit/fused_cast.h"
 #include "fp8kit/gemm.h"
+#include "fp8kit/grouped.h"
 #include "fp8kit/linear.h"
 #include "fp8kit/memory.h"
 #include "fp8kit/normalization.h"

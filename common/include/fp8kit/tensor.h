@@ -37,7 +37,8 @@ typedef enum fp8kit_dtype {
   FP8KIT_BFLOAT16 = 1,
   FP8KIT_FLOAT16 = 2,
   FP8KIT_E4M3 = 3, /* float8_e4m3fn: no inf, max 448 */
-  FP8KIT_E5M2 = 4  /* float8_e5m2: IEEE-like, max 57344 */
+  FP8KIT_E5M2 = 4, /* float8_e5m2: IEEE-like, max 57344 */
+  FP8KIT_INT64 = 5 /* counts (the group sizes of fp8kit/grouped.h), never a value */
 } fp8kit_dtype;
 
 /* How the scale fields are to be read. Values 4 and up are kept for the

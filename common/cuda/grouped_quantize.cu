@@ -1,0 +1,286 @@
+// fp8kit::cuda::grouped_quantize: per-group per-tensor quantization of a
+// token-grouped tensor (fp8kit/grouped.h), every group in the same launch.
+//
+// Launch sequence on the caller's stream, no allocation:
+//   current scaling: zero amax -> amax kernel -> scales kernel -> cast kernel
+//   given scales:    [zero amax] -> cast kernel (amax when asked) -> scales kernel
+// then, for a columnwise copy, the pad kernel (each block's zero columns)
+// and a fill of the buffer's unused tail.
+//
+// The kernels work on 64x64 tiles of the input [T, F]. A tile's rows may
+// belong to several groups: each row's group is looked up once per tile
+// (a binary search over the group starts, which travel in the kernel
+// parameter), the amax of each group met is reduced in shared memory first
+// and then with one global atomicMax per group and tile (|x| bits: for
+// non-negative floats the bit order is the value order, NaN above inf). The cast is
+// quantize_to_fp8 with the group's scale, bit-identical to the CPU
+// reference; the scales use compute_scale.h's rules as the per-tensor
+// kernels do.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "compute_scale.h"
+#include "cuda_backend.h"
+#include "cuda_check.h"
+#include "error.h"
+#include "fp8_convert.h"
+#include "fp8kit/grouped.h"
+#include "launch_config.h"
+#include "quantize_device.cuh"
+
+namespace fp8kit {
+namespace cuda {
+namespace {
+
+constexpr const char* kOp = "grouped_quantize";
+constexpr int kTile = 64;
+constexpr int kThreads = 256;
+constexpr int kRowsPerThread = kTile * kTile / kThreads;  // 16
+constexpr int kStride = FP8KIT_GROUP_SCALE_STRIDE;
+
+// Where the groups lie, passed by value (8 KiB: CUDA 12.1+ takes kernel
+// parameters up to 32 KiB), so no copy of the layout to the device is made.
+struct Groups {
+  int count;
+  int32_t start[kMaxGroups + 1];         // first row of each group; [count] = T
+  int32_t column_start[kMaxGroups + 1];  // first column of each block
+};
+
+struct Params {
+  const void* input;
+  int64_t rows, features;
+  uint8_t* data;        // rowwise [T, F] or NULL
+  uint8_t* columnwise;  // grouped columnwise copy or NULL
+  float* scale;         // per group, kStride apart
+  float* scale_inv;
+  float* amax;          // atomicMax target (zeroed) or NULL
+  Groups groups;
+};
+
+// The group of `row` (the last group whose start is <= row; empty groups
+// start where the next one does and are skipped).
+__device__ int group_of(const Groups& g, int32_t row) {
+  int lo = 0, hi = g.count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (g.start[mid] <= row) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+template <int kIn>
+__device__ __forceinline__ float load_float(const void* base, int64_t i) {
+  const uint32_t bits = load_bits<kIn>(base, i);
+  if constexpr (kIn == FP8KIT_FLOAT32) {
+    return __uint_as_float(bits);
+  } else {
+    return bits16_to_float<kIn>(bits);
+  }
+}
+
+// Each tile row's group, and the slot of its amax in shared memory: the
+// tile row where the group begins within the tile (so a tile touching
+// groups g and g + 100, the ones between empty, needs two slots, not 101).
+struct TileGroups {
+  int row_group[kTile];
+  int slot[kTile];
+};
+
+__device__ void find_tile_groups(const Params& p, int64_t row0, TileGroups& t) {
+  if (threadIdx.x < kTile) {
+    const int64_t r = row0 + threadIdx.x;
+    const int g = r < p.rows ? group_of(p.groups, int32_t(r)) : -1;
+    t.row_group[threadIdx.x] = g;
+    t.slot[threadIdx.x] = g < 0 ? 0 : int(max(int64_t(p.groups.start[g]), row0) - row0);
+  }
+}
+
+// After the tile's |x| bits are folded into its slots: one global
+// atomicMax per group met (a slot is non-zero only at a group's first row).
+__device__ void flush_tile_amax(const Params& p, const TileGroups& t, const uint32_t* tile_amax) {
+  __syncthreads();
+  if (threadIdx.x < kTile) {
+    const uint32_t bits = tile_amax[threadIdx.x];
+    if (bits != 0) {
+      atomicMax(reinterpret_cast<unsigned int*>(p.amax) + t.row_group[threadIdx.x] * kStride,
+                bits);
+    }
+  }
+}
+
+template <int kIn>
+__global__ void __launch_bounds__(kThreads) amax_kernel(const Params p) {
+  __shared__ TileGroups t;
+  __shared__ uint32_t tile_amax[kTile];
+  const int64_t row0 = int64_t(blockIdx.y) * kTile, col = int64_t(blockIdx.x) * kTile +
+                                                          threadIdx.x % kTile;
+  if (threadIdx.x < kTile) tile_amax[threadIdx.x] = 0;
+  find_tile_groups(p, row0, t);
+  __syncthreads();
+  for (int i = 0; i < kRowsPerThread; ++i) {
+    const int tr = int(threadIdx.x / kTile) + i * (kThreads / kTile);
+    const int64_t r = row0 + tr;
+    if (r >= p.rows || col >= p.features) continue;
+    const uint32_t bits = __float_as_uint(load_float<kIn>(p.input, r * p.features + col)) &
+                          0x7fffffffu;
+    atomicMax(&tile_amax[t.slot[tr]], bits);
+  }
+  flush_tile_amax(p, t, tile_amax);
+}
+
+template <int kIn, bool kE4M3>
+__global__ void __launch_bounds__(kThreads) cast_kernel(const Params p) {
+  __shared__ TileGroups t;
+  __shared__ float row_scale[kTile];
+  __shared__ uint32_t tile_amax[kTile];
+  __shared__ uint8_t tile[kTile][kTile + 4];
+  const int64_t row0 = int64_t(blockIdx.y) * kTile, col0 = int64_t(blockIdx.x) * kTile;
+  if (threadIdx.x < kTile) tile_amax[threadIdx.x] = 0;
+  find_tile_groups(p, row0, t);
+  __syncthreads();
+  if (threadIdx.x < kTile && t.row_group[threadIdx.x] >= 0) {
+    row_scale[threadIdx.x] = checked_scale(p.scale[t.row_group[threadIdx.x] * kStride]);
+  }
+  __syncthreads();
+  const int tc = int(threadIdx.x % kTile);
+  const int64_t col = col0 + tc;
+  for (int i = 0; i < kRowsPerThread; ++i) {
+    const int tr = int(threadIdx.x / kTile) + i * (kThreads / kTile);
+    const int64_t r = row0 + tr;
+    if (r >= p.rows || col >= p.features) continue;
+    const float x = load_float<kIn>(p.input, r * p.features + col);
+    const uint8_t q = quantize_to_fp8<kE4M3>(x, row_scale[tr]);
+    if (p.data != nullptr) p.data[r * p.features + col] = q;
+    tile[tr][tc] = q;
+    if (p.amax != nullptr) {
+      atomicMax(&tile_amax[t.slot[tr]], __float_as_uint(x) & 0x7fffffffu);
+    }
+  }
+  if (p.amax != nullptr) flush_tile_amax(p, t, tile_amax);
+  if (p.columnwise == nullptr) return;
+  __syncthreads();
+  // Transposed stores: consecutive threads take consecutive rows of one
+  // column, which are consecutive bytes of their group's block.
+  const int tr = int(threadIdx.x % kTile);
+  const int64_t r = row0 + tr;
+  if (r >= p.rows) return;
+  const int g = t.row_group[tr];
+  const int64_t padded = p.groups.column_start[g + 1] - p.groups.column_start[g];
+  uint8_t* block = p.columnwise + p.features * int64_t(p.groups.column_start[g]) +
+                   (r - p.groups.start[g]);
+  for (int i = 0; i < kRowsPerThread; ++i) {
+    const int tc2 = int(threadIdx.x / kTile) + i * (kThreads / kTile);
+    const int64_t c = col0 + tc2;
+    if (c < p.features) block[c * padded] = tile[tr][tc2];
+  }
+}
+
+// One thread per group: the scale (current scaling) and scale_inv, and the
+// amax's NaN written as the canonical NaN, as the CPU reference writes it.
+__global__ void scales_kernel(const Params p, bool current, float fp8_max, float epsilon,
+                              bool power_2_scale) {
+  const int g = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (g >= p.groups.count) return;
+  const int s = g * kStride;
+  float amax = 0.0f;
+  if (p.amax != nullptr) {
+    amax = is_nan_float(p.amax[s]) ? canonical_nan() : p.amax[s];
+    p.amax[s] = amax;
+  }
+  float scale = checked_scale(p.scale[s]);
+  if (current) {
+    scale = current_scale_from_amax(amax, fp8_max, epsilon, power_2_scale);
+    p.scale[s] = scale;
+  }
+  p.scale_inv[s] = reciprocal(scale);
+}
+
+// Zeroes the padding columns [m_g, p_g) of every feature row of group
+// blockIdx.x's block.
+__global__ void pad_kernel(const Params p) {
+  const int g = int(blockIdx.x);
+  const int64_t m = p.groups.start[g + 1] - p.groups.start[g];
+  const int64_t padded = p.groups.column_start[g + 1] - p.groups.column_start[g];
+  const int64_t pad = padded - m;
+  if (pad == 0) return;
+  uint8_t* block = p.columnwise + p.features * int64_t(p.groups.column_start[g]);
+  for (int64_t i = threadIdx.x; i < p.features * pad; i += blockDim.x) {
+    block[(i / pad) * padded + m + i % pad] = 0;
+  }
+}
+
+template <int kIn>
+void launch_cast(const Params& p, dim3 grid, fp8kit_dtype fp8, cudaStream_t stream) {
+  if (fp8 == FP8KIT_E4M3) {
+    cast_kernel<kIn, true><<<grid, kThreads, 0, stream>>>(p);
+  } else {
+    cast_kernel<kIn, false><<<grid, kThreads, 0, stream>>>(p);
+  }
+  check_launch(kOp, "launching the grouped cast kernel");
+}
+
+}  // namespace
+
+void grouped_quantize(const fp8kit_tensor& input, const GroupLayout& layout, fp8kit_tensor& output,
+                      const fp8kit_current_scaling_config* current, void* stream) {
+  FP8KIT_CHECK(layout.column_tokens < (int64_t(1) << 31), kOp, ": ", layout.tokens,
+               " tokens in ", layout.groups(), " groups exceed the CUDA kernels' 2^31-row "
+               "index; split the batch");
+  ScopedDevice device(input.device_index, kOp);
+  const auto s = static_cast<cudaStream_t>(stream);
+  Params p{};
+  p.input = input.data;
+  p.rows = input.shape[0];
+  p.features = input.shape[1];
+  p.data = static_cast<uint8_t*>(output.data);
+  p.columnwise = static_cast<uint8_t*>(output.columnwise_data);
+  p.scale = output.scale;
+  p.scale_inv = output.scale_inv;
+  p.amax = output.amax;
+  p.groups.count = int(layout.groups());
+  for (int64_t g = 0; g <= layout.groups(); ++g) {
+    p.groups.start[g] = int32_t(layout.starts[g]);
+    p.groups.column_start[g] = int32_t(layout.column_starts[g]);
+  }
+  const size_t scalars = size_t(layout.groups()) * kStride * sizeof(float);
+  if (p.amax != nullptr) zero_bytes(input.device_index, p.amax, scalars, stream);
+  const dim3 grid(unsigned(ceil_div(p.features, kTile)), unsigned(ceil_div(p.rows, kTile)));
+  const unsigned scale_blocks = unsigned(ceil_div(layout.groups(), 128));
+  const float fp8_max = fp8kit_fp8_max(output.dtype);
+  const float epsilon = current ? current->amax_epsilon : 0.0f;
+  const bool pow2 = current && current->power_2_scale != 0;
+  const bool has_rows = p.rows > 0;
+  if (current != nullptr) {
+    if (has_rows) {
+      if (input.dtype == FP8KIT_FLOAT32) amax_kernel<FP8KIT_FLOAT32><<<grid, kThreads, 0, s>>>(p);
+      else if (input.dtype == FP8KIT_BFLOAT16) amax_kernel<FP8KIT_BFLOAT16><<<grid, kThreads, 0, s>>>(p);
+      else amax_kernel<FP8KIT_FLOAT16><<<grid, kThreads, 0, s>>>(p);
+      check_launch(kOp, "launching the grouped amax kernel");
+    }
+    scales_kernel<<<scale_blocks, 128, 0, s>>>(p, true, fp8_max, epsilon, pow2);
+    check_launch(kOp, "launching the grouped scales kernel");
+  }
+  Params cast = p;
+  if (current != nullptr) cast.amax = nullptr;  // measured by the amax pass
+  if (has_rows) {
+    if (input.dtype == FP8KIT_FLOAT32) launch_cast<FP8KIT_FLOAT32>(cast, grid, output.dtype, s);
+    else if (input.dtype == FP8KIT_BFLOAT16) launch_cast<FP8KIT_BFLOAT16>(cast, grid, output.dtype, s);
+    else launch_cast<FP8KIT_FLOAT16>(cast, grid, output.dtype, s);
+  }
+  if (current == nullptr) {
+    scales_kernel<<<scale_blocks, 128, 0, s>>>(p, false, fp8_max, epsilon, pow2);
+    check_launch(kOp, "launching the grouped scales kernel");
+  }
+  if (p.columnwise == nullptr) return;
+  pad_kernel<<<unsigned(layout.groups()), kThreads, 0, s>>>(p);
+  check_launch(kOp, "launching the grouped pad kernel");
+  const int64_t used = p.features * layout.column_starts[layout.groups()];
+  const int64_t capacity = p.features * layout.column_tokens;
+  if (capacity > used) {
+    zero_bytes(input.device_index, p.columnwise + used, size_t(capacity - used), stream);
+  }
+}
+
+}  // namespace cuda
+}  // namespace fp8kit

@@ -1,0 +1,124 @@
+/* FP8 over groups of tokens: the expert layers of a mixture of experts.
+ *
+ * Contiguous layout. A token-grouped tensor x [T, F] holds the tokens of
+ * E groups (experts) one group after another: group g owns rows
+ * [start_g, start_g + m_g), start_g = m_0 + ... + m_{g-1}, and the group
+ * sizes m_g (>= 0, zero allowed) sum to T. `group_sizes` is an FP8KIT_INT64
+ * tensor [E] (1 <= E <= 1024) on the CPU or on the op's CUDA device; an op on CUDA reads it
+ * with one copy to the host and a wait on `stream` (the per-group GEMMs
+ * are planned on the host), which is why group sizes that already live on
+ * the host are cheaper. Sizes < 0 or a sum other than T are an
+ * FP8KIT_INVALID_ARGUMENT error naming them.
+ *
+ * Expert-stacked tensors (the weights w [E, R, C]) hold one [R, C] matrix
+ * per group; their columnwise copy is each matrix's transpose, [E, C, R]
+ * (per group, not the whole tensor flattened as fp8kit/tensor.h lays out
+ * a single tensor's copy).
+ *
+ * Per-group scales. A per-tensor FP8 copy of a grouped tensor has one
+ * scale per group: the descriptor's scale, scale_inv and amax each point at
+ * E * FP8KIT_GROUP_SCALE_STRIDE floats, group g's (for expert-stacked
+ * weights, matrix g's) at index g * FP8KIT_GROUP_SCALE_STRIDE, the floats
+ * between them unused: cuBLASLt reads a scale with a 16-byte access and
+ * refuses one that is not 16-byte aligned (fp8kit/gemm.h), so each group's
+ * scale gets 16 bytes of its own and no per-call copy is needed. Group g's FP8 values are exactly those
+ * fp8kit_quantize (given scales) or fp8kit_quantize_current_scaling would
+ * write for its rows alone, the scale policy of fp8kit/quantize.h and the
+ * scale rule of current scaling included, on the CPU and CUDA alike.
+ *
+ * Grouped columnwise copy (what the weight-gradient GEMM reads: its inner
+ * dimension is the tokens of one group). The transpose of each group's
+ * rows, [F, p_g] with p_g = m_g rounded up to FP8KIT_GEMM_DIM_MULTIPLE
+ * (zero columns after the m_g real ones: zeros add nothing to the sum over
+ * tokens), the groups one after another: group g's block starts at element
+ * F * (p_0 + ... + p_{g-1}). The buffer holds
+ * F * fp8kit_grouped_columnwise_tokens(T, E) elements; those after the
+ * last group's block are written as zeros too, so that the whole buffer is
+ * defined. */
+#ifndef FP8KIT_GROUPED_H_
+#define FP8KIT_GROUPED_H_
+
+#include <stdint.h>
+
+#include "fp8kit/export.h"
+#include "fp8kit/gemm.h"
+#include "fp8kit/quantize.h"
+#include "fp8kit/status.h"
+#include "fp8kit/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Floats from one group's scale to the next (16 bytes). */
+#define FP8KIT_GROUP_SCALE_STRIDE 4
+
+/* The token capacity (columns per feature) of a grouped columnwise copy of
+ * `tokens` rows in `groups` groups: tokens + (FP8KIT_GEMM_DIM_MULTIPLE - 1)
+ * * groups, the most the padded blocks can take whatever the sizes. */
+FP8KIT_API int64_t fp8kit_grouped_columnwise_tokens(int64_t tokens, int64_t groups);
+
+/* Per-group per-tensor quantization of a token-grouped input in one pass
+ * over it (current scaling: an amax pass first).
+ *   input:       [T, F] float32/bfloat16/float16, F a positive multiple of
+ *                FP8KIT_GEMM_DIM_MULTIPLE.
+ *   group_sizes: int64 [E], E >= 1 (see above).
+ *   output:      E4M3 or E5M2, PER_TENSOR, shape [T, F], on input's device;
+ *                data (rowwise [T, F]) and/or columnwise_data (the grouped
+ *                columnwise copy above); scale, scale_inv, amax: per-group
+ *                scales as above (amax may be NULL when `current` is NULL).
+ *   current:     NULL: each group is cast with its scale in output->scale (delayed
+ *                scaling: the front end keeps the per-group state and rolls
+ *                the amax written here into it); else current scaling with
+ *                this config, group g's scale written from its amax
+ *                (an empty group has amax 0 and so scale 1).
+ * Group g's scale_inv = 1 / the scale it was cast with. */
+FP8KIT_API fp8kit_status fp8kit_grouped_quantize(const fp8kit_tensor* input,
+                                                 const fp8kit_tensor* group_sizes,
+                                                 fp8kit_tensor* output,
+                                                 const fp8kit_current_scaling_config* current,
+                                                 void* stream);
+
+/* The three GEMMs of a grouped Linear, y_g = x_g @ w_g^T per group g. */
+typedef enum fp8kit_grouped_gemm_kind {
+  /* D [T, N] token-grouped, D_g = A_g @ op(B_g): A token-grouped [T, K]
+   * (rowwise data); B expert-stacked, op(B_g) = B_g^T for trans_b = 1
+   * (B [E, N, K]: the forward y = x @ w^T with torch's weight layout) or
+   * B_g for trans_b = 0 (B [E, K, N]: the dgrad dx = dy @ w, or a JAX
+   * kernel in the forward); each B_g read K-contiguous as fp8kit_gemm
+   * reads a single B (its columnwise copy on TN-only devices). A group
+   * with no tokens writes nothing. */
+  FP8KIT_GROUPED_GEMM_TOKENS = 0,
+  /* D [E, M, N] expert-stacked, D_g = A_g^T @ B_g summed over group g's
+   * tokens: A [T, M] and B [T, N] token-grouped, both read from their
+   * grouped columnwise copies (the weight gradient dw_g = dy_g^T @ x_g). A
+   * group with no tokens gets D_g = 0. */
+  FP8KIT_GROUPED_GEMM_CONTRACT_TOKENS = 1
+} fp8kit_grouped_gemm_kind;
+
+typedef struct fp8kit_grouped_gemm_config {
+  int trans_b;            /* FP8KIT_GROUPED_GEMM_TOKENS only; see above */
+  const void* bias;       /* NULL, or [E, N] (TOKENS only): bias row g added
+                           * to D_g, dtype bias_dtype as for fp8kit_gemm */
+  fp8kit_dtype bias_dtype;
+  /* As for fp8kit_gemm: 1 promotes partial sums to FP32 (more accurate). */
+  int use_split_accumulator;
+} fp8kit_grouped_gemm_config;
+
+/* a, b: E4M3 or E5M2 (not both E5M2), PER_TENSOR with per-group scale_inv (see
+ *       above), 16-byte aligned, holding the copies `kind` reads.
+ * d:    bfloat16, float16 or float32, the shape `kind` gives.
+ * All on one device; `stream` is a cudaStream_t or NULL. The alignment
+ * and type rules of fp8kit_gemm hold for every group's GEMM (K and N
+ * multiples of FP8KIT_GEMM_DIM_MULTIPLE). */
+FP8KIT_API fp8kit_status fp8kit_grouped_gemm(fp8kit_grouped_gemm_kind kind,
+                                             const fp8kit_tensor* a, const fp8kit_tensor* b,
+                                             fp8kit_tensor* d, const fp8kit_tensor* group_sizes,
+                                             const fp8kit_grouped_gemm_config* config,
+                                             void* stream);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif  /* FP8KIT_GROUPED_H_ */

@@ -1,0 +1,67 @@
+#include "grouped_layout.h"
+
+#include "error.h"
+#include "fp8kit/grouped.h"
+#include "fp8kit/linear.h"
+#include "validate.h"
+#ifdef FP8KIT_WITH_CUDA
+#include "cuda_backend.h"
+#endif
+
+extern "C" int64_t fp8kit_grouped_columnwise_tokens(int64_t tokens, int64_t groups) {
+  return tokens + (FP8KIT_GEMM_DIM_MULTIPLE - 1) * groups;
+}
+
+namespace fp8kit {
+
+GroupLayout read_group_layout(const char* op, const fp8kit_tensor* group_sizes, int64_t tokens,
+                              fp8kit_device_type device_type, int device_index, void* stream) {
+  check_tensor(op, "group_sizes", group_sizes, /*allow_null_data=*/true);
+  const fp8kit_tensor& gs = *group_sizes;
+  FP8KIT_CHECK(gs.dtype == FP8KIT_INT64, op, ": group_sizes has dtype ",
+               fp8kit_dtype_name(gs.dtype), "; the group sizes are int64 counts");
+  FP8KIT_CHECK(gs.rank == 1 && gs.shape[0] >= 1 && gs.shape[0] <= kMaxGroups, op,
+               ": group_sizes has shape ", shape_string(gs), "; it must be [E], one int64 count "
+               "per group, with 1 <= E <= ", kMaxGroups);
+  FP8KIT_CHECK(gs.data != nullptr, op, ": group_sizes has no data");
+  const bool on_host = gs.device_type == FP8KIT_DEVICE_CPU;
+  FP8KIT_CHECK(on_host || (gs.device_type == device_type && gs.device_index == device_index), op,
+               ": group_sizes is on CUDA device ", gs.device_index,
+               " but the op runs on another device; pass the sizes on the CPU or on the op's "
+               "device");
+  GroupLayout layout;
+  const int64_t groups = gs.shape[0];
+  layout.sizes.resize(groups);
+  if (on_host) {
+    const auto* sizes = static_cast<const int64_t*>(gs.data);
+    layout.sizes.assign(sizes, sizes + groups);
+  } else {
+#ifdef FP8KIT_WITH_CUDA
+    cuda::copy_to_host(device_index, layout.sizes.data(), gs.data,
+                       static_cast<size_t>(groups) * sizeof(int64_t), stream);
+#endif
+  }
+  (void)stream;
+  layout.tokens = tokens;
+  layout.column_tokens = fp8kit_grouped_columnwise_tokens(tokens, groups);
+  layout.starts.assign(groups + 1, 0);
+  layout.column_starts.assign(groups + 1, 0);
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t m = layout.sizes[g];
+    FP8KIT_CHECK(m >= 0 && m <= tokens, op, ": group_sizes[", g, "] is ", m,
+                 "; every group size must be in [0, ", tokens, "] (the input's rows)");
+    const int64_t padded = (m + FP8KIT_GEMM_DIM_MULTIPLE - 1) / FP8KIT_GEMM_DIM_MULTIPLE *
+                           FP8KIT_GEMM_DIM_MULTIPLE;
+    layout.starts[g + 1] = layout.starts[g] + m;
+    layout.column_starts[g + 1] = layout.column_starts[g] + padded;
+    FP8KIT_CHECK(layout.starts[g + 1] <= tokens, op, ": group_sizes sum to more than the ",
+                 tokens, " rows of the input; the sizes must sum to the rows exactly");
+  }
+  FP8KIT_CHECK(layout.starts[groups] == tokens, op, ": group_sizes sum to ",
+               layout.starts[groups], " but the input has ", tokens,
+               " rows; the sizes must sum to the rows exactly (sort the tokens by group and "
+               "count every one)");
+  return layout;
+}
+
+}  // namespace fp8kit
