@@ -291,6 +291,8 @@ void register_ops(py::module_& m) {
   for (fp8kit_dtype f : {FP8KIT_E4M3, FP8KIT_E5M2}) fp8_max[fp8_name(f)] = fp8kit_fp8_max(f);
   m.attr("FP8_MAX") = fp8_max;
   m.attr("GEMM_DIM_MULTIPLE") = FP8KIT_GEMM_DIM_MULTIPLE;
+  // Floats from one group's scale to the next (fp8kit/grouped.h).
+  m.attr("GROUP_SCALE_STRIDE") = FP8KIT_GROUP_SCALE_STRIDE;
   // The slots of a Linear's scaling state (fp8kit_linear_slot).
   m.attr("SLOT_INPUT") = int(FP8KIT_SLOT_INPUT);
   m.attr("SLOT_WEIGHT") = int(FP8KIT_SLOT_WEIGHT);

@@ -13,7 +13,8 @@ Float8BlockQuantizer (a scale per 1x128 tile or 128x128 block) returns a
 Float8BlockTensor. Tensors: QuantizedTensor, Float8Tensor,
 Float8BlockTensor. Modules: Linear and the fused LayerNormLinear and
 LayerNormMLP, used inside autocast(recipe=...) with DelayedScaling,
-CurrentScaling or BlockScaling. inspect(model, every=N, log=path)
+CurrentScaling or BlockScaling; GroupedLinear, the experts of a mixture of
+experts (CurrentScaling). inspect(model, every=N, log=path)
 (fp8kit.torch.inspection): the cast statistics of every FP8 GEMM operand
 of a model's fp8kit layers, logged every N training steps.
 Dispatcher ops (torch.ops.fp8kit.*, what torch.compile traces): see
@@ -25,12 +26,14 @@ from fp8kit.recipe import (AmaxReduction, BlockScaling, CurrentScaling,  # noqa:
 # Imported for what they register: the fake kernels of torch.ops.fp8kit.*,
 # and Float8Tensor's op table (float8_tensor_ops imports float8_tensor, so
 # the package imports the table rather than float8_tensor).
-from fp8kit.torch import _block_fake_ops, _fake_ops, float8_tensor_ops  # noqa: F401
+from fp8kit.torch import _block_fake_ops, _fake_ops, _grouped_fake_ops  # noqa: F401
+from fp8kit.torch import float8_tensor_ops  # noqa: F401
 from fp8kit.torch.autocast import autocast, current_recipe
 from fp8kit.torch.block_ops import (block_scale_inv_shape, dequantize_block, gemm_block,
                                     quantize_block, supports_block_scaled_fp8_gemm)
 from fp8kit.torch.float8_block_tensor import Float8BlockTensor
 from fp8kit.torch.float8_tensor import Float8Tensor
+from fp8kit.torch.grouped_linear import GroupedLinear
 from fp8kit.torch.inspection import Inspection, inspect
 from fp8kit.torch.layernorm_linear import LayerNormLinear
 from fp8kit.torch.layernorm_mlp import LayerNormMLP
@@ -48,7 +51,7 @@ __all__ = [
     "delayed_scaling_update",
     "gemm", "supports_non_tn_fp8_gemm", "built_with_cuda", "Quantizer", "Float8Quantizer",
     "Float8CurrentScalingQuantizer", "quantizer_for", "QuantizedTensor", "Float8Tensor",
-    "Linear", "LayerNormLinear", "LayerNormMLP", "autocast", "current_recipe", "DelayedScaling",
+    "Linear", "LayerNormLinear", "LayerNormMLP", "GroupedLinear", "autocast", "current_recipe", "DelayedScaling",
     "CurrentScaling", "Format", "AmaxReduction", "BlockScaling", "quantize_block",
     "dequantize_block", "gemm_block", "block_scale_inv_shape", "supports_block_scaled_fp8_gemm",
     "Float8BlockQuantizer", "Float8BlockTensor", "cast_statistics", "CastStatistics",

@@ -88,7 +88,7 @@ def device_of(name: str) -> torch.device:
     return cuda_or_skip() if name == "cuda" else torch.device("cpu")
 
 
-_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def assert_bits_equal(got: torch.Tensor, want: torch.Tensor):
