@@ -2,13 +2,16 @@
 // their outputs fused in, by cast recipe (fused_cast_ffi.h):
 //   forward:  fp8kit_activation_forward_delayed_update,
 //             fp8kit_activation_forward_delayed, fp8kit_activation_forward_current
-//             (a = act(h) as the second GEMM's FP8 input; no high-precision a);
+//             (a = act(h) as the second GEMM's FP8 input);
 //   backward: fp8kit_activation_backward_delayed_update,
 //             fp8kit_activation_backward_current
 //             (dh = d_a * act'(h) as the first GEMM's FP8 output gradient, with
 //             the column sums of dh, the first GEMM's bias gradient, on request).
+// The high-precision a or dh is written only when the optional last result
+// is given (fused_cast_ffi.h).
 // The backward always records under delayed scaling (it is the pass that
 // computes gradients), so it has no read-only target.
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -33,15 +36,18 @@ struct ActAttrs {
 };
 
 // h and the FP8 output of v (a in the forward, dh in the backward; the
-// output's shape is checked by the core, it is taken from `v_shape`).
+// output's shape is checked by the core, it is taken from `v_shape`), and
+// v in h's dtype when asked for.
 struct Tensors {
   fp8kit_tensor h, d_a, out;
+  std::optional<fp8kit_tensor> v;
   int64_t rows, cols;  // v's 2-D view
 };
 
 ffi::ErrorOr<Tensors> DescribeTensors(const char* op, const Device& device, ffi::AnyBuffer h,
                                       const ffi::AnyBuffer* d_a, ffi::AnyBuffer data,
-                                      ffi::AnyBuffer columnwise, const ActAttrs& a) {
+                                      ffi::AnyBuffer columnwise, const HighPrecisionResult& hp,
+                                      const ActAttrs& a) {
   Tensors t{};
   auto hd = Describe(op, "h", h, device);
   if (hd.has_error()) return ffi::Unexpected(hd.error());
@@ -57,6 +63,9 @@ ffi::ErrorOr<Tensors> DescribeTensors(const char* op, const Device& device, ffi:
   auto out = DescribeFp8Output(op, v, data, columnwise, a.rowwise, a.columnwise);
   if (out.has_error()) return ffi::Unexpected(out.error());
   t.out = *out;
+  auto vd = DescribeHighPrecision(op, d_a == nullptr ? "a" : "dh", hp, device);
+  if (vd.has_error()) return ffi::Unexpected(vd.error());
+  t.v = *vd;
   t.cols = v.rank > 0 ? v.shape[v.rank - 1] : 1;
   t.rows = t.cols > 0 ? fp8kit_tensor_numel(&v) / t.cols : 0;
   return t;
@@ -68,8 +77,9 @@ ffi::Error ForwardDelayed(const char* op, const Device& device, const DelayedSta
                           const StateResults* results, ffi::AnyBuffer h,
                           ffi::AnyBuffer workspace, ffi::AnyBuffer data,
                           ffi::AnyBuffer columnwise, F32Buffer* scale_inv,
-                          const DelayedAttrs& d, const ActAttrs& a) {
-  auto t = DescribeTensors(op, device, h, nullptr, data, columnwise, a);
+                          const HighPrecisionResult& hp, const DelayedAttrs& d,
+                          const ActAttrs& a) {
+  auto t = DescribeTensors(op, device, h, nullptr, data, columnwise, hp, a);
   if (t.has_error()) return t.error();
   if (auto err = SetScaleInv(op, &t->out, scale_inv); err.failure()) return err;
   CastWorkspace scratch(t->rows, t->cols, false, FP8KIT_FUSED_CAST_DELAYED);
@@ -77,7 +87,7 @@ ffi::Error ForwardDelayed(const char* op, const Device& device, const DelayedSta
   auto cast = scratch.Delayed(op, device, state, results, d);
   if (cast.has_error()) return cast.error();
   return FromStatus(fp8kit_activation_forward(static_cast<fp8kit_activation>(a.act), &t->h,
-                                              nullptr, &t->out, &*cast, device.stream));
+                                              Pointer(t->v), &t->out, &*cast, device.stream));
 }
 
 ffi::Error ForwardDelayedUpdateImpl(
@@ -85,11 +95,11 @@ ffi::Error ForwardDelayedUpdateImpl(
     ffi::AnyBuffer h, ffi::Result<F32Buffer> history_out, ffi::Result<F32Buffer> scale_out,
     ffi::Result<F32Buffer> seeded_out, ffi::Result<ffi::AnyBuffer> workspace,
     ffi::Result<ffi::AnyBuffer> data, ffi::Result<ffi::AnyBuffer> columnwise,
-    ffi::Result<F32Buffer> scale_inv, int64_t slot, int32_t margin, int32_t amax_reduction,
-    int32_t act, bool rowwise, bool want_columnwise) {
+    ffi::Result<F32Buffer> scale_inv, HighPrecisionResult a, int64_t slot, int32_t margin,
+    int32_t amax_reduction, int32_t act, bool rowwise, bool want_columnwise) {
   const StateResults results{&*history_out, &*scale_out, &*seeded_out};
   return ForwardDelayed(kForwardUpdate, device, {history, scale, seeded, amax}, &results, h,
-                        *workspace, *data, *columnwise, &*scale_inv,
+                        *workspace, *data, *columnwise, &*scale_inv, a,
                         {slot, margin, amax_reduction}, {act, rowwise, want_columnwise});
 }
 
@@ -98,11 +108,11 @@ ffi::Error ForwardDelayedImpl(const Device& device, F32Buffer history, F32Buffer
                               ffi::Result<ffi::AnyBuffer> workspace,
                               ffi::Result<ffi::AnyBuffer> data,
                               ffi::Result<ffi::AnyBuffer> columnwise,
-                              ffi::Result<F32Buffer> scale_inv, int64_t slot, int32_t margin,
-                              int32_t amax_reduction, int32_t act, bool rowwise,
-                              bool want_columnwise) {
+                              ffi::Result<F32Buffer> scale_inv, HighPrecisionResult a,
+                              int64_t slot, int32_t margin, int32_t amax_reduction, int32_t act,
+                              bool rowwise, bool want_columnwise) {
   return ForwardDelayed(kForwardRead, device, {history, scale, seeded, amax}, nullptr, h,
-                        *workspace, *data, *columnwise, &*scale_inv,
+                        *workspace, *data, *columnwise, &*scale_inv, a,
                         {slot, margin, amax_reduction}, {act, rowwise, want_columnwise});
 }
 
@@ -110,17 +120,17 @@ ffi::Error ForwardCurrentImpl(const Device& device, ffi::AnyBuffer h,
                               ffi::Result<ffi::AnyBuffer> data,
                               ffi::Result<ffi::AnyBuffer> columnwise,
                               ffi::Result<F32Buffer> scale, ffi::Result<F32Buffer> scale_inv,
-                              ffi::Result<F32Buffer> amax, float amax_epsilon,
-                              bool power_2_scale, int32_t act, bool rowwise,
+                              ffi::Result<F32Buffer> amax, HighPrecisionResult a_out,
+                              float amax_epsilon, bool power_2_scale, int32_t act, bool rowwise,
                               bool want_columnwise) {
   const ActAttrs a{act, rowwise, want_columnwise};
-  auto t = DescribeTensors(kForwardCurrent, device, h, nullptr, *data, *columnwise, a);
+  auto t = DescribeTensors(kForwardCurrent, device, h, nullptr, *data, *columnwise, a_out, a);
   if (t.has_error()) return t.error();
   auto cast = CurrentCast(kForwardCurrent, &t->out, &*scale, &*scale_inv, &*amax, amax_epsilon,
                           power_2_scale);
   if (cast.has_error()) return cast.error();
   return FromStatus(fp8kit_activation_forward(static_cast<fp8kit_activation>(act), &t->h,
-                                              nullptr, &t->out, &*cast, device.stream));
+                                              Pointer(t->v), &t->out, &*cast, device.stream));
 }
 
 // --- backward ---------------------------------------------------------------------------
@@ -136,7 +146,7 @@ ffi::Error RunBackward(const char* op, const Device& device, Tensors& t,
     column_sums = *s;
   }
   return FromStatus(fp8kit_activation_backward(static_cast<fp8kit_activation>(act), &t.d_a, &t.h,
-                                               nullptr, &t.out, &cast,
+                                               Pointer(t.v), &t.out, &cast,
                                                want_sums ? &column_sums : nullptr,
                                                device.stream));
 }
@@ -147,10 +157,10 @@ ffi::Error BackwardDelayedUpdateImpl(
     ffi::Result<F32Buffer> scale_out, ffi::Result<F32Buffer> seeded_out,
     ffi::Result<ffi::AnyBuffer> workspace, ffi::Result<ffi::AnyBuffer> data,
     ffi::Result<ffi::AnyBuffer> columnwise, ffi::Result<ffi::AnyBuffer> sums,
-    ffi::Result<F32Buffer> scale_inv, int64_t slot, int32_t margin, int32_t amax_reduction,
-    int32_t act, bool rowwise, bool want_columnwise, bool want_sums) {
+    ffi::Result<F32Buffer> scale_inv, HighPrecisionResult dh, int64_t slot, int32_t margin,
+    int32_t amax_reduction, int32_t act, bool rowwise, bool want_columnwise, bool want_sums) {
   const char* op = kBackwardUpdate;
-  auto t = DescribeTensors(op, device, h, &d_a, *data, *columnwise,
+  auto t = DescribeTensors(op, device, h, &d_a, *data, *columnwise, dh,
                            {act, rowwise, want_columnwise});
   if (t.has_error()) return t.error();
   if (auto err = SetScaleInv(op, &t->out, &*scale_inv); err.failure()) return err;
@@ -169,10 +179,10 @@ ffi::Error BackwardCurrentImpl(const Device& device, ffi::AnyBuffer d_a, ffi::An
                                ffi::Result<ffi::AnyBuffer> columnwise,
                                ffi::Result<ffi::AnyBuffer> sums, ffi::Result<F32Buffer> scale,
                                ffi::Result<F32Buffer> scale_inv, ffi::Result<F32Buffer> amax,
-                               float amax_epsilon, bool power_2_scale, int32_t act,
-                               bool rowwise, bool want_columnwise, bool want_sums) {
+                               HighPrecisionResult dh, float amax_epsilon, bool power_2_scale,
+                               int32_t act, bool rowwise, bool want_columnwise, bool want_sums) {
   const char* op = kBackwardCurrent;
-  auto t = DescribeTensors(op, device, h, &d_a, *data, *columnwise,
+  auto t = DescribeTensors(op, device, h, &d_a, *data, *columnwise, dh,
                            {act, rowwise, want_columnwise});
   if (t.has_error()) return t.error();
   CastWorkspace scratch(t->rows, t->cols, want_sums, FP8KIT_FUSED_CAST_CURRENT);
@@ -212,47 +222,51 @@ auto BindDaH(Binding&& binding) {
   return BindH(std::move(binding).template Arg<ffi::AnyBuffer>());  // d_a: [..., F], h's dtype
 }
 
+// Each target's last result is the optional v in h's dtype (a: [rows, F];
+// dh: h's shape), the values cast.
 template <typename Binding>
 auto BindForwardDelayedUpdate(Binding binding) {
-  return BindActAttrs(BindDelayedAttrs(
+  return BindActAttrs(BindDelayedAttrs(BindHighPrecision(  // a, or absent
       BindOutput(BindStateResults(BindH(BindDelayedStateArgs(std::move(binding)))))
-          .template Ret<F32Buffer>()));  // scale_inv: 1 / the scale used
+          .template Ret<F32Buffer>())));  // scale_inv: 1 / the scale used
 }
 
 template <typename Binding>
 auto BindForwardDelayed(Binding binding) {
-  return BindActAttrs(BindDelayedAttrs(
+  return BindActAttrs(BindDelayedAttrs(BindHighPrecision(  // a, or absent
       BindOutput(BindH(BindDelayedStateArgs(std::move(binding))))
-          .template Ret<F32Buffer>()));  // scale_inv: 1 / the scale used
+          .template Ret<F32Buffer>())));  // scale_inv: 1 / the scale used
 }
 
 template <typename Binding>
 auto BindForwardCurrent(Binding binding) {
-  return BindActAttrs(BindCurrentAttrs(BindH(std::move(binding))
-                                           .template Ret<ffi::AnyBuffer>()  // data
-                                           .template Ret<ffi::AnyBuffer>()  // columnwise
-                                           .template Ret<F32Buffer>()       // scale
-                                           .template Ret<F32Buffer>()       // scale_inv
-                                           .template Ret<F32Buffer>()));    // amax: max |a|
+  return BindActAttrs(BindCurrentAttrs(BindHighPrecision(  // a, or absent
+      BindH(std::move(binding))
+          .template Ret<ffi::AnyBuffer>()  // data
+          .template Ret<ffi::AnyBuffer>()  // columnwise
+          .template Ret<F32Buffer>()       // scale
+          .template Ret<F32Buffer>()       // scale_inv
+          .template Ret<F32Buffer>())));   // amax: max |a|
 }
 
 template <typename Binding>
 auto BindBackwardDelayedUpdate(Binding binding) {
-  return BindActAttrs(BindDelayedAttrs(
+  return BindActAttrs(BindDelayedAttrs(BindHighPrecision(  // dh, or absent
                           BindOutput(BindStateResults(
                                          BindDaH(BindDelayedStateArgs(std::move(binding)))))
                               .template Ret<ffi::AnyBuffer>()  // sums: [cols] of dh, or (0,)
-                              .template Ret<F32Buffer>()))     // scale_inv: 1 / the scale used
+                              .template Ret<F32Buffer>())))    // scale_inv: 1 / the scale used
       .template Attr<bool>("sums");  // sums: write the column sums of dh
 }
 
 template <typename Binding>
 auto BindBackwardCurrent(Binding binding) {
-  return BindActAttrs(BindCurrentAttrs(BindOutput(BindDaH(std::move(binding)))
-                                           .template Ret<ffi::AnyBuffer>()  // sums, or (0,)
-                                           .template Ret<F32Buffer>()       // scale
-                                           .template Ret<F32Buffer>()       // scale_inv
-                                           .template Ret<F32Buffer>()))     // amax: max |dh|
+  return BindActAttrs(BindCurrentAttrs(BindHighPrecision(  // dh, or absent
+                          BindOutput(BindDaH(std::move(binding)))
+                              .template Ret<ffi::AnyBuffer>()  // sums, or (0,)
+                              .template Ret<F32Buffer>()       // scale
+                              .template Ret<F32Buffer>()       // scale_inv
+                              .template Ret<F32Buffer>())))    // amax: max |dh|
       .template Attr<bool>("sums");  // sums: write the column sums of dh
 }
 

@@ -122,6 +122,14 @@ ffi::ErrorOr<fp8kit_fused_cast> CurrentCast(const char* op, fp8kit_tensor* out, 
   return cast;
 }
 
+ffi::ErrorOr<std::optional<fp8kit_tensor>> DescribeHighPrecision(
+    const char* op, const char* arg, HighPrecisionResult result, const Device& device) {
+  if (!result.has_value()) return std::optional<fp8kit_tensor>();
+  auto t = Describe(op, arg, **result, device);
+  if (t.has_error()) return ffi::Unexpected(t.error());
+  return std::optional<fp8kit_tensor>(*t);
+}
+
 ffi::Error SetScaleInv(const char* op, fp8kit_tensor* out, F32Buffer* scale_inv) {
   if (auto err = CheckScalar(op, "the scale_inv result", *scale_inv); err.failure()) return err;
   out->scale_inv = scale_inv->typed_data();

@@ -19,10 +19,17 @@
 // shard seeds, casts and records as the unsharded call. Column sums (the
 // activation backward's bias gradient) take their scratch from the same
 // workspace under both recipes.
+//
+// Each fused target may also be given one more result, last: the
+// high-precision values its cast reads (the C API's y, a or dh), in the
+// input's dtype, written beside the FP8 copy. A layer asks for it only to
+// record the statistics of that cast, so a call without it allocates and
+// writes nothing more.
 #ifndef FP8KIT_JAX_EXT_FUSED_CAST_FFI_H_
 #define FP8KIT_JAX_EXT_FUSED_CAST_FFI_H_
 
 #include <cstdint>
+#include <optional>
 #include <utility>
 
 #include "ffi_helpers.h"
@@ -90,6 +97,24 @@ ffi::ErrorOr<fp8kit_fused_cast> CurrentCast(const char* op, fp8kit_tensor* out, 
 
 // The scale_inv result of a delayed cast (one float32) into `out`.
 ffi::Error SetScaleInv(const char* op, fp8kit_tensor* out, F32Buffer* scale_inv);
+
+// The optional high-precision result (see above): absent, or the values
+// cast in the input's dtype and shape (the core checks both).
+using HighPrecisionResult = std::optional<ffi::Result<ffi::AnyBuffer>>;
+
+// Its descriptor, or nullopt when the result is absent; `arg` names it in
+// errors.
+ffi::ErrorOr<std::optional<fp8kit_tensor>> DescribeHighPrecision(
+    const char* op, const char* arg, HighPrecisionResult result, const Device& device);
+
+// The core's pointer for it: NULL when absent.
+inline fp8kit_tensor* Pointer(std::optional<fp8kit_tensor>& t) { return t ? &*t : nullptr; }
+
+// Binds it: after every other result of the target.
+template <typename Binding>
+auto BindHighPrecision(Binding&& binding) {
+  return std::move(binding).template OptionalRet<ffi::AnyBuffer>();
+}
 
 // Bindings of the operands every fused target of a recipe shares.
 template <typename Binding>

@@ -1,12 +1,14 @@
 // FFI handlers for LayerNorm/RMSNorm (fp8kit/normalization.h): the forward
-// writes the next GEMM's FP8 input directly (no high-precision output), in
-// three targets by cast recipe (fused_cast_ffi.h):
+// writes the next GEMM's FP8 input directly, and its high-precision output
+// y only when given the optional last result (fused_cast_ffi.h), in three
+// targets by cast recipe (fused_cast_ffi.h):
 //   fp8kit_norm_forward_delayed_update, fp8kit_norm_forward_delayed,
 //   fp8kit_norm_forward_current;
 // and fp8kit_norm_backward (dx, dgamma, dbeta).
 //
 // Operands not used by RMSNorm (beta, mean, dbeta) are (0,) placeholders,
 // so that each target has one fixed signature.
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -37,9 +39,10 @@ fp8kit_norm_config Config(const NormAttrs& a) {
 bool IsLayerNorm(const NormAttrs& a) { return a.type == FP8KIT_LAYERNORM; }
 
 // The forward's tensors: x, gamma, beta (LayerNorm) and the FP8 output,
-// mean (LayerNorm) and rsigma. The cast is the target's.
+// mean (LayerNorm), rsigma and y when asked for. The cast is the target's.
 struct Forward {
   fp8kit_tensor x, gamma, beta, out, mean, rsigma;
+  std::optional<fp8kit_tensor> y;
   int64_t rows, hidden;
 };
 
@@ -47,7 +50,7 @@ ffi::ErrorOr<Forward> DescribeForward(const char* op, const Device& device, ffi:
                                       ffi::AnyBuffer gamma, ffi::AnyBuffer beta,
                                       ffi::AnyBuffer data, ffi::AnyBuffer columnwise,
                                       ffi::AnyBuffer mean, ffi::AnyBuffer rsigma,
-                                      const NormAttrs& a) {
+                                      const HighPrecisionResult& y, const NormAttrs& a) {
   Forward f{};
   auto in = Describe(op, "x", x, device);
   if (in.has_error()) return ffi::Unexpected(in.error());
@@ -67,6 +70,9 @@ ffi::ErrorOr<Forward> DescribeForward(const char* op, const Device& device, ffi:
   auto out = DescribeFp8Output(op, f.x, data, columnwise, a.rowwise, a.columnwise);
   if (out.has_error()) return ffi::Unexpected(out.error());
   f.out = *out;
+  auto hp = DescribeHighPrecision(op, "y", y, device);
+  if (hp.has_error()) return ffi::Unexpected(hp.error());
+  f.y = *hp;
   return f;
 }
 
@@ -74,9 +80,9 @@ ffi::Error RunForward(Forward& f, const fp8kit_fused_cast& cast, const NormAttrs
                       const Device& device) {
   const fp8kit_norm_config config = Config(a);
   const bool ln = IsLayerNorm(a);
-  return FromStatus(fp8kit_norm_forward(&config, &f.x, &f.gamma, ln ? &f.beta : nullptr, nullptr,
-                                        &f.out, &cast, ln ? &f.mean : nullptr, &f.rsigma,
-                                        device.stream));
+  return FromStatus(fp8kit_norm_forward(&config, &f.x, &f.gamma, ln ? &f.beta : nullptr,
+                                        Pointer(f.y), &f.out, &cast, ln ? &f.mean : nullptr,
+                                        &f.rsigma, device.stream));
 }
 
 // Both delayed targets: `results` null for the read-only one.
@@ -84,8 +90,9 @@ ffi::Error ForwardDelayed(const char* op, const Device& device, const DelayedSta
                           const StateResults* results, ffi::AnyBuffer x, ffi::AnyBuffer gamma,
                           ffi::AnyBuffer beta, ffi::AnyBuffer workspace, ffi::AnyBuffer data,
                           ffi::AnyBuffer columnwise, F32Buffer* scale_inv, ffi::AnyBuffer mean,
-                          ffi::AnyBuffer rsigma, const DelayedAttrs& d, const NormAttrs& a) {
-  auto f = DescribeForward(op, device, x, gamma, beta, data, columnwise, mean, rsigma, a);
+                          ffi::AnyBuffer rsigma, const HighPrecisionResult& y,
+                          const DelayedAttrs& d, const NormAttrs& a) {
+  auto f = DescribeForward(op, device, x, gamma, beta, data, columnwise, mean, rsigma, y, a);
   if (f.has_error()) return f.error();
   if (auto err = SetScaleInv(op, &f->out, scale_inv); err.failure()) return err;
   CastWorkspace scratch(f->rows, f->hidden, false, FP8KIT_FUSED_CAST_DELAYED);
@@ -101,13 +108,13 @@ ffi::Error ForwardDelayedUpdateImpl(
     ffi::Result<F32Buffer> scale_out, ffi::Result<F32Buffer> seeded_out,
     ffi::Result<ffi::AnyBuffer> workspace, ffi::Result<ffi::AnyBuffer> data,
     ffi::Result<ffi::AnyBuffer> columnwise, ffi::Result<F32Buffer> scale_inv,
-    ffi::Result<ffi::AnyBuffer> mean, ffi::Result<ffi::AnyBuffer> rsigma, int64_t slot,
-    int32_t margin, int32_t amax_reduction, int32_t type, float epsilon, bool rowwise,
-    bool want_columnwise) {
+    ffi::Result<ffi::AnyBuffer> mean, ffi::Result<ffi::AnyBuffer> rsigma, HighPrecisionResult y,
+    int64_t slot, int32_t margin, int32_t amax_reduction, int32_t type, float epsilon,
+    bool rowwise, bool want_columnwise) {
   const StateResults results{&*history_out, &*scale_out, &*seeded_out};
   return ForwardDelayed(kForwardUpdate, device, {history, scale, seeded, amax}, &results, x,
                         gamma, beta, *workspace, *data, *columnwise, &*scale_inv, *mean, *rsigma,
-                        {slot, margin, amax_reduction},
+                        y, {slot, margin, amax_reduction},
                         {type, epsilon, rowwise, want_columnwise});
 }
 
@@ -118,11 +125,11 @@ ffi::Error ForwardDelayedImpl(const Device& device, F32Buffer history, F32Buffer
                               ffi::Result<ffi::AnyBuffer> data,
                               ffi::Result<ffi::AnyBuffer> columnwise,
                               ffi::Result<F32Buffer> scale_inv, ffi::Result<ffi::AnyBuffer> mean,
-                              ffi::Result<ffi::AnyBuffer> rsigma, int64_t slot, int32_t margin,
-                              int32_t amax_reduction, int32_t type, float epsilon, bool rowwise,
-                              bool want_columnwise) {
+                              ffi::Result<ffi::AnyBuffer> rsigma, HighPrecisionResult y,
+                              int64_t slot, int32_t margin, int32_t amax_reduction, int32_t type,
+                              float epsilon, bool rowwise, bool want_columnwise) {
   return ForwardDelayed(kForwardRead, device, {history, scale, seeded, amax}, nullptr, x, gamma,
-                        beta, *workspace, *data, *columnwise, &*scale_inv, *mean, *rsigma,
+                        beta, *workspace, *data, *columnwise, &*scale_inv, *mean, *rsigma, y,
                         {slot, margin, amax_reduction},
                         {type, epsilon, rowwise, want_columnwise});
 }
@@ -132,12 +139,12 @@ ffi::Error ForwardCurrentImpl(const Device& device, ffi::AnyBuffer x, ffi::AnyBu
                               ffi::Result<ffi::AnyBuffer> columnwise,
                               ffi::Result<F32Buffer> scale, ffi::Result<F32Buffer> scale_inv,
                               ffi::Result<F32Buffer> amax, ffi::Result<ffi::AnyBuffer> mean,
-                              ffi::Result<ffi::AnyBuffer> rsigma, float amax_epsilon,
-                              bool power_2_scale, int32_t type, float epsilon, bool rowwise,
-                              bool want_columnwise) {
+                              ffi::Result<ffi::AnyBuffer> rsigma, HighPrecisionResult y,
+                              float amax_epsilon, bool power_2_scale, int32_t type, float epsilon,
+                              bool rowwise, bool want_columnwise) {
   const NormAttrs a{type, epsilon, rowwise, want_columnwise};
   auto f = DescribeForward(kForwardCurrent, device, x, gamma, beta, *data, *columnwise, *mean,
-                           *rsigma, a);
+                           *rsigma, y, a);
   if (f.has_error()) return f.error();
   auto cast = CurrentCast(kForwardCurrent, &f->out, &*scale, &*scale_inv, &*amax, amax_epsilon,
                           power_2_scale);
@@ -160,11 +167,13 @@ auto BindForwardOutputs(Binding&& binding) {
       .template Ret<ffi::AnyBuffer>();  // columnwise: FP8 [hidden, rows] (or (0,))
 }
 
+// The last results: the statistics, then the optional y.
 template <typename Binding>
 auto BindStats(Binding&& binding) {
-  return std::move(binding)
-      .template Ret<ffi::AnyBuffer>()   // mean: float32 [rows] (LayerNorm) or (0,)
-      .template Ret<ffi::AnyBuffer>();  // rsigma: float32 [rows]
+  return BindHighPrecision(  // y: x's dtype and shape, the value cast; or absent
+      std::move(binding)
+          .template Ret<ffi::AnyBuffer>()    // mean: float32 [rows] (LayerNorm) or (0,)
+          .template Ret<ffi::AnyBuffer>());  // rsigma: float32 [rows]
 }
 
 template <typename Binding>
