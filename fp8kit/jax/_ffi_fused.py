@@ -9,7 +9,11 @@ Each op that casts has one FFI target per recipe (jax_ext/fused_cast_ffi.h):
   *_delayed         delayed scaling, read only: no state results;
   *_current         current scaling: scale and amax are results.
 A `FusedCast` says which, and every call returns its cast's results as a
-`CastResult`, so the layers read one shape whatever the recipe.
+`CastResult`, so the layers read one shape whatever the recipe. With
+`high_precision` a call also returns the values its cast read, in the
+input's dtype (the C API's y, a or dh: one more result, last), for the
+statistics of that cast; without it the target has no such result, so a
+call without statistics allocates and writes nothing more.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ class FusedCast:
 
     delayed: the recipe (else current scaling). record: a recording pass
     (delayed only). slot: the state row. copies: (rowwise, columnwise).
-    sums_dtype: the column sums of the values cast (activation backward)."""
+    sums_dtype: the column sums of the values cast (activation backward).
+    high_precision: also return the values cast, in the input's dtype."""
 
     fmt: str
     copies: tuple[bool, bool]
@@ -46,6 +51,7 @@ class FusedCast:
     amax_epsilon: float = 0.0
     power_2_scale: bool = False
     sums_dtype: Optional[jnp.dtype] = None
+    high_precision: bool = False
 
     def attrs(self) -> dict:
         rowwise, columnwise = self.copies
@@ -78,7 +84,8 @@ class CastResult:
     """What a fused cast leaves: the FP8 copies (placeholders where not
     asked for), scale_inv (1 / the scale used), the state (delayed: updated
     when recording, else as passed; None under current scaling), the amax
-    of the values cast (current scaling only) and the column sums."""
+    of the values cast (current scaling only), the column sums and the
+    values cast in the input's dtype (FusedCast.high_precision)."""
 
     data: jax.Array
     columnwise_data: jax.Array
@@ -86,44 +93,49 @@ class CastResult:
     state: Optional[DelayedState]
     amax: Optional[jax.Array] = None
     sums: Optional[jax.Array] = None
+    high_precision: Optional[jax.Array] = None
 
 
 def _cast_call(op: str, cast: FusedCast, state: Optional[DelayedState], amax, operands,
-               v_shape, extra_results, attrs, with_sums: bool):
-    """One fused target: the cast's operands and results around the op's
-    own (`operands` in, `extra_results` out). Returns (CastResult, extras)."""
-    data, columnwise = _ffi.fp8_results(v_shape, cast.fmt, *cast.copies)
-    sums = [_ffi.sums_result(v_shape, cast.sums_dtype)] if with_sums else []
-    workspace = _ffi.workspace_result([(v_shape, cast.sums_dtype is not None)], cast.delayed)
+               v: jax.ShapeDtypeStruct, extra_results, attrs, with_sums: bool):
+    """One fused target casting v (its shape, and the input's dtype): the
+    cast's operands and results around the op's own (`operands` in,
+    `extra_results` out). Returns (CastResult, extras)."""
+    data, columnwise = _ffi.fp8_results(v.shape, cast.fmt, *cast.copies)
+    high_precision = (v,) if cast.high_precision else ()
+    sums = [_ffi.sums_result(v.shape, cast.sums_dtype)] if with_sums else []
+    workspace = _ffi.workspace_result([(v.shape, cast.sums_dtype is not None)], cast.delayed)
     scalar = _ffi.F32_SCALAR
     if cast.delayed:
         state_results = ((jax.ShapeDtypeStruct(state.amax_history.shape, F32),
                           jax.ShapeDtypeStruct(state.scale.shape, F32),
                           jax.ShapeDtypeStruct(state.seeded.shape, F32)) if cast.record else ())
-        results = (*state_results, workspace, data, columnwise, *sums, scalar, *extra_results)
+        results = (*state_results, workspace, data, columnwise, *sums, scalar, *extra_results,
+                   *high_precision)
         args = (state.amax_history, state.scale, state.seeded,
                 _ffi.placeholder(F32) if amax is None else jnp.reshape(amax, (1,)), *operands)
         aliases = {0: 0, 1: 1, 2: 2} if cast.record else {}
     else:
         state_results = ()
         results = ((workspace,) if with_sums else ()) + (data, columnwise, *sums, scalar, scalar,
-                                                         scalar, *extra_results)
+                                                         scalar, *extra_results, *high_precision)
         args, aliases = tuple(operands), {}
     out = list(jax.ffi.ffi_call(cast.target(op), results, vmap_method="sequential",
                                 input_output_aliases=aliases)(*args, **cast.attrs(), **attrs))
+    hp = out.pop() if cast.high_precision else None
     if cast.delayed:
         new_state = DelayedState(*out[:3]) if cast.record else state
         out = out[len(state_results) + 1:]  # past the state and the workspace
         d, c, *rest = out
         s = rest.pop(0) if with_sums else None
         scale_inv, *extras = rest
-        return CastResult(d, c, scale_inv, new_state, None, s), extras
+        return CastResult(d, c, scale_inv, new_state, None, s, hp), extras
     if with_sums:
         out = out[1:]
     d, c, *rest = out
     s = rest.pop(0) if with_sums else None
     _, scale_inv, amax_out, *extras = rest
-    return CastResult(d, c, scale_inv, None, amax_out, s), extras
+    return CastResult(d, c, scale_inv, None, amax_out, s, hp), extras
 
 
 # --- normalization --------------------------------------------------------------------
@@ -131,7 +143,8 @@ def _cast_call(op: str, cast: FusedCast, state: Optional[DelayedState], amax, op
 def norm_forward_call(cast: FusedCast, state: Optional[DelayedState], x, gamma, beta,
                       norm: str, epsilon: float, amax=None):
     """fp8kit_norm_forward on x [rows, hidden]: (CastResult of y's FP8
-    copies, mean [rows] (LayerNorm; else a placeholder), rsigma [rows]).
+    copies (and of y, cast.high_precision), mean [rows] (LayerNorm; else a
+    placeholder), rsigma [rows]).
     amax: the global amax of y (sharded rows) to start the delayed cast at."""
     rows = x.shape[0]
     layernorm = norm == "layernorm"
@@ -139,7 +152,8 @@ def norm_forward_call(cast: FusedCast, state: Optional[DelayedState], x, gamma, 
              jax.ShapeDtypeStruct((rows,), F32))
     result, (mean, rsigma) = _cast_call(
         "norm_forward", cast, state, amax,
-        (x, gamma, beta if layernorm else _ffi.placeholder(x.dtype)), x.shape, stats,
+        (x, gamma, beta if layernorm else _ffi.placeholder(x.dtype)),
+        jax.ShapeDtypeStruct(x.shape, x.dtype), stats,
         dict(norm_type=np.int32(NORM_CODES[norm]), epsilon=np.float32(epsilon)), False)
     return result, mean, rsigma
 
@@ -171,9 +185,10 @@ def activated_shape(h_shape, activation: str) -> tuple[int, ...]:
 
 def activation_forward_call(cast: FusedCast, state: Optional[DelayedState], h,
                             activation: str, amax=None) -> CastResult:
-    """fp8kit_activation_forward: the FP8 copies of a = act(h)."""
+    """fp8kit_activation_forward: the FP8 copies of a = act(h) (and a,
+    cast.high_precision)."""
     result, _ = _cast_call("activation_forward", cast, state, amax, (h,),
-                           activated_shape(h.shape, activation), (),
+                           jax.ShapeDtypeStruct(activated_shape(h.shape, activation), h.dtype), (),
                            dict(activation=np.int32(ACTIVATION_CODES[activation])), False)
     return result
 
@@ -182,8 +197,10 @@ def activation_backward_call(cast: FusedCast, state: Optional[DelayedState], d_a
                              activation: str, amax=None) -> CastResult:
     """fp8kit_activation_backward: the FP8 copies of dh = d_a * act'(h), and
     their column sums when cast.sums_dtype is set (recording target only
-    under delayed scaling: the backward always records)."""
-    result, _ = _cast_call("activation_backward", cast, state, amax, (d_a, h), h.shape, (),
+    under delayed scaling: the backward always records); dh itself with
+    cast.high_precision."""
+    result, _ = _cast_call("activation_backward", cast, state, amax, (d_a, h),
+                           jax.ShapeDtypeStruct(h.shape, h.dtype), (),
                            dict(activation=np.int32(ACTIVATION_CODES[activation]),
                                 sums=cast.sums_dtype is not None), True)
     return result

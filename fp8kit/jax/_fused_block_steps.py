@@ -15,7 +15,9 @@ jnp ops and each block cast keeps whole tiles per device
 
 Each cast operand is zero-padded to the block GEMM's token multiple
 (_linear.py says why zero rows change no real tile's scale) before it is
-quantized; the layers slice the GEMM outputs back to the real rows.
+quantized; the layers slice the GEMM outputs back to the real rows. The
+padded float32 operand is returned beside its cast: the values that cast
+read, whose statistics a layer records when asked (unused otherwise).
 """
 
 from __future__ import annotations
@@ -32,16 +34,18 @@ from fp8kit.jax.scaled_tensor import ScaledTensor
 F32 = jnp.float32
 
 
-def _quantize_tokens(lin: LinearCall, v, fmt: str, copies, what: str) -> ScaledTensor:
-    """v [rows, cols] (float32) padded to the GEMM's token rows, cast 1x128."""
-    return _linear.quantize_block(lin, _linear.pad_token_rows(lin, v), fmt, copies,
-                                  "block_1x128", what)
+def _quantize_tokens(lin: LinearCall, v, fmt: str, copies, what: str):
+    """v [rows, cols] (float32) padded to the GEMM's token rows, cast 1x128:
+    (ScaledTensor, the padded v)."""
+    v = _linear.pad_token_rows(lin, v)
+    return _linear.quantize_block(lin, v, fmt, copies, "block_1x128", what), v
 
 
 def norm_forward(lin: LinearCall, norm: str, epsilon: float, x, gamma, beta, copies):
     """The norm of x [rows, hidden] in float32, cast as `lin`'s input:
-    (ScaledTensor of the padded rows, mean (LayerNorm) or None, rsigma),
-    mean and rsigma float32 [rows] as the core's norm backward reads them.
+    (ScaledTensor of the padded rows, mean (LayerNorm) or None, rsigma, the
+    padded float32 norm), mean and rsigma float32 [rows] as the core's norm
+    backward reads them.
     gamma and beta have x's dtype (as the core's kernel takes them)."""
     x = x.astype(F32)
     width, eps = F32(x.shape[1]), F32(epsilon)
@@ -54,7 +58,8 @@ def norm_forward(lin: LinearCall, norm: str, epsilon: float, x, gamma, beta, cop
         mean = None
         rsigma = 1 / jnp.sqrt(jnp.sum(x * x, axis=1) / width + eps)
         y = (x * rsigma[:, None]) * gamma.astype(F32)
-    return _quantize_tokens(lin, y, lin.forward_dtype, copies, "the norm output"), mean, rsigma
+    yq, y = _quantize_tokens(lin, y, lin.forward_dtype, copies, "the norm output")
+    return yq, mean, rsigma, y
 
 
 def _activation(activation: str):
@@ -70,9 +75,10 @@ def _activation(activation: str):
     return swiglu
 
 
-def activation_forward(lin: LinearCall, activation: str, h, copies) -> ScaledTensor:
+def activation_forward(lin: LinearCall, activation: str, h, copies):
     """act(h) (h [rows, F], [rows, 2F] or [rows, 2, F], the GEMMs' output) in
-    float32, cast as `lin`'s input, its rows padded."""
+    float32, cast as `lin`'s input, its rows padded: (ScaledTensor, the
+    padded float32 act(h))."""
     a = _activation(activation)(h.astype(F32))
     return _quantize_tokens(lin, a, lin.forward_dtype, copies, "the activation output")
 
@@ -80,9 +86,10 @@ def activation_forward(lin: LinearCall, activation: str, h, copies) -> ScaledTen
 def activation_backward(lin: LinearCall, activation: str, d_a, h, copies):
     """dh = d_a * act'(h) in float32 (the derivative of activation_forward's
     function), cast as `lin`'s output gradient, with `lin`'s bias gradient
-    (its column sums, None without a bias): (dq, db). dq is a ScaledTensor,
-    or for a paired h an _mlp_fc1.Pair of the halves, each cast with
-    blocks of its own (as the halves of kernel_1 are)."""
+    (its column sums, None without a bias): (dq, db, the padded float32
+    dh). dq is a ScaledTensor, or for a paired h an _mlp_fc1.Pair of the
+    halves, each cast with blocks of its own (as the halves of kernel_1
+    are; dh is then None: no one cast read it)."""
     a, vjp = jax.vjp(_activation(activation), h.astype(F32))
     # Under Explicit mesh axes d_a, a GEMM's result, is typed replicated,
     # and a with h's layout (_mlp_fc1.forward_gemm types h): type d_a so.
@@ -90,6 +97,7 @@ def activation_backward(lin: LinearCall, activation: str, d_a, h, copies):
     db = None if lin.bias_dtype is None else jnp.sum(dh, axis=0).astype(lin.bias_dtype)
     if dh.ndim == 3:
         return Pair(None, tuple(_quantize_tokens(lin, dh[:, i], lin.backward_dtype, copies,
-                                                 f"the activation gradient's {half} half")
-                                for i, half in enumerate(HALVES))), db
-    return _quantize_tokens(lin, dh, lin.backward_dtype, copies, "the activation gradient"), db
+                                                 f"the activation gradient's {half} half")[0]
+                                for i, half in enumerate(HALVES))), db, None
+    dq, dh = _quantize_tokens(lin, dh, lin.backward_dtype, copies, "the activation gradient")
+    return dq, db, dh

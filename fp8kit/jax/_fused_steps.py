@@ -8,6 +8,13 @@ column sums; the custom calls are partitioned when a mesh is in context
 (_sharding_fused.py). Under BlockScaling the norm and the activation run
 in float32 with a block cast of their own (_fused_block_steps.py), and the
 cast operands are padded to the block GEMM's token rows.
+
+With high_precision (a layer recording its casts' statistics) each also
+returns the values its cast read, shaped as the FP8 copy, for
+_statistics_rows.record: the fused kernel's output in the input's dtype
+(its optional result), or under BlockScaling the padded float32 values
+the block cast read. Without it they are None and the fused kernels
+write only the FP8 copies.
 """
 
 from __future__ import annotations
@@ -29,16 +36,17 @@ from fp8kit.jax.delayed_scaling import DelayedScalingState
 from fp8kit.jax.scaled_tensor import ScaledTensor
 
 
-def _cast(lin: LinearCall, slot: int, fmt: str, copies, record: bool,
+def _cast(lin: LinearCall, slot: int, fmt: str, copies, record: bool, high_precision: bool,
           sums_dtype=None) -> fused.FusedCast:
     r = lin.recipe
     if lin.delayed:
         return fused.FusedCast(fmt=fmt, copies=tuple(map(bool, copies)), delayed=True,
                                record=record, slot=slot, margin=r.margin,
-                               amax_reduction=r.amax_reduction.value, sums_dtype=sums_dtype)
+                               amax_reduction=r.amax_reduction.value, sums_dtype=sums_dtype,
+                               high_precision=high_precision)
     return fused.FusedCast(fmt=fmt, copies=tuple(map(bool, copies)), delayed=False,
                            amax_epsilon=r.amax_epsilon, power_2_scale=r.power_2_scale,
-                           sums_dtype=sums_dtype)
+                           sums_dtype=sums_dtype, high_precision=high_precision)
 
 
 def _state_in(state):
@@ -61,16 +69,18 @@ def _scaled(result: fused.CastResult, cast: fused.FusedCast) -> ScaledTensor:
 
 
 def norm_forward(lin: LinearCall, norm: str, epsilon: float, x, gamma, beta, state, copies,
-                 record: bool):
+                 record: bool, high_precision: bool):
     """The norm of x [rows, hidden] cast as `lin`'s input: (state,
-    ScaledTensor, mean (LayerNorm) or None, rsigma)."""
+    ScaledTensor, mean (LayerNorm) or None, rsigma, the values cast or
+    None)."""
     if lin.block:
-        return (state, *block.norm_forward(lin, norm, epsilon, x, gamma, beta, copies))
-    cast = _cast(lin, lin.input_slot, lin.forward_dtype, copies, record)
+        ln, mean, rsigma, y = block.norm_forward(lin, norm, epsilon, x, gamma, beta, copies)
+        return state, ln, mean, rsigma, y if high_precision else None
+    cast = _cast(lin, lin.input_slot, lin.forward_dtype, copies, record, high_precision)
     result, mean, rsigma = shf.norm_forward(cast, _state_in(state), x, gamma, beta, norm,
                                             epsilon)
     return (_state_out(result, state), _scaled(result, cast),
-            mean if norm == "layernorm" else None, rsigma)
+            mean if norm == "layernorm" else None, rsigma, result.high_precision)
 
 
 def norm_backward(norm: str, epsilon: float, dy, x, mean, rsigma, gamma, param_dtype):
@@ -80,27 +90,33 @@ def norm_backward(norm: str, epsilon: float, dy, x, mean, rsigma, gamma, param_d
     return shf.norm_backward(dy, x, mean, rsigma, gamma, norm, epsilon, param_dtype)
 
 
-def activation_forward(lin: LinearCall, activation: str, h, state, copies, record: bool):
-    """act(h) cast as `lin`'s input: (state, ScaledTensor). h is [rows, F],
-    [rows, 2F] or SwiGLU's paired [rows, 2, F] (_sharding_fused.py)."""
+def activation_forward(lin: LinearCall, activation: str, h, state, copies, record: bool,
+                       high_precision: bool):
+    """act(h) cast as `lin`'s input: (state, ScaledTensor, the values cast
+    or None). h is [rows, F], [rows, 2F] or SwiGLU's paired [rows, 2, F]
+    (_sharding_fused.py)."""
     if lin.block:
-        return state, block.activation_forward(lin, activation, h, copies)
-    cast = _cast(lin, lin.input_slot, lin.forward_dtype, copies, record)
+        aq, a = block.activation_forward(lin, activation, h, copies)
+        return state, aq, a if high_precision else None
+    cast = _cast(lin, lin.input_slot, lin.forward_dtype, copies, record, high_precision)
     result = shf.activation_forward(cast, _state_in(state), h, activation)
-    return _state_out(result, state), _scaled(result, cast)
+    return _state_out(result, state), _scaled(result, cast), result.high_precision
 
 
-def activation_backward(lin: LinearCall, activation: str, d_a, h, state, copies):
+def activation_backward(lin: LinearCall, activation: str, d_a, h, state, copies,
+                        high_precision: bool):
     """dh = d_a * act'(h) cast as `lin`'s output gradient (recorded), with
-    `lin`'s bias gradient from the same pass: (state, dq, db). dq is a
-    ScaledTensor, or for SwiGLU's paired h [rows, 2, F] an _mlp_fc1.Pair
-    (db is then [2, F]).
+    `lin`'s bias gradient from the same pass: (state, dq, db, the values
+    cast or None). dq is a ScaledTensor, or for SwiGLU's paired h
+    [rows, 2, F] an _mlp_fc1.Pair (db is then [2, F]; the values cast are
+    those of its whole, None under BlockScaling, which casts the halves).
 
     Column sums need two rows or more; a single row gets a zero row added
     (its dh is 0: it changes neither the amax nor the sums) and removed
     from the copies after the cast."""
     if lin.block:
-        return (state, *block.activation_backward(lin, activation, d_a, h, copies))
+        dq, db, dh = block.activation_backward(lin, activation, d_a, h, copies)
+        return state, dq, db, dh if high_precision else None
     rows = h.shape[0]
     sums_dtype = lin.bias_dtype if lin.bias_dtype is not None and rows > 0 else None
     if sums_dtype is not None:
@@ -108,12 +124,14 @@ def activation_backward(lin: LinearCall, activation: str, d_a, h, state, copies)
     one_row = sums_dtype is not None and rows == 1
     if one_row:
         d_a, h = (jnp.pad(t, [(0, 1)] + [(0, 0)] * (t.ndim - 1)) for t in (d_a, h))
-    cast = _cast(lin, lin.grad_slot, lin.backward_dtype, copies, True, sums_dtype)
+    cast = _cast(lin, lin.grad_slot, lin.backward_dtype, copies, True, high_precision,
+                 sums_dtype)
     result = shf.activation_backward(cast, _state_in(state), d_a, h, activation)
     if one_row:  # the rows are the copies' first and last dims
         result = dataclasses.replace(
             result, data=result.data[:1] if cast.copies[0] else result.data,
-            columnwise_data=result.columnwise_data[..., :1])
+            columnwise_data=result.columnwise_data[..., :1],
+            high_precision=None if result.high_precision is None else result.high_precision[:1])
     if h.ndim == 3:
         rowwise, columnwise = cast.copies
         dq = fc1_steps.grad_pair(result.data if rowwise else None,
@@ -127,7 +145,7 @@ def activation_backward(lin: LinearCall, activation: str, d_a, h, state, copies)
         db = jnp.zeros(h.shape[1:], lin.bias_dtype)
     else:
         db = result.sums
-    return _state_out(result, state), dq, db
+    return _state_out(result, state), dq, db, result.high_precision
 
 
 # --- what both fused layers check and carry ------------------------------------------------

@@ -34,8 +34,9 @@ feature axes; like the delayed quantize rule of _sharding_quantize.py):
 Column sums (the activation backward's bias gradient, sharded as the
 features are) are summed across the row shards in float32 (psum), then
 rounded, as in _sharding_quantize.py. The norm backward's dgamma and dbeta
-are summed the same way. Without a mesh, or under jax.vmap, the plain
-custom calls run.
+are summed the same way. The high-precision values cast, when a cast asks
+for them (FusedCast.high_precision), are sharded as the rowwise copy.
+Without a mesh, or under jax.vmap, the plain custom calls run.
 """
 
 from __future__ import annotations
@@ -99,17 +100,21 @@ def _state_placeholders():
 
 def _flat(result: fused.CastResult, extras=()):
     """Flat results of a partitioned cast: state (3, or 3 placeholders
-    under current scaling), data, columnwise_data, scale_inv, sums, extras."""
+    under current scaling), data, columnwise_data, scale_inv, sums, the
+    high-precision values (only when cast), extras."""
     st = result.state
     state = (st.amax_history, st.scale, st.seeded) if st is not None else _state_placeholders()
     sums = result.sums if result.sums is not None else _ffi.placeholder(F32)
-    return (*state, result.data, result.columnwise_data, result.scale_inv, sums, *extras)
+    hp = () if result.high_precision is None else (result.high_precision,)
+    return (*state, result.data, result.columnwise_data, result.scale_inv, sums, *hp, *extras)
 
 
 def _unflat(cast: fused.FusedCast, flat):
     state = fused.DelayedState(*flat[:3]) if cast.delayed else None
     sums = flat[6] if cast.sums_dtype is not None else None
-    return fused.CastResult(flat[3], flat[4], flat[5], state, None, sums), tuple(flat[7:])
+    hp = flat[7] if cast.high_precision else None
+    return (fused.CastResult(flat[3], flat[4], flat[5], state, None, sums, hp),
+            tuple(flat[7 + cast.high_precision:]))
 
 
 def _cast_out_shardings(mesh, cast: fused.FusedCast, v_dims):
@@ -119,7 +124,8 @@ def _cast_out_shardings(mesh, cast: fused.FusedCast, v_dims):
     data = sh.named(mesh, v_dims) if cast.copies[0] else rep1
     columnwise = sh.named(mesh, [*v_dims[1:], v_dims[0]]) if cast.copies[1] else rep1
     sums = sh.named(mesh, v_dims[1:]) if cast.sums_dtype is not None else rep1
-    return (rep, rep, rep, data, columnwise, rep, sums)
+    hp = (sh.named(mesh, v_dims),) if cast.high_precision else ()
+    return (rep, rep, rep, data, columnwise, rep, sums, *hp)
 
 
 def _state_args(cast, state):
@@ -138,7 +144,8 @@ def _cast_rule(prefix: str, v_cols: str, cast: fused.FusedCast) -> str:
     data = f"r {v_cols}" if cast.copies[0] else "pd"
     columnwise = f"{v_cols} r" if cast.copies[1] else "pc"
     sums = v_cols if cast.sums_dtype is not None else "ps"
-    return f"{prefix} -> s l, s, s, {data}, {columnwise}, , {sums}"
+    hp = f", r {v_cols}" if cast.high_precision else ""
+    return f"{prefix} -> s l, s, s, {data}, {columnwise}, , {sums}{hp}"
 
 
 # --- norm forward ------------------------------------------------------------------------
@@ -282,8 +289,8 @@ def _activation_call(backward: bool, cast, state, tensors, activation: str, amax
     """One fused activation call (on a device's shard, or unpartitioned) on
     tensors = (h,) or (d_a, h). A paired h [rows, 2, F] goes to the core as
     the [rows, 2F] = [gate | up] it reads (on a device, its F columns of
-    both halves), and dh comes back paired: data [rows, 2, F],
-    columnwise_data [2, F, rows], sums [2, F]."""
+    both halves), and dh comes back paired: data and the high-precision
+    dh [rows, 2, F], columnwise_data [2, F, rows], sums [2, F]."""
     *d_a, h = tensors
     call = fused.activation_backward_call if backward else fused.activation_forward_call
     if not _paired(h.shape):
@@ -297,7 +304,9 @@ def _activation_call(backward: bool, cast, state, tensors, activation: str, amax
         result, data=result.data.reshape(rows, 2, f) if rowwise else result.data,
         columnwise_data=(result.columnwise_data.reshape(2, f, rows) if columnwise
                          else result.columnwise_data),
-        sums=result.sums.reshape(2, f) if cast.sums_dtype is not None else result.sums)
+        sums=result.sums.reshape(2, f) if cast.sums_dtype is not None else result.sums,
+        high_precision=(result.high_precision.reshape(h.shape) if cast.high_precision
+                        else None))
 
 
 def _activation_dims(backward: bool, activation: str, mesh, h):

@@ -8,7 +8,8 @@ Forward:  ln = Q(norm(x))     the norm kernel writes the GEMM's FP8 input
 Backward: d_ln = Q(dy) @ Q(kernel)^T, dk = ln^T @ Q(dy), db = sums of dy
           dx, dgamma, dbeta from the norm backward.
 The forward keeps x, mean, rsigma and the FP8 copies of ln and the kernel
-the plan keeps; no high-precision norm output is written.
+the plan keeps; the high-precision norm output is written only when the
+call records its statistics (then read at once, not kept).
 
 BlockScaling: the norm runs in float32 and ln is cast 1x128 by a block
 quantization of its own (fp8kit/jax/_fused_block_steps.py), the kernel
@@ -61,10 +62,13 @@ def _forward(cfg: _Config, x, gamma, beta, kernel, bias, state, stats, grads: bo
     (m, hidden), n = x.shape, kernel.shape[1]
     plan = lin.plan(lin.gemm_rows(m), hidden, n, grads)
     gamma, beta = gamma.astype(x.dtype), None if beta is None else beta.astype(x.dtype)
-    state, ln, mean, rsigma = steps.norm_forward(lin, cfg.normalization, cfg.epsilon, x, gamma,
-                                                 beta, state, plan["quantize"][INPUT], grads)
+    # With statistics the norm also writes the values it casts, to record them.
+    state, ln, mean, rsigma, ln_hp = steps.norm_forward(lin, cfg.normalization, cfg.epsilon, x,
+                                                        gamma, beta, state,
+                                                        plan["quantize"][INPUT], grads,
+                                                        stats is not None)
     state, kq = _linear.quantize_kernel(lin, kernel, state, plan["quantize"][WEIGHT], grads)
-    # The norm output exists only as its FP8 copy: its row stays unrecorded.
+    stats = stats_rows.record(stats, INPUT, ln_hp, ln, x.size)
     stats = stats_rows.record(stats, WEIGHT, kernel, kq, kernel.size)
     y = _linear.unpad_token_rows(_linear.forward_gemm(lin, ln, kq, bias, n), m)
     y = steps.retype_rows(y, cfg.specs)
@@ -118,10 +122,11 @@ def layernorm_dense(x, gamma, beta, kernel, bias=None, *, normalization: str = "
     reaches are non-finite, as in bf16 (fp8kit.recipe says how the scales
     treat it).
     statistics:  None, or fp8kit.jax.statistics_rows(1): the gradient with
-                 respect to it holds the cast statistics of the kernel and
-                 the output gradient (fp8kit.jax.tensor_statistics reads
-                 them); the norm output's row is not recorded (the fused
-                 kernel writes only its FP8 copy).
+                 respect to it holds the cast statistics of the norm output
+                 (the GEMM's input), the kernel and the output gradient
+                 (fp8kit.jax.tensor_statistics reads them). The norm kernel
+                 then also writes the norm output in x's dtype, the values
+                 it casts, for those statistics.
     """
     x, gamma, beta, epsilon = steps.check_norm_args(_FN, x, gamma, beta, normalization, epsilon)
     _linear.check_recipe_state(_FN, recipe, state)

@@ -15,8 +15,9 @@ Backward: d_a = Q(dy) @ Q(kernel_2)^T, dk_2 = a^T @ Q(dy), db_2 = sums of dy
           dx, dgamma, dbeta from the norm backward.
 Every GEMM is an fp8kit custom call on FP8 data. The forward keeps for
 backward x, the norm's mean and rsigma, h (the activation backward reads
-it) and the FP8 copies the plans keep of ln, a and the kernels; no
-high-precision norm or activation output is written at all.
+it) and the FP8 copies the plans keep of ln, a and the kernels. The
+high-precision norm and activation outputs and dh are written only when
+the call records its statistics (then read at once, not kept).
 
 BlockScaling: the norm, the activation and its backward run in float32
 and ln, a and dh are cast 1x128 by block quantizations of their own
@@ -105,10 +106,10 @@ class _Config:
         return self.fc1.plan(m, hidden, n1, grads), self.fc2.plan(m, f, n2, grads)
 
 
-def _whole_copy(k1):
-    """The cast of kernel_1 as one ScaledTensor, or None (the halves of a
-    paired kernel cast 128x128 block by block have no whole)."""
-    return k1.whole if isinstance(k1, fc1_steps.Pair) else k1
+def _whole_copy(q):
+    """The cast of kernel_1 or dh as one ScaledTensor, or None (the halves of
+    a paired one cast block by block have no whole)."""
+    return q.whole if isinstance(q, fc1_steps.Pair) else q
 
 
 def _forward(cfg: _Config, x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, state, stats,
@@ -116,20 +117,23 @@ def _forward(cfg: _Config, x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, s
     (m, hidden), n1, n2 = x.shape, math.prod(kernel_1.shape[1:]), kernel_2.shape[1]
     plan1, plan2 = cfg.plans(cfg.fc1.gemm_rows(m), hidden, n1, n2, grads)
     gamma, beta = gamma.astype(x.dtype), None if beta is None else beta.astype(x.dtype)
-    state, ln, mean, rsigma = steps.norm_forward(cfg.fc1, cfg.normalization, cfg.epsilon, x,
-                                                 gamma, beta, state, plan1["quantize"][_X],
-                                                 grads)
+    # With statistics the fused kernels also write the values they cast
+    # (ln_hp, a_hp), to record them.
+    write_hp = stats is not None
+    state, ln, mean, rsigma, ln_hp = steps.norm_forward(cfg.fc1, cfg.normalization, cfg.epsilon,
+                                                        x, gamma, beta, state,
+                                                        plan1["quantize"][_X], grads, write_hp)
     state, k1 = fc1_steps.quantize_kernel(cfg.fc1, kernel_1, state, plan1["quantize"][_KERNEL],
                                           grads)
     h = fc1_steps.forward_gemm(cfg.fc1, ln, k1, bias_1, m, cfg.fc1_axes)
-    state, a = steps.activation_forward(cfg.fc2, cfg.activation, h, state,
-                                        plan2["quantize"][_X], grads)
+    state, a, a_hp = steps.activation_forward(cfg.fc2, cfg.activation, h, state,
+                                              plan2["quantize"][_X], grads, write_hp)
     state, k2 = _linear.quantize_kernel(cfg.fc2, kernel_2, state, plan2["quantize"][_KERNEL],
                                         grads)
-    # The norm and activation outputs exist only as their FP8 copies: their
-    # rows stay unrecorded.
+    stats = stats_rows.record(stats, FC1_INPUT, ln_hp, ln, x.size)
     if _whole_copy(k1) is not None:
         stats = stats_rows.record(stats, FC1_KERNEL, kernel_1, _whole_copy(k1), kernel_1.size)
+    stats = stats_rows.record(stats, FC2_INPUT, a_hp, a, m * kernel_2.shape[0])
     stats = stats_rows.record(stats, FC2_KERNEL, kernel_2, k2, kernel_2.size)
     y = _linear.unpad_token_rows(_linear.forward_gemm(cfg.fc2, a, k2, bias_2, n2), m)
     y = steps.retype_rows(y, cfg.specs)
@@ -156,9 +160,11 @@ def _bwd(cfg: _Config, res, dy):
     state, dq2, db2 = _linear.quantize_grad(cfg.fc2, dy, state, plan2["quantize"][_GRAD])
     stats = stats_rows.record(stats, FC2_GRAD, dy, dq2, m * n2)
     d_a, dk2 = _linear.grad_gemms(cfg.fc2, plan2, dq2, a, k2)
-    state, dh, db1 = steps.activation_backward(cfg.fc1, cfg.activation,
-                                               _linear.unpad_token_rows(d_a, m), h, state,
-                                               plan1["quantize"][_GRAD])
+    state, dh, db1, dh_hp = steps.activation_backward(cfg.fc1, cfg.activation,
+                                                      _linear.unpad_token_rows(d_a, m), h, state,
+                                                      plan1["quantize"][_GRAD], stats is not None)
+    if _whole_copy(dh) is not None:
+        stats = stats_rows.record(stats, FC1_GRAD, dh_hp, _whole_copy(dh), m * n1)
     d_ln, dk1 = fc1_steps.grad_gemms(cfg.fc1, plan1, dh, ln, k1, cfg.fc1_axes)
     d_ln = _linear.unpad_token_rows(d_ln, m)
     dx, dgamma, dbeta = steps.norm_backward(cfg.normalization, cfg.epsilon, d_ln, x, mean,
@@ -193,12 +199,14 @@ def layernorm_mlp(x, gamma, beta, kernel_1, kernel_2, bias_1=None, bias_2=None, 
     reaches are non-finite, as in bf16 (fp8kit.recipe says how the scales
     treat it).
     statistics:   None, or fp8kit.jax.statistics_rows(2): the gradient with
-                  respect to it holds the cast statistics of the two kernels
-                  and of dy (rows as the state's; tensor_statistics reads
-                  them). The norm output, the activation and its gradient
-                  are cast inside the fused kernels, which write only their
-                  FP8 copies: those rows are not recorded, nor is a paired
-                  kernel_1's under BlockScaling (cast half by half).
+                  respect to it holds the cast statistics of both Linears'
+                  inputs (the norm output and the activation), kernels and
+                  output gradients (dh and dy); rows as the state's,
+                  tensor_statistics reads them. The fused kernels then also
+                  write the values they cast in x's dtype, for those
+                  statistics. A paired kernel_1 and its dh under
+                  BlockScaling are cast half by half: their rows are not
+                  recorded.
     """
     x, gamma, beta, epsilon = steps.check_norm_args(_FN, x, gamma, beta, normalization, epsilon)
     _linear.check_recipe_state(_FN, recipe, state, num_linears=2)

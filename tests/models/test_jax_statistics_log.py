@@ -25,10 +25,10 @@ def test_logged_steps_change_nothing_and_name_every_recorded_cast(tmp_path, reci
     records = read_run(path)
     assert [r["step"] for r in records] == [0, 2, 4]
     assert {(r["framework"], r["recipe"]) for r in records} == {("jax", type(recipe).__name__)}
-    # fp8kit.jax records every cast whose high-precision tensor exists: the
-    # kernels, wo's input, the output gradients of qkv, wo and fc2.
-    per_layer = ["mlp.fc1/weight", "mlp.fc2/grad_output", "mlp.fc2/weight", "qkv/grad_output",
-                 "qkv/weight", "wo/grad_output", "wo/input", "wo/weight"]
+    # fp8kit.jax records every cast: each GEMM's input (the fused norm's and
+    # activation's outputs included), kernel and output gradient.
+    per_layer = [f"{gemm}/{role}" for gemm in ("mlp.fc1", "mlp.fc2", "qkv", "wo")
+                 for role in ("grad_output", "input", "weight")]
     want = sorted(f"layers.{i}.{n}" for i in range(SMALL.layers) for n in per_layer)
     for r in records:
         assert sorted(r["tensors"]) == want
