@@ -28,6 +28,11 @@ class LlamaConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     init_std: float = 0.02      # see fp8kit/models/init.py
+    # Mixture of experts: 0 keeps the dense SwiGLU MLP; E > 0 makes every
+    # layer's MLP E SwiGLU experts of width ffn, each token routed to the
+    # top_k experts its router scores highest (fp8kit/models/moe_torch.py).
+    experts: int = 0
+    top_k: int = 2
 
     def __post_init__(self):
         for name in ("vocab", "hidden", "layers", "heads", "ffn", "seq_len"):
@@ -48,6 +53,13 @@ class LlamaConfig:
             if v % FP8_DIM_MULTIPLE:
                 raise ValueError(f"LlamaConfig: {name}={v} must be a multiple of "
                                  f"{FP8_DIM_MULTIPLE} (the FP8 GEMM's alignment)")
+        for name in ("experts", "top_k"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"LlamaConfig.{name} must be an int >= 0, got {v!r}")
+        if self.experts and not 1 <= self.top_k <= self.experts:
+            raise ValueError(f"LlamaConfig.top_k={self.top_k} must be in [1, experts="
+                             f"{self.experts}] (each token goes to top_k of the experts)")
         if not self.rope_theta > 0 or not self.norm_eps > 0 or not self.init_std > 0:
             raise ValueError("LlamaConfig: rope_theta, norm_eps and init_std must be > 0")
 
@@ -66,7 +78,10 @@ class LlamaConfig:
 
     def num_params(self) -> int:
         attn = 2 * self.hidden * self.hidden + 2 * self.hidden * self.kv_width
-        per_layer = attn + 3 * self.hidden * self.ffn + 2 * self.hidden
+        mlp = 3 * self.hidden * self.ffn
+        if self.experts:
+            mlp = self.experts * (mlp + self.hidden)  # each expert's MLP and router column
+        per_layer = attn + mlp + 2 * self.hidden
         return 2 * self.vocab * self.hidden + self.layers * per_layer + self.hidden
 
 
@@ -84,4 +99,9 @@ CONFIGS = {
     # Four layers of an 8B Llama 3 (its widths, grouped-query attention).
     "8b_slice": LlamaConfig(hidden=4096, layers=4, heads=32, kv_heads=8, ffn=14336,
                             seq_len=4096, rope_theta=500000.0),
+    # The mixture-of-experts demo model: tiny's, its MLP four experts, top-2.
+    "moe_tiny": LlamaConfig(ffn=176, experts=4, top_k=2),
+    # Two layers of a Mixtral 8x7B (its widths: 8 experts of 14336, top-2).
+    "mixtral_slice": LlamaConfig(hidden=4096, layers=2, heads=32, kv_heads=8, ffn=14336,
+                                 seq_len=4096, rope_theta=1e6, experts=8, top_k=2),
 }

@@ -20,6 +20,12 @@ fuse_kernels makes those concatenations for both frameworks.
                  "w_gate": [hidden, ffn], "w_up": [hidden, ffn],
                  "w_down": [ffn, hidden]}, ...],
      "final_norm": [hidden], "lm_head": [hidden, vocab]}
+
+A mixture-of-experts config (experts = E > 0) gives every layer a
+"router" [hidden, E] and each MLP kernel a leading expert dimension:
+"w_gate", "w_up" [E, hidden, ffn], "w_down" [E, ffn, hidden]; fused
+kernels concatenate along the last axis, so "w_gate_up" is [E, hidden,
+2 * ffn].
 """
 
 from __future__ import annotations
@@ -52,8 +58,12 @@ def init_params(cfg: LlamaConfig, seed: int) -> dict:
 
     params = {"embed": normal((cfg.vocab, d)), "layers": []}
     for _ in range(cfg.layers):
+        experts = (cfg.experts,) if cfg.experts else ()
         shapes = {"wq": (d, d), "wk": (d, kv), "wv": (d, kv), "wo": (d, d),
-                  "w_gate": (d, f), "w_up": (d, f), "w_down": (f, d)}
+                  "w_gate": experts + (d, f), "w_up": experts + (d, f),
+                  "w_down": experts + (f, d)}
+        if cfg.experts:
+            shapes["router"] = (d, cfg.experts)
         layer = {name: normal(shape, residual_std if name in RESIDUAL_OUTPUTS else cfg.init_std)
                  for name, shape in shapes.items()}
         layer["attn_norm"] = np.ones(d, np.float32)
@@ -72,7 +82,7 @@ def fuse_kernels(layer: dict) -> dict:
     LayerNormMLP, the gate first), the other weights as they are."""
     fused = {k: v for k, v in layer.items() if k not in UNFUSED_KERNELS}
     for name, parts in FUSED_KERNELS.items():
-        fused[name] = np.concatenate([layer[p] for p in parts], axis=1)
+        fused[name] = np.concatenate([layer[p] for p in parts], axis=-1)
     return fused
 
 
@@ -83,10 +93,10 @@ def output_width(cfg: LlamaConfig, name: str) -> int:
 
 
 def split_kernel(kernel: np.ndarray, parts: tuple, cfg: LlamaConfig) -> dict:
-    """A fused kernel [in, sum of widths] (or a moment of it) as its
-    parts {name: [in, width]}: fuse_kernels' inverse for one kernel."""
+    """A fused kernel [..., in, sum of widths] (or a moment of it) as its
+    parts {name: [..., in, width]}: fuse_kernels' inverse for one kernel."""
     bounds = np.cumsum([output_width(cfg, p) for p in parts])[:-1]
-    return dict(zip(parts, np.split(kernel, bounds, axis=1)))
+    return dict(zip(parts, np.split(kernel, bounds, axis=-1)))
 
 
 def unfuse_kernels(layer: dict, cfg: LlamaConfig) -> dict:

@@ -282,6 +282,10 @@ def forward(params, fp8_states, tokens, cfg: LlamaConfig, recipe,
     jax.nn.dot_product_attention's implementation (attention_implementation
     picks one for a device); statistics: None, or create_statistics_rows'
     pytree, whose cotangent is then the FP8 casts' statistics."""
+    if cfg.experts:
+        raise NotImplementedError("llama_jax.forward: the config has experts="
+                                  f"{cfg.experts}, but the JAX decoder has no mixture-of-experts "
+                                  "MLP yet; train it with the PyTorch model (train_torch)")
     s = tokens.shape[1]
     if s > cfg.seq_len:
         raise ValueError(f"llama_jax.forward: sequence of {s} tokens is longer than the "

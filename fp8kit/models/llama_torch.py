@@ -28,6 +28,11 @@ torch.autocast on the float32 residual stream and master weights: their
 norm reads the stream itself, their weights are cast to FP8 straight from
 float32, and their outputs are float32 (q, k, v then go to bf16), at the
 cost of SwiGLU's input kept for backward in float32.
+
+A mixture-of-experts config (experts > 0) replaces each MLP with
+moe_torch.MoEMLP: its RMSNorm, a float32 router and the experts as two
+fp8kit.torch.GroupedLinear layers (FP8 under CurrentScaling, bf16 with
+no recipe), whatever FP8Layers says.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ import fp8kit.torch as ft
 from fp8kit.models.config import LlamaConfig
 from fp8kit.models.checkpoint import flatten
 from fp8kit.models.init import FUSED_KERNELS, rope_tables, split_kernel
+from fp8kit.models.moe_torch import MoEMLP
 
 BF16 = torch.bfloat16
 
@@ -191,7 +197,10 @@ class DecoderLayer(torch.nn.Module):
     def __init__(self, cfg: LlamaConfig, fp8: FP8Layers | None, device=None):
         super().__init__()
         self.attention = Attention(cfg, fp8, device)
-        self.mlp = FusedNormMLP(cfg, fp8, device) if fp8 else NormMLP(cfg, device)
+        if cfg.experts:
+            self.mlp = MoEMLP(cfg, RMSNorm(cfg.hidden, cfg.norm_eps, device), device)
+        else:
+            self.mlp = FusedNormMLP(cfg, fp8, device) if fp8 else NormMLP(cfg, device)
 
     def forward(self, x, cos, sin):
         x = x + self.attention(x, cos, sin)   # float32 + bf16: the stream stays float32
@@ -254,7 +263,12 @@ def weight_layout(model: Llama) -> list[tuple[torch.nn.Parameter, tuple[str, ...
             out += [(qkv.norm.weight, (name("attn_norm"),), False)]
             out += [(getattr(qkv, n).weight, (name(n),), True) for n in ("wq", "wk", "wv")]
         out.append((layer.attention.wo.weight, (name("wo"),), True))
-        if isinstance(mlp, FusedNormMLP):
+        if isinstance(mlp, MoEMLP):
+            out += [(mlp.norm.weight, (name("mlp_norm"),), False),
+                    (mlp.router.weight, (name("router"),), True),
+                    (mlp.w_gate_up.weight, tuple(map(name, FUSED_KERNELS["w_gate_up"])), True),
+                    (mlp.w_down.weight, (name("w_down"),), True)]
+        elif isinstance(mlp, FusedNormMLP):
             out += [(mlp.layer.layer_norm_weight, (name("mlp_norm"),), False),
                     (mlp.layer.fc1_weight, tuple(map(name, FUSED_KERNELS["w_gate_up"])), True),
                     (mlp.layer.fc2_weight, (name("w_down"),), True)]
@@ -287,8 +301,8 @@ def load_params(model: Llama, params: dict) -> None:
 def put_layout(tensor: torch.Tensor, values: list, kernel: bool) -> None:
     """Copies arrays of init's layout (weight_layout's names, in order) into
     `tensor`, a parameter or a tensor shaped like one (an optimizer moment)."""
-    value = np.concatenate(values, axis=1) if kernel else values[0]
-    value = np.ascontiguousarray(value.T if kernel else value)
+    value = np.concatenate(values, axis=-1) if kernel else values[0]
+    value = np.ascontiguousarray(value.swapaxes(-1, -2) if kernel else value)
     if tuple(tensor.shape) != value.shape:
         raise ValueError(f"load_params: weight of shape {value.shape} does not fit "
                          f"parameter of shape {tuple(tensor.shape)}; wrong config?")
@@ -301,7 +315,7 @@ def take_layout(tensor: torch.Tensor, names: tuple, kernel: bool, cfg: LlamaConf
     value = tensor.detach().float().cpu().numpy()
     if not kernel:
         return {names[0]: value}
-    value = value.T
+    value = value.swapaxes(-1, -2)
     if len(names) == 1:
         return {names[0]: np.ascontiguousarray(value)}
     parts = split_kernel(value, tuple(n.rsplit(".", 1)[1] for n in names), cfg)
@@ -315,8 +329,9 @@ def _fp8_linears(model: Llama) -> dict:
     for i, layer in enumerate(model.layers):
         out[f"layers.{i}.qkv"] = (layer.attention.qkv.layer, "linear")
         out[f"layers.{i}.wo"] = (layer.attention.wo, "linear")
-        out[f"layers.{i}.mlp.fc1"] = (layer.mlp.layer, "fc1")
-        out[f"layers.{i}.mlp.fc2"] = (layer.mlp.layer, "fc2")
+        if not isinstance(layer.mlp, MoEMLP):  # GroupedLinear keeps no scaling state
+            out[f"layers.{i}.mlp.fc1"] = (layer.mlp.layer, "fc1")
+            out[f"layers.{i}.mlp.fc2"] = (layer.mlp.layer, "fc2")
     return out
 
 

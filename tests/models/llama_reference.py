@@ -48,10 +48,28 @@ def logits(params, tokens, cfg):
                 o[:, head] = _softmax(np.where(causal, scores, -np.inf)) @ v[:, kv]
             x = x + o.reshape(s, cfg.hidden) @ p64(lp["wo"])
             h = _rms_norm(x, p64(lp["mlp_norm"]), cfg.norm_eps)
-            gate, up = h @ p64(lp["w_gate"]), h @ p64(lp["w_up"])
-            x = x + (gate / (1 + np.exp(-gate)) * up) @ p64(lp["w_down"])
+            x = x + (_moe(h, lp, cfg) if "router" in lp else _swiglu(h, lp))
         out.append(_rms_norm(x, p64(params["final_norm"]), cfg.norm_eps) @ p64(params["lm_head"]))
     return np.stack(out)
+
+
+def _swiglu(h, lp, expert=()):
+    w = lambda n: np.asarray(lp[n], np.float64)[expert]  # noqa: E731
+    gate, up = h @ w("w_gate"), h @ w("w_up")
+    return (gate / (1 + np.exp(-gate)) * up) @ w("w_down")
+
+
+def _moe(h, lp, cfg):
+    """Each token through its top_k experts (by router score), weighted by
+    the softmax of those top_k scores."""
+    scores = h @ np.asarray(lp["router"], np.float64)
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        top = np.argsort(-scores[t], kind="stable")[:cfg.top_k]
+        weights = _softmax(scores[t, top])
+        for e, w in zip(top, weights):
+            out[t] += w * _swiglu(h[t], lp, (e,))
+    return out
 
 
 def cross_entropy(logits64, targets):

@@ -1,0 +1,75 @@
+"""The decoder's mixture-of-experts MLP in PyTorch (Mixtral's block): an
+RMSNorm, a router choosing top_k of E SwiGLU experts per token, the
+experts as two fp8kit.torch.GroupedLinear layers, and the outputs summed
+with the router's weights.
+
+    h = norm(x);  p = softmax(h @ router)                   (float32)
+    each token t goes to its top_k experts e with weight p[t, e] / sum of
+    those top_k weights; the (token, expert) pairs are sorted by expert and
+    each expert runs down(silu(gate(h_t)) * up(h_t)) on its pairs;
+    y[t] = sum over its experts of weight * expert output.
+
+The router stays in float32 (as MoE training code keeps it: its scores
+pick the experts, and a rounding flip changes a token's route). The
+experts run in FP8 inside fp8kit.torch.autocast (CurrentScaling: one
+scale per expert and operand), else in bf16 like the dense model's MLP.
+The group sizes are counted on the device (no host sync here; each
+grouped FP8 call reads them back, fp8kit/grouped.h).
+
+No load-balancing loss is added: the model's loss is the language
+model's alone, so the dense and MoE decoders train on the same objective
+(with few experts and top-2 routing, as here, the router spreads tokens
+without it over short runs; a long run would add one).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import fp8kit.torch as ft
+from fp8kit.models.config import LlamaConfig
+
+BF16 = torch.bfloat16
+
+
+def route(scores: torch.Tensor, top_k: int):
+    """(expert of each pair sorted by expert, its token, its weight, the
+    number of pairs per expert) for router scores [tokens, E]: each token's
+    top_k experts, the weights its softmax over those k scores (Mixtral's
+    rule, equal to renormalizing the top_k probabilities)."""
+    tokens, experts = scores.shape
+    top_scores, top_experts = scores.topk(top_k, dim=-1)
+    weights = F.softmax(top_scores, dim=-1)
+    flat = top_experts.reshape(-1)
+    order = torch.argsort(flat, stable=True)  # stable: ties keep the token order
+    counts = torch.bincount(flat, minlength=experts)
+    return flat[order], order // top_k, weights.reshape(-1)[order], counts
+
+
+class MoEMLP(torch.nn.Module):
+    """RMSNorm, router, E SwiGLU experts; takes and returns [batch, seq, hidden]."""
+
+    def __init__(self, cfg: LlamaConfig, norm: torch.nn.Module, device=None):
+        super().__init__()
+        self.cfg = cfg
+        self.norm = norm
+        self.router = torch.nn.Linear(cfg.hidden, cfg.experts, bias=False, device=device)
+        # fc1's rows per expert are [gate; up], as LayerNormMLP's fc1.
+        self.w_gate_up = ft.GroupedLinear(cfg.experts, cfg.hidden, 2 * cfg.ffn, bias=False,
+                                          device=device)
+        self.w_down = ft.GroupedLinear(cfg.experts, cfg.ffn, cfg.hidden, bias=False,
+                                       device=device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        h = self.norm(x).reshape(-1, self.cfg.hidden)
+        with torch.autocast(x.device.type, enabled=False):
+            scores = F.linear(h.float(), self.router.weight.float())
+        _, token, weight, counts = route(scores, self.cfg.top_k)
+        gate_up = self.w_gate_up(h[token], counts).float()
+        gate, up = gate_up.chunk(2, dim=-1)
+        out = self.w_down((F.silu(gate) * up).to(h.dtype), counts)
+        y = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
+        y.index_add_(0, token, out.float() * weight[:, None])
+        return y.to(BF16).reshape(shape)

@@ -1,0 +1,123 @@
+"""The mixture-of-experts decoder (experts > 0) in PyTorch: routing, the
+model against the float64 reference (llama_reference.py, which routes
+each token itself), FP8 tracking it, the weight layout, and training."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+import llama_reference as ref
+from fp8kit.models import llama_torch
+from fp8kit.models.config import CONFIGS, LlamaConfig
+from fp8kit.models.init import init_params
+from fp8kit.models.moe_torch import route
+from fp8kit.models.train_torch import TorchTrainer
+from fp8kit.recipe import CurrentScaling, DelayedScaling
+from small_config import SMALL, SMALL_TRAIN
+
+MOE = dataclasses.replace(SMALL, experts=4, top_k=2, init_std=0.1)
+
+
+@pytest.fixture(scope="module")
+def params():
+    return init_params(MOE, seed=5)
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    return np.random.default_rng(6).integers(0, 256, size=(2, MOE.seq_len)).astype(np.int64)
+
+
+def torch_logits(params, tokens, recipe):
+    model = llama_torch.Llama(MOE, recipe)
+    llama_torch.load_params(model, params)
+    with torch.no_grad():
+        return model(torch.from_numpy(tokens)).numpy().astype(np.float64)
+
+
+def _relative_rms(got, want):
+    return float(np.sqrt(np.mean((got - want) ** 2) / np.mean((want - want.mean()) ** 2)))
+
+
+def test_route_sorts_pairs_by_expert_with_softmax_weights():
+    scores = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 5.0], [1.0, 1.5, 0.5], [9.0, 8.0, 0.0]])
+    expert, token, weight, counts = route(scores, 2)
+    assert counts.tolist() == [3, 3, 2]
+    assert expert.tolist() == sorted(expert.tolist())
+    assert sorted(token.tolist()) == [0, 0, 1, 1, 2, 2, 3, 3]
+    for t in range(4):
+        mine = token == t
+        top = torch.topk(scores[t], 2)
+        assert sorted(expert[mine].tolist()) == sorted(top.indices.tolist())
+        torch.testing.assert_close(weight[mine].sum(), torch.tensor(1.0))
+        want = torch.softmax(top.values, 0)
+        got = {int(e): float(w) for e, w in zip(expert[mine], weight[mine])}
+        for e, w in zip(top.indices.tolist(), want.tolist()):
+            assert got[e] == pytest.approx(w, rel=1e-6)
+
+
+def test_bf16_logits_match_the_float64_reference(params, tokens):
+    want = ref.logits(params, tokens, MOE)
+    got = torch_logits(params, tokens, None)
+    assert want.std() > 0.5
+    # As the dense model's bound, with room for a token whose two best
+    # router scores are within bf16 rounding and so may swap an expert.
+    assert _relative_rms(got, want) < 0.03
+
+
+def test_fp8_logits_track_the_reference(params, tokens):
+    want = ref.logits(params, tokens, MOE)
+    bf16 = torch_logits(params, tokens, None)
+    got = torch_logits(params, tokens, CurrentScaling())
+    err = _relative_rms(got, want)
+    assert 2 * _relative_rms(bf16, want) < err < 0.25
+
+
+def test_weight_layout_round_trips_the_expert_kernels(params):
+    model = llama_torch.Llama(MOE, CurrentScaling())
+    llama_torch.load_params(model, params)
+    mlp = model.layers[1].mlp
+    # torch holds each expert's kernel transposed, gate rows before up rows.
+    gate_up = mlp.w_gate_up.weight.detach().numpy()
+    np.testing.assert_array_equal(gate_up[2, :MOE.ffn], params["layers"][1]["w_gate"][2].T)
+    np.testing.assert_array_equal(gate_up[2, MOE.ffn:], params["layers"][1]["w_up"][2].T)
+    for param, names, kernel in llama_torch.weight_layout(model):
+        back = llama_torch.take_layout(param, names, kernel, MOE)
+        for name, value in back.items():
+            i, key = name.split(".")[1:] if name.startswith("layers.") else (None, name)
+            want = params["layers"][int(i)][key] if i is not None else params[key]
+            np.testing.assert_array_equal(value, want, err_msg=name)
+
+
+def test_fp8_moe_model_trains():
+    cfg = dataclasses.replace(SMALL, experts=4, top_k=2)
+    trainer = TorchTrainer(cfg, dataclasses.replace(SMALL_TRAIN, steps=12), CurrentScaling())
+    losses = trainer.train_steps(12)
+    assert np.all(np.isfinite(losses))
+    assert np.mean(losses[-3:]) < losses[0] - 0.3, losses
+
+
+def test_moe_needs_current_scaling_for_its_experts():
+    model = llama_torch.Llama(MOE, DelayedScaling())
+    with pytest.raises(NotImplementedError, match="CurrentScaling"):
+        model(torch.zeros(1, 8, dtype=torch.long))
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(experts=4, top_k=5), "top_k=5 must be in \\[1, experts=4\\]"),
+    (dict(experts=4, top_k=0), "top_k=0 must be in"),
+    (dict(experts=-1), "experts must be an int >= 0"),
+])
+def test_bad_moe_configs_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        LlamaConfig(**kwargs)
+
+
+def test_named_moe_configs():
+    mixtral = CONFIGS["mixtral_slice"]
+    assert (mixtral.hidden, mixtral.ffn, mixtral.experts, mixtral.top_k) == (4096, 14336, 8, 2)
+    dense = dataclasses.replace(mixtral, experts=0)
+    assert mixtral.num_params() - dense.num_params() == \
+        mixtral.layers * (7 * 3 * 4096 * 14336 + 8 * 4096)
