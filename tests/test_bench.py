@@ -23,7 +23,7 @@ from fp8kit import bench  # noqa: E402
 from fp8kit.bench import act_cast, fused_torch, gemm_block, norm_cast, progress, results, timing  # noqa: E402
 from fp8kit.bench.results import Row  # noqa: E402
 
-SECTIONS = ("gemm", "quantize", "linear", "overhead", "fused", "compile")
+SECTIONS = ("gemm", "quantize", "linear", "overhead", "fused", "grouped", "compile")
 GPU = torch.cuda.is_available()
 # TransformerEngine's rows (the P3 ones among them) run where it is installed, on a GPU.
 TE = GPU and importlib.util.find_spec("transformer_engine") is not None
@@ -71,6 +71,9 @@ def test_rows_are_checked_and_measured_side_by_side(suite):
         if r["target"] == "P6-gemm" and not GPU:     # torch's block-scaled call: CUDA only
             assert r["fp8kit_s"] is None and "runs on CUDA only" in r["note"], what
             continue
+        if r["target"] == "P11-te" and not TE:       # TE's GroupedLinear: where TE is
+            assert r["fp8kit_s"] is None and "TE" in r["note"], what
+            continue
         assert r["fp8kit_s"] > 0 and r["anchor_s"] > 0, what
         assert r["ratio"] == pytest.approx(r["anchor_s"] / r["fp8kit_s"])
     checks = " ".join(r["check"] for r in doc["rows"])
@@ -79,11 +82,14 @@ def test_rows_are_checked_and_measured_side_by_side(suite):
     # P3, P5-fwd, P5-fwd+bwd, P7 and P10 need TransformerEngine or torchao
     # beside fp8kit: not in a CPU run.
     assert set(doc["targets"]) == {"P1", "P2", "P4", "P5-gemm", "P6-gemm", "P6-linear",
-                                   "P6-quantize", "P7-norm", "P7-act", "P10-eager"} | \
+                                   "P6-quantize", "P7-norm", "P7-act", "P10-eager",
+                                   "P11-bf16", "P11-te"} | \
         ({"P3"} if TE else set()) | ({"P5-fwd", "P5-fwd+bwd"} if TE_JAX else set())
     assert all(t["met"] is None for t in doc["targets"].values())
-    # P6-gemm's peer, torch's block-scaled scaled_mm, runs on a GPU only.
-    assert all(t["complete"] == (GPU or tid != "P6-gemm") for tid, t in doc["targets"].items())
+    # P6-gemm's peer, torch's block-scaled scaled_mm, runs on a GPU only;
+    # P11-te's, TE's GroupedLinear, where TE is installed.
+    assert all(t["complete"] == ((GPU or tid != "P6-gemm") and (TE or tid != "P11-te"))
+               for tid, t in doc["targets"].items())
     assert "torch._scaled_mm" in out and "lax.dot_general e4m3" in out
     # P5-gemm is the [K, N]-layout lax.dot row (the plain lax.dot(a, b) call).
     kn = [r for r in doc["rows"] if r["anchor"] == "lax.dot e4m3 [K,N] b"]
@@ -290,6 +296,30 @@ def test_jax_dense_rows_against_te(suite):
         assert te == []
         notes = [r["note"] for r in rows if r["group"] == "JAX jit: dense fwd, fp8kit vs bf16"]
         assert sum(n.startswith("no TE-JAX rows: TransformerEngine (JAX)") for n in notes) == 2
+
+
+def test_grouped_rows(suite):
+    """The grouped section: GroupedLinear against the bf16 grouped GEMM
+    (P11-bf16) and TE's GroupedLinear (P11-te), balanced and skewed counts,
+    the fp8kit side checked against bf16 first."""
+    _, _, _, d = suite
+    rows = [r for r in json.loads((d / "bench.json").read_text())["rows"]
+            if r["section"] == "grouped"]
+    assert {r["target"] for r in rows} == {"P11-bf16", "P11-te"}
+    assert {r["case"].split()[-1] for r in rows} == {"balanced", "skewed"}
+    for r in rows:
+        assert r["check"].startswith("rel err y"), r
+        if r["target"] == "P11-bf16":
+            assert r["fp8kit_s"] and r["anchor_s"], r
+
+
+def test_skewed_counts_sum_to_the_tokens_and_leave_one_expert_empty():
+    from fp8kit.bench.grouped_torch import counts
+    for experts, tokens in ((8, 16384), (64, 65536), (4, 96)):
+        for skewed in (False, True):
+            c = counts(experts, tokens, skewed)
+            assert sum(c) == tokens and len(c) == experts and min(c) >= 0
+            assert (c[-1] == 0) == skewed
 
 
 def test_compile_rows(suite):

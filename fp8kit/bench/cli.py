@@ -7,8 +7,9 @@ row's target (docs/benchmarks.md). Sections: gemm (per-tensor P1,
 block-scaled P6-gemm), quantize (P2), linear (PyTorch Linear P3 and,
 under BlockScaling, P6-linear; JAX dense P5; fwd and fwd+bwd), overhead
 (per-call time, P4; with --profile also a torch.profiler table of the
-per-call path) and fused (the LayerNormMLP / LayerNormLinear blocks of
-PyTorch and JAX, for information). Writes a JSON file and one PNG per
+per-call path), fused (the LayerNormMLP / LayerNormLinear blocks of
+PyTorch and JAX, for information) and grouped (the mixture-of-experts
+GroupedLinear, P11). Writes a JSON file and one PNG per
 section.
 
 On a machine without a CUDA GPU it runs a quick mode (tiny sizes, a few
@@ -31,7 +32,7 @@ import traceback
 from fp8kit._source_tree import source_tree_hint
 from fp8kit.models import cli_support
 
-SECTIONS = ("gemm", "quantize", "linear", "overhead", "fused", "compile")
+SECTIONS = ("gemm", "quantize", "linear", "overhead", "fused", "grouped", "compile")
 # Sections run in this order; each is a module with cases(ctx).
 _MODULES = {"gemm": ["fp8kit.bench.gemm", "fp8kit.bench.gemm_block"],
             "quantize": ["fp8kit.bench.quantize"],
@@ -39,6 +40,7 @@ _MODULES = {"gemm": ["fp8kit.bench.gemm", "fp8kit.bench.gemm_block"],
             "overhead": ["fp8kit.bench.overhead"],
             "fused": ["fp8kit.bench.fused_torch", "fp8kit.bench.norm_cast",
                       "fp8kit.bench.act_cast", "fp8kit.bench.mlp_jax"],
+            "grouped": ["fp8kit.bench.grouped_torch"],
             "compile": ["fp8kit.bench.compile_torch"]}
 # --sections also takes one module of a section with two (the PyTorch or the JAX
 # half of "linear" or of "fused", the block-scaled part of "gemm"), except the

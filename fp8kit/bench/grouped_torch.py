@@ -1,0 +1,154 @@
+"""Grouped section, PyTorch: the expert layer of a mixture of experts,
+fp8kit.torch.GroupedLinear fwd+bwd (x [tokens, hidden] sorted by expert,
+one GEMM group per expert, bf16 in and out, random dy), eager:
+
+    bf16     GroupedLinear outside autocast: torch._grouped_mm on CUDA
+             (PyTorch's own grouped bf16 GEMM; the anchor, target P11)
+    fp8kit   GroupedLinear under CurrentScaling (one scale per expert and
+             operand)
+    TE       TransformerEngine's GroupedLinear with the same weights under
+             its Float8CurrentScaling, when it is installed (target P11)
+
+at Mixtral-like (8 experts, hidden 4096, expert ffn 14336, 16384 routed
+tokens: top-2 of 8192) and DeepSeek-like shapes (64 experts, hidden 7168,
+expert ffn 2048, 65536 routed tokens), each with balanced counts and with
+skewed ones (expert e gets a share proportional to 1 / (e + 1), one
+expert gets none). The counts are given on the host, as TE takes them,
+so no variant pays a device-to-host read. Each variant is checked against
+bf16 before it is timed, all in one measure() (interleaved rounds).
+DeepGEMM's published grouped FP8 figures (H800, contiguous layout, 1x128
+/ 128x128 scaling: 1088-1297 TFLOP/s) are quoted in docs/benchmarks.md
+beside these rows; they are not measured here.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from fp8kit.bench import checks, te_peer, timing
+from fp8kit.bench.context import Case, Context
+from fp8kit.bench.results import Row
+
+SECTION = "grouped"
+# (experts, routed tokens, hidden, expert ffn)
+SHAPES = [(8, 16384, 4096, 14336), (64, 65536, 7168, 2048)]
+QUICK_SHAPES = [(4, 96, 64, 96)]
+FWD_TOL = 0.1    # ||fp8 - bf16|| / ||bf16|| of the output (one E4M3 GEMM)
+BWD_TOL = 0.2    # of dx (E5M2 gradient, one GEMM)
+GROUP = "PyTorch GroupedLinear fwd+bwd (current scaling), fp8kit vs {}"
+
+
+def counts(experts: int, tokens: int, skewed: bool) -> list[int]:
+    """Tokens per expert: equal shares, or shares falling as 1 / (e + 1)
+    with the last expert given none (an empty group every GEMM must skip)."""
+    if not skewed:
+        base = [tokens // experts] * experts
+    else:
+        weights = [1.0 / (e + 1) for e in range(experts - 1)] + [0.0]
+        base = [int(tokens * w / sum(weights)) for w in weights]
+    base[0] += tokens - sum(base)
+    return base
+
+
+def _fwd_bwd(layer, data, sizes):
+    import torch
+    params = [p for p in layer.parameters() if p.requires_grad]
+
+    def step(i):
+        x, dy = data[i % len(data)]
+        y = layer(x, sizes)
+        return (y, *torch.autograd.grad(y, [x, *params], dy))
+    return step
+
+
+def _te_layer(te, kit_layer):
+    """te.GroupedLinear with the experts' weights of a GroupedLinear, and
+    fn(x, sizes) calling it with the counts as the list TE takes."""
+    import torch
+    experts, n, k = kit_layer.weight.shape
+    layer = te.GroupedLinear(experts, k, n, bias=False, params_dtype=torch.bfloat16,
+                             device=kit_layer.weight.device)
+    with torch.no_grad():
+        for e in range(experts):
+            getattr(layer, f"weight{e}").copy_(kit_layer.weight[e])
+
+    class _Call(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = layer
+
+        def forward(self, x, sizes):
+            return self.inner(x, sizes.tolist())
+    return _Call()
+
+
+def run_case(ctx: Context, experts: int, tokens: int, hidden: int, ffn: int, skewed: bool,
+             seed: int) -> list[Row]:
+    import torch
+    import fp8kit.torch as ft
+    from fp8kit.recipe import CurrentScaling
+
+    dev = ctx.torch_device
+    sizes = torch.tensor(counts(experts, tokens, skewed))
+    copies = timing.copies_for_l2(2 * tokens * (hidden + ffn))
+    g = torch.Generator(device=dev).manual_seed(seed)
+    data = [(torch.randn(tokens, hidden, device=dev, dtype=torch.bfloat16,
+                         generator=g).requires_grad_(),
+             torch.randn(tokens, ffn, device=dev, dtype=torch.bfloat16, generator=g))
+            for _ in range(copies)]
+    torch.manual_seed(seed)
+    layer = ft.GroupedLinear(experts, hidden, ffn, bias=False, device=dev,
+                             dtype=torch.bfloat16)
+    fns = {"bf16": _fwd_bwd(layer, data, sizes), "fp8kit": _fwd_bwd(layer, data, sizes)}
+    around = {"fp8kit": functools.partial(ft.autocast, recipe=CurrentScaling())}
+    want = fns["bf16"](0)
+    checked, errors = {}, {}
+    te, te_missing = te_peer.torch_module() if dev == "cuda" else (None, "TE needs a GPU")
+    if te is not None:
+        try:
+            fns["TE"] = _fwd_bwd(_te_layer(te, layer), data, sizes)
+            around["TE"] = te_peer.torch_autocast(te, "current")
+        except Exception as e:  # noqa: BLE001  (a TE without GroupedLinear, or another API)
+            te_missing = f"TransformerEngine's GroupedLinear failed: {type(e).__name__}: {e}"
+    for name in [n for n in fns if n != "bf16"]:
+        try:
+            with around[name]():
+                got = fns[name](0)
+            ey = checks.norm_rel_err(got[0], want[0])
+            edx = checks.norm_rel_err(got[1], want[1])
+            checks.within("output", ey, FWD_TOL, "rel err")
+            checks.within("dx", edx, BWD_TOL, "rel err")
+            checked[name] = f"rel err y {ey:.2g}<={FWD_TOL:g}, dx {edx:.2g}<={BWD_TOL:g}"
+        except checks.Mismatch as e:
+            errors[name] = f"not timed: {e}"
+            del fns[name]
+    t = timing.measure(fns, timing.torch_clock(dev), ctx.settings, around=around)
+    flops = 3 * 2.0 * tokens * hidden * ffn
+    case = f"{experts}x {tokens}x{hidden}x{ffn} {'skewed' if skewed else 'balanced'}"
+    rows = []
+    for anchor, label in (("bf16", "bf16 GroupedLinear (torch._grouped_mm on CUDA)"),
+                          ("TE", "TransformerEngine GroupedLinear")):
+        row = Row(SECTION, GROUP.format(label), case, flops, "TFLOP/s", label,
+                  fp8kit_work=flops, anchor_work=flops, target="P11-bf16" if anchor == "bf16"
+                  else "P11-te", check=checked.get("fp8kit", ""),
+                  error=errors.get("fp8kit") or errors.get(anchor))
+        if anchor == "TE" and te_missing:
+            row.note = te_missing
+        if "fp8kit" in t and anchor in t:
+            row.fp8kit_s, row.anchor_s = t["fp8kit"].median_s, t[anchor].median_s
+            row.timing = {"fp8kit": t["fp8kit"].to_json(), "anchor": t[anchor].to_json()}
+        rows.append(row)
+    del data, layer
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def cases(ctx: Context) -> list[Case]:
+    shapes = QUICK_SHAPES if ctx.quick else SHAPES
+    return [Case(SECTION, "PyTorch GroupedLinear",
+                 f"torch GroupedLinear {e} experts {t}x{h}x{f} "
+                 f"{'skewed' if skewed else 'balanced'}",
+                 functools.partial(run_case, ctx, e, t, h, f, skewed, seed))
+            for seed, ((e, t, h, f), skewed) in enumerate(
+                (s, k) for s in shapes for k in (False, True))]
