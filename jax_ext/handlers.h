@@ -17,9 +17,11 @@
 // its CUDA graphs with the fusions around them, instead of cutting the
 // graph at each fp8kit call and launching that call from the host. They
 // only launch kernels and memsets on XLA's stream into buffers XLA passed.
-// The GEMM is the exception (FP8KIT_JAX_HANDLER_UNCAPTURED): its first call
+// The exceptions (FP8KIT_JAX_HANDLER_UNCAPTURED): the GEMM, whose first call
 // for a shape times cuBLASLt's candidates (events, a synchronization) and
-// allocates the autotuning scratch, neither of which a graph may hold.
+// allocates the autotuning scratch, and the grouped ops, which copy the
+// group sizes to the host and wait for the stream; a graph may hold none
+// of these.
 #ifndef FP8KIT_JAX_EXT_HANDLERS_H_
 #define FP8KIT_JAX_EXT_HANDLERS_H_
 

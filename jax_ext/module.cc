@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "fp8kit/fp8kit.h"
+#include "fp8kit/grouped.h"
 #include "fp8kit/linear.h"
 #include "handlers.h"
 #include "scratch.h"
@@ -195,6 +196,13 @@ PYBIND11_MODULE(_jax_ext, m) {
   m.attr("FP8_MAX") = fp8_max;
   // K, N and every FP8 GEMM's inner dimension are multiples of this.
   m.attr("GEMM_DIM_MULTIPLE") = FP8KIT_GEMM_DIM_MULTIPLE;
+  // Floats from one group's scale to the next in a grouped op's per-group
+  // scales (fp8kit/grouped.h).
+  m.attr("GROUP_SCALE_STRIDE") = FP8KIT_GROUP_SCALE_STRIDE;
+  m.def("grouped_columnwise_tokens", &fp8kit_grouped_columnwise_tokens, py::arg("tokens"),
+        py::arg("groups"),
+        "fp8kit_grouped_columnwise_tokens: the token capacity (columns per feature) of the "
+        "grouped columnwise copy of `tokens` rows in `groups` groups.");
   // The slots of a Linear's scaling state (fp8kit_linear_slot).
   m.attr("SLOT_INPUT") = int(FP8KIT_SLOT_INPUT);
   m.attr("SLOT_WEIGHT") = int(FP8KIT_SLOT_WEIGHT);

@@ -34,10 +34,15 @@ Importing this package registers fp8kit's FFI handlers with JAX (for the
                                               (state: DelayedScalingState.create(recipe,
                                               num_linears=2)); both fused layers take
                                               the three recipes, as dense does
+    grouped_dense(x, kernels, group_sizes, bias, *, recipe)
+                                              FP8 expert layer of a mixture of experts
+                                              (jax.lax.ragged_dot's semantics, a scale
+                                              per expert; CurrentScaling)
 
 Sharding: under a mesh context (`with jax.set_mesh(mesh):`) the custom
 calls are partitioned instead of gathered (data parallel, and tensor
-parallel for dense and layernorm_mlp); see fp8kit/jax/_sharding.py.
+parallel for dense and layernorm_mlp); see fp8kit/jax/_sharding.py. The
+grouped calls of grouped_dense are gathered (_sharding_grouped.py).
 
 Flax: fp8kit.jax.flax, imported on its own (it needs Flax), holds Dense,
 LayerNormDense and LayerNormMLP modules over these functions, and
@@ -49,13 +54,14 @@ are no cycles; tests/jax/test_jax_imports.py checks it):
     _checks, scaled_tensor   argument checks; the ScaledTensor pytree
     _state_values            what a DelayedScalingState's values may be, and
                              the one-call-per-step rule on its use
-    _ffi, _ffi_fused         layer 1: the extension, its constants, and one
-                             `*_call` wrapper per FFI target (jax.ffi.ffi_call);
-                             _ffi_fused for the fused norm and activation ops
+    _ffi, _ffi_fused,        layer 1: the extension, its constants, and one
+    _ffi_grouped             `*_call` wrapper per FFI target (jax.ffi.ffi_call);
+                             _ffi_fused for the fused norm and activation ops,
+                             _ffi_grouped for the grouped (expert) ops
     _sharding                the helpers every sharding rule shares
     _sharding_<family>       layer 2: custom_partitioning rules over _ffi,
                              one module per op family (quantize, block, gemm,
-                             fused)
+                             fused, grouped)
     _batching                the vmap rule of the fused delayed-scaling call
                              (a shared state records once per batch)
     block_quantization,      layer 3: the public functions (checks, then the
@@ -69,6 +75,7 @@ are no cycles; tests/jax/test_jax_imports.py checks it):
                              the layers share
     fused_dense_layer,       layernorm_dense and layernorm_mlp
     fused_mlp_layer
+    grouped_dense_layer      grouped_dense
 """
 
 from fp8kit.jax._ffi import BUILT_WITH_CUDA
@@ -76,6 +83,7 @@ from fp8kit.jax.delayed_scaling import DelayedScalingState, delayed_scaling_upda
 from fp8kit.jax.dense_layer import dense
 from fp8kit.jax.fused_dense_layer import layernorm_dense
 from fp8kit.jax.fused_mlp_layer import layernorm_mlp
+from fp8kit.jax.grouped_dense_layer import grouped_dense
 from fp8kit.jax.block_quantization import quantize_block_scaling
 from fp8kit.jax.matmul import gemm, supports_block_scaled_fp8_gemm, supports_non_tn_fp8_gemm
 from fp8kit.jax.quantization import (amax, compute_scale, dequantize, quantize,
@@ -87,7 +95,7 @@ from fp8kit.jax.statistics import (CastStatistics, cast_statistics, statistics_r
 __all__ = [
     "BUILT_WITH_CUDA", "CastStatistics", "DelayedScalingState", "ScaledTensor", "amax",
     "cast_statistics", "compute_scale", "delayed_scaling_update", "dense", "dequantize", "gemm",
-    "layernorm_dense", "layernorm_mlp", "quantize", "quantize_block_scaling",
+    "grouped_dense", "layernorm_dense", "layernorm_mlp", "quantize", "quantize_block_scaling",
     "quantize_current_scaling", "statistics_rows", "supports_block_scaled_fp8_gemm",
     "supports_non_tn_fp8_gemm", "tensor_statistics",
 ]

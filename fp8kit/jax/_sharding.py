@@ -4,8 +4,8 @@ bookkeeping of custom_partitioning callbacks.
 fp8kit's custom calls are partitioned (jax.experimental.custom_partitioning)
 instead of gathered when a mesh of more than one device is in context
 (`with jax.set_mesh(mesh):` or `with mesh:`); the rules themselves are in
-_sharding_quantize.py, _sharding_block.py, _sharding_gemm.py and
-_sharding_fused.py:
+_sharding_quantize.py, _sharding_block.py, _sharding_gemm.py,
+_sharding_fused.py and _sharding_grouped.py:
 
   amax, quantize   run on each shard; the amax is reduced with pmax over the
                    mesh axes the tensor is sharded on, so every device sees
@@ -34,6 +34,9 @@ _sharding_fused.py:
                    its outputs), SwiGLU's halves paired so that a device
                    holds matching gate and up columns; each cast starts at
                    the global amax, as quantize_delayed_update does.
+  grouped ops (_sharding_grouped.py, grouped_dense's casts and GEMMs)
+                   gathered: every device runs the whole call, since a
+                   group of tokens may straddle the shards of a batch.
 
 A dimension whose size is not a multiple of its mesh axes, or whose shard
 would break cuBLASLt's FP8 alignment, is replicated instead. Shardy (jax's

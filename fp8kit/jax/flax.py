@@ -5,6 +5,7 @@ depend on.
     Dense(features)                     fp8kit.jax.dense
     LayerNormDense(features)            fp8kit.jax.layernorm_dense
     LayerNormMLP(ffn_features)          fp8kit.jax.layernorm_mlp
+    GroupedDense(num_experts, features) fp8kit.jax.grouped_dense (CurrentScaling)
 
 Each module holds its parameters in "params", named as the function's
 arguments (kernel, bias; gamma, beta; kernel_1, bias_1, kernel_2,
@@ -42,6 +43,11 @@ step).
 The attributes are checked when a module is constructed: features,
 ffn_features and out_features are positive multiples of the FP8 GEMM's
 alignment (16).
+
+GroupedDense holds kernel [E, K, N] and bias [E, N] and takes the token
+counts at call time, model.apply(variables, x, group_sizes), x [T, K]
+sorted by expert. Its recipe is CurrentScaling (the only one
+grouped_dense runs so far), so it has no "fp8_state" either.
 """
 
 from __future__ import annotations
@@ -58,12 +64,13 @@ except ImportError as e:  # flax is optional: say how to get it
 import jax.numpy as jnp
 
 from fp8kit import recipe as recipe_lib
-from fp8kit.jax import _checks, _ffi
+from fp8kit.jax import _checks, _ffi, _ffi_grouped
 from fp8kit.jax._fused_steps import NORMALIZATIONS
 from fp8kit.jax.delayed_scaling import DelayedScalingState
 from fp8kit.jax.dense_layer import dense
 from fp8kit.jax.fused_dense_layer import layernorm_dense
 from fp8kit.jax.fused_mlp_layer import ACTIVATIONS, layernorm_mlp
+from fp8kit.jax.grouped_dense_layer import grouped_dense
 
 STATE_COLLECTION = "fp8_state"
 Initializer = Callable[..., Any]
@@ -241,3 +248,38 @@ class LayerNormMLP(nn.Module):
                              normalization=self.normalization, activation=self.activation,
                              epsilon=self.epsilon, state=_scaling_state(self, 2),
                              recipe=self.recipe)
+
+
+class GroupedDense(nn.Module):
+    """y[t] = x[t] @ kernel[e] + bias[e] for the expert e of token t, in FP8
+    (fp8kit.jax.grouped_dense); x [T, K] sorted by expert, group_sizes
+    int32/int64 [num_experts]. Each expert's kernel is drawn as a dense
+    layer's [K, N] would be (kernel_init sees the expert axis as a batch
+    axis)."""
+
+    num_experts: int
+    features: int
+    use_bias: bool = True
+    recipe: Any = recipe_lib.CurrentScaling()
+    kernel_init: Initializer = nn.initializers.lecun_normal(batch_axis=(0,))
+    bias_init: Initializer = nn.initializers.zeros
+    param_dtype: Any = jnp.float32
+
+    def __post_init__(self):
+        fn = "fp8kit.jax.flax.GroupedDense"
+        _check_attributes(self, features=self.features)
+        _checks.int_in(fn, "num_experts", self.num_experts, 1, _ffi_grouped.MAX_GROUPS)
+        if not isinstance(self.recipe, recipe_lib.CurrentScaling):
+            raise NotImplementedError(f"{fn}: recipe is {type(self.recipe).__name__}, but "
+                                      "grouped_dense runs with fp8kit.recipe.CurrentScaling only "
+                                      "so far; pass recipe=CurrentScaling()")
+        super().__post_init__()
+
+    @nn.compact
+    def __call__(self, x, group_sizes):
+        e = self.num_experts
+        kernel = self.param("kernel", self.kernel_init, (e, x.shape[-1], self.features),
+                            self.param_dtype)
+        bias = (self.param("bias", self.bias_init, (e, self.features), self.param_dtype)
+                if self.use_bias else None)
+        return grouped_dense(x, kernel, group_sizes, bias, recipe=self.recipe)

@@ -18,11 +18,13 @@ ALLOWED = {
     "scaled_tensor": {"_checks"},
     "_ffi": {"_checks", "scaled_tensor"},
     "_ffi_fused": {"_ffi"},
+    "_ffi_grouped": {"_checks", "_ffi"},
     "_sharding": set(),
     "_sharding_quantize": {"_ffi", "_sharding"},
     "_sharding_block": {"_ffi", "_sharding", "_sharding_quantize"},
     "_sharding_gemm": {"_ffi", "_sharding", "_sharding_block"},
     "_sharding_fused": {"_ffi", "_ffi_fused", "_sharding"},
+    "_sharding_grouped": {"_ffi_grouped", "_sharding"},
     "_batching": {"_ffi", "_sharding_quantize"},
 }
 

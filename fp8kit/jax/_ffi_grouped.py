@@ -1,0 +1,91 @@
+"""The custom calls of the grouped ops (common/include/fp8kit/grouped.h):
+one `*_call` per FFI target on one device's buffers, like _ffi.py (no
+argument checks, no sharding). Their operand lists are in
+jax_ext/grouped_ffi.cc.
+
+Per-group scales are float32 [E, GROUP_SCALE_STRIDE], group g's in column
+0; the grouped columnwise copy of a [T, F] tensor is flat,
+F * columnwise_tokens(T, E) elements.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fp8kit.jax import _checks, _ffi
+
+# Floats from one group's scale to the next (FP8KIT_GROUP_SCALE_STRIDE).
+GROUP_SCALE_STRIDE: int = int(_ffi.ext.GROUP_SCALE_STRIDE)
+
+# The most groups one grouped op takes (fp8kit/grouped.h: 1 <= E <= 1024;
+# the C API states it in words, with no macro to read it from).
+MAX_GROUPS = 1024
+
+
+def columnwise_tokens(tokens: int, groups: int) -> int:
+    """fp8kit_grouped_columnwise_tokens: the token capacity of a grouped
+    columnwise copy (each group padded to GEMM_DIM_MULTIPLE tokens)."""
+    return int(_ffi.ext.grouped_columnwise_tokens(tokens, groups))
+
+
+def sizes_operand(group_sizes) -> jax.Array:
+    """The counts as the handlers read them: int64 [E] when JAX has int64
+    arrays (jax_enable_x64), else int32 [E, 2], each count's low and high
+    32-bit words, i.e. the bytes of an int64 on a little-endian device."""
+    if group_sizes.dtype == jnp.int64:
+        return group_sizes
+    sizes = group_sizes.astype(jnp.int32)
+    return jnp.stack([sizes, sizes >> 31], axis=-1)  # >> on int32: arithmetic
+
+
+def _scales(groups: int) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct((groups, GROUP_SCALE_STRIDE), jnp.float32)
+
+
+def grouped_quantize_call(x, sizes, fmt: str, rowwise: bool, columnwise: bool,
+                          amax_epsilon: float, power_2_scale: bool, scale=None):
+    """fp8kit_grouped_quantize of x [T, F] in the groups of `sizes` (a
+    sizes_operand): (data [T, F], flat grouped columnwise copy, scale,
+    scale_inv, amax), placeholders for a copy not asked for. scale: given
+    per-group scales, else current scaling from each group's amax."""
+    tokens, features = x.shape
+    groups = sizes.shape[0]
+    dt = _checks.FP8_DTYPES[fmt]
+    cw = (features * columnwise_tokens(tokens, groups),) if columnwise else _ffi.PLACEHOLDER
+    results = (jax.ShapeDtypeStruct(tuple(x.shape) if rowwise else _ffi.PLACEHOLDER, dt),
+               jax.ShapeDtypeStruct(cw, dt), _scales(groups), _scales(groups), _scales(groups))
+    current = scale is None
+    return jax.ffi.ffi_call("fp8kit_grouped_quantize", results, vmap_method="sequential")(
+        x, sizes, _ffi.placeholder(jnp.float32) if current else scale, rowwise=bool(rowwise),
+        columnwise=bool(columnwise), current=current, amax_epsilon=np.float32(amax_epsilon),
+        power_2_scale=bool(power_2_scale))
+
+
+def grouped_gemm_tokens_call(a, a_scale_inv, b, b_scale_inv, sizes, trans_b: bool,
+                             b_columnwise: bool, out_dtype, use_split_accumulator: bool,
+                             bias=None):
+    """D [T, N], D_g = A_g @ op(B_g) for each group g: a [T, K] rowwise; b
+    [E, R, C], or with b_columnwise its columnwise copy [E, C, R]; op(B_g)
+    = B_g^T with trans_b. bias: [E, N] in the core's bias dtype for
+    out_dtype, row g added to group g's rows."""
+    rows, cols = (b.shape[2], b.shape[1]) if b_columnwise else (b.shape[1], b.shape[2])
+    n = rows if trans_b else cols
+    out = jax.ShapeDtypeStruct((a.shape[0], n), out_dtype)
+    bias_arg = bias if bias is not None else _ffi.placeholder(_ffi.BIAS_DTYPE[jnp.dtype(out_dtype)])
+    return jax.ffi.ffi_call("fp8kit_grouped_gemm_tokens", out, vmap_method="sequential")(
+        a, a_scale_inv, b, b_scale_inv, bias_arg, sizes, trans_b=bool(trans_b),
+        b_columnwise=bool(b_columnwise), has_bias=bias is not None,
+        use_split_accumulator=bool(use_split_accumulator))
+
+
+def grouped_gemm_contract_call(a_columnwise, a_scale_inv, b_columnwise, b_scale_inv, sizes,
+                               tokens: int, m: int, n: int, out_dtype,
+                               use_split_accumulator: bool):
+    """D [E, M, N], D_g = A_g^T @ B_g summed over group g's tokens, from
+    the flat grouped columnwise copies of a [T, M] and b [T, N]."""
+    out = jax.ShapeDtypeStruct((sizes.shape[0], m, n), out_dtype)
+    return jax.ffi.ffi_call("fp8kit_grouped_gemm_contract", out, vmap_method="sequential")(
+        a_columnwise, a_scale_inv, b_columnwise, b_scale_inv, sizes, tokens=np.int64(tokens),
+        use_split_accumulator=bool(use_split_accumulator))
