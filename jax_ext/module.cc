@@ -199,6 +199,7 @@ PYBIND11_MODULE(_jax_ext, m) {
   // Floats from one group's scale to the next in a grouped op's per-group
   // scales (fp8kit/grouped.h).
   m.attr("GROUP_SCALE_STRIDE") = FP8KIT_GROUP_SCALE_STRIDE;
+  m.attr("MAX_GROUPS") = FP8KIT_MAX_GROUPS;
   m.def("grouped_columnwise_tokens", &fp8kit_grouped_columnwise_tokens, py::arg("tokens"),
         py::arg("groups"),
         "fp8kit_grouped_columnwise_tokens: the token capacity (columns per feature) of the "

@@ -293,6 +293,7 @@ void register_ops(py::module_& m) {
   m.attr("GEMM_DIM_MULTIPLE") = FP8KIT_GEMM_DIM_MULTIPLE;
   // Floats from one group's scale to the next (fp8kit/grouped.h).
   m.attr("GROUP_SCALE_STRIDE") = FP8KIT_GROUP_SCALE_STRIDE;
+  m.attr("MAX_GROUPS") = FP8KIT_MAX_GROUPS;
   // The slots of a Linear's scaling state (fp8kit_linear_slot).
   m.attr("SLOT_INPUT") = int(FP8KIT_SLOT_INPUT);
   m.attr("SLOT_WEIGHT") = int(FP8KIT_SLOT_WEIGHT);

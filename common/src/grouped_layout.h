@@ -7,13 +7,12 @@
 #include <cstdint>
 #include <vector>
 
+#include "fp8kit/grouped.h"
 #include "fp8kit/tensor.h"
 
 namespace fp8kit {
 
-// The most groups one grouped op takes: the CUDA kernels receive the
-// offsets of every group as a kernel parameter (fp8kit/grouped.h).
-constexpr int kMaxGroups = 1024;
+constexpr int kMaxGroups = FP8KIT_MAX_GROUPS;
 
 struct GroupLayout {
   std::vector<int64_t> sizes;          // m_g

@@ -19,9 +19,8 @@ from fp8kit.jax import _checks, _ffi
 # Floats from one group's scale to the next (FP8KIT_GROUP_SCALE_STRIDE).
 GROUP_SCALE_STRIDE: int = int(_ffi.ext.GROUP_SCALE_STRIDE)
 
-# The most groups one grouped op takes (fp8kit/grouped.h: 1 <= E <= 1024;
-# the C API states it in words, with no macro to read it from).
-MAX_GROUPS = 1024
+# The most groups one grouped op takes (FP8KIT_MAX_GROUPS).
+MAX_GROUPS: int = int(_ffi.ext.MAX_GROUPS)
 
 
 def columnwise_tokens(tokens: int, groups: int) -> int:

@@ -4,7 +4,7 @@
  * E groups (experts) one group after another: group g owns rows
  * [start_g, start_g + m_g), start_g = m_0 + ... + m_{g-1}, and the group
  * sizes m_g (>= 0, zero allowed) sum to T. `group_sizes` is an FP8KIT_INT64
- * tensor [E] (1 <= E <= 1024) on the CPU or on the op's CUDA device; an op on CUDA reads it
+ * tensor [E] (1 <= E <= FP8KIT_MAX_GROUPS) on the CPU or on the op's CUDA device; an op on CUDA reads it
  * with one copy to the host and a wait on `stream` (the per-group GEMMs
  * are planned on the host), which is why group sizes that already live on
  * the host are cheaper. Sizes < 0 or a sum other than T are an
@@ -52,6 +52,10 @@ extern "C" {
 
 /* Floats from one group's scale to the next (16 bytes). */
 #define FP8KIT_GROUP_SCALE_STRIDE 4
+
+/* The most groups one grouped op takes: the CUDA kernels receive every
+ * group's offsets in their kernel parameter. */
+#define FP8KIT_MAX_GROUPS 1024
 
 /* The token capacity (columns per feature) of a grouped columnwise copy of
  * `tokens` rows in `groups` groups: tokens + (FP8KIT_GEMM_DIM_MULTIPLE - 1)
