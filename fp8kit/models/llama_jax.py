@@ -43,6 +43,7 @@ import fp8kit.jax as fj
 from fp8kit.checkpoint import STATE_FIELDS
 from fp8kit.models.config import LlamaConfig
 from fp8kit.models.init import fuse_kernels, rope_tables, unfuse_kernels
+from fp8kit.models.moe_jax import moe_mlp
 from fp8kit.recipe import DelayedScaling
 
 BF16, F32 = jnp.bfloat16, jnp.float32
@@ -260,7 +261,10 @@ def attention(p, states, x, cos, sin, cfg: LlamaConfig, recipe, layers: JaxLayer
 
 def norm_mlp(p, states, x, cfg: LlamaConfig, recipe, layers: JaxLayers, statistics=None):
     """RMSNorm and the SwiGLU MLP of x (the float32 stream): bf16 with
-    recipe=None; from the fused FP8 call bf16, float32 with float32 seams."""
+    recipe=None; from the fused FP8 call bf16, float32 with float32 seams.
+    A mixture-of-experts config: RMSNorm, then moe_jax.moe_mlp (bf16)."""
+    if cfg.experts:
+        return moe_mlp(p, rms_norm(x, p["mlp_norm"], cfg.norm_eps), cfg, recipe)
     if recipe is None:
         h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
         gate, up = project(h, p["w_gate"], {}, None), project(h, p["w_up"], {}, None)
@@ -282,10 +286,6 @@ def forward(params, fp8_states, tokens, cfg: LlamaConfig, recipe,
     jax.nn.dot_product_attention's implementation (attention_implementation
     picks one for a device); statistics: None, or create_statistics_rows'
     pytree, whose cotangent is then the FP8 casts' statistics."""
-    if cfg.experts:
-        raise NotImplementedError("llama_jax.forward: the config has experts="
-                                  f"{cfg.experts}, but the JAX decoder has no mixture-of-experts "
-                                  "MLP yet; train it with the PyTorch model (train_torch)")
     s = tokens.shape[1]
     if s > cfg.seq_len:
         raise ValueError(f"llama_jax.forward: sequence of {s} tokens is longer than the "

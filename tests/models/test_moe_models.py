@@ -1,18 +1,22 @@
-"""The mixture-of-experts decoder (experts > 0) in PyTorch: routing, the
-model against the float64 reference (llama_reference.py, which routes
-each token itself), FP8 tracking it, the weight layout, and training."""
+"""The mixture-of-experts decoder (experts > 0) in PyTorch and JAX:
+routing, the models against the float64 reference (llama_reference.py,
+which routes each token itself) and each other, FP8 tracking it, the
+weight layout, and training."""
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 
 import llama_reference as ref
-from fp8kit.models import llama_torch
+from fp8kit.models import llama_jax, llama_torch, moe_jax
 from fp8kit.models.config import CONFIGS, LlamaConfig
 from fp8kit.models.init import init_params
 from fp8kit.models.moe_torch import route
+from fp8kit.models.train_jax import JaxTrainer
 from fp8kit.models.train_torch import TorchTrainer
 from fp8kit.recipe import CurrentScaling, DelayedScaling
 from small_config import SMALL, SMALL_TRAIN
@@ -37,12 +41,32 @@ def torch_logits(params, tokens, recipe):
         return model(torch.from_numpy(tokens)).numpy().astype(np.float64)
 
 
+def jax_logits(params, tokens, recipe):
+    jparams = jax.tree.map(jnp.asarray, llama_jax.model_params(params, recipe))
+    states = llama_jax.create_fp8_states(MOE, recipe)
+    out = llama_jax.forward(jparams, states, jnp.asarray(tokens, jnp.int32), MOE, recipe)
+    return np.asarray(out, np.float64)
+
+
+LOGITS = {"torch": torch_logits, "jax": jax_logits}
+
+
 def _relative_rms(got, want):
     return float(np.sqrt(np.mean((got - want) ** 2) / np.mean((want - want.mean()) ** 2)))
 
 
+SCORES = [[0.0, 3.0, 1.0], [2.0, 0.0, 5.0], [1.0, 1.5, 0.5], [9.0, 8.0, 0.0]]
+
+
+def test_both_frameworks_route_alike():
+    want = route(torch.tensor(SCORES), 2)
+    got = moe_jax.route(jnp.asarray(SCORES), 2)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), w.numpy(), rtol=1e-6)
+
+
 def test_route_sorts_pairs_by_expert_with_softmax_weights():
-    scores = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 5.0], [1.0, 1.5, 0.5], [9.0, 8.0, 0.0]])
+    scores = torch.tensor(SCORES)
     expert, token, weight, counts = route(scores, 2)
     assert counts.tolist() == [3, 3, 2]
     assert expert.tolist() == sorted(expert.tolist())
@@ -58,21 +82,31 @@ def test_route_sorts_pairs_by_expert_with_softmax_weights():
             assert got[e] == pytest.approx(w, rel=1e-6)
 
 
-def test_bf16_logits_match_the_float64_reference(params, tokens):
+@pytest.mark.parametrize("framework", LOGITS)
+def test_bf16_logits_match_the_float64_reference(framework, params, tokens):
     want = ref.logits(params, tokens, MOE)
-    got = torch_logits(params, tokens, None)
+    got = LOGITS[framework](params, tokens, None)
     assert want.std() > 0.5
     # As the dense model's bound, with room for a token whose two best
     # router scores are within bf16 rounding and so may swap an expert.
     assert _relative_rms(got, want) < 0.03
 
 
-def test_fp8_logits_track_the_reference(params, tokens):
+@pytest.mark.parametrize("framework", LOGITS)
+def test_fp8_logits_track_the_reference(framework, params, tokens):
     want = ref.logits(params, tokens, MOE)
-    bf16 = torch_logits(params, tokens, None)
-    got = torch_logits(params, tokens, CurrentScaling())
+    bf16 = LOGITS[framework](params, tokens, None)
+    got = LOGITS[framework](params, tokens, CurrentScaling())
     err = _relative_rms(got, want)
     assert 2 * _relative_rms(bf16, want) < err < 0.25
+
+
+def test_torch_and_jax_give_the_same_loss(params, tokens):
+    targets = tokens[:, 1:]
+    for recipe in (None, CurrentScaling()):
+        losses = [ref.cross_entropy(fn(params, tokens, recipe)[:, :-1], targets)
+                  for fn in LOGITS.values()]
+        assert abs(losses[0] - losses[1]) < 0.01, (recipe, losses)
 
 
 def test_weight_layout_round_trips_the_expert_kernels(params):
@@ -91,18 +125,21 @@ def test_weight_layout_round_trips_the_expert_kernels(params):
             np.testing.assert_array_equal(value, want, err_msg=name)
 
 
-def test_fp8_moe_model_trains():
+@pytest.mark.parametrize("trainer_cls", [TorchTrainer, JaxTrainer])
+def test_fp8_moe_model_trains(trainer_cls):
     cfg = dataclasses.replace(SMALL, experts=4, top_k=2)
-    trainer = TorchTrainer(cfg, dataclasses.replace(SMALL_TRAIN, steps=12), CurrentScaling())
+    trainer = trainer_cls(cfg, dataclasses.replace(SMALL_TRAIN, steps=12), CurrentScaling())
     losses = trainer.train_steps(12)
     assert np.all(np.isfinite(losses))
     assert np.mean(losses[-3:]) < losses[0] - 0.3, losses
 
 
-def test_moe_needs_current_scaling_for_its_experts():
+def test_moe_needs_current_scaling_for_its_experts(params):
     model = llama_torch.Llama(MOE, DelayedScaling())
     with pytest.raises(NotImplementedError, match="CurrentScaling"):
         model(torch.zeros(1, 8, dtype=torch.long))
+    with pytest.raises(NotImplementedError, match="CurrentScaling"):
+        jax_logits(params, np.zeros((1, 8), np.int64), DelayedScaling())
 
 
 @pytest.mark.parametrize("kwargs,message", [

@@ -1,0 +1,63 @@
+"""The decoder's mixture-of-experts MLP in JAX, the same block as
+moe_torch.py (see there): an RMSNorm, a float32 router choosing top_k of
+E SwiGLU experts per token (weights: the softmax of those k scores), the
+(token, expert) pairs sorted by expert, the experts as grouped GEMMs and
+the outputs summed with the router's weights.
+
+With a recipe the experts run through fp8kit.jax.grouped_dense
+(CurrentScaling: one scale per expert and operand) on the kernels cast
+to bf16 first, as torch.autocast casts the PyTorch model's weights; with
+recipe=None through jax.lax.ragged_dot in bf16. Static shapes throughout
+(the pairs are tokens * top_k, the counts an [E] array), so the block
+runs under jit with no host read of its own.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+import fp8kit.jax as fj
+from fp8kit.models.config import LlamaConfig
+
+BF16, F32 = jnp.bfloat16, jnp.float32
+
+
+def route(scores, top_k: int):
+    """(expert of each pair sorted by expert, its token, its weight, the
+    int32 number of pairs per expert) for router scores [tokens, E]."""
+    experts = scores.shape[-1]
+    top_scores, top_experts = jax.lax.top_k(scores, top_k)
+    weights = jax.nn.softmax(top_scores, axis=-1)
+    flat = top_experts.reshape(-1)
+    order = jnp.argsort(flat, stable=True)  # stable: ties keep the token order
+    counts = jnp.bincount(flat, length=experts).astype(jnp.int32)
+    return flat[order], order // top_k, weights.reshape(-1)[order], counts
+
+
+def _experts(x, kernel, counts, recipe):
+    """x [pairs, in] @ each expert's kernel [E, in, out] over its pairs."""
+    kernel = kernel.astype(BF16)
+    if recipe is None:
+        return jax.lax.ragged_dot(x, kernel, counts)
+    return fj.grouped_dense(x, kernel, counts, recipe=recipe)
+
+
+def moe_mlp(p, h, cfg: LlamaConfig, recipe):
+    """The experts' output for the normalized input h (bf16 [..., hidden]),
+    bf16 in h's shape. p: the layer's params (model_params' layout:
+    "w_gate_up" fused with a recipe, "w_gate" and "w_up" without)."""
+    shape = h.shape
+    h = h.reshape(-1, cfg.hidden)
+    scores = jnp.dot(h.astype(F32), p["router"].astype(F32))
+    _, token, weight, counts = route(scores, cfg.top_k)
+    pairs = h[token]
+    if recipe is None:
+        gate = _experts(pairs, p["w_gate"], counts, None).astype(F32)
+        up = _experts(pairs, p["w_up"], counts, None).astype(F32)
+    else:
+        gate_up = _experts(pairs, p["w_gate_up"], counts, recipe).astype(F32)
+        gate, up = jnp.split(gate_up, 2, axis=-1)
+    out = _experts((jax.nn.silu(gate) * up).astype(BF16), p["w_down"], counts, recipe)
+    y = jnp.zeros(h.shape, F32).at[token].add(out.astype(F32) * weight[:, None])
+    return y.astype(BF16).reshape(shape)
