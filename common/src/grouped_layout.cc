@@ -1,6 +1,7 @@
 #include "grouped_layout.h"
 
 #include "error.h"
+#include "fp8kit/block_scaling.h"
 #include "fp8kit/grouped.h"
 #include "fp8kit/linear.h"
 #include "validate.h"
@@ -14,8 +15,9 @@ extern "C" int64_t fp8kit_grouped_columnwise_tokens(int64_t tokens, int64_t grou
 
 namespace fp8kit {
 
-GroupLayout read_group_layout(const char* op, const fp8kit_tensor* group_sizes, int64_t tokens,
-                              fp8kit_device_type device_type, int device_index, void* stream) {
+GroupLayout read_group_layout(const char* op, const fp8kit_tensor* group_sizes, int64_t rows,
+                              fp8kit_device_type device_type, int device_index, void* stream,
+                              bool padded) {
   check_tensor(op, "group_sizes", group_sizes, /*allow_null_data=*/true);
   const fp8kit_tensor& gs = *group_sizes;
   FP8KIT_CHECK(gs.dtype == FP8KIT_INT64, op, ": group_sizes has dtype ",
@@ -42,26 +44,57 @@ GroupLayout read_group_layout(const char* op, const fp8kit_tensor* group_sizes, 
 #endif
   }
   (void)stream;
-  layout.tokens = tokens;
-  layout.column_tokens = fp8kit_grouped_columnwise_tokens(tokens, groups);
   layout.starts.assign(groups + 1, 0);
   layout.column_starts.assign(groups + 1, 0);
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t m = layout.sizes[g];
-    FP8KIT_CHECK(m >= 0 && m <= tokens, op, ": group_sizes[", g, "] is ", m,
-                 "; every group size must be in [0, ", tokens, "] (the input's rows)");
-    const int64_t padded = (m + FP8KIT_GEMM_DIM_MULTIPLE - 1) / FP8KIT_GEMM_DIM_MULTIPLE *
-                           FP8KIT_GEMM_DIM_MULTIPLE;
+    FP8KIT_CHECK(m >= 0 && m <= rows, op, ": group_sizes[", g, "] is ", m,
+                 "; every group size must be in [0, ", rows, "] (the input's rows)");
+    const int64_t p = (m + FP8KIT_GEMM_DIM_MULTIPLE - 1) / FP8KIT_GEMM_DIM_MULTIPLE *
+                      FP8KIT_GEMM_DIM_MULTIPLE;
     layout.starts[g + 1] = layout.starts[g] + m;
-    layout.column_starts[g + 1] = layout.column_starts[g] + padded;
-    FP8KIT_CHECK(layout.starts[g + 1] <= tokens, op, ": group_sizes sum to more than the ",
-                 tokens, " rows of the input; the sizes must sum to the rows exactly");
+    layout.column_starts[g + 1] = layout.column_starts[g] + p;
+    if (padded) {
+      FP8KIT_CHECK(layout.column_starts[g + 1] <= rows, op, ": group_sizes[0..", g,
+                   "], each padded to ", FP8KIT_GEMM_DIM_MULTIPLE, " rows, take ",
+                   layout.column_starts[g + 1], " rows but the input has ", rows,
+                   "; a padded grouped tensor needs room for every group's padding");
+    } else {
+      FP8KIT_CHECK(layout.starts[g + 1] <= rows, op, ": group_sizes sum to more than the ",
+                   rows, " rows of the input; the sizes must sum to the rows exactly");
+    }
   }
-  FP8KIT_CHECK(layout.starts[groups] == tokens, op, ": group_sizes sum to ",
-               layout.starts[groups], " but the input has ", tokens,
+  FP8KIT_CHECK(padded || layout.starts[groups] == rows, op, ": group_sizes sum to ",
+               layout.starts[groups], " but the input has ", rows,
                " rows; the sizes must sum to the rows exactly (sort the tokens by group and "
                "count every one)");
+  layout.tokens = layout.starts[groups];
+  layout.column_tokens = fp8kit_grouped_columnwise_tokens(layout.tokens, groups);
   return layout;
+}
+
+int64_t block_scales_floats(int64_t rows, int64_t cols, fp8kit_scaling_mode mode,
+                            bool columnwise) {
+  fp8kit_tensor t{};
+  t.rank = 2;
+  t.shape[0] = rows;
+  t.shape[1] = cols;
+  t.scaling_mode = mode;
+  int64_t shape[2] = {0, 0};
+  FP8KIT_CHECK(fp8kit_block_scale_inv_shape(&t, columnwise ? 1 : 0, shape) == FP8KIT_OK,
+               "block scales of a [", rows, ", ", cols, "] tensor: ", fp8kit_last_error());
+  return shape[0] * shape[1];
+}
+
+std::vector<int64_t> block_scale_offsets(const GroupLayout& layout, int64_t features,
+                                         fp8kit_scaling_mode mode, bool columnwise) {
+  std::vector<int64_t> offsets(layout.groups() + 1, 0);
+  for (int64_t g = 0; g < layout.groups(); ++g) {
+    const int64_t p = layout.padded(g);
+    offsets[g + 1] = offsets[g] + (p == 0 ? 0 : block_scales_floats(p, features, mode,
+                                                                      columnwise));
+  }
+  return offsets;
 }
 
 }  // namespace fp8kit

@@ -35,6 +35,18 @@
  * F * fp8kit_grouped_columnwise_tokens(T, E) elements; those after the
  * last group's block are written as zeros too, so that the whole buffer is
  * defined. */
+/* Block scaling over groups: the padded row layout. A block-scaled GEMM
+ * reads its token dimension in multiples of 8 or 16 (fp8kit/gemm.h), so
+ * block-scaled grouped tensors hold each group's rows padded: group g owns
+ * rows [P_g, P_g + p_g), P_g = p_0 + ... + p_{g-1}, its m_g real rows
+ * first and zero rows after them (the caller writes the zeros: a zero row
+ * changes no tile's scale and adds nothing to a sum). Each group is then
+ * quantized and multiplied as a tensor of its own [p_g, F]: its rowwise
+ * copy at rows [P_g, P_g + p_g), its columnwise copy [F, p_g] at element
+ * F * P_g, and each copy's block scales (the layout of
+ * fp8kit/block_scaling.h for a [p_g, F] tensor) one group after another.
+ * Expert-stacked weights [E, R, C] are the case m_g = R for every g (R a
+ * multiple of FP8KIT_GEMM_DIM_MULTIPLE, so no row is padding). */
 #ifndef FP8KIT_GROUPED_H_
 #define FP8KIT_GROUPED_H_
 
@@ -83,6 +95,36 @@ FP8KIT_API fp8kit_status fp8kit_grouped_quantize(const fp8kit_tensor* input,
                                                  const fp8kit_current_scaling_config* current,
                                                  void* stream);
 
+/* The floats the block scales of one copy of a padded grouped tensor can
+ * take: `rows` rows (at least the sum of the padded group sizes) in
+ * `groups` groups of `features` columns, `mode` BLOCK_1X128 or
+ * BLOCK_128X128, the rowwise copy's scales (columnwise = 0) or the
+ * columnwise copy's (1); an upper bound for any group sizes. */
+FP8KIT_API int64_t fp8kit_grouped_block_scales_floats(int64_t rows, int64_t groups,
+                                                      int64_t features, fp8kit_scaling_mode mode,
+                                                      int columnwise);
+
+/* Block-scaled quantization of a grouped tensor in the padded row layout:
+ * group g's rows [P_g, P_g + p_g) exactly as fp8kit_quantize_block_scaling
+ * quantizes them as a tensor of their own.
+ *   input:       [rows, F] float32/bfloat16/float16 in the padded row
+ *                layout, rows >= P_E (the rows after the last group are
+ *                read by nothing; their outputs are written as zeros).
+ *   group_sizes: the real rows m_g of each group (see above).
+ *   output:      E4M3 or E5M2, BLOCK_1X128 or BLOCK_128X128, shape [rows,
+ *                F]; data [rows, F] with block_scale_inv and/or
+ *                columnwise_data (F * rows elements) with
+ *                columnwise_block_scale_inv, each scale array holding
+ *                fp8kit_grouped_block_scales_floats floats (16-byte
+ *                aligned; floats after the last group's are zeroed).
+ *   config:      amax_epsilon and power_2_scale, as for a single tensor.
+ * Runs one block quantization per non-empty group. */
+FP8KIT_API fp8kit_status fp8kit_grouped_quantize_block(const fp8kit_tensor* input,
+                                                       const fp8kit_tensor* group_sizes,
+                                                       fp8kit_tensor* output,
+                                                       const fp8kit_current_scaling_config* config,
+                                                       void* stream);
+
 /* The three GEMMs of a grouped Linear, y_g = x_g @ w_g^T per group g. */
 typedef enum fp8kit_grouped_gemm_kind {
   /* D [T, N] token-grouped, D_g = A_g @ op(B_g): A token-grouped [T, K]
@@ -110,7 +152,15 @@ typedef struct fp8kit_grouped_gemm_config {
 } fp8kit_grouped_gemm_config;
 
 /* a, b: E4M3 or E5M2 (not both E5M2), PER_TENSOR with per-group scale_inv (see
- *       above), 16-byte aligned, holding the copies `kind` reads.
+ *       above), 16-byte aligned, holding the copies `kind` reads; or both
+ *       block-scaled (not both 128x128), each group's block scales as
+ *       fp8kit_grouped_quantize_block lays them out. Block-scaled
+ *       token-grouped operands and D are in the padded row layout: TOKENS
+ *       multiplies group g's p_g padded rows (D [rows, N] with rows >= P_E,
+ *       the padded rows' outputs written too, those after P_E left alone)
+ *       and CONTRACT_TOKENS contracts its p_g padded tokens. D is bfloat16
+ *       or float32 then, and the bias of TOKENS in D's dtype rules for
+ *       block-scaled GEMMs.
  * d:    bfloat16, float16 or float32, the shape `kind` gives.
  * All on one device; `stream` is a cudaStream_t or NULL. The alignment
  * and type rules of fp8kit_gemm hold for every group's GEMM (K and N
