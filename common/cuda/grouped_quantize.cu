@@ -1,9 +1,13 @@
-// fp8kit::cuda::grouped_quantize: per-group per-tensor quantization of a
-// token-grouped tensor (fp8kit/grouped.h), every group in the same launch.
+// fp8kit::cuda::grouped_quantize and grouped_quantize_delayed_update:
+// per-group per-tensor quantization of a token-grouped tensor
+// (fp8kit/grouped.h), every group in the same launch.
 //
 // Launch sequence on the caller's stream, no allocation:
 //   current scaling: zero amax -> amax kernel -> scales kernel -> cast kernel
 //   given scales:    [zero amax] -> cast kernel (amax when asked) -> scales kernel
+//   delayed scaling: zero amax -> [amax kernel, fresh groups only] ->
+//                    delayed scales kernel (the scale used) -> cast kernel
+//                    (amax) -> update kernel (history, scale, seeded)
 // then, for a columnwise copy, the pad kernel (each block's zero columns)
 // and a fill of the buffer's unused tail.
 //
@@ -23,6 +27,7 @@
 #include "compute_scale.h"
 #include "cuda_backend.h"
 #include "cuda_check.h"
+#include "delayed_update_device.cuh"
 #include "error.h"
 #include "fp8_convert.h"
 #include "fp8kit/grouped.h"
@@ -38,6 +43,7 @@ constexpr int kTile = 64;
 constexpr int kThreads = 256;
 constexpr int kRowsPerThread = kTile * kTile / kThreads;  // 16
 constexpr int kStride = FP8KIT_GROUP_SCALE_STRIDE;
+constexpr int kUpdateThreads = 128;  // the update's history roll
 
 // Where the groups lie, passed by value (8 KiB: CUDA 12.1+ takes kernel
 // parameters up to 32 KiB), so no copy of the layout to the device is made.
@@ -55,6 +61,9 @@ struct Params {
   float* scale;         // per group, kStride apart
   float* scale_inv;
   float* amax;          // atomicMax target (zeroed) or NULL
+  const float* seeded;  // amax kernel: NULL measures every group; else only
+                        // the fresh ones (flag 0), whose seed needs the amax
+                        // before the cast (which measures every group)
   Groups groups;
 };
 
@@ -118,10 +127,19 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const Params p) {
   if (threadIdx.x < kTile) tile_amax[threadIdx.x] = 0;
   find_tile_groups(p, row0, t);
   __syncthreads();
+  // Rows not to measure get group -1; a tile with none to measure reads
+  // nothing (after a delayed layer's first step, every tile).
+  bool measure = false;
+  if (threadIdx.x < kTile) {
+    const int g = t.row_group[threadIdx.x];
+    measure = g >= 0 && (p.seeded == nullptr || p.seeded[g * kStride] == 0.0f);
+    if (!measure) t.row_group[threadIdx.x] = -1;
+  }
+  if (!__syncthreads_or(measure)) return;
   for (int i = 0; i < kRowsPerThread; ++i) {
     const int tr = int(threadIdx.x / kTile) + i * (kThreads / kTile);
     const int64_t r = row0 + tr;
-    if (r >= p.rows || col >= p.features) continue;
+    if (r >= p.rows || col >= p.features || t.row_group[tr] < 0) continue;
     const uint32_t bits = __float_as_uint(load_float<kIn>(p.input, r * p.features + col)) &
                           0x7fffffffu;
     atomicMax(&tile_amax[t.slot[tr]], bits);
@@ -196,6 +214,51 @@ __global__ void scales_kernel(const Params p, bool current, float fp8_max, float
   p.scale_inv[s] = reciprocal(scale);
 }
 
+// Delayed scaling, one thread per group: the scale used (a fresh group's
+// seed from the amax the amax kernel measured, by the update's rule) into
+// p.scale, for the cast, and its reciprocal.
+__global__ void delayed_scales_kernel(const Params p, const float* state_scale,
+                                      const float* seeded, float fp8_max, int margin) {
+  const int g = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (g >= p.groups.count) return;
+  const int s = g * kStride;
+  const float previous = state_scale[s];
+  const bool fresh = seeded != nullptr && seeded[s] == 0.0f;
+  const float used = checked_scale(
+      fresh ? delayed_scale_from_amax(p.amax[s], previous, fp8_max, margin) : previous);
+  p.scale[s] = used;
+  p.scale_inv[s] = reciprocal(used);
+}
+
+struct DelayedUpdate {
+  float* amax_history;  // [E, len]
+  float* scale;
+  float* seeded;        // or NULL
+  int len, margin;
+  bool most_recent, record;
+  float fp8_max;
+};
+
+// One block per group, after the cast: the amax's NaN made canonical (as
+// the CPU reference writes it) and, when recording, the update of
+// delayed_scaling.cu's kernel with the scale used as the previous scale.
+__global__ void __launch_bounds__(kUpdateThreads)
+    delayed_update_kernel(const Params p, const DelayedUpdate u) {
+  const int g = int(blockIdx.x);
+  const int s = g * kStride;
+  const float amax = is_nan_float(p.amax[s]) ? canonical_nan() : p.amax[s];
+  if (u.record) {
+    // Every thread has read the amax, which lies outside the history.
+    const float r = roll_history_and_reduce(u.amax_history + int64_t(g) * u.len, u.len, amax,
+                                            u.most_recent);
+    if (threadIdx.x == 0) {
+      u.scale[s] = delayed_scale_from_amax(r, p.scale[s], u.fp8_max, u.margin);
+      if (u.seeded != nullptr) u.seeded[s] = 1.0f;
+    }
+  }
+  if (threadIdx.x == 0) p.amax[s] = amax;
+}
+
 // Zeroes the padding columns [m_g, p_g) of every feature row of group
 // blockIdx.x's block.
 __global__ void pad_kernel(const Params p) {
@@ -220,15 +283,28 @@ void launch_cast(const Params& p, dim3 grid, fp8kit_dtype fp8, cudaStream_t stre
   check_launch(kOp, "launching the grouped cast kernel");
 }
 
-}  // namespace
+void launch_cast(const Params& p, dim3 grid, fp8kit_dtype in, fp8kit_dtype fp8,
+                 cudaStream_t s) {
+  if (p.rows == 0) return;
+  if (in == FP8KIT_FLOAT32) launch_cast<FP8KIT_FLOAT32>(p, grid, fp8, s);
+  else if (in == FP8KIT_BFLOAT16) launch_cast<FP8KIT_BFLOAT16>(p, grid, fp8, s);
+  else launch_cast<FP8KIT_FLOAT16>(p, grid, fp8, s);
+}
 
-void grouped_quantize(const fp8kit_tensor& input, const GroupLayout& layout, fp8kit_tensor& output,
-                      const fp8kit_current_scaling_config* current, void* stream) {
+void launch_amax(const Params& p, dim3 grid, fp8kit_dtype in, cudaStream_t s) {
+  if (p.rows == 0) return;
+  if (in == FP8KIT_FLOAT32) amax_kernel<FP8KIT_FLOAT32><<<grid, kThreads, 0, s>>>(p);
+  else if (in == FP8KIT_BFLOAT16) amax_kernel<FP8KIT_BFLOAT16><<<grid, kThreads, 0, s>>>(p);
+  else amax_kernel<FP8KIT_FLOAT16><<<grid, kThreads, 0, s>>>(p);
+  check_launch(kOp, "launching the grouped amax kernel");
+}
+
+// The kernels' view of the call; output's amax zeroed for their atomicMax.
+Params make_params(const fp8kit_tensor& input, const GroupLayout& layout,
+                   fp8kit_tensor& output, void* stream) {
   FP8KIT_CHECK(layout.column_tokens < (int64_t(1) << 31), kOp, ": ", layout.tokens,
                " tokens in ", layout.groups(), " groups exceed the CUDA kernels' 2^31-row "
                "index; split the batch");
-  ScopedDevice device(input.device_index, kOp);
-  const auto s = static_cast<cudaStream_t>(stream);
   Params p{};
   p.input = input.data;
   p.rows = input.shape[0];
@@ -243,43 +319,85 @@ void grouped_quantize(const fp8kit_tensor& input, const GroupLayout& layout, fp8
     p.groups.start[g] = int32_t(layout.starts[g]);
     p.groups.column_start[g] = int32_t(layout.column_starts[g]);
   }
-  const size_t scalars = size_t(layout.groups()) * kStride * sizeof(float);
-  if (p.amax != nullptr) zero_bytes(input.device_index, p.amax, scalars, stream);
-  const dim3 grid(unsigned(ceil_div(p.features, kTile)), unsigned(ceil_div(p.rows, kTile)));
-  const unsigned scale_blocks = unsigned(ceil_div(layout.groups(), 128));
-  const float fp8_max = fp8kit_fp8_max(output.dtype);
-  const float epsilon = current ? current->amax_epsilon : 0.0f;
-  const bool pow2 = current && current->power_2_scale != 0;
-  const bool has_rows = p.rows > 0;
-  if (current != nullptr) {
-    if (has_rows) {
-      if (input.dtype == FP8KIT_FLOAT32) amax_kernel<FP8KIT_FLOAT32><<<grid, kThreads, 0, s>>>(p);
-      else if (input.dtype == FP8KIT_BFLOAT16) amax_kernel<FP8KIT_BFLOAT16><<<grid, kThreads, 0, s>>>(p);
-      else amax_kernel<FP8KIT_FLOAT16><<<grid, kThreads, 0, s>>>(p);
-      check_launch(kOp, "launching the grouped amax kernel");
-    }
-    scales_kernel<<<scale_blocks, 128, 0, s>>>(p, true, fp8_max, epsilon, pow2);
-    check_launch(kOp, "launching the grouped scales kernel");
+  if (p.amax != nullptr) {
+    zero_bytes(input.device_index, p.amax, size_t(layout.groups()) * kStride * sizeof(float),
+               stream);
   }
-  Params cast = p;
-  if (current != nullptr) cast.amax = nullptr;  // measured by the amax pass
-  if (has_rows) {
-    if (input.dtype == FP8KIT_FLOAT32) launch_cast<FP8KIT_FLOAT32>(cast, grid, output.dtype, s);
-    else if (input.dtype == FP8KIT_BFLOAT16) launch_cast<FP8KIT_BFLOAT16>(cast, grid, output.dtype, s);
-    else launch_cast<FP8KIT_FLOAT16>(cast, grid, output.dtype, s);
-  }
-  if (current == nullptr) {
-    scales_kernel<<<scale_blocks, 128, 0, s>>>(p, false, fp8_max, epsilon, pow2);
-    check_launch(kOp, "launching the grouped scales kernel");
-  }
+  return p;
+}
+
+dim3 tile_grid(const Params& p) {
+  return dim3(unsigned(ceil_div(p.features, kTile)), unsigned(ceil_div(p.rows, kTile)));
+}
+
+unsigned group_blocks(const GroupLayout& layout) {
+  return unsigned(ceil_div(layout.groups(), 128));
+}
+
+// The columnwise copy's padding columns and unused tail, zeroed.
+void finish_columnwise(const Params& p, const GroupLayout& layout, int device_index,
+                       cudaStream_t s) {
   if (p.columnwise == nullptr) return;
   pad_kernel<<<unsigned(layout.groups()), kThreads, 0, s>>>(p);
   check_launch(kOp, "launching the grouped pad kernel");
   const int64_t used = p.features * layout.column_starts[layout.groups()];
   const int64_t capacity = p.features * layout.column_tokens;
-  if (capacity > used) {
-    zero_bytes(input.device_index, p.columnwise + used, size_t(capacity - used), stream);
+  if (capacity > used) zero_bytes(device_index, p.columnwise + used, size_t(capacity - used), s);
+}
+
+}  // namespace
+
+void grouped_quantize(const fp8kit_tensor& input, const GroupLayout& layout, fp8kit_tensor& output,
+                      const fp8kit_current_scaling_config* current, void* stream) {
+  ScopedDevice device(input.device_index, kOp);
+  const auto s = static_cast<cudaStream_t>(stream);
+  const Params p = make_params(input, layout, output, stream);
+  const dim3 grid = tile_grid(p);
+  const float fp8_max = fp8kit_fp8_max(output.dtype);
+  const float epsilon = current ? current->amax_epsilon : 0.0f;
+  const bool pow2 = current && current->power_2_scale != 0;
+  if (current != nullptr) {
+    launch_amax(p, grid, input.dtype, s);
+    scales_kernel<<<group_blocks(layout), 128, 0, s>>>(p, true, fp8_max, epsilon, pow2);
+    check_launch(kOp, "launching the grouped scales kernel");
   }
+  Params cast = p;
+  if (current != nullptr) cast.amax = nullptr;  // measured by the amax pass
+  launch_cast(cast, grid, input.dtype, output.dtype, s);
+  if (current == nullptr) {
+    scales_kernel<<<group_blocks(layout), 128, 0, s>>>(p, false, fp8_max, epsilon, pow2);
+    check_launch(kOp, "launching the grouped scales kernel");
+  }
+  finish_columnwise(p, layout, input.device_index, s);
+}
+
+void grouped_quantize_delayed_update(const fp8kit_tensor& input, const GroupLayout& layout,
+                                     fp8kit_tensor& output,
+                                     const fp8kit_grouped_delayed_state& state,
+                                     const fp8kit_delayed_scaling_config& config, bool record,
+                                     void* stream) {
+  ScopedDevice device(input.device_index, kOp);
+  const auto s = static_cast<cudaStream_t>(stream);
+  Params p = make_params(input, layout, output, stream);
+  const dim3 grid = tile_grid(p);
+  const float fp8_max = fp8kit_fp8_max(output.dtype);
+  if (state.seeded != nullptr) {
+    p.seeded = state.seeded;
+    launch_amax(p, grid, input.dtype, s);
+    p.seeded = nullptr;
+  }
+  delayed_scales_kernel<<<group_blocks(layout), 128, 0, s>>>(p, state.scale, state.seeded,
+                                                              fp8_max, config.margin);
+  check_launch(kOp, "launching the grouped delayed scales kernel");
+  // The cast's atomicMax folds every group's amax in: a fresh group's
+  // again, which leaves it as it is.
+  launch_cast(p, grid, input.dtype, output.dtype, s);
+  const DelayedUpdate u{state.amax_history, state.scale, state.seeded, config.amax_history_len,
+                        config.margin, config.amax_reduction == FP8KIT_AMAX_MOST_RECENT, record,
+                        fp8_max};
+  delayed_update_kernel<<<unsigned(layout.groups()), kUpdateThreads, 0, s>>>(p, u);
+  check_launch(kOp, "launching the grouped delayed-scaling update kernel");
+  finish_columnwise(p, layout, input.device_index, s);
 }
 
 }  // namespace cuda

@@ -13,6 +13,7 @@
 #include "fp8kit/delayed_scaling.h"
 #include "fp8kit/fused_cast.h"
 #include "fp8kit/gemm.h"
+#include "fp8kit/grouped.h"
 #include "fp8kit/normalization.h"
 #include "fp8kit/quantize.h"
 #include "fp8kit/statistics.h"
@@ -82,6 +83,12 @@ void activation_backward(fp8kit_activation act, const fp8kit_tensor& d_a, const 
 // grouped_quantize.cu); `current` NULL casts with the given scales.
 void grouped_quantize(const fp8kit_tensor& input, const GroupLayout& layout, fp8kit_tensor& output,
                       const fp8kit_current_scaling_config* current, void* stream);
+// The same with a delayed-scaling state per group (validated).
+void grouped_quantize_delayed_update(const fp8kit_tensor& input, const GroupLayout& layout,
+                                     fp8kit_tensor& output,
+                                     const fp8kit_grouped_delayed_state& state,
+                                     const fp8kit_delayed_scaling_config& config, bool record,
+                                     void* stream);
 
 // Statistics of a cast (common/cuda/cast_statistics.cu).
 void cast_statistics(const fp8kit_tensor& input, const fp8kit_tensor& quantized,

@@ -52,6 +52,7 @@
 
 #include <stdint.h>
 
+#include "fp8kit/delayed_scaling.h"
 #include "fp8kit/export.h"
 #include "fp8kit/gemm.h"
 #include "fp8kit/quantize.h"
@@ -83,9 +84,9 @@ FP8KIT_API int64_t fp8kit_grouped_columnwise_tokens(int64_t tokens, int64_t grou
  *                data (rowwise [T, F]) and/or columnwise_data (the grouped
  *                columnwise copy above); scale, scale_inv, amax: per-group
  *                scales as above (amax may be NULL when `current` is NULL).
- *   current:     NULL: each group is cast with its scale in output->scale (delayed
- *                scaling: the front end keeps the per-group state and rolls
- *                the amax written here into it); else current scaling with
+ *   current:     NULL: each group is cast with its scale in output->scale
+ *                (fp8kit_grouped_quantize_delayed_update below keeps a
+ *                delayed-scaling state per group); else current scaling with
  *                this config, group g's scale written from its amax
  *                (an empty group has amax 0 and so scale 1).
  * Group g's scale_inv = 1 / the scale it was cast with. */
@@ -94,6 +95,52 @@ FP8KIT_API fp8kit_status fp8kit_grouped_quantize(const fp8kit_tensor* input,
                                                  fp8kit_tensor* output,
                                                  const fp8kit_current_scaling_config* current,
                                                  void* stream);
+
+/* Delayed scaling over groups: one scaling state per group, every pointer
+ * on the op's device, no two overlapping. Unlike the single-tensor
+ * fp8kit_delayed_quantize_state it has no amax accumulator, counter or
+ * scale_inv: each group's amax is its own rows' (nothing from elsewhere is
+ * folded in) and is written to output->amax (the CUDA update is a launch
+ * of its own, so no kernel has to count blocks to find its last one), and
+ * the GEMMs read 1/the scale used from output->scale_inv. */
+typedef struct fp8kit_grouped_delayed_state {
+  float* amax_history; /* [E, amax_history_len]: row g is group g's, element
+                        * 0 its newest amax */
+  float* scale;        /* E * FP8KIT_GROUP_SCALE_STRIDE floats, group g's at
+                        * g * FP8KIT_GROUP_SCALE_STRIDE: read (the scale of a
+                        * seeded group), written when recording */
+  float* seeded;       /* NULL (every group seeded) or laid out as scale:
+                        * 0 fresh, 1 seeded (a float, as in
+                        * fp8kit_delayed_quantize_state) */
+} fp8kit_grouped_delayed_state;
+
+/* Delayed-scaling quantization of a token-grouped input with each group's
+ * state updated, in one pass over the input (a second, reading only the
+ * rows of fresh groups, when `state->seeded` is set). Its effect on group
+ * g is exactly that of fp8kit_quantize_delayed_update on g's rows alone
+ * with g's state (its accumulator 0 on entry, no column sums):
+ *   1. the scale used: state->scale[g], or for a fresh group the seed
+ *      scale from its own amax (an empty group's amax is 0: it keeps its
+ *      scale); the scale policy of fp8kit/quantize.h applied to it;
+ *   2. its rows cast with it into output->data and its block of the
+ *      grouped columnwise copy (whichever are set); output->scale[g] =
+ *      the scale used, output->scale_inv[g] = 1 / it, output->amax[g] =
+ *      its amax (NaN written as the canonical NaN);
+ *   3. record != 0 (a pass that computes gradients): the amax rolled into
+ *      history row g and state->scale[g] recomputed by the rule of
+ *      fp8kit_delayed_scaling_update, the scale used being the previous
+ *      scale; then state->seeded[g] = 1 (when set). record == 0: the state
+ *      is left as it is.
+ *   input, group_sizes, output: as for fp8kit_grouped_quantize; output's
+ *               scale, scale_inv and amax are all required (written).
+ *   config:     amax_history_len (the columns of the history), margin and
+ *               reduction, checked as fp8kit_delayed_scaling_update does.
+ * The CPU and CUDA paths agree bit for bit. Calls sharing a state must not
+ * run concurrently. */
+FP8KIT_API fp8kit_status fp8kit_grouped_quantize_delayed_update(
+    const fp8kit_tensor* input, const fp8kit_tensor* group_sizes, fp8kit_tensor* output,
+    const fp8kit_grouped_delayed_state* state, const fp8kit_delayed_scaling_config* config,
+    int record, void* stream);
 
 /* The floats the block scales of one copy of a padded grouped tensor can
  * take: `rows` rows (at least the sum of the padded group sizes) in
