@@ -1,5 +1,6 @@
-// torch.ops.fp8kit.grouped_quantize, grouped_gemm_tokens and
-// grouped_gemm_contract: the grouped ops of the core (fp8kit/grouped.h) as
+// torch.ops.fp8kit.grouped_quantize, grouped_quantize_delayed,
+// grouped_gemm_tokens and grouped_gemm_contract: the grouped ops of the
+// core (fp8kit/grouped.h) as
 // dispatcher ops (a fragment of the fp8kit library of dispatcher_ops.cc),
 // one kernel for CPU and CUDA each, for fp8kit.torch.GroupedLinear. Their
 // fake kernels are in fp8kit/torch/_grouped_fake_ops.py. Like
@@ -10,7 +11,9 @@
 // GROUP_SCALE_STRIDE] float32 tensors (group g's value in column 0); the
 // grouped columnwise copy of [T, F] is a flat [F * (T + 15 E)] tensor
 // (fp8kit_grouped_columnwise_tokens); a copy not asked for comes back as
-// an empty [0] tensor.
+// an empty [0] tensor. grouped_quantize_delayed is functional, as
+// torch.compile needs: it returns the updated scaling state as new tensors
+// (the caller copies them into its own) rather than writing its arguments.
 #include <torch/library.h>
 
 #include <string>
@@ -109,6 +112,79 @@ Quantized grouped_quantize_op(const at::Tensor& x_in, const at::Tensor& group_si
     return fp8kit_grouped_quantize(&in, &sizes, &out, scale ? nullptr : &current, stream);
   }));
   return {data, cw, scale_out, scale_inv, amax};
+}
+
+// Delayed scaling with one state per group: amax_history [E, len], scale
+// and seeded [E, GROUP_SCALE_STRIDE] (group g's in column 0). Returns the
+// casts (data, columnwise copy, scale_inv) and the state after the call.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+grouped_quantize_delayed_op(const at::Tensor& x_in, const at::Tensor& group_sizes,
+                            at::ScalarType fp8_dtype, bool rowwise, bool columnwise,
+                            const at::Tensor& amax_history, const at::Tensor& scale,
+                            const at::Tensor& seeded, int64_t margin,
+                            const std::string& amax_reduction, bool record) {
+  constexpr const char* fn = "fp8kit::grouped_quantize_delayed";
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  const std::optional<fp8kit_dtype> f = fp8_dtype_of(fp8_dtype);
+  FP8KIT_TYPE_CHECK(f.has_value(), fn, ": fp8_dtype is ", dtype_str(fp8_dtype),
+                    "; use torch.float8_e4m3fn or torch.float8_e5m2");
+  FP8KIT_VALUE_CHECK(rowwise || columnwise, fn,
+                     ": rowwise and columnwise are both False; ask for at least one copy");
+  const at::Tensor x = contiguous_high_precision(fn, "x", x_in);
+  FP8KIT_VALUE_CHECK(x.dim() == 2, fn, ": x has shape ", shape_str(x.sizes()),
+                     "; it must be [tokens, features], the tokens sorted by group");
+  const int64_t groups = check_group_sizes(fn, group_sizes, x);
+  const fp8kit_device_type dev = device_type_of(x, fn, "x");
+  FP8KIT_TYPE_CHECK(amax_history.scalar_type() == at::kFloat, fn, ": amax_history has dtype ",
+                    dtype_str(amax_history.scalar_type()), "; the state is torch.float32");
+  FP8KIT_VALUE_CHECK(amax_history.dim() == 2 && amax_history.size(0) == groups &&
+                         amax_history.size(1) >= 1 &&
+                         amax_history.size(1) <= FP8KIT_AMAX_HISTORY_LEN_MAX,
+                     fn, ": amax_history has shape ", shape_str(amax_history.sizes()), " but [",
+                     groups, ", amax_history_len] is expected, 1 <= amax_history_len <= ",
+                     FP8KIT_AMAX_HISTORY_LEN_MAX);
+  check_contiguous(fn, "amax_history", amax_history);
+  check_same_device(fn, "amax_history", amax_history, "x", x);
+  check_group_scales(fn, "scale", scale, groups, x);
+  check_group_scales(fn, "seeded", seeded, groups, x);
+  FP8KIT_VALUE_CHECK(margin >= 0 && margin <= FP8KIT_MARGIN_MAX, fn, ": margin is ", margin,
+                     "; it must be in [0, ", FP8KIT_MARGIN_MAX, "]");
+  const fp8kit_delayed_scaling_config config{
+      static_cast<int>(amax_history.size(1)), static_cast<int>(margin),
+      parse_amax_reduction(amax_reduction, fn, "amax_reduction")};
+  DeviceScope scope(x.device());
+  at::Tensor new_history = amax_history.clone(), new_scale = scale.clone(),
+             new_seeded = seeded.clone();
+  // Zeros: the floats between the groups' scales are never written, and
+  // every output element must be defined.
+  const auto f32 = x.options().dtype(at::kFloat);
+  at::Tensor scale_used = at::zeros({groups, kStride}, f32);
+  at::Tensor scale_inv = at::zeros({groups, kStride}, f32);
+  at::Tensor amax = at::zeros({groups, kStride}, f32);
+  const int64_t tokens = x.size(0), features = x.size(1);
+  const auto fp8 = x.options().dtype(fp8_dtype);
+  at::Tensor data = rowwise ? at::empty({tokens, features}, fp8) : at::empty({0}, fp8);
+  at::Tensor cw = at::empty(
+      {columnwise ? features * fp8kit_grouped_columnwise_tokens(tokens, groups) : 0}, fp8);
+  const fp8kit_tensor in = describe(x, *high_precision_dtype(x.scalar_type()), dev);
+  fp8kit_tensor out = in;
+  out.dtype = *f;
+  out.scaling_mode = FP8KIT_SCALING_PER_TENSOR;
+  out.data = rowwise ? data.data_ptr() : nullptr;
+  out.columnwise_data = columnwise ? cw.data_ptr() : nullptr;
+  out.scale = scale_used.data_ptr<float>();
+  out.scale_inv = scale_inv.data_ptr<float>();
+  out.amax = amax.data_ptr<float>();
+  const fp8kit_grouped_delayed_state state{new_history.data_ptr<float>(),
+                                           new_scale.data_ptr<float>(),
+                                           new_seeded.data_ptr<float>()};
+  const fp8kit_tensor sizes = describe_sizes(group_sizes);
+  void* stream = current_stream(x.device());
+  check_status(call_core(dev == FP8KIT_DEVICE_CPU, [&] {
+    return fp8kit_grouped_quantize_delayed_update(&in, &sizes, &out, &state, &config,
+                                                  record ? 1 : 0, stream);
+  }));
+  return {data, cw, scale_inv, new_history, new_scale, new_seeded};
 }
 
 fp8kit_tensor describe_fp8(const char* fn, const char* arg, const at::Tensor& t,
@@ -256,6 +332,7 @@ at::Tensor grouped_gemm_contract_op(const at::Tensor& a_columnwise, const at::Te
 
 void register_grouped_kernels(torch::Library& m) {
   m.impl("grouped_quantize", &grouped_quantize_op);
+  m.impl("grouped_quantize_delayed", &grouped_quantize_delayed_op);
   m.impl("grouped_gemm_tokens", &grouped_gemm_tokens_op);
   m.impl("grouped_gemm_contract", &grouped_gemm_contract_op);
 }
@@ -268,6 +345,11 @@ TORCH_LIBRARY_FRAGMENT(fp8kit, m) {
       "grouped_quantize(Tensor x, Tensor group_sizes, ScalarType fp8_dtype, bool rowwise, bool "
       "columnwise, Tensor? scale=None, float amax_epsilon=0., bool power_2_scale=False) -> "
       "(Tensor data, Tensor columnwise_data, Tensor scale, Tensor scale_inv, Tensor amax)");
+  m.def(
+      "grouped_quantize_delayed(Tensor x, Tensor group_sizes, ScalarType fp8_dtype, bool rowwise, "
+      "bool columnwise, Tensor amax_history, Tensor scale, Tensor seeded, int margin, str "
+      "amax_reduction, bool record) -> (Tensor data, Tensor columnwise_data, Tensor scale_inv, "
+      "Tensor new_amax_history, Tensor new_scale, Tensor new_seeded)");
   m.def(
       "grouped_gemm_tokens(Tensor a, Tensor a_scale_inv, Tensor? b, Tensor? b_columnwise, "
       "Tensor b_scale_inv, Tensor group_sizes, bool trans_b, ScalarType out_dtype, Tensor? "

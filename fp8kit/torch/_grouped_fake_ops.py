@@ -1,6 +1,7 @@
 """Fake (meta) kernels of the grouped dispatcher ops
 (torch_ext/grouped_ops.cc), as _fake_ops has those of the others: output
-shapes, dtypes and devices only, by the C++ kernels' rules. Per-group
+shapes, dtypes and devices only, by the C++ kernels' rules (the state
+grouped_quantize_delayed returns is shaped as the one it takes). Per-group
 scales are float32 [E, GROUP_SCALE_STRIDE]; the grouped columnwise copy of
 [T, F] is flat, F * columnwise_tokens(T, E) elements; a copy not asked for
 is an empty [0] tensor."""
@@ -32,6 +33,15 @@ def _grouped_quantize(x, group_sizes, fp8_dtype, rowwise, columnwise, scale=None
     cw = x.new_empty((features * columnwise_tokens(tokens, groups),) if columnwise else (0,),
                      dtype=fp8_dtype)
     return data, cw, _scales(x, groups), _scales(x, groups), _scales(x, groups)
+
+
+@torch.library.register_fake("fp8kit::grouped_quantize_delayed")
+def _grouped_quantize_delayed(x, group_sizes, fp8_dtype, rowwise, columnwise, amax_history,
+                              scale, seeded, margin, amax_reduction, record):
+    data, cw, _, scale_inv, _ = _grouped_quantize(x, group_sizes, fp8_dtype, rowwise,
+                                                  columnwise)
+    return (data, cw, scale_inv, torch.empty_like(amax_history), torch.empty_like(scale),
+            torch.empty_like(seeded))
 
 
 @torch.library.register_fake("fp8kit::grouped_gemm_tokens")

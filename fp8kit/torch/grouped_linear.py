@@ -16,33 +16,60 @@ Counts on the host cost nothing; counts on the GPU are read back by each
 grouped call (a wait for the stream), since the per-expert GEMMs are
 planned on the host (fp8kit/grouped.h).
 
-Under CurrentScaling every operand has one scale per expert, from that
-expert's own amax: its tokens of x and of the output gradient, its
-weight matrix. The casts of all experts are one launch per tensor
-(torch.ops.fp8kit.grouped_quantize), the GEMMs one call per pass
-(grouped_gemm_tokens: forward and dgrad; grouped_gemm_contract: wgrad,
-over each expert's tokens). Backward keeps x and w in FP8 only. The bias
-gradient is each expert's sum of the output gradient, in float32.
+Every operand has one scale per expert: its tokens of x and of the
+output gradient, its weight matrix. Under CurrentScaling each comes from
+that expert's own amax. Under DelayedScaling each expert has a scaling
+state per operand, as if it were an fp8kit.torch.Linear of its own, and
+the layer follows Linear's protocol (common/include/fp8kit/linear.h): a
+fresh state takes its first scale from the tensor's own amax; a forward
+that computes gradients records the amaxes of x and w into their
+histories and recomputes their scales, its backward those of the output
+gradient; a forward that computes none (inference) casts with the current
+scales and records nothing. An expert with no tokens in a step records
+amax 0 for x (keeping its scale) and, as a Linear given no tokens, nothing
+for the output gradient, whose cast it skips. So over any sequence of
+steps the layer computes the same bits as one Linear per expert run on
+that expert's tokens.
+
+The delayed-scaling state is three buffers, in the state_dict, made on
+the first DelayedScaling forward (and made anew, fresh, when a recipe
+with another amax_history_len runs): fp8_amax_history [3, E,
+amax_history_len] (element 0 the newest), fp8_scale and fp8_seeded [3, E,
+GROUP_SCALE_STRIDE] (expert e's value in column 0, seeded 0.0 or 1.0),
+the rows input, weight, grad_output. The grouped cast returns the new
+state (torch.ops.fp8kit.grouped_quantize_delayed is functional) and the
+layer copies it into the buffers, eagerly and under torch.compile alike.
+A checkpoint without them loads with a fresh state.
+
+The casts of all experts are one launch per tensor
+(torch.ops.fp8kit.grouped_quantize / grouped_quantize_delayed), the GEMMs
+one call per pass (grouped_gemm_tokens: forward and dgrad;
+grouped_gemm_contract: wgrad, over each expert's tokens). Backward keeps
+x and w in FP8 only. The bias gradient is each expert's sum of the
+output gradient, in float32.
 
 Outside autocast the layer runs in high precision: torch._grouped_mm on
 CUDA for bfloat16 where PyTorch has it, else one matmul per expert.
-DelayedScaling (a scaling history per expert) and BlockScaling are not
-supported by GroupedLinear yet and raise NotImplementedError.
+BlockScaling is not supported by GroupedLinear yet and raises
+NotImplementedError.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple, Optional
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
-from fp8kit.recipe import CurrentScaling
+from fp8kit.recipe import CurrentScaling, DelayedScaling
 from fp8kit.torch import _checks
 from fp8kit.torch._ext import ext
 from fp8kit.torch.autocast import STATE as _AUTOCAST
 
 _ops = torch.ops.fp8kit
 _NAME = "fp8kit.torch.GroupedLinear"
+_STATE_BUFFERS = ("fp8_amax_history", "fp8_scale", "fp8_seeded")
 
 
 def _positive_int(name: str, value) -> int:
@@ -67,6 +94,10 @@ class GroupedLinear(torch.nn.Module):
             self.bias = torch.nn.Parameter(torch.empty((num_experts, out_features), **factory))
         else:
             self.register_parameter("bias", None)
+        # The delayed-scaling state, made by the first DelayedScaling forward
+        # (None buffers are left out of the state_dict until then).
+        for name in _STATE_BUFFERS:
+            self.register_buffer(name, None)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -93,13 +124,55 @@ class GroupedLinear(torch.nn.Module):
         if recipe is None:
             y = _high_precision(x, weight, bias, sizes)
         elif type(recipe) is CurrentScaling:
-            y = _fp8(recipe, x, weight, bias, sizes)
+            y = _fp8(recipe, x, weight, bias, sizes, None)
+        elif type(recipe) is DelayedScaling:
+            y = _fp8(recipe, x, weight, bias, sizes, self._delayed_state(recipe))
         else:
             raise NotImplementedError(
                 f"{_NAME}: the recipe is {type(recipe).__name__}, but GroupedLinear runs FP8 "
-                "with CurrentScaling only so far (one scale per expert from its own amax); "
-                "use fp8kit.recipe.CurrentScaling for this layer")
+                "with CurrentScaling or DelayedScaling only so far (one scale per expert); "
+                "use one of those for this layer")
         return y.reshape(*input.shape[:-1], self.out_features)
+
+    def _delayed_state(self, recipe):
+        """(fp8_amax_history, fp8_scale, fp8_seeded) for `recipe`."""
+        _make_state(self, recipe.amax_history_len)
+        return self.fp8_amax_history, self.fp8_scale, self.fp8_seeded
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        # The state is loaded into buffers of the saved history length (any
+        # other mismatch is torch's size error); a checkpoint without it
+        # starts the state fresh.
+        history = state_dict.get(prefix + "fp8_amax_history")
+        if isinstance(history, torch.Tensor) and history.dim() > 0:
+            self.fp8_amax_history = None
+            _make_state(self, history.shape[-1])
+        else:
+            for name in _STATE_BUFFERS:
+                setattr(self, name, None)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+
+
+@torch.compiler.assume_constant_result
+def _make_state(layer, amax_history_len: int) -> None:
+    """Makes layer's delayed-scaling buffers, fresh, when it has none or
+    ones of another history length. Under torch.compile this runs at trace
+    time, outside the graph: buffers made in the graph would be its
+    intermediates, which AOTAutograd refuses to let the backward update,
+    while buffers made here are graph inputs, guarded as any (a later
+    change of them, or of the recipe, traces again)."""
+    history = layer.fp8_amax_history
+    if history is not None and history.shape[-1] == amax_history_len:
+        return
+    shape = (ext.NUM_SLOTS, layer.num_experts)
+    opts = {"dtype": torch.float32, "device": layer.weight.device}
+    # Real tensors even where a non-strict torch.export's fake mode is on.
+    with _disable_current_modes():
+        layer.fp8_amax_history = torch.zeros(shape + (amax_history_len,), **opts)
+        layer.fp8_scale = torch.ones(shape + (ext.GROUP_SCALE_STRIDE,), **opts)
+        layer.fp8_seeded = torch.zeros(shape + (ext.GROUP_SCALE_STRIDE,), **opts)
 
 
 def _check_input(input, in_features: int) -> torch.Tensor:
@@ -155,7 +228,20 @@ def _high_precision(x, weight, bias, sizes) -> torch.Tensor:
     return y
 
 
-def _fp8(recipe, x, weight, bias, sizes) -> torch.Tensor:
+class _Config(NamedTuple):
+    """What a call's casts and GEMMs need of the recipe and the pass."""
+    fwd: torch.dtype
+    bwd: torch.dtype
+    fast: bool             # forward_fast_accumulation
+    dgrad: bool
+    wgrad: bool
+    amax_epsilon: float    # CurrentScaling
+    power_2_scale: bool    # CurrentScaling
+    margin: int            # DelayedScaling
+    amax_reduction: str    # DelayedScaling
+
+
+def _fp8(recipe, x, weight, bias, sizes, state: Optional[tuple]) -> torch.Tensor:
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and t.dtype != x.dtype:
             raise RuntimeError(f"{_NAME}: input has dtype {x.dtype} but {name} has dtype "
@@ -170,32 +256,62 @@ def _fp8(recipe, x, weight, bias, sizes) -> torch.Tensor:
     dgrad = grad and x.requires_grad
     wgrad = grad and weight.requires_grad
     fmt = recipe.fp8_format
-    cfg = (_checks.TORCH_FP8[fmt.forward_dtype], _checks.TORCH_FP8[fmt.backward_dtype],
-           float(recipe.amax_epsilon), bool(recipe.power_2_scale),
-           bool(recipe.forward_fast_accumulation), dgrad, wgrad)
+    delayed = state is not None
+    cfg = _Config(_checks.TORCH_FP8[fmt.forward_dtype], _checks.TORCH_FP8[fmt.backward_dtype],
+                  bool(recipe.forward_fast_accumulation), dgrad, wgrad,
+                  0.0 if delayed else float(recipe.amax_epsilon),
+                  False if delayed else bool(recipe.power_2_scale),
+                  recipe.margin if delayed else 0,
+                  recipe.amax_reduction.value if delayed else "max")
     x = x.contiguous()
     if dgrad or wgrad or (grad and bias is not None and bias.requires_grad):
-        return _GroupedLinearFunction.apply(x, weight.contiguous(), bias, sizes, cfg)
-    return _forward(None, x, weight.contiguous(), bias, sizes, cfg)
+        return _GroupedLinearFunction.apply(x, weight.contiguous(), bias, sizes, cfg, state)
+    return _forward(None, x, weight.contiguous(), bias, sizes, cfg, state)
+
+
+def _quantize(x, sizes, fp8, rowwise, columnwise, cfg, state, slot, record, skip_empty=False):
+    """(data, columnwise copy, scale_inv) of the token-grouped x: current
+    scaling (state None), or delayed with row `slot` of the state, whose
+    buffers receive the new state when `record`, except the rows of groups
+    with no tokens when `skip_empty`."""
+    if state is None:
+        data, cw, _, scale_inv, _ = _ops.grouped_quantize(x, sizes, fp8, rowwise, columnwise,
+                                                          None, cfg.amax_epsilon,
+                                                          cfg.power_2_scale)
+        return data, cw, scale_inv
+    old = [t[slot] for t in state]
+    data, cw, scale_inv, *new = _ops.grouped_quantize_delayed(
+        x, sizes, fp8, rowwise, columnwise, *old, cfg.margin, cfg.amax_reduction, record)
+    if record:
+        if skip_empty:
+            used = (sizes > 0).to(x.device).unsqueeze(1)
+            new = [torch.where(used, n, o) for n, o in zip(new, old)]
+        # Whole buffers copied: AOTAutograd takes a backward's mutation of
+        # a forward input as a copy_ into it, not as one into a view.
+        for t, n in zip(state, new):
+            t.copy_(torch.cat([t[:slot], n.unsqueeze(0), t[slot + 1:]]))
+    return data, cw, scale_inv
 
 
 class _GroupedLinearFunction(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, x, weight, bias, sizes, cfg):
-        return _forward(ctx, x, weight, bias, sizes, cfg)
+    def forward(ctx, x, weight, bias, sizes, cfg, state):
+        return _forward(ctx, x, weight, bias, sizes, cfg, state)
 
     @staticmethod
     def backward(ctx, dy):
         x_cw, x_sinv, w_cw, w_sinv, sizes = ctx.saved_tensors
-        _, bwd, eps, pow2, _, dgrad, wgrad = ctx.cfg
+        cfg = ctx.cfg
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        dgrad, wgrad = dgrad and need_x, wgrad and need_w
+        dgrad, wgrad = cfg.dgrad and need_x, cfg.wgrad and need_w
         dy = dy.contiguous()
         dx = dw = db = None
         if dgrad or wgrad:
-            dy_d, dy_cw, _, dy_sinv, _ = _ops.grouped_quantize(dy, sizes, bwd, dgrad, wgrad, None,
-                                                               eps, pow2)
+            # An expert with no tokens records nothing here, as a Linear
+            # given no tokens casts no output gradient.
+            dy_d, dy_cw, dy_sinv = _quantize(dy, sizes, cfg.bwd, dgrad, wgrad, cfg, ctx.state,
+                                             ext.SLOT_GRAD_OUTPUT, True, skip_empty=True)
             if dgrad:
                 dx = _ops.grouped_gemm_tokens(dy_d, dy_sinv, None, w_cw, w_sinv, sizes, False,
                                               dy.dtype)
@@ -207,31 +323,35 @@ class _GroupedLinearFunction(torch.autograd.Function):
             db = torch.zeros((sizes.shape[0], dy.shape[1]), dtype=torch.float32,
                              device=dy.device).index_add_(0, experts, dy.float())
             db = db.to(ctx.bias_dtype)
-        return dx, dw, db, None, None
+        return dx, dw, db, None, None, None
 
 
-def _forward(ctx, x, weight, bias, sizes, cfg):
+def _forward(ctx, x, weight, bias, sizes, cfg, state):
     """y = x_e @ w_e^T (+ b_e) per expert e; with ctx (a pass computing
-    gradients) it saves the FP8 copies backward reads."""
-    fwd, _, eps, pow2, fast, dgrad, wgrad = cfg
+    gradients, which records the casts' amaxes under delayed scaling) it
+    saves the FP8 copies backward reads."""
     experts, n, k = weight.shape
-    x_d, x_cw, _, x_sinv, _ = _ops.grouped_quantize(x, sizes, fwd, True, wgrad, None, eps, pow2)
+    record = ctx is not None
+    x_d, x_cw, x_sinv = _quantize(x, sizes, cfg.fwd, True, cfg.wgrad, cfg, state,
+                                  ext.SLOT_INPUT, record)
     # The weights as E groups of n rows: the grouped columnwise copy then
     # begins with each expert's transpose [k, n], back to back (n is a
     # multiple of 16, so no block is padded).
     w_sizes = torch.full((experts,), n, dtype=torch.int64)
-    w_d, w_cw, _, w_sinv, _ = _ops.grouped_quantize(weight.reshape(experts * n, k), w_sizes, fwd,
-                                                    True, dgrad, None, eps, pow2)
+    w_d, w_cw, w_sinv = _quantize(weight.reshape(experts * n, k), w_sizes, cfg.fwd, True,
+                                  cfg.dgrad, cfg, state, ext.SLOT_WEIGHT, record)
     # The bias epilogue takes a bias in D's dtype for 16-bit outputs and
     # would round a float32 bias to bfloat16 for a float32 output.
     fused_bias = bias if bias is not None and x.dtype != torch.float32 else None
     y = _ops.grouped_gemm_tokens(x_d, x_sinv, w_d.view(experts, n, k), None, w_sinv, sizes, True,
-                                 x.dtype, fused_bias, not fast)
+                                 x.dtype, fused_bias, not cfg.fast)
     if bias is not None and fused_bias is None:
         y = y + bias[_token_experts(sizes, x.shape[0], x.device)]
     if ctx is not None:
         ctx.cfg = cfg
+        # The state is not saved: the backward's cast updates the buffers.
+        ctx.state = state
         ctx.bias_dtype = None if bias is None else bias.dtype
-        w_kept = w_cw[:experts * k * n].view(experts, k, n) if dgrad else None
-        ctx.save_for_backward(x_cw if wgrad else None, x_sinv, w_kept, w_sinv, sizes)
+        w_kept = w_cw[:experts * k * n].view(experts, k, n) if cfg.dgrad else None
+        ctx.save_for_backward(x_cw if cfg.wgrad else None, x_sinv, w_kept, w_sinv, sizes)
     return y

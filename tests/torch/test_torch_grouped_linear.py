@@ -1,7 +1,9 @@
 """fp8kit.torch.GroupedLinear: against fp8kit's own Linear run expert by
-expert (bit-identical outputs and gradients), against high precision
-within FP8's error, empty and single experts, bad counts, the dispatcher
-ops under opcheck, and torch.compile with no graph break."""
+expert (bit-identical outputs and gradients; under DelayedScaling over
+several steps, the scaling states too), against high precision within
+FP8's error, empty and single experts, bad counts, the dispatcher ops
+under opcheck, torch.compile with no graph break, and the delayed-scaling
+state: inference, state_dict, history length changes."""
 
 import copy
 
@@ -11,7 +13,7 @@ import torch._dynamo.testing
 import torch.nn.functional as F
 
 from compile_helpers import fresh_dynamo  # noqa: F401  (autouse fixture)
-from fp8kit.recipe import BlockScaling, CurrentScaling, DelayedScaling
+from fp8kit.recipe import AmaxReduction, BlockScaling, CurrentScaling, DelayedScaling
 from fp8kit.torch import GroupedLinear, Linear, autocast
 from test_torch_dispatcher_ops import opcheck
 from torch_reference import DEVICES, assert_bits_equal, device_of
@@ -169,9 +171,9 @@ def test_bad_inputs_and_recipes_are_refused():
         layer(torch.randn(8, 12), [4, 4])
     with pytest.raises(TypeError, match="torch.int64"):
         layer(torch.ones(8, 16, dtype=torch.int64), [4, 4])
-    for recipe in (DelayedScaling(), BlockScaling()):
-        with autocast(recipe=recipe), pytest.raises(NotImplementedError, match="CurrentScaling"):
-            layer(torch.randn(8, 16), [4, 4])
+    with autocast(recipe=BlockScaling()), pytest.raises(NotImplementedError,
+                                                        match="CurrentScaling or DelayedScaling"):
+        layer(torch.randn(8, 16), [4, 4])
     odd = make(2, 24, 16)
     with autocast(recipe=RECIPE), pytest.raises(ValueError, match="in_features is 24"):
         odd(torch.randn(8, 24), [4, 4])
@@ -193,6 +195,12 @@ def test_dispatcher_ops_pass_opcheck():
     opcheck(ops.grouped_gemm_contract.default, (cw, sinv, cw, sinv, sizes, 16, torch.float32))
     scale = torch.ones(3, 4)
     opcheck(ops.grouped_quantize.default, (x, sizes, torch.float8_e5m2, False, True, scale))
+    history = torch.rand(3, 5)
+    seeded = torch.tensor([[0.0] * 4, [1.0] * 4, [0.0] * 4])
+    for record in (False, True):
+        opcheck(ops.grouped_quantize_delayed.default,
+                (x, sizes, torch.float8_e4m3fn, True, True, history, scale * 2, seeded, 1,
+                 "max", record))
 
 
 def test_compiles_with_no_graph_break():
@@ -209,10 +217,10 @@ def test_compiles_with_no_graph_break():
     assert counter.frame_count == 1
 
 
-def run_compiled(fn, module, x, dy, sizes):
+def run_compiled(fn, module, x, dy, sizes, recipe=RECIPE):
     x = x.detach().requires_grad_()
     module.zero_grad(set_to_none=True)
-    with autocast(recipe=RECIPE):
+    with autocast(recipe=recipe):
         y = fn(x, sizes)
     y.backward(dy)
     return y.detach(), x.grad, module.weight.grad, module.bias.grad
@@ -232,3 +240,186 @@ def test_cuda_matches_cpu_and_reads_counts_from_the_device():
     hp = _high(copy.deepcopy(gpu_layer), x.to(dev), dy.to(dev), sizes)
     want = _high(layer, x, dy, sizes)
     torch.testing.assert_close(hp[0].cpu().float(), want[0].float(), rtol=2e-2, atol=2e-2)
+
+
+# ------------------------------------------------------ DelayedScaling --
+
+DELAYED = DelayedScaling(amax_history_len=4)
+# Token counts per step, each expert without tokens in some step (expert
+# 1 in the first, so its output-gradient state starts in a later one).
+STEPS = [[5, 0, 37, 16], [9, 12, 0, 20], [0, 30, 3, 11], [16, 16, 16, 16], [7, 1, 0, 2]]
+
+
+def expert_linears(layer):
+    """One fp8kit.torch.Linear per expert, holding its weight and bias."""
+    lins = []
+    for e in range(layer.num_experts):
+        lin = Linear(layer.in_features, layer.out_features, bias=layer.bias is not None,
+                     dtype=layer.weight.dtype, device=layer.weight.device)
+        with torch.no_grad():
+            lin.weight.copy_(layer.weight[e])
+            if layer.bias is not None:
+                lin.bias.copy_(layer.bias[e])
+        lins.append(lin)
+    return lins
+
+
+def run_experts(lins, x, dy, sizes, recipe):
+    ys, dxs, dws, dbs = [], [], [], []
+    for lin, xe, dye in zip(lins, torch.split(x.detach(), sizes), torch.split(dy, sizes)):
+        lin.zero_grad(set_to_none=True)
+        xe = xe.clone().requires_grad_()
+        with autocast(recipe=recipe):
+            ye = lin(xe)
+        ye.backward(dye)
+        ys.append(ye.detach())
+        dxs.append(xe.grad)
+        dws.append(lin.weight.grad)
+        dbs.append(lin.bias.grad)
+    return torch.cat(ys), torch.cat(dxs), torch.stack(dws), torch.stack(dbs)
+
+
+def step_inputs(step, sizes, layer):
+    """Step `step`'s x and dy, their scale changing from step to step."""
+    x, dy = inputs(sizes, layer.in_features, layer.out_features, layer.weight.dtype,
+                   layer.weight.device, seed=10 + step)
+    return (x.detach() * (1 + step % 3)).requires_grad_(), dy / (1 + step)
+
+
+def grow_weights(*modules):
+    """The same change of every weight (the weights' amaxes then move too)."""
+    with torch.no_grad():
+        for m in modules:
+            m.weight.mul_(1.5)
+
+
+def expect_states_equal(layer, lins, recipe):
+    for e, lin in enumerate(lins):
+        want = lin.fp8_state_arrays(recipe)["linear"]
+        got = {"amax_history": layer.fp8_amax_history[:, e], "scale": layer.fp8_scale[:, e, 0],
+               "seeded": layer.fp8_seeded[:, e, 0]}
+        for key, t in got.items():
+            assert_bits_equal(t.cpu(), torch.from_numpy(want[key]))
+
+
+def expect_steps_equal(got, want):
+    y, dx, dw, db = got
+    ry, rdx, rdw, rdb = want
+    assert_bits_equal(y, ry)
+    assert_bits_equal(dx, rdx)
+    assert_bits_equal(dw, rdw)
+    torch.testing.assert_close(db.float(), rdb.float(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("recipe", [DELAYED, DelayedScaling(amax_history_len=2, margin=1,
+                                                            amax_reduction=AmaxReduction.MOST_RECENT)])
+def test_delayed_equals_one_linear_per_expert_over_steps(device, dtype, recipe):
+    dev = device_of(device)
+    layer = make(4, 32, 48, dtype=dtype, device=dev)
+    lins = expert_linears(layer)
+    for step, sizes in enumerate(STEPS):
+        x, dy = step_inputs(step, sizes, layer)
+        expect_steps_equal(run(layer, x, dy, sizes, recipe),
+                           run_experts(lins, x, dy, sizes, recipe))
+        expect_states_equal(layer, lins, recipe)
+        grow_weights(layer, *lins)
+    assert torch.all(layer.fp8_seeded[..., 0] == 1)
+
+
+def snapshot(layer):
+    return [t.clone() for t in (layer.fp8_amax_history, layer.fp8_scale, layer.fp8_seeded)]
+
+
+def test_delayed_inference_records_nothing():
+    layer = make(3, 32, 16)
+    lins = expert_linears(layer)
+    sizes = [6, 0, 9]
+    x, dy = inputs(sizes, 32, 16)
+    with torch.no_grad(), autocast(recipe=DELAYED):
+        y = layer(x, sizes)  # fresh: each expert's own amax gives its scales
+    fresh = snapshot(layer)
+    assert torch.all(fresh[0] == 0) and torch.all(fresh[1] == 1) and torch.all(fresh[2] == 0)
+    with torch.no_grad(), autocast(recipe=DELAYED):
+        want = torch.cat([lin(xe) for lin, xe in zip(lins, torch.split(x, sizes))])
+    assert_bits_equal(y, want)
+    run(layer, x, dy, sizes, DELAYED)
+    run_experts(lins, x, dy, sizes, DELAYED)
+    trained = snapshot(layer)
+    x2 = x.detach() * 3
+    with torch.no_grad(), autocast(recipe=DELAYED):
+        y = layer(x2, sizes)
+        want = torch.cat([lin(xe) for lin, xe in zip(lins, torch.split(x2, sizes))])
+    assert_bits_equal(y, want)
+    with autocast(recipe=DELAYED):  # nothing requires grad: no gradient pass either
+        layer.requires_grad_(False)
+        layer(x2, sizes)
+    for got, before in zip(snapshot(layer), trained):
+        assert_bits_equal(got, before)
+    expect_states_equal(layer, lins, DELAYED)
+
+
+def test_delayed_state_dict_round_trip():
+    layer = make(4, 32, 48)
+    for step, sizes in enumerate(STEPS[:2]):
+        run(layer, *step_inputs(step, sizes, layer), sizes, DELAYED)
+    saved = copy.deepcopy(layer.state_dict())
+    assert saved["fp8_amax_history"].shape == (3, 4, 4)
+    loaded = make(4, 32, 48, seed=5)
+    loaded.load_state_dict(saved)  # made with the saved shapes
+    other = make(4, 32, 48, seed=6)
+    run(other, *step_inputs(0, STEPS[0], other), STEPS[0], DelayedScaling(amax_history_len=9))
+    other.load_state_dict(saved)  # a state of another length replaced
+    for m in (loaded, other):
+        for name in ("fp8_amax_history", "fp8_scale", "fp8_seeded"):
+            assert_bits_equal(getattr(m, name), getattr(layer, name))
+    sizes = STEPS[2]
+    x, dy = step_inputs(2, sizes, layer)
+    want = run(layer, x, dy, sizes, DELAYED)
+    for m in (loaded, other):
+        for got, w in zip(run(m, x, dy, sizes, DELAYED), want):
+            assert_bits_equal(got, w)
+    # A checkpoint without the state (a CurrentScaling layer's) starts it fresh.
+    plain = make(4, 32, 48)
+    run(plain, *step_inputs(0, STEPS[0], plain), STEPS[0])
+    assert "fp8_amax_history" not in plain.state_dict()
+    loaded.load_state_dict(plain.state_dict())
+    assert loaded.fp8_amax_history is None and "fp8_scale" not in loaded.state_dict()
+
+
+def test_delayed_history_length_change_starts_fresh():
+    layer = make(4, 32, 48)
+    fresh = copy.deepcopy(layer)
+    for step, sizes in enumerate(STEPS[:2]):
+        run(layer, *step_inputs(step, sizes, layer), sizes, DELAYED)
+    longer = DelayedScaling(amax_history_len=7)
+    x, dy = step_inputs(2, STEPS[2], layer)
+    got = run(layer, x, dy, STEPS[2], longer)
+    want = run(fresh, x, dy, STEPS[2], longer)
+    assert layer.fp8_amax_history.shape == (3, 4, 7)
+    for g, w in zip(got, want):
+        assert_bits_equal(g, w)
+    for name in ("fp8_amax_history", "fp8_scale", "fp8_seeded"):
+        assert_bits_equal(getattr(layer, name), getattr(fresh, name))
+
+
+def test_delayed_compiles_bit_identical_to_eager():
+    layer = make(4, 32, 48)
+    compiled = copy.deepcopy(layer)
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    fn = torch.compile(compiled, backend=counter, fullgraph=True)
+    # One token count (a new one would compile again), experts' shares moving.
+    for step, sizes in enumerate([[16, 0, 37, 11], [9, 12, 0, 43], [0, 30, 3, 31],
+                                  [16, 16, 16, 16]]):
+        x, dy = step_inputs(step, sizes, layer)
+        sizes = torch.tensor(sizes)
+        want = run(layer, x, dy, sizes, DELAYED)
+        got = run_compiled(fn, compiled, x, dy, sizes, DELAYED)
+        for g, w in zip(got, want):
+            assert_bits_equal(g, w)
+        for name in ("fp8_amax_history", "fp8_scale", "fp8_seeded"):
+            assert_bits_equal(getattr(compiled, name), getattr(layer, name))
+        grow_weights(layer, compiled)
+    # The state is made while the first call traces, as graph inputs.
+    assert counter.frame_count == 1
