@@ -31,8 +31,8 @@ cost of SwiGLU's input kept for backward in float32.
 
 A mixture-of-experts config (experts > 0) replaces each MLP with
 moe_torch.MoEMLP: its RMSNorm, a float32 router and the experts as two
-fp8kit.torch.GroupedLinear layers (FP8 under CurrentScaling, bf16 with
-no recipe), whatever FP8Layers says.
+fp8kit.torch.GroupedLinear layers (FP8 under CurrentScaling or
+DelayedScaling, bf16 with no recipe), whatever FP8Layers says.
 """
 
 from __future__ import annotations
@@ -329,7 +329,10 @@ def _fp8_linears(model: Llama) -> dict:
     for i, layer in enumerate(model.layers):
         out[f"layers.{i}.qkv"] = (layer.attention.qkv.layer, "linear")
         out[f"layers.{i}.wo"] = (layer.attention.wo, "linear")
-        if not isinstance(layer.mlp, MoEMLP):  # GroupedLinear keeps no scaling state
+        # A GroupedLinear's delayed-scaling state is its own buffers (in the
+        # state_dict), not among checkpoint.FP8_LINEARS: a run resumed from
+        # these arrays starts the experts' states fresh.
+        if not isinstance(layer.mlp, MoEMLP):
             out[f"layers.{i}.mlp.fc1"] = (layer.mlp.layer, "fc1")
             out[f"layers.{i}.mlp.fc2"] = (layer.mlp.layer, "fc2")
     return out

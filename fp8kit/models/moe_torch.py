@@ -11,8 +11,9 @@ with the router's weights.
 
 The router stays in float32 (as MoE training code keeps it: its scores
 pick the experts, and a rounding flip changes a token's route). The
-experts run in FP8 inside fp8kit.torch.autocast (CurrentScaling: one
-scale per expert and operand), else in bf16 like the dense model's MLP.
+experts run in FP8 inside fp8kit.torch.autocast (one scale per expert
+and operand: CurrentScaling's from its amax, DelayedScaling's from its
+own history), else in bf16 like the dense model's MLP.
 The group sizes are counted on the device (no host sync here; each
 grouped FP8 call reads them back, fp8kit/grouped.h).
 

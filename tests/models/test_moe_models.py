@@ -1,7 +1,7 @@
 """The mixture-of-experts decoder (experts > 0) in PyTorch and JAX:
 routing, the models against the float64 reference (llama_reference.py,
 which routes each token itself) and each other, FP8 tracking it, the
-weight layout, and training."""
+weight layout, training, and the PyTorch experts' delayed-scaling state."""
 
 import dataclasses
 
@@ -19,6 +19,7 @@ from fp8kit.models.moe_torch import route
 from fp8kit.models.train_jax import JaxTrainer
 from fp8kit.models.train_torch import TorchTrainer
 from fp8kit.recipe import CurrentScaling, DelayedScaling
+from fp8kit.torch import GroupedLinear
 from small_config import SMALL, SMALL_TRAIN
 
 MOE = dataclasses.replace(SMALL, experts=4, top_k=2, init_std=0.1)
@@ -134,10 +135,18 @@ def test_fp8_moe_model_trains(trainer_cls):
     assert np.mean(losses[-3:]) < losses[0] - 0.3, losses
 
 
-def test_moe_needs_current_scaling_for_its_experts(params):
+def test_delayed_scaling_keeps_a_state_per_expert():
     model = llama_torch.Llama(MOE, DelayedScaling())
-    with pytest.raises(NotImplementedError, match="CurrentScaling"):
-        model(torch.zeros(1, 8, dtype=torch.long))
+    model(torch.zeros(1, 8, dtype=torch.long)).float().sum().backward()
+    experts = [m for m in model.modules() if isinstance(m, GroupedLinear)]
+    assert experts
+    for layer in experts:
+        assert layer.fp8_amax_history.shape == (3, MOE.experts, 16)
+        # Every expert's weight slot is recorded, whatever its tokens.
+        assert torch.all(layer.fp8_seeded[1, :, 0] == 1)
+
+
+def test_jax_experts_need_current_scaling(params):
     with pytest.raises(NotImplementedError, match="CurrentScaling"):
         jax_logits(params, np.zeros((1, 8), np.int64), DelayedScaling())
 
