@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "block_ops.h"
 #include "core_calls.h"
 #include "descriptors.h"
 #include "errors.h"
@@ -294,6 +295,17 @@ void register_ops(py::module_& m) {
   // Floats from one group's scale to the next (fp8kit/grouped.h).
   m.attr("GROUP_SCALE_STRIDE") = FP8KIT_GROUP_SCALE_STRIDE;
   m.attr("MAX_GROUPS") = FP8KIT_MAX_GROUPS;
+  m.def(
+      "grouped_block_scales_floats",
+      [](int64_t rows, int64_t groups, int64_t features, const std::string& mode, bool columnwise) {
+        return fp8kit_grouped_block_scales_floats(
+            rows, groups, features, parse_block_mode(mode, "grouped_block_scales_floats", "mode"),
+            columnwise ? 1 : 0);
+      },
+      py::arg("rows"), py::arg("groups"), py::arg("features"), py::arg("mode"),
+      py::arg("columnwise"),
+      "fp8kit_grouped_block_scales_floats: the floats one copy's block scales of a padded "
+      "grouped tensor can take (the fake kernels' rule is checked against it)");
   // The slots of a Linear's scaling state (fp8kit_linear_slot).
   m.attr("SLOT_INPUT") = int(FP8KIT_SLOT_INPUT);
   m.attr("SLOT_WEIGHT") = int(FP8KIT_SLOT_WEIGHT);

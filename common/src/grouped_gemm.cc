@@ -111,6 +111,11 @@ GroupProblems tokens_problems(const fp8kit_tensor& a, const fp8kit_tensor& b,
     gemm.bias_numel = n;
   }
   GroupProblems out;
+  if (block) {  // the rows after the last group: defined, though no group writes them
+    const int64_t used = layout.column_starts[layout.groups()];
+    out.zeroed.emplace_back(offset(d.data, used * d.shape[1], d.dtype),
+                            size_t((d.shape[0] - used) * d.shape[1]) * fp8kit_dtype_size(d.dtype));
+  }
   for (int64_t g = 0; g < layout.groups(); ++g) {
     const int64_t m = a_rows.count(g), start = a_rows.first[g];
     fp8kit_tensor a_g = matrix(a, m, k);

@@ -26,7 +26,8 @@ from fp8kit.recipe import (AmaxReduction, BlockScaling, CurrentScaling,  # noqa:
 # Imported for what they register: the fake kernels of torch.ops.fp8kit.*,
 # and Float8Tensor's op table (float8_tensor_ops imports float8_tensor, so
 # the package imports the table rather than float8_tensor).
-from fp8kit.torch import _block_fake_ops, _fake_ops, _grouped_fake_ops  # noqa: F401
+from fp8kit.torch import _block_fake_ops, _fake_ops, _grouped_block_fake_ops  # noqa: F401
+from fp8kit.torch import _grouped_fake_ops  # noqa: F401
 from fp8kit.torch import float8_tensor_ops  # noqa: F401
 from fp8kit.torch.autocast import autocast, current_recipe
 from fp8kit.torch.block_ops import (block_scale_inv_shape, dequantize_block, gemm_block,

@@ -50,8 +50,9 @@ output gradient, in float32.
 
 Outside autocast the layer runs in high precision: torch._grouped_mm on
 CUDA for bfloat16 where PyTorch has it, else one matmul per expert.
-BlockScaling is not supported by GroupedLinear yet and raises
-NotImplementedError.
+Under BlockScaling (1x128 tiles for x and dy, 128x128 blocks for each
+expert's weight) the layer runs fp8kit.torch._grouped_block: the same
+bits as fp8kit.torch.Linear under BlockScaling on each expert's tokens.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from fp8kit.recipe import CurrentScaling, DelayedScaling
 from fp8kit.torch import _checks
 from fp8kit.torch._ext import ext
+from fp8kit.torch._grouped_block import grouped_block_linear, token_experts
 from fp8kit.torch.autocast import STATE as _AUTOCAST
 
 _ops = torch.ops.fp8kit
@@ -127,11 +129,9 @@ class GroupedLinear(torch.nn.Module):
             y = _fp8(recipe, x, weight, bias, sizes, None)
         elif type(recipe) is DelayedScaling:
             y = _fp8(recipe, x, weight, bias, sizes, self._delayed_state(recipe))
-        else:
-            raise NotImplementedError(
-                f"{_NAME}: the recipe is {type(recipe).__name__}, but GroupedLinear runs FP8 "
-                "with CurrentScaling or DelayedScaling only so far (one scale per expert); "
-                "use one of those for this layer")
+        else:  # BlockScaling (autocast takes no other recipe)
+            _check_fp8_operands(x, weight, bias)
+            y = grouped_block_linear(recipe, x.contiguous(), weight.contiguous(), bias, sizes)
         return y.reshape(*input.shape[:-1], self.out_features)
 
     def _delayed_state(self, recipe):
@@ -208,12 +208,6 @@ def _group_sizes(group_sizes, num_experts: int, x: torch.Tensor) -> torch.Tensor
     return group_sizes.to(torch.int64).contiguous()
 
 
-def _token_experts(sizes: torch.Tensor, tokens, device) -> torch.Tensor:
-    """Each token's expert index, [tokens] on `device`, with no host read."""
-    experts = torch.arange(sizes.shape[0], device=sizes.device)
-    return torch.repeat_interleave(experts, sizes, output_size=tokens).to(device)
-
-
 def _high_precision(x, weight, bias, sizes) -> torch.Tensor:
     grouped_mm = getattr(torch, "_grouped_mm", None)
     if (grouped_mm is not None and x.is_cuda and x.dtype == torch.bfloat16
@@ -224,7 +218,7 @@ def _high_precision(x, weight, bias, sizes) -> torch.Tensor:
         y = torch.cat([part @ weight[e].t() for e, part in
                        enumerate(torch.split(x, sizes.tolist()))])
     if bias is not None:
-        y = y + bias[_token_experts(sizes, x.shape[0], x.device)]
+        y = y + bias[token_experts(sizes, x.shape[0], x.device)]
     return y
 
 
@@ -241,7 +235,7 @@ class _Config(NamedTuple):
     amax_reduction: str    # DelayedScaling
 
 
-def _fp8(recipe, x, weight, bias, sizes, state: Optional[tuple]) -> torch.Tensor:
+def _check_fp8_operands(x, weight, bias) -> None:
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and t.dtype != x.dtype:
             raise RuntimeError(f"{_NAME}: input has dtype {x.dtype} but {name} has dtype "
@@ -252,6 +246,10 @@ def _fp8(recipe, x, weight, bias, sizes, state: Optional[tuple]) -> torch.Tensor
             raise ValueError(f"{_NAME}: {name} is {v}, but FP8 GEMMs need it to be a multiple "
                              f"of {ext.GEMM_DIM_MULTIPLE}; pad the layer or run it outside "
                              "fp8kit.torch.autocast")
+
+
+def _fp8(recipe, x, weight, bias, sizes, state: Optional[tuple]) -> torch.Tensor:
+    _check_fp8_operands(x, weight, bias)
     grad = torch.is_grad_enabled()
     dgrad = grad and x.requires_grad
     wgrad = grad and weight.requires_grad
@@ -319,7 +317,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
                 dw = _ops.grouped_gemm_contract(dy_cw, dy_sinv, x_cw, x_sinv, sizes,
                                                 dy.shape[0], dy.dtype)
         if need_b:
-            experts = _token_experts(sizes, dy.shape[0], dy.device)
+            experts = token_experts(sizes, dy.shape[0], dy.device)
             db = torch.zeros((sizes.shape[0], dy.shape[1]), dtype=torch.float32,
                              device=dy.device).index_add_(0, experts, dy.float())
             db = db.to(ctx.bias_dtype)
@@ -346,7 +344,7 @@ def _forward(ctx, x, weight, bias, sizes, cfg, state):
     y = _ops.grouped_gemm_tokens(x_d, x_sinv, w_d.view(experts, n, k), None, w_sinv, sizes, True,
                                  x.dtype, fused_bias, not cfg.fast)
     if bias is not None and fused_bias is None:
-        y = y + bias[_token_experts(sizes, x.shape[0], x.device)]
+        y = y + bias[token_experts(sizes, x.shape[0], x.device)]
     if ctx is not None:
         ctx.cfg = cfg
         # The state is not saved: the backward's cast updates the buffers.

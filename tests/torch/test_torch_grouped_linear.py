@@ -13,7 +13,7 @@ import torch._dynamo.testing
 import torch.nn.functional as F
 
 from compile_helpers import fresh_dynamo  # noqa: F401  (autouse fixture)
-from fp8kit.recipe import AmaxReduction, BlockScaling, CurrentScaling, DelayedScaling
+from fp8kit.recipe import AmaxReduction, CurrentScaling, DelayedScaling
 from fp8kit.torch import GroupedLinear, Linear, autocast
 from test_torch_dispatcher_ops import opcheck
 from torch_reference import DEVICES, assert_bits_equal, device_of
@@ -171,9 +171,6 @@ def test_bad_inputs_and_recipes_are_refused():
         layer(torch.randn(8, 12), [4, 4])
     with pytest.raises(TypeError, match="torch.int64"):
         layer(torch.ones(8, 16, dtype=torch.int64), [4, 4])
-    with autocast(recipe=BlockScaling()), pytest.raises(NotImplementedError,
-                                                        match="CurrentScaling or DelayedScaling"):
-        layer(torch.randn(8, 16), [4, 4])
     odd = make(2, 24, 16)
     with autocast(recipe=RECIPE), pytest.raises(ValueError, match="in_features is 24"):
         odd(torch.randn(8, 24), [4, 4])

@@ -204,7 +204,7 @@ typedef struct fp8kit_grouped_gemm_config {
  *       fp8kit_grouped_quantize_block lays them out. Block-scaled
  *       token-grouped operands and D are in the padded row layout: TOKENS
  *       multiplies group g's p_g padded rows (D [rows, N] with rows >= P_E,
- *       the padded rows' outputs written too, those after P_E left alone)
+ *       the padded rows' outputs written too, those after P_E zeroed)
  *       and CONTRACT_TOKENS contracts its p_g padded tokens. D is bfloat16
  *       or float32 then, and the bias of TOKENS in D's dtype rules for
  *       block-scaled GEMMs.

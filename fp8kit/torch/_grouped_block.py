@@ -1,0 +1,119 @@
+"""GroupedLinear under fp8kit.recipe.BlockScaling: 1x128 tiles for the
+tokens and the output gradient, 128x128 blocks for each expert's weight,
+every scale its own block's.
+
+Block-scaled GEMMs read the token dimension in multiples of 16, so the
+grouped tensors are in the core's padded row layout (fp8kit/grouped.h):
+each expert's tokens at a row offset that is a multiple of 16, zero rows
+between. The layer scatters x into that layout and gathers y back out
+(and dy in, dx out in backward), with device-side indices: no host read.
+Each expert's rows then quantize and multiply as a tensor of their own,
+exactly as fp8kit.torch.Linear under BlockScaling pads and runs one
+expert's tokens, so the two give the same bits (the bias apart: Linear
+fuses it into its GEMM, this layer adds it after). Backward keeps x's and
+w's columnwise FP8 copies only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fp8kit.torch import _checks
+from fp8kit.torch._ext import ext
+
+_ops = torch.ops.fp8kit
+ROW, BLOCK = "block_1x128", "block_128x128"
+
+
+def token_experts(sizes: torch.Tensor, tokens, device) -> torch.Tensor:
+    """Each token's expert index, [tokens] on `device`, with no host read."""
+    experts = torch.arange(sizes.shape[0], device=sizes.device)
+    return torch.repeat_interleave(experts, sizes, output_size=tokens).to(device)
+
+
+def padded_rows(sizes: torch.Tensor, tokens, device) -> torch.Tensor:
+    """Each token's row in the padded row layout: its own row shifted by
+    the padding of the experts before its own."""
+    m = sizes.to(device)
+    pad = (m + ext.GEMM_DIM_MULTIPLE - 1) // ext.GEMM_DIM_MULTIPLE * ext.GEMM_DIM_MULTIPLE - m
+    shift = torch.cumsum(pad, 0) - pad
+    return torch.arange(tokens, device=device) + shift[token_experts(sizes, tokens, device)]
+
+
+def _gemm_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Block-scaled GEMMs write bfloat16 or float32; a float16 layer
+    computes in float32 and rounds once."""
+    return torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+
+
+def grouped_block_linear(recipe, x, weight, bias, sizes) -> torch.Tensor:
+    """y [T, N] = each expert's tokens of x [T, K] @ its weight^T (+ bias)."""
+    grad = torch.is_grad_enabled()
+    dgrad, wgrad = grad and x.requires_grad, grad and weight.requires_grad
+    fmt = recipe.fp8_format
+    cfg = (_checks.TORCH_FP8[fmt.forward_dtype], _checks.TORCH_FP8[fmt.backward_dtype],
+           float(recipe.amax_epsilon), bool(recipe.power_2_scale), dgrad, wgrad)
+    if dgrad or wgrad or (grad and bias is not None and bias.requires_grad):
+        return _GroupedBlockFunction.apply(x, weight, bias, sizes, cfg)
+    return _forward(None, x, weight, bias, sizes, cfg)
+
+
+class _GroupedBlockFunction(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, sizes, cfg):
+        return _forward(ctx, x, weight, bias, sizes, cfg)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x_cw, x_cws, w_cw, w_cws, sizes, rows_of = ctx.saved_tensors
+        _, bwd, eps, pow2, dgrad, wgrad = ctx.cfg
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        dgrad, wgrad = dgrad and need_x, wgrad and need_w
+        dx = dw = db = None
+        gemm_dtype = _gemm_dtype(dy.dtype)
+        if dgrad or wgrad:
+            dy_p = dy.new_zeros((ctx.rows, dy.shape[1])).index_copy_(0, rows_of, dy.contiguous())
+            dy_d, dy_s, dy_cw, dy_cws = _ops.grouped_quantize_block(dy_p, sizes, bwd, ROW, dgrad,
+                                                                    wgrad, eps, pow2)
+            if dgrad:
+                dx = _ops.grouped_gemm_block_tokens(dy_d, dy_s, None, None, w_cw, w_cws, sizes,
+                                                    gemm_dtype)[rows_of].to(dy.dtype)
+            if wgrad:
+                dw = _ops.grouped_gemm_block_contract(dy_cw, dy_cws, x_cw, x_cws, sizes,
+                                                      ctx.rows, gemm_dtype).to(dy.dtype)
+        if need_b:
+            experts = token_experts(sizes, dy.shape[0], dy.device)
+            db = torch.zeros((sizes.shape[0], dy.shape[1]), dtype=torch.float32,
+                             device=dy.device).index_add_(0, experts, dy.float())
+            db = db.to(ctx.bias_dtype)
+        return dx, dw, db, None, None
+
+
+def _forward(ctx, x, weight, bias, sizes, cfg):
+    """The forward GEMM over the padded rows; with ctx (a pass computing
+    gradients) it saves the columnwise copies backward reads."""
+    fwd, _, eps, pow2, dgrad, wgrad = cfg
+    experts, n, k = weight.shape
+    tokens = x.shape[0]
+    rows = tokens + (ext.GEMM_DIM_MULTIPLE - 1) * experts  # room for every expert's padding
+    rows_of = padded_rows(sizes, tokens, x.device)
+    x_p = x.new_zeros((rows, k)).index_copy_(0, rows_of, x)
+    x_d, x_s, x_cw, x_cws = _ops.grouped_quantize_block(x_p, sizes, fwd, ROW, True, wgrad, eps,
+                                                        pow2)
+    # The weights as E groups of n rows (n a multiple of 16: no padding):
+    # each expert's 128x128 blocks, and its transposed copy [k, n] for dgrad.
+    w_sizes = torch.full((experts,), n, dtype=torch.int64)
+    w_d, w_s, w_cw, w_cws = _ops.grouped_quantize_block(weight.reshape(experts * n, k), w_sizes,
+                                                        fwd, BLOCK, True, dgrad, eps, pow2)
+    y = _ops.grouped_gemm_block_tokens(x_d, x_s, w_d.view(experts, n, k), w_s, None, None,
+                                       sizes, _gemm_dtype(x.dtype))[rows_of].to(x.dtype)
+    if bias is not None:
+        y = y + bias[token_experts(sizes, tokens, x.device)]
+    if ctx is not None:
+        ctx.cfg, ctx.rows = cfg, rows
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        w_kept = w_cw.view(experts, k, n) if dgrad else None
+        ctx.save_for_backward(x_cw if wgrad else None, x_cws if wgrad else None, w_kept,
+                              w_cws if dgrad else None, sizes, rows_of)
+    return y
