@@ -4,10 +4,11 @@ one GEMM group per expert, bf16 in and out, random dy), eager:
 
     bf16     GroupedLinear outside autocast: torch._grouped_mm on CUDA
              (PyTorch's own grouped bf16 GEMM; the anchor, target P11)
-    fp8kit   GroupedLinear under CurrentScaling (one scale per expert and
-             operand)
+    fp8kit   GroupedLinear under current, delayed and block scaling (one
+             scale per expert and operand; per 1x128 tile and 128x128
+             block)
     TE       TransformerEngine's GroupedLinear with the same weights under
-             its Float8CurrentScaling, when it is installed (target P11)
+             its recipe of the same name, when it is installed (target P11)
 
 at Mixtral-like (8 experts, hidden 4096, expert ffn 14336, 16384 routed
 tokens: top-2 of 8192) and DeepSeek-like shapes (64 experts, hidden 7168,
@@ -23,6 +24,7 @@ beside these rows; they are not measured here.
 
 from __future__ import annotations
 
+import copy
 import functools
 
 from fp8kit.bench import checks, te_peer, timing
@@ -35,7 +37,7 @@ SHAPES = [(8, 16384, 4096, 14336), (64, 65536, 7168, 2048)]
 QUICK_SHAPES = [(4, 96, 64, 96)]
 FWD_TOL = 0.1    # ||fp8 - bf16|| / ||bf16|| of the output (one E4M3 GEMM)
 BWD_TOL = 0.2    # of dx (E5M2 gradient, one GEMM)
-GROUP = "PyTorch GroupedLinear fwd+bwd (current scaling), fp8kit vs {}"
+GROUP = "PyTorch GroupedLinear fwd+bwd ({} scaling), fp8kit vs {}"
 
 
 def counts(experts: int, tokens: int, skewed: bool) -> list[int]:
@@ -86,7 +88,7 @@ def run_case(ctx: Context, experts: int, tokens: int, hidden: int, ffn: int, ske
              seed: int) -> list[Row]:
     import torch
     import fp8kit.torch as ft
-    from fp8kit.recipe import CurrentScaling
+    from fp8kit.recipe import BlockScaling, CurrentScaling, DelayedScaling
 
     dev = ctx.torch_device
     sizes = torch.tensor(counts(experts, tokens, skewed))
@@ -99,17 +101,23 @@ def run_case(ctx: Context, experts: int, tokens: int, hidden: int, ffn: int, ske
     torch.manual_seed(seed)
     layer = ft.GroupedLinear(experts, hidden, ffn, bias=False, device=dev,
                              dtype=torch.bfloat16)
-    fns = {"bf16": _fwd_bwd(layer, data, sizes), "fp8kit": _fwd_bwd(layer, data, sizes)}
-    around = {"fp8kit": functools.partial(ft.autocast, recipe=CurrentScaling())}
+    recipes = {"current": CurrentScaling(), "delayed": DelayedScaling(), "block": BlockScaling()}
+    fns = {"bf16": _fwd_bwd(layer, data, sizes)}
+    around = {}
+    for rname, recipe in recipes.items():
+        # Each recipe its own copy of the layer: delayed scaling keeps state.
+        fns[rname] = _fwd_bwd(copy.deepcopy(layer), data, sizes)
+        around[rname] = functools.partial(ft.autocast, recipe=recipe)
     want = fns["bf16"](0)
     checked, errors = {}, {}
     te, te_missing = te_peer.torch_module() if dev == "cuda" else (None, "TE needs a GPU")
     if te is not None:
-        try:
-            fns["TE"] = _fwd_bwd(_te_layer(te, layer), data, sizes)
-            around["TE"] = te_peer.torch_autocast(te, "current")
-        except Exception as e:  # noqa: BLE001  (a TE without GroupedLinear, or another API)
-            te_missing = f"TransformerEngine's GroupedLinear failed: {type(e).__name__}: {e}"
+        for rname in recipes:
+            try:
+                fns[f"TE {rname}"] = _fwd_bwd(_te_layer(te, layer), data, sizes)
+                around[f"TE {rname}"] = te_peer.torch_autocast(te, rname)
+            except Exception as e:  # noqa: BLE001  (a TE without GroupedLinear, another API)
+                te_missing = f"TransformerEngine's GroupedLinear failed: {type(e).__name__}: {e}"
     for name in [n for n in fns if n != "bf16"]:
         try:
             with around[name]():
@@ -126,18 +134,19 @@ def run_case(ctx: Context, experts: int, tokens: int, hidden: int, ffn: int, ske
     flops = 3 * 2.0 * tokens * hidden * ffn
     case = f"{experts}x {tokens}x{hidden}x{ffn} {'skewed' if skewed else 'balanced'}"
     rows = []
-    for anchor, label in (("bf16", "bf16 GroupedLinear (torch._grouped_mm on CUDA)"),
-                          ("TE", "TransformerEngine GroupedLinear")):
-        row = Row(SECTION, GROUP.format(label), case, flops, "TFLOP/s", label,
-                  fp8kit_work=flops, anchor_work=flops, target="P11-bf16" if anchor == "bf16"
-                  else "P11-te", check=checked.get("fp8kit", ""),
-                  error=errors.get("fp8kit") or errors.get(anchor))
-        if anchor == "TE" and te_missing:
-            row.note = te_missing
-        if "fp8kit" in t and anchor in t:
-            row.fp8kit_s, row.anchor_s = t["fp8kit"].median_s, t[anchor].median_s
-            row.timing = {"fp8kit": t["fp8kit"].to_json(), "anchor": t[anchor].to_json()}
-        rows.append(row)
+    for rname in recipes:
+        for anchor, label in (("bf16", "bf16 GroupedLinear (torch._grouped_mm on CUDA)"),
+                              (f"TE {rname}", "TransformerEngine GroupedLinear")):
+            row = Row(SECTION, GROUP.format(rname, label), case, flops, "TFLOP/s", label,
+                      fp8kit_work=flops, anchor_work=flops,
+                      target="P11-bf16" if anchor == "bf16" else "P11-te",
+                      check=checked.get(rname, ""), error=errors.get(rname) or errors.get(anchor))
+            if anchor != "bf16" and te_missing:
+                row.note = te_missing
+            if rname in t and anchor in t:
+                row.fp8kit_s, row.anchor_s = t[rname].median_s, t[anchor].median_s
+                row.timing = {"fp8kit": t[rname].to_json(), "anchor": t[anchor].to_json()}
+            rows.append(row)
     del data, layer
     if dev == "cuda":
         torch.cuda.empty_cache()
