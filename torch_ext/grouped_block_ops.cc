@@ -19,27 +19,12 @@
 #include "core_calls.h"
 #include "descriptors.h"
 #include "errors.h"
+#include "grouped_args.h"
 
 namespace fp8kit_torch {
 namespace {
 
 using Quantized = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-
-void check_sizes(const char* fn, const at::Tensor& sizes, const at::Tensor& x) {
-  FP8KIT_TYPE_CHECK(sizes.scalar_type() == at::kLong, fn, ": group_sizes has dtype ",
-                    dtype_str(sizes.scalar_type()), "; pass the counts as torch.int64");
-  FP8KIT_VALUE_CHECK(sizes.dim() == 1 && sizes.size(0) >= 1, fn, ": group_sizes has shape ",
-                     shape_str(sizes.sizes()), "; it must be [num_groups]");
-  FP8KIT_VALUE_CHECK(sizes.device().is_cpu() || sizes.device() == x.device(), fn,
-                     ": group_sizes is on ", device_str(sizes.device()), "; pass the counts on "
-                     "the CPU or on ", device_str(x.device()));
-  check_contiguous(fn, "group_sizes", sizes);
-}
-
-fp8kit_tensor describe_sizes(const at::Tensor& sizes) {
-  return describe(sizes, FP8KIT_INT64,
-                  sizes.device().is_cuda() ? FP8KIT_DEVICE_CUDA : FP8KIT_DEVICE_CPU);
-}
 
 // A flat float32 scale array of `floats` elements on ref's device.
 void check_scales(const char* fn, const char* arg, const at::Tensor& t, int64_t floats,
@@ -78,7 +63,7 @@ Quantized grouped_quantize_block_op(const at::Tensor& x_in, const at::Tensor& gr
   const at::Tensor x = contiguous_high_precision(fn, "x", x_in);
   FP8KIT_VALUE_CHECK(x.dim() == 2, fn, ": x has shape ", shape_str(x.sizes()),
                      "; it must be [rows, features] in the padded row layout");
-  check_sizes(fn, group_sizes, x);
+  check_group_sizes(fn, group_sizes, x);
   const fp8kit_device_type dev = device_type_of(x, fn, "x");
   DeviceScope scope(x.device());
   const int64_t rows = x.size(0), features = x.size(1), groups = group_sizes.size(0);
@@ -100,7 +85,7 @@ Quantized grouped_quantize_block_op(const at::Tensor& x_in, const at::Tensor& gr
   out.block_scale_inv = rowwise ? row_scales.data_ptr<float>() : nullptr;
   out.columnwise_data = columnwise ? cw.data_ptr() : nullptr;
   out.columnwise_block_scale_inv = columnwise ? cw_scales.data_ptr<float>() : nullptr;
-  const fp8kit_tensor sizes = describe_sizes(group_sizes);
+  const fp8kit_tensor sizes = describe_group_sizes(group_sizes);
   const fp8kit_current_scaling_config config{static_cast<float>(amax_epsilon),
                                              power_2_scale ? 1 : 0};
   void* stream = current_stream(x.device());
@@ -115,7 +100,7 @@ at::Tensor run(fp8kit_grouped_gemm_kind kind, fp8kit_tensor& a, fp8kit_tensor& b
                at::Tensor out, const at::Tensor& group_sizes) {
   const fp8kit_device_type dev = out.device().is_cuda() ? FP8KIT_DEVICE_CUDA : FP8KIT_DEVICE_CPU;
   fp8kit_tensor d = describe(out, *high_precision_dtype(out.scalar_type()), dev);
-  const fp8kit_tensor sizes = describe_sizes(group_sizes);
+  const fp8kit_tensor sizes = describe_group_sizes(group_sizes);
   const fp8kit_grouped_gemm_config config{trans_b ? 1 : 0, nullptr, FP8KIT_BFLOAT16, 1};
   void* stream = current_stream(out.device());
   check_status(call_core(dev == FP8KIT_DEVICE_CPU, [&] {
@@ -151,7 +136,7 @@ at::Tensor grouped_gemm_block_tokens_op(const at::Tensor& a, const at::Tensor& a
   const std::optional<at::Tensor>& w_scales = b ? b_scales : b_columnwise_scales;
   FP8KIT_VALUE_CHECK(w.dim() == 3 && w_scales.has_value(), fn, ": the weights must be [E, R, C] "
                      "with their block scales");
-  check_sizes(fn, group_sizes, a);
+  check_group_sizes(fn, group_sizes, a);
   const int64_t groups = group_sizes.size(0), rows = a.size(0), k = a.size(1);
   FP8KIT_VALUE_CHECK(w.size(0) == groups, fn, ": the weights hold ", w.size(0),
                      " matrices but group_sizes has ", groups, " groups");
@@ -194,7 +179,7 @@ at::Tensor grouped_gemm_block_contract_op(const at::Tensor& a_columnwise,
   constexpr const char* fn = "fp8kit::grouped_gemm_block_contract";
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   check_out_dtype(fn, out_dtype);
-  check_sizes(fn, group_sizes, a_columnwise);
+  check_group_sizes(fn, group_sizes, a_columnwise);
   FP8KIT_VALUE_CHECK(rows > 0, fn, ": rows is ", rows, "; it must be > 0");
   const int64_t groups = group_sizes.size(0);
   int64_t features[2];

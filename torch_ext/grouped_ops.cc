@@ -22,44 +22,13 @@
 #include "core_calls.h"
 #include "descriptors.h"
 #include "errors.h"
+#include "grouped_args.h"
 
 namespace fp8kit_torch {
 namespace {
 
 using Quantized = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
-constexpr int64_t kStride = FP8KIT_GROUP_SCALE_STRIDE;
-
-// group_sizes: int64 [E] on the CPU or x's device. Returns E.
-int64_t check_group_sizes(const char* fn, const at::Tensor& sizes, const at::Tensor& x) {
-  FP8KIT_TYPE_CHECK(sizes.scalar_type() == at::kLong, fn, ": group_sizes has dtype ",
-                    dtype_str(sizes.scalar_type()), "; pass the counts as torch.int64");
-  FP8KIT_VALUE_CHECK(sizes.dim() == 1 && sizes.size(0) >= 1, fn, ": group_sizes has shape ",
-                     shape_str(sizes.sizes()), "; it must be [num_groups], one count per group");
-  FP8KIT_VALUE_CHECK(sizes.device().is_cpu() || sizes.device() == x.device(), fn,
-                     ": group_sizes is on ", device_str(sizes.device()), " but the tensors are "
-                     "on ", device_str(x.device()), "; pass the counts on the CPU or on ",
-                     device_str(x.device()));
-  check_contiguous(fn, "group_sizes", sizes);
-  return sizes.size(0);
-}
-
-fp8kit_tensor describe_sizes(const at::Tensor& sizes) {
-  return describe(sizes, FP8KIT_INT64,
-                  sizes.device().is_cuda() ? FP8KIT_DEVICE_CUDA : FP8KIT_DEVICE_CPU);
-}
-
-// Per-group scales of an FP8 operand: float32 [E, GROUP_SCALE_STRIDE].
-void check_group_scales(const char* fn, const char* arg, const at::Tensor& t, int64_t groups,
-                        const at::Tensor& ref) {
-  FP8KIT_TYPE_CHECK(t.scalar_type() == at::kFloat, fn, ": ", arg, " has dtype ",
-                    dtype_str(t.scalar_type()), "; per-group scales are torch.float32");
-  FP8KIT_VALUE_CHECK(t.dim() == 2 && t.size(0) == groups && t.size(1) == kStride, fn, ": ", arg,
-                     " has shape ", shape_str(t.sizes()), " but [", groups, ", ", kStride,
-                     "] is expected (one group's scale per row, in column 0)");
-  check_contiguous(fn, arg, t);
-  check_same_device(fn, arg, t, "the data", ref);
-}
 
 Quantized grouped_quantize_op(const at::Tensor& x_in, const at::Tensor& group_sizes,
                               at::ScalarType fp8_dtype, bool rowwise, bool columnwise,
@@ -67,51 +36,26 @@ Quantized grouped_quantize_op(const at::Tensor& x_in, const at::Tensor& group_si
                               bool power_2_scale) {
   constexpr const char* fn = "fp8kit::grouped_quantize";
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  const std::optional<fp8kit_dtype> f = fp8_dtype_of(fp8_dtype);
-  FP8KIT_TYPE_CHECK(f.has_value(), fn, ": fp8_dtype is ", dtype_str(fp8_dtype),
-                    "; use torch.float8_e4m3fn or torch.float8_e5m2");
-  FP8KIT_VALUE_CHECK(rowwise || columnwise, fn,
-                     ": rowwise and columnwise are both False; ask for at least one copy");
   check_amax_epsilon(fn, amax_epsilon);
-  const at::Tensor x = contiguous_high_precision(fn, "x", x_in);
-  FP8KIT_VALUE_CHECK(x.dim() == 2, fn, ": x has shape ", shape_str(x.sizes()),
-                     "; it must be [tokens, features], the tokens sorted by group");
-  const int64_t groups = check_group_sizes(fn, group_sizes, x);
-  const fp8kit_device_type dev = device_type_of(x, fn, "x");
-  DeviceScope scope(x.device());
-  const auto f32 = x.options().dtype(at::kFloat);
-  // Zeros: the floats between the groups' scales are never written, and
-  // every output element must be defined (the ops are functional).
+  GroupedCast c = grouped_cast(fn, x_in, group_sizes, fp8_dtype, rowwise, columnwise);
+  DeviceScope scope(c.x.device());
   at::Tensor scale_out;
   if (scale) {
-    check_group_scales(fn, "scale", *scale, groups, x);
+    check_group_scales(fn, "scale", *scale, c.groups, c.x);
     scale_out = scale->clone();
   } else {
-    scale_out = at::zeros({groups, kStride}, f32);
+    scale_out = at::zeros_like(c.scale_inv);
   }
-  at::Tensor scale_inv = at::zeros({groups, kStride}, f32);
-  at::Tensor amax = at::zeros({groups, kStride}, f32);
-  const int64_t tokens = x.size(0), features = x.size(1);
-  const auto fp8 = x.options().dtype(fp8_dtype);
-  at::Tensor data = rowwise ? at::empty({tokens, features}, fp8) : at::empty({0}, fp8);
-  at::Tensor cw = at::empty(
-      {columnwise ? features * fp8kit_grouped_columnwise_tokens(tokens, groups) : 0}, fp8);
-  const fp8kit_tensor in = describe(x, *high_precision_dtype(x.scalar_type()), dev);
-  fp8kit_tensor out = in;
-  out.dtype = *f;
-  out.scaling_mode = FP8KIT_SCALING_PER_TENSOR;
-  out.data = rowwise ? data.data_ptr() : nullptr;
-  out.columnwise_data = columnwise ? cw.data_ptr() : nullptr;
-  out.scale = scale_out.data_ptr<float>();
-  out.scale_inv = scale_inv.data_ptr<float>();
-  out.amax = amax.data_ptr<float>();
-  const fp8kit_tensor sizes = describe_sizes(group_sizes);
-  fp8kit_current_scaling_config current{static_cast<float>(amax_epsilon), power_2_scale ? 1 : 0};
-  void* stream = current_stream(x.device());
-  check_status(call_core(dev == FP8KIT_DEVICE_CPU, [&] {
-    return fp8kit_grouped_quantize(&in, &sizes, &out, scale ? nullptr : &current, stream);
+  c.output.scale = scale_out.data_ptr<float>();
+  const fp8kit_tensor sizes = describe_group_sizes(group_sizes);
+  const fp8kit_current_scaling_config current{static_cast<float>(amax_epsilon),
+                                              power_2_scale ? 1 : 0};
+  void* stream = current_stream(c.x.device());
+  check_status(call_core(c.device == FP8KIT_DEVICE_CPU, [&] {
+    return fp8kit_grouped_quantize(&c.input, &sizes, &c.output, scale ? nullptr : &current,
+                                   stream);
   }));
-  return {data, cw, scale_out, scale_inv, amax};
+  return {c.data, c.columnwise, scale_out, c.scale_inv, c.amax};
 }
 
 // Delayed scaling with one state per group: amax_history [E, len], scale
@@ -125,16 +69,9 @@ grouped_quantize_delayed_op(const at::Tensor& x_in, const at::Tensor& group_size
                             const std::string& amax_reduction, bool record) {
   constexpr const char* fn = "fp8kit::grouped_quantize_delayed";
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  const std::optional<fp8kit_dtype> f = fp8_dtype_of(fp8_dtype);
-  FP8KIT_TYPE_CHECK(f.has_value(), fn, ": fp8_dtype is ", dtype_str(fp8_dtype),
-                    "; use torch.float8_e4m3fn or torch.float8_e5m2");
-  FP8KIT_VALUE_CHECK(rowwise || columnwise, fn,
-                     ": rowwise and columnwise are both False; ask for at least one copy");
-  const at::Tensor x = contiguous_high_precision(fn, "x", x_in);
-  FP8KIT_VALUE_CHECK(x.dim() == 2, fn, ": x has shape ", shape_str(x.sizes()),
-                     "; it must be [tokens, features], the tokens sorted by group");
-  const int64_t groups = check_group_sizes(fn, group_sizes, x);
-  const fp8kit_device_type dev = device_type_of(x, fn, "x");
+  GroupedCast c = grouped_cast(fn, x_in, group_sizes, fp8_dtype, rowwise, columnwise);
+  const at::Tensor& x = c.x;
+  const int64_t groups = c.groups;
   FP8KIT_TYPE_CHECK(amax_history.scalar_type() == at::kFloat, fn, ": amax_history has dtype ",
                     dtype_str(amax_history.scalar_type()), "; the state is torch.float32");
   FP8KIT_VALUE_CHECK(amax_history.dim() == 2 && amax_history.size(0) == groups &&
@@ -155,36 +92,18 @@ grouped_quantize_delayed_op(const at::Tensor& x_in, const at::Tensor& group_size
   DeviceScope scope(x.device());
   at::Tensor new_history = amax_history.clone(), new_scale = scale.clone(),
              new_seeded = seeded.clone();
-  // Zeros: the floats between the groups' scales are never written, and
-  // every output element must be defined.
-  const auto f32 = x.options().dtype(at::kFloat);
-  at::Tensor scale_used = at::zeros({groups, kStride}, f32);
-  at::Tensor scale_inv = at::zeros({groups, kStride}, f32);
-  at::Tensor amax = at::zeros({groups, kStride}, f32);
-  const int64_t tokens = x.size(0), features = x.size(1);
-  const auto fp8 = x.options().dtype(fp8_dtype);
-  at::Tensor data = rowwise ? at::empty({tokens, features}, fp8) : at::empty({0}, fp8);
-  at::Tensor cw = at::empty(
-      {columnwise ? features * fp8kit_grouped_columnwise_tokens(tokens, groups) : 0}, fp8);
-  const fp8kit_tensor in = describe(x, *high_precision_dtype(x.scalar_type()), dev);
-  fp8kit_tensor out = in;
-  out.dtype = *f;
-  out.scaling_mode = FP8KIT_SCALING_PER_TENSOR;
-  out.data = rowwise ? data.data_ptr() : nullptr;
-  out.columnwise_data = columnwise ? cw.data_ptr() : nullptr;
-  out.scale = scale_used.data_ptr<float>();
-  out.scale_inv = scale_inv.data_ptr<float>();
-  out.amax = amax.data_ptr<float>();
+  at::Tensor scale_used = at::zeros_like(c.scale_inv);
+  c.output.scale = scale_used.data_ptr<float>();
   const fp8kit_grouped_delayed_state state{new_history.data_ptr<float>(),
                                            new_scale.data_ptr<float>(),
                                            new_seeded.data_ptr<float>()};
-  const fp8kit_tensor sizes = describe_sizes(group_sizes);
+  const fp8kit_tensor sizes = describe_group_sizes(group_sizes);
   void* stream = current_stream(x.device());
-  check_status(call_core(dev == FP8KIT_DEVICE_CPU, [&] {
-    return fp8kit_grouped_quantize_delayed_update(&in, &sizes, &out, &state, &config,
+  check_status(call_core(c.device == FP8KIT_DEVICE_CPU, [&] {
+    return fp8kit_grouped_quantize_delayed_update(&c.input, &sizes, &c.output, &state, &config,
                                                   record ? 1 : 0, stream);
   }));
-  return {data, cw, scale_inv, new_history, new_scale, new_seeded};
+  return {c.data, c.columnwise, c.scale_inv, new_history, new_scale, new_seeded};
 }
 
 fp8kit_tensor describe_fp8(const char* fn, const char* arg, const at::Tensor& t,
@@ -201,7 +120,7 @@ at::Tensor run_grouped_gemm(fp8kit_grouped_gemm_kind kind, fp8kit_tensor& a,
                             const fp8kit_grouped_gemm_config& config) {
   const fp8kit_device_type dev = out.device().is_cuda() ? FP8KIT_DEVICE_CUDA : FP8KIT_DEVICE_CPU;
   fp8kit_tensor d = describe(out, *high_precision_dtype(out.scalar_type()), dev);
-  const fp8kit_tensor sizes = describe_sizes(group_sizes);
+  const fp8kit_tensor sizes = describe_group_sizes(group_sizes);
   void* stream = current_stream(out.device());
   check_status(call_core(dev == FP8KIT_DEVICE_CPU, [&] {
     return fp8kit_grouped_gemm(kind, &a, &b, &d, &sizes, &config, stream);
