@@ -4,6 +4,8 @@
 //                                  token-grouped [T, F]
 //   fp8kit_grouped_gemm_tokens     D [T, N] = A_g @ op(B_g) per group
 //   fp8kit_grouped_gemm_contract   D [E, M, N] = A_g^T @ B_g per group
+// The delayed-scaling cast is in grouped_delayed_ffi.cc, the block-scaled
+// ops in grouped_block_ffi.cc.
 //
 // Buffers as the core lays them out: per-group scales are float32
 // [E, FP8KIT_GROUP_SCALE_STRIDE] (group g's value in column 0); the grouped
@@ -24,16 +26,13 @@
 
 #include "ffi_helpers.h"
 #include "fp8kit/grouped.h"
+#include "grouped_ffi.h"
 #include "handlers.h"
 
 namespace fp8kit_jax {
-namespace {
 
-constexpr int64_t kStride = FP8KIT_GROUP_SCALE_STRIDE;
-
-// Describes group_sizes (see above) as the core's int64 [E]; *groups = E.
-ffi::ErrorOr<fp8kit_tensor> DescribeSizes(const char* op, ffi::AnyBuffer sizes,
-                                          const Device& device, int64_t* groups) {
+ffi::ErrorOr<fp8kit_tensor> DescribeGroupSizes(const char* op, ffi::AnyBuffer sizes,
+                                               const Device& device, int64_t* groups) {
   const auto d = sizes.dimensions();
   const bool s64 = sizes.element_type() == ffi::DataType::S64 && d.size() == 1;
   const bool s32_pairs =
@@ -50,9 +49,7 @@ ffi::ErrorOr<fp8kit_tensor> DescribeSizes(const char* op, ffi::AnyBuffer sizes,
                             sizes.untyped_data());
 }
 
-// A per-group scale buffer (argument or result) must be float32 [E, stride]:
-// the core trusts the pointer with E * stride floats.
-ffi::Error CheckScales(const char* op, const char* arg, ffi::AnyBuffer t, int64_t groups) {
+ffi::Error CheckGroupScales(const char* op, const char* arg, ffi::AnyBuffer t, int64_t groups) {
   const auto d = t.dimensions();
   if (t.element_type() == ffi::DataType::F32 && d.size() == 2 && d[0] == groups &&
       d[1] == kStride) {
@@ -62,7 +59,7 @@ ffi::Error CheckScales(const char* op, const char* arg, ffi::AnyBuffer t, int64_
                          std::to_string(kStride) + "] (one group's scale per row)");
 }
 
-ffi::ErrorOr<fp8kit_dtype> Fp8Type(const char* op, const char* arg, ffi::AnyBuffer t) {
+ffi::ErrorOr<fp8kit_dtype> GroupFp8Type(const char* op, const char* arg, ffi::AnyBuffer t) {
   fp8kit_dtype d;
   if (!ToFp8kitDtype(t.element_type(), &d) || (d != FP8KIT_E4M3 && d != FP8KIT_E5M2)) {
     return ffi::Unexpected(Invalid(op, std::string(arg) + " has element type " +
@@ -71,6 +68,48 @@ ffi::ErrorOr<fp8kit_dtype> Fp8Type(const char* op, const char* arg, ffi::AnyBuff
   }
   return d;
 }
+
+ffi::ErrorOr<fp8kit_tensor> DescribeGroupedOutput(const char* op, const fp8kit_tensor& input,
+                                                  int64_t groups, ffi::AnyBuffer data,
+                                                  ffi::AnyBuffer columnwise, bool rowwise,
+                                                  bool want_columnwise) {
+  if (input.rank != 2) return ffi::Unexpected(Invalid(op, "x must be 2-D [tokens, features]"));
+  if (!rowwise && !want_columnwise) {
+    return ffi::Unexpected(Invalid(op, "ask for rowwise and/or columnwise output"));
+  }
+  const int64_t tokens = input.shape[0], features = input.shape[1];
+  const int64_t capacity = fp8kit_grouped_columnwise_tokens(tokens, groups);
+  fp8kit_tensor output = input;
+  output.scaling_mode = FP8KIT_SCALING_PER_TENSOR;
+  const std::pair<bool, ffi::AnyBuffer> fp8_results[] = {{rowwise, data},
+                                                         {want_columnwise, columnwise}};
+  bool have_dtype = false;
+  for (const auto& [wanted, buf] : fp8_results) {
+    if (!wanted) continue;
+    auto dtype = GroupFp8Type(op, "an FP8 result", buf);
+    if (dtype.has_error()) return ffi::Unexpected(dtype.error());
+    if (have_dtype && *dtype != output.dtype) {
+      return ffi::Unexpected(
+          Invalid(op, "rowwise and columnwise results have different FP8 types"));
+    }
+    output.dtype = *dtype;
+    have_dtype = true;
+  }
+  const auto d = data.dimensions();
+  if (rowwise && (d.size() != 2 || d[0] != tokens || d[1] != features)) {
+    return ffi::Unexpected(Invalid(op, "the rowwise result must have x's shape"));
+  }
+  if (want_columnwise && NumElements(columnwise.dimensions()) != features * capacity) {
+    return ffi::Unexpected(Invalid(op, "the columnwise result must hold features x " +
+                                           std::to_string(capacity) + " = " +
+                                           std::to_string(features * capacity) + " elements"));
+  }
+  output.data = rowwise ? data.untyped_data() : nullptr;
+  output.columnwise_data = want_columnwise ? columnwise.untyped_data() : nullptr;
+  return output;
+}
+
+namespace {
 
 constexpr char kQuantize[] = "fp8kit_grouped_quantize";
 
@@ -84,50 +123,21 @@ ffi::Error GroupedQuantizeImpl(const Device& device, ffi::AnyBuffer x, ffi::AnyB
                                bool power_2_scale) {
   auto input = Describe(kQuantize, "x", x, device);
   if (input.has_error()) return input.error();
-  if (input->rank != 2) return Invalid(kQuantize, "x must be 2-D [tokens, features]");
   int64_t groups = 0;
-  auto sizes = DescribeSizes(kQuantize, group_sizes, device, &groups);
+  auto sizes = DescribeGroupSizes(kQuantize, group_sizes, device, &groups);
   if (sizes.has_error()) return sizes.error();
   const std::pair<const char*, ffi::AnyBuffer> scale_results[] = {
       {"the scale result", *scale_out}, {"the scale_inv result", *scale_inv},
       {"the amax result", *amax}};
   for (const auto& [arg, buf] : scale_results) {
-    if (auto err = CheckScales(kQuantize, arg, buf, groups); err.failure()) return err;
+    if (auto err = CheckGroupScales(kQuantize, arg, buf, groups); err.failure()) return err;
   }
   if (!current) {
-    if (auto err = CheckScales(kQuantize, "scale", scale, groups); err.failure()) return err;
+    if (auto err = CheckGroupScales(kQuantize, "scale", scale, groups); err.failure()) return err;
   }
-  if (!rowwise && !want_columnwise) {
-    return Invalid(kQuantize, "ask for rowwise and/or columnwise output");
-  }
-  const int64_t tokens = input->shape[0], features = input->shape[1];
-  const int64_t capacity = fp8kit_grouped_columnwise_tokens(tokens, groups);
-  fp8kit_tensor output = *input;
-  output.scaling_mode = FP8KIT_SCALING_PER_TENSOR;
-  const std::pair<bool, ffi::AnyBuffer> fp8_results[] = {{rowwise, *data},
-                                                         {want_columnwise, *columnwise}};
-  bool have_dtype = false;
-  for (const auto& [wanted, buf] : fp8_results) {
-    if (!wanted) continue;
-    auto dtype = Fp8Type(kQuantize, "an FP8 result", buf);
-    if (dtype.has_error()) return dtype.error();
-    if (have_dtype && *dtype != output.dtype) {
-      return Invalid(kQuantize, "rowwise and columnwise results have different FP8 types");
-    }
-    output.dtype = *dtype;
-    have_dtype = true;
-  }
-  const auto d = data->dimensions();
-  if (rowwise && (d.size() != 2 || d[0] != tokens || d[1] != features)) {
-    return Invalid(kQuantize, "the rowwise result must have x's shape");
-  }
-  if (want_columnwise && NumElements(columnwise->dimensions()) != features * capacity) {
-    return Invalid(kQuantize, "the columnwise result must hold features x " +
-                                  std::to_string(capacity) + " = " +
-                                  std::to_string(features * capacity) + " elements");
-  }
-  output.data = rowwise ? data->untyped_data() : nullptr;
-  output.columnwise_data = want_columnwise ? columnwise->untyped_data() : nullptr;
+  auto output = DescribeGroupedOutput(kQuantize, *input, groups, *data, *columnwise, rowwise,
+                                      want_columnwise);
+  if (output.has_error()) return output.error();
   // The core writes column 0 of each scale row; the rest is zeroed so that
   // every result element is defined.
   const size_t scale_bytes = static_cast<size_t>(groups * kStride) * sizeof(float);
@@ -138,11 +148,11 @@ ffi::Error GroupedQuantizeImpl(const Device& device, ffi::AnyBuffer x, ffi::AnyB
                             : CopyIfDistinct(kQuantize, device, scale_out->untyped_data(),
                                              scale.untyped_data(), scale_bytes);
   if (init.failure()) return init;
-  output.scale = static_cast<float*>(scale_out->untyped_data());
-  output.scale_inv = static_cast<float*>(scale_inv->untyped_data());
-  output.amax = static_cast<float*>(amax->untyped_data());
+  output->scale = static_cast<float*>(scale_out->untyped_data());
+  output->scale_inv = static_cast<float*>(scale_inv->untyped_data());
+  output->amax = static_cast<float*>(amax->untyped_data());
   fp8kit_current_scaling_config config{amax_epsilon, power_2_scale ? 1 : 0};
-  return FromStatus(fp8kit_grouped_quantize(&*input, &*sizes, &output,
+  return FromStatus(fp8kit_grouped_quantize(&*input, &*sizes, &*output,
                                             current ? &config : nullptr, device.stream));
 }
 
@@ -169,10 +179,10 @@ auto BindGroupedQuantize(Binding binding) {
 ffi::ErrorOr<fp8kit_tensor> DescribeOperand(const char* op, const char* arg, ffi::AnyBuffer buf,
                                             ffi::AnyBuffer scale_inv, int64_t groups,
                                             const Device& device) {
-  auto dtype = Fp8Type(op, arg, buf);
+  auto dtype = GroupFp8Type(op, arg, buf);
   if (dtype.has_error()) return ffi::Unexpected(dtype.error());
   const std::string scales = std::string(arg) + "'s scale_inv";
-  if (auto err = CheckScales(op, scales.c_str(), scale_inv, groups); err.failure()) {
+  if (auto err = CheckGroupScales(op, scales.c_str(), scale_inv, groups); err.failure()) {
     return ffi::Unexpected(std::move(err));
   }
   const int64_t shape[1] = {0};
@@ -190,7 +200,7 @@ ffi::Error GroupedGemmTokensImpl(const Device& device, ffi::AnyBuffer a, ffi::An
                                  bool trans_b, bool b_columnwise, bool has_bias,
                                  bool use_split_accumulator) {
   int64_t groups = 0;
-  auto sizes = DescribeSizes(kTokens, group_sizes, device, &groups);
+  auto sizes = DescribeGroupSizes(kTokens, group_sizes, device, &groups);
   if (sizes.has_error()) return sizes.error();
   auto at = DescribeOperand(kTokens, "a", a, a_scale_inv, groups, device);
   if (at.has_error()) return at.error();
@@ -251,7 +261,7 @@ ffi::Error GroupedGemmContractImpl(const Device& device, ffi::AnyBuffer a_column
                                    ffi::Result<ffi::AnyBuffer> d, int64_t tokens,
                                    bool use_split_accumulator) {
   int64_t groups = 0;
-  auto sizes = DescribeSizes(kContract, group_sizes, device, &groups);
+  auto sizes = DescribeGroupSizes(kContract, group_sizes, device, &groups);
   if (sizes.has_error()) return sizes.error();
   auto out = Describe(kContract, "d", *d, device);
   if (out.has_error()) return out.error();

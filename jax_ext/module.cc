@@ -204,6 +204,17 @@ PYBIND11_MODULE(_jax_ext, m) {
         py::arg("groups"),
         "fp8kit_grouped_columnwise_tokens: the token capacity (columns per feature) of the "
         "grouped columnwise copy of `tokens` rows in `groups` groups.");
+  m.def(
+      "grouped_block_scales_floats",
+      [](int64_t rows, int64_t groups, int64_t features, int scaling_mode, bool columnwise) {
+        return fp8kit_grouped_block_scales_floats(
+            rows, groups, features, static_cast<fp8kit_scaling_mode>(scaling_mode),
+            columnwise ? 1 : 0);
+      },
+      py::arg("rows"), py::arg("groups"), py::arg("features"), py::arg("scaling_mode"),
+      py::arg("columnwise"),
+      "fp8kit_grouped_block_scales_floats: the floats of one copy's block scales of a padded "
+      "grouped tensor of `rows` rows (scaling_mode: a SCALING_MODE_CODES value).");
   // The slots of a Linear's scaling state (fp8kit_linear_slot).
   m.attr("SLOT_INPUT") = int(FP8KIT_SLOT_INPUT);
   m.attr("SLOT_WEIGHT") = int(FP8KIT_SLOT_WEIGHT);

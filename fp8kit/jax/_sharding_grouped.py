@@ -39,6 +39,30 @@ def _contract(static, a_columnwise, a_scale_inv, b_columnwise, b_scale_inv, size
                                                    b_scale_inv, sizes, *static)
 
 
+def _quantize_delayed(static, x, sizes, amax_history, scale, seeded):
+    fmt, rowwise, columnwise, margin, reduction, record = static
+    return _ffi_grouped.grouped_quantize_delayed_call(x, sizes, fmt, rowwise, columnwise,
+                                                      amax_history, scale, seeded, margin,
+                                                      reduction, record)
+
+
+def _quantize_block(static, x, sizes):
+    return _ffi_grouped.grouped_quantize_block_call(x, sizes, *static)
+
+
+def _block_tokens(static, a, a_scales, b, b_scales, sizes, *bias):
+    a_mode, b_mode, *rest = static
+    return _ffi_grouped.grouped_gemm_block_tokens_call(a, a_scales, a_mode, b, b_scales, b_mode,
+                                                       sizes, *rest, *bias)
+
+
+def _block_contract(static, a_columnwise, a_scales, b_columnwise, b_scales, sizes):
+    a_mode, b_mode, *rest = static
+    return _ffi_grouped.grouped_gemm_block_contract_call(a_columnwise, a_scales, a_mode,
+                                                         b_columnwise, b_scales, b_mode, sizes,
+                                                         *rest)
+
+
 def _partition(call, static, mesh, arg_shapes, result_shape):
     rep = sh.replicated(mesh)
     lower = sh.per_shard(functools.partial(call, static))
@@ -69,6 +93,10 @@ def _replicated(call):
 _quantize_p = _replicated(_quantize)
 _tokens_p = _replicated(_tokens)
 _contract_p = _replicated(_contract)
+_quantize_delayed_p = _replicated(_quantize_delayed)
+_quantize_block_p = _replicated(_quantize_block)
+_block_tokens_p = _replicated(_block_tokens)
+_block_contract_p = _replicated(_block_contract)
 
 
 def _dispatch(prim, call, static, *args):
@@ -96,3 +124,37 @@ def grouped_gemm_contract(a_columnwise, a_scale_inv, b_columnwise, b_scale_inv, 
     static = (int(tokens), int(m), int(n), out_dtype, bool(use_split_accumulator))
     return _dispatch(_contract_p, _contract, static, a_columnwise, a_scale_inv, b_columnwise,
                      b_scale_inv, sizes)
+
+
+def grouped_quantize_delayed(x, sizes, fmt: str, rowwise: bool, columnwise: bool, amax_history,
+                             scale, seeded, margin: int, amax_reduction: str, record: bool):
+    """grouped_quantize_delayed_call; gathered under a mesh."""
+    static = (fmt, bool(rowwise), bool(columnwise), int(margin), amax_reduction, bool(record))
+    return _dispatch(_quantize_delayed_p, _quantize_delayed, static, x, sizes, amax_history,
+                     scale, seeded)
+
+
+def grouped_quantize_block(x, sizes, fmt: str, rowwise: bool, columnwise: bool,
+                           scaling_mode: str, amax_epsilon: float, power_2_scale: bool):
+    """grouped_quantize_block_call; gathered under a mesh."""
+    static = (fmt, bool(rowwise), bool(columnwise), scaling_mode, float(amax_epsilon),
+              bool(power_2_scale))
+    return _dispatch(_quantize_block_p, _quantize_block, static, x, sizes)
+
+
+def grouped_gemm_block_tokens(a, a_scales, a_mode: str, b, b_scales, b_mode: str, sizes,
+                              trans_b: bool, b_columnwise: bool, out_dtype,
+                              use_split_accumulator: bool, bias=None):
+    """grouped_gemm_block_tokens_call; gathered under a mesh."""
+    static = (a_mode, b_mode, bool(trans_b), bool(b_columnwise), out_dtype,
+              bool(use_split_accumulator))
+    args = (a, a_scales, b, b_scales, sizes) + (() if bias is None else (bias,))
+    return _dispatch(_block_tokens_p, _block_tokens, static, *args)
+
+
+def grouped_gemm_block_contract(a_columnwise, a_scales, a_mode: str, b_columnwise, b_scales,
+                                b_mode: str, sizes, out_dtype, use_split_accumulator: bool):
+    """grouped_gemm_block_contract_call; gathered under a mesh."""
+    static = (a_mode, b_mode, out_dtype, bool(use_split_accumulator))
+    return _dispatch(_block_contract_p, _block_contract, static, a_columnwise, a_scales,
+                     b_columnwise, b_scales, sizes)
