@@ -34,10 +34,13 @@ Importing this package registers fp8kit's FFI handlers with JAX (for the
                                               (state: DelayedScalingState.create(recipe,
                                               num_linears=2)); both fused layers take
                                               the three recipes, as dense does
-    grouped_dense(x, kernels, group_sizes, bias, *, recipe)
+    grouped_dense(x, kernels, group_sizes, bias, *, state, recipe)
                                               FP8 expert layer of a mixture of experts
                                               (jax.lax.ragged_dot's semantics, a scale
-                                              per expert; CurrentScaling)
+                                              per expert; the three recipes)
+    GroupedDelayedScalingState.create(recipe, num_experts)
+                                              its delayed-scaling state, one
+                                              DelayedScalingState per expert
 
 Sharding: under a mesh context (`with jax.set_mesh(mesh):`) the custom
 calls are partitioned instead of gathered (data parallel, and tensor
@@ -45,8 +48,9 @@ parallel for dense and layernorm_mlp); see fp8kit/jax/_sharding.py. The
 grouped calls of grouped_dense are gathered (_sharding_grouped.py).
 
 Flax: fp8kit.jax.flax, imported on its own (it needs Flax), holds Dense,
-LayerNormDense and LayerNormMLP modules over these functions, and
-registers DelayedScalingState with flax.serialization.
+LayerNormDense, LayerNormMLP and GroupedDense modules over these
+functions, and registers DelayedScalingState and
+GroupedDelayedScalingState with flax.serialization.
 
 Modules, in import order (each imports only modules above it, so there
 are no cycles; tests/jax/test_jax_imports.py checks it):
@@ -75,6 +79,8 @@ are no cycles; tests/jax/test_jax_imports.py checks it):
                              the layers share
     fused_dense_layer,       layernorm_dense and layernorm_mlp
     fused_mlp_layer
+    grouped_delayed_scaling  GroupedDelayedScalingState and its grouped cast
+    _grouped_block           grouped_dense's BlockScaling steps (padded rows)
     grouped_dense_layer      grouped_dense
 """
 
@@ -84,6 +90,7 @@ from fp8kit.jax.dense_layer import dense
 from fp8kit.jax.fused_dense_layer import layernorm_dense
 from fp8kit.jax.fused_mlp_layer import layernorm_mlp
 from fp8kit.jax.grouped_dense_layer import grouped_dense
+from fp8kit.jax.grouped_delayed_scaling import GroupedDelayedScalingState
 from fp8kit.jax.block_quantization import quantize_block_scaling
 from fp8kit.jax.matmul import gemm, supports_block_scaled_fp8_gemm, supports_non_tn_fp8_gemm
 from fp8kit.jax.quantization import (amax, compute_scale, dequantize, quantize,
@@ -93,7 +100,8 @@ from fp8kit.jax.statistics import (CastStatistics, cast_statistics, statistics_r
                                    tensor_statistics)
 
 __all__ = [
-    "BUILT_WITH_CUDA", "CastStatistics", "DelayedScalingState", "ScaledTensor", "amax",
+    "BUILT_WITH_CUDA", "CastStatistics", "DelayedScalingState", "GroupedDelayedScalingState",
+    "ScaledTensor", "amax",
     "cast_statistics", "compute_scale", "delayed_scaling_update", "dense", "dequantize", "gemm",
     "grouped_dense", "layernorm_dense", "layernorm_mlp", "quantize", "quantize_block_scaling",
     "quantize_current_scaling", "statistics_rows", "supports_block_scaled_fp8_gemm",

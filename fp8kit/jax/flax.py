@@ -5,7 +5,7 @@ depend on.
     Dense(features)                     fp8kit.jax.dense
     LayerNormDense(features)            fp8kit.jax.layernorm_dense
     LayerNormMLP(ffn_features)          fp8kit.jax.layernorm_mlp
-    GroupedDense(num_experts, features) fp8kit.jax.grouped_dense (CurrentScaling)
+    GroupedDense(num_experts, features) fp8kit.jax.grouped_dense
 
 Each module holds its parameters in "params", named as the function's
 arguments (kernel, bias; gamma, beta; kernel_1, bias_1, kernel_2,
@@ -46,8 +46,9 @@ alignment (16).
 
 GroupedDense holds kernel [E, K, N] and bias [E, N] and takes the token
 counts at call time, model.apply(variables, x, group_sizes), x [T, K]
-sorted by expert. Its recipe is CurrentScaling (the only one
-grouped_dense runs so far), so it has no "fp8_state" either.
+sorted by expert. Its recipe defaults to CurrentScaling; under
+DelayedScaling its "scaling" variable is a GroupedDelayedScalingState (one
+state per expert), updated and serialized as the others' states are.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ from fp8kit.jax.delayed_scaling import DelayedScalingState
 from fp8kit.jax.dense_layer import dense
 from fp8kit.jax.fused_dense_layer import layernorm_dense
 from fp8kit.jax.fused_mlp_layer import ACTIVATIONS, layernorm_mlp
+from fp8kit.jax.grouped_delayed_scaling import GroupedDelayedScalingState
 from fp8kit.jax.grouped_dense_layer import grouped_dense
 
 STATE_COLLECTION = "fp8_state"
@@ -78,8 +80,9 @@ _DEFAULT_RECIPE = recipe_lib.DelayedScaling()
 _RECIPES = (recipe_lib.DelayedScaling, recipe_lib.CurrentScaling, recipe_lib.BlockScaling)
 
 
-def _restore_state(target: DelayedScalingState, state_dict) -> DelayedScalingState:
-    """DelayedScalingState.from_state_dict, its errors naming the variable."""
+def _restore_state(target, state_dict):
+    """target.from_state_dict (a DelayedScalingState or
+    GroupedDelayedScalingState), its errors naming the variable."""
     try:
         return target.from_state_dict(state_dict)
     except (TypeError, ValueError) as e:
@@ -87,8 +90,9 @@ def _restore_state(target: DelayedScalingState, state_dict) -> DelayedScalingSta
 
 
 # override: importing this module again (importlib.reload) registers again.
-serialization.register_serialization_state(
-    DelayedScalingState, DelayedScalingState.to_state_dict, _restore_state, override=True)
+for _state_type in (DelayedScalingState, GroupedDelayedScalingState):
+    serialization.register_serialization_state(
+        _state_type, _state_type.to_state_dict, _restore_state, override=True)
 
 
 def _check_attributes(module: nn.Module, **gemm_dims) -> None:
@@ -109,9 +113,9 @@ def _check_attributes(module: nn.Module, **gemm_dims) -> None:
         _checks.epsilon(fn, "epsilon", module.epsilon)
 
 
-def _scaling_state(module: nn.Module, num_linears: int) -> Optional[DelayedScalingState]:
-    """module's DelayedScalingState (created by init), None for a stateless
-    recipe."""
+def _scaling_state(module: nn.Module, num_linears: int, create=DelayedScalingState.create):
+    """module's state (created by init as create(recipe, num_linears)),
+    None for a stateless recipe."""
     if not isinstance(module.recipe, recipe_lib.DelayedScaling):
         return None
     if not module.is_initializing() and not module.has_variable(STATE_COLLECTION, "scaling"):
@@ -119,8 +123,8 @@ def _scaling_state(module: nn.Module, num_linears: int) -> Optional[DelayedScali
             f"fp8kit.jax.flax.{type(module).__name__}: DelayedScaling keeps its state in the "
             f"'{STATE_COLLECTION}' collection, which apply was not given; pass the variables "
             f"init made: model.apply({{'params': params, '{STATE_COLLECTION}': fp8_state}}, x)")
-    return module.variable(STATE_COLLECTION, "scaling", DelayedScalingState.create,
-                           module.recipe, num_linears).value
+    return module.variable(STATE_COLLECTION, "scaling", create, module.recipe,
+                           num_linears).value
 
 
 def _norm_params(module: nn.Module, hidden: int):
@@ -269,10 +273,6 @@ class GroupedDense(nn.Module):
         fn = "fp8kit.jax.flax.GroupedDense"
         _check_attributes(self, features=self.features)
         _checks.int_in(fn, "num_experts", self.num_experts, 1, _ffi_grouped.MAX_GROUPS)
-        if not isinstance(self.recipe, recipe_lib.CurrentScaling):
-            raise NotImplementedError(f"{fn}: recipe is {type(self.recipe).__name__}, but "
-                                      "grouped_dense runs with fp8kit.recipe.CurrentScaling only "
-                                      "so far; pass recipe=CurrentScaling()")
         super().__post_init__()
 
     @nn.compact
@@ -282,4 +282,5 @@ class GroupedDense(nn.Module):
                             self.param_dtype)
         bias = (self.param("bias", self.bias_init, (e, self.features), self.param_dtype)
                 if self.use_bias else None)
-        return grouped_dense(x, kernel, group_sizes, bias, recipe=self.recipe)
+        state = _scaling_state(self, e, GroupedDelayedScalingState.create)
+        return grouped_dense(x, kernel, group_sizes, bias, state=state, recipe=self.recipe)

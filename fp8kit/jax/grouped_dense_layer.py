@@ -3,6 +3,7 @@ dense layers each applied to its own group of tokens, with FP8 GEMMs; the
 semantics of jax.lax.ragged_dot (plus a bias per expert):
 
     y = grouped_dense(x, kernels, group_sizes, bias, recipe=CurrentScaling())
+    y = grouped_dense(x, kernels, group_sizes, bias, state=state, recipe=DelayedScaling())
     y[t] = x[t] @ kernels[e] + bias[e]    for the expert e token t belongs to
 
 x [T, K] holds the tokens of expert 0, then those of expert 1, and so on
@@ -12,8 +13,16 @@ each expert's tokens and must sum to T. kernels [E, K, N], bias [E, N].
 Under CurrentScaling every operand has one scale per expert, from that
 expert's own amax (its tokens of x and of the output gradient, its kernel
 matrix), so each expert's values are bit for bit those of fp8kit.jax.dense
-on its tokens alone. The casts of all experts are one custom call per
-tensor, the GEMMs one per pass (common/include/fp8kit/grouped.h):
+on its tokens alone. Under DelayedScaling each expert has its own scaling
+state (a GroupedDelayedScalingState, fp8kit/jax/grouped_delayed_scaling.py),
+seeded and recorded as dense's, and updated through the state argument's
+cotangent as dense's is: again each expert's values are dense's with that
+expert's state, except that an expert with no tokens in a step casts (and
+records) no output gradient. Under BlockScaling the tokens are laid out
+padded per expert (fp8kit/jax/_grouped_block.py) and each expert is cast
+1x128 / 128x128 and multiplied as dense does it. The casts of all experts
+are one custom call per tensor, the GEMMs one per pass
+(common/include/fp8kit/grouped.h):
 
 Forward:  y_e  = Q(x_e) @ Q(kernel_e)          grouped GEMM over tokens
 Backward: dx_e = Q(dy_e) @ Q(kernel_e)^T        grouped GEMM over tokens
@@ -34,8 +43,7 @@ XLA's CUDA graphs. Counts that do not sum to T are a ValueError when they
 are concrete; under jit the core refuses them when the program runs (an
 XLA runtime error naming group_sizes). Under a mesh the grouped calls are
 gathered and run whole on every device (fp8kit/jax/_sharding_grouped.py
-says why). DelayedScaling (a history per expert) and BlockScaling are not
-supported yet.
+says why).
 """
 
 from __future__ import annotations
@@ -49,9 +57,11 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from fp8kit import recipe as recipe_lib
-from fp8kit.jax import _checks, _ffi, _ffi_grouped
+from fp8kit.jax import _checks, _ffi, _ffi_grouped, _grouped_block
 from fp8kit.jax import _sharding as sh
 from fp8kit.jax import _sharding_grouped as shg
+from fp8kit.jax import grouped_delayed_scaling as gds
+from fp8kit.jax.delayed_scaling import GRAD_OUTPUT, INPUT, WEIGHT, note_use
 
 _FN = "fp8kit.jax.grouped_dense"
 
@@ -60,28 +70,46 @@ _FN = "fp8kit.jax.grouped_dense"
 class _Config:
     """Everything static about one call (custom_vjp's nondiff arg)."""
 
-    recipe: recipe_lib.CurrentScaling
+    recipe: recipe_lib.CurrentScaling | recipe_lib.DelayedScaling | recipe_lib.BlockScaling
     x_dtype: jnp.dtype
     kernel_dtype: jnp.dtype
     bias_dtype: Optional[jnp.dtype]
-    # Sharding types (PartitionSpecs) of x, kernels, bias and y under
-    # Explicit mesh axes, else None: the custom calls' results are typed
-    # replicated and custom_vjp requires each cotangent to have its
-    # primal's type.
-    types: Optional[tuple[P, P, Optional[P], P]]
+    # Sharding types (PartitionSpecs) of x, kernels, bias, y and the state's
+    # leaves under Explicit mesh axes, else None: the custom calls' results
+    # are typed replicated and custom_vjp requires each cotangent to have
+    # its primal's type.
+    types: Optional[tuple[P, P, Optional[P], P, Optional[tuple[P, ...]]]]
 
-    def quantize(self, t, sizes, fmt: str, rowwise: bool, columnwise: bool):
-        """(data, grouped columnwise copy, scale_inv) of t's current-scaling cast."""
+    @property
+    def delayed(self) -> bool:
+        return isinstance(self.recipe, recipe_lib.DelayedScaling)
+
+    @property
+    def block(self) -> bool:
+        return isinstance(self.recipe, recipe_lib.BlockScaling)
+
+    def quantize(self, t, sizes, fmt: str, copies, state, slot: int, record: bool, used=None):
+        """(state, data, grouped columnwise copy, scale_inv) of t's per-tensor
+        cast: current scaling, or delayed with the state's `slot` (recorded
+        when `record`, except for the experts `used` excludes)."""
+        if self.delayed:
+            return gds.quantize_and_record(state, self.recipe, slot, t, sizes, fmt, copies,
+                                           record, used)
         data, cw, _, scale_inv, _ = shg.grouped_quantize(
-            t, sizes, fmt, rowwise, columnwise, self.recipe.amax_epsilon,
-            self.recipe.power_2_scale)
-        return data, cw, scale_inv
+            t, sizes, fmt, *copies, self.recipe.amax_epsilon, self.recipe.power_2_scale)
+        return state, data, cw, scale_inv
 
     def retype(self, *pairs):
         """Each array with its type (index into `types`), when typed."""
         if self.types is None:
             return tuple(x for x, _ in pairs)
         return tuple(None if x is None else sh.retype(x, self.types[i]) for x, i in pairs)
+
+    def retype_state(self, state):
+        if self.types is None or state is None:
+            return state
+        leaves, tree = jax.tree_util.tree_flatten(state)
+        return tree.unflatten(map(sh.retype, leaves, self.types[4]))
 
 
 def _token_experts(group_sizes, tokens: int):
@@ -90,13 +118,24 @@ def _token_experts(group_sizes, tokens: int):
     return jnp.repeat(experts, group_sizes, total_repeat_length=tokens)
 
 
-def _forward(cfg: _Config, x, kernels, bias, group_sizes, grads: bool):
+def _forward(cfg: _Config, x, kernels, bias, group_sizes, state, grads: bool):
+    """(y, state, what backward reads); differentiating, a delayed state
+    records x and the kernels."""
     (t, k), (e, _, n) = x.shape, kernels.shape
+    if t == 0 and not cfg.delayed:  # no tokens: nothing to cast (x is empty)
+        return jnp.zeros((0, n), cfg.x_dtype), state, (x,)
+    if cfg.block:
+        y, saved = _grouped_block.forward(cfg, x, kernels, bias, group_sizes,
+                                          _token_experts(group_sizes, t), grads)
+        return cfg.retype((y, 3))[0], state, saved
     fmt = cfg.recipe.fp8_format.forward_dtype
     sizes = _ffi_grouped.sizes_operand(group_sizes)
-    x_d, x_cw, x_sinv = cfg.quantize(x, sizes, fmt, True, grads)
+    state, x_d, x_cw, x_sinv = cfg.quantize(x, sizes, fmt, (True, grads), state, INPUT, grads)
     kernel_sizes = _ffi_grouped.sizes_operand(jnp.full((e,), k, jnp.int32))
-    k_d, k_cw, k_sinv = cfg.quantize(kernels.reshape(e * k, n), kernel_sizes, fmt, grads, True)
+    state, k_d, k_cw, k_sinv = cfg.quantize(kernels.reshape(e * k, n), kernel_sizes, fmt,
+                                            (grads, True), state, WEIGHT, grads)
+    if t == 0:  # delayed: the casts above recorded, nothing to multiply
+        return jnp.zeros((0, n), cfg.x_dtype), state, (x,)
     # The GEMM epilogue adds a bias of the output's 16-bit type; a float32
     # output gets its bias added outside, in float32, as dense does.
     out = cfg.x_dtype
@@ -106,52 +145,58 @@ def _forward(cfg: _Config, x, kernels, bias, group_sizes, grads: bool):
                                 bias.astype(out) if fused else None)
     if bias is not None and not fused:
         y = y + bias.astype(out)[_token_experts(group_sizes, t)]
-    residuals = (x_cw, x_sinv, k_d.reshape(e, k, n) if grads else None, k_sinv, group_sizes)
-    return cfg.retype((y, 3))[0], residuals
+    saved = (x_cw, x_sinv, k_d.reshape(e, k, n), k_sinv) if grads else None
+    return cfg.retype((y, 3))[0], state, saved
 
 
-def _primal(cfg: _Config, x, kernels, bias, group_sizes):
-    if x.shape[0] == 0:
-        return jnp.zeros((0, kernels.shape[2]), cfg.x_dtype)
-    return _forward(cfg, x, kernels, bias, group_sizes, grads=False)[0]
+def _primal(cfg: _Config, x, kernels, bias, group_sizes, state):
+    return _forward(cfg, x, kernels, bias, group_sizes, state, grads=False)[0]
 
 
-def _fwd(cfg: _Config, x, kernels, bias, group_sizes):
-    if x.shape[0] == 0:  # no tokens: nothing to cast, zero gradients (x is empty)
-        return _primal(cfg, x, kernels, bias, group_sizes), (x, group_sizes)
-    return _forward(cfg, x, kernels, bias, group_sizes, grads=True)
+def _fwd(cfg: _Config, x, kernels, bias, group_sizes, state):
+    y, state, saved = _forward(cfg, x, kernels, bias, group_sizes, state, grads=True)
+    # The forward's updated state travels to the backward, which records dy.
+    return y, (saved, group_sizes, state)
 
 
 def _bwd(cfg: _Config, res, dy):
-    if len(res) == 2:  # T = 0
-        (x, group_sizes), n = res, dy.shape[1]
-        e, k = group_sizes.shape[0], x.shape[1]
+    saved, group_sizes, state = res
+    (t, n), e = dy.shape, group_sizes.shape[0]
+    if t == 0:  # zero gradients; no expert casts an output gradient
+        k = saved[0].shape[1]
         db = None if cfg.bias_dtype is None else jnp.zeros((e, n), cfg.bias_dtype)
         dx, dk = jnp.zeros((0, k), cfg.x_dtype), jnp.zeros((e, k, n), cfg.kernel_dtype)
-        return (*cfg.retype((dx, 0), (dk, 1), (db, 2)), None)
-    x_cw, x_sinv, k_d, k_sinv, group_sizes = res
-    (t, n), (e, k, _) = dy.shape, k_d.shape
+        return (*cfg.retype((dx, 0), (dk, 1), (db, 2)), None, cfg.retype_state(state))
     if cfg.types is not None:  # typed as y; the grouped calls and the bias sums see all of it
         dy = sh.retype(dy, P())
-    sizes = _ffi_grouped.sizes_operand(group_sizes)
-    dq_d, dq_cw, dq_sinv = cfg.quantize(dy, sizes, cfg.recipe.fp8_format.backward_dtype,
-                                        True, True)
-    dx = shg.grouped_gemm_tokens(dq_d, dq_sinv, k_d, k_sinv, sizes, True, False, cfg.x_dtype,
-                                 True)
-    dk = shg.grouped_gemm_contract(x_cw, x_sinv, dq_cw, dq_sinv, sizes, t, k, n,
-                                   cfg.kernel_dtype, True)
+    if cfg.block:
+        dx, dk = _grouped_block.backward(cfg, saved, group_sizes, dy)
+    else:
+        x_cw, x_sinv, k_d, k_sinv = saved
+        k = k_d.shape[1]
+        sizes = _ffi_grouped.sizes_operand(group_sizes)
+        # An expert with no tokens records nothing here, as a dense layer
+        # given no tokens would cast no output gradient (fp8kit.torch's rule).
+        state, dq_d, dq_cw, dq_sinv = cfg.quantize(dy, sizes, cfg.recipe.fp8_format.backward_dtype,
+                                                   (True, True), state, GRAD_OUTPUT, True,
+                                                   used=group_sizes > 0)
+        dx = shg.grouped_gemm_tokens(dq_d, dq_sinv, k_d, k_sinv, sizes, True, False, cfg.x_dtype,
+                                     True)
+        dk = shg.grouped_gemm_contract(x_cw, x_sinv, dq_cw, dq_sinv, sizes, t, k, n,
+                                       cfg.kernel_dtype, True)
     db = None
     if cfg.bias_dtype is not None:
         db = jax.ops.segment_sum(dy.astype(jnp.float32), _token_experts(group_sizes, t),
                                  num_segments=e).astype(cfg.bias_dtype)
-    return (*cfg.retype((dx, 0), (dk, 1), (db, 2)), None)
+    return (*cfg.retype((dx, 0), (dk, 1), (db, 2)), None, cfg.retype_state(state))
 
 
 _grouped_dense = jax.custom_vjp(_primal, nondiff_argnums=(0,))
 _grouped_dense.defvjp(_fwd, _bwd)
 
 
-def grouped_dense(x, kernels, group_sizes, bias=None, *, recipe):
+def grouped_dense(x, kernels, group_sizes, bias=None, *,
+                  state: Optional[gds.GroupedDelayedScalingState] = None, recipe):
     """FP8 expert layer (see the module doc): y [T, N] in x's dtype,
     differentiable with respect to x, kernels and bias; jit- and vmap-able.
 
@@ -160,9 +205,12 @@ def grouped_dense(x, kernels, group_sizes, bias=None, *, recipe):
                  K and N positive multiples of 16 (the FP8 GEMM alignment).
     group_sizes: int32 or int64 [E], each expert's token count, summing to T.
     bias:        [E, N] or None.
-    recipe:      fp8kit.recipe.CurrentScaling.
+    recipe:      fp8kit.recipe.CurrentScaling, DelayedScaling (then `state`
+                 is required: a GroupedDelayedScalingState.create(recipe, E),
+                 updated through its cotangent) or BlockScaling (no state;
+                 block-scaled GEMMs need supports_block_scaled_fp8_gemm).
     """
-    _check_recipe(recipe)
+    _check_recipe(recipe, state)
     x, kernels = (_array(a, v) for a, v in (("x", x), ("kernels", kernels)))
     if x.ndim != 2:
         raise ValueError(f"{_FN}: x has shape {x.shape}; expected [T, K], the tokens sorted by "
@@ -183,6 +231,8 @@ def grouped_dense(x, kernels, group_sizes, bias=None, *, recipe):
                              f"{_ffi.GEMM_DIM_MULTIPLE} (kernels has shape {kernels.shape}; "
                              "the FP8 GEMM's alignment, enforced on the CPU too); pad it")
     group_sizes = _check_group_sizes(group_sizes, e, x.shape[0])
+    if state is not None:
+        gds.check_state(_FN, recipe, state, e)
     if bias is not None:
         bias = _array("bias", bias)
         if bias.shape != (e, n):
@@ -194,22 +244,29 @@ def grouped_dense(x, kernels, group_sizes, bias=None, *, recipe):
         k_spec = sh.explicit_spec(kernels)
         rows, cols = sh.spec_axes(x_spec, 0), sh.spec_axes(k_spec, 2)
         y_spec = sh.spec_of([rows, () if set(rows) & set(cols) else cols])
-        types = (x_spec, k_spec, None if bias is None else sh.explicit_spec(bias), y_spec)
+        state_specs = None if state is None else tuple(
+            sh.explicit_spec(a) for a in jax.tree_util.tree_leaves(state))
+        types = (x_spec, k_spec, None if bias is None else sh.explicit_spec(bias), y_spec,
+                 state_specs)
     cfg = _Config(recipe=recipe, x_dtype=jnp.dtype(x.dtype), kernel_dtype=jnp.dtype(kernels.dtype),
                   bias_dtype=None if bias is None else jnp.dtype(bias.dtype), types=types)
-    return _grouped_dense(cfg, x, kernels, bias, group_sizes)
+    note_use(_FN, state)
+    return _grouped_dense(cfg, x, kernels, bias, group_sizes, state)
 
 
-def _check_recipe(recipe) -> None:
-    if isinstance(recipe, recipe_lib.CurrentScaling):
-        return
-    if isinstance(recipe, (recipe_lib.DelayedScaling, recipe_lib.BlockScaling)):
-        raise NotImplementedError(
-            f"{_FN}: the recipe is {type(recipe).__name__}, but grouped_dense runs with "
-            "fp8kit.recipe.CurrentScaling only so far (one scale per expert from its own amax); "
-            "pass recipe=CurrentScaling()")
-    raise TypeError(f"{_FN}: recipe must be fp8kit.recipe.CurrentScaling, got "
-                    f"{type(recipe).__name__}")
+def _check_recipe(recipe, state) -> None:
+    """A DelayedScaling recipe with a state (checked once E is known), or a
+    stateless recipe with none."""
+    if isinstance(recipe, recipe_lib.DelayedScaling):
+        if state is None:
+            raise TypeError(f"{_FN}: a DelayedScaling recipe needs state=GroupedDelayedScaling"
+                            "State.create(recipe, num_experts), one scaling state per expert")
+    elif isinstance(recipe, (recipe_lib.CurrentScaling, recipe_lib.BlockScaling)):
+        if state is not None:
+            raise TypeError(f"{_FN}: {type(recipe).__name__} is stateless; pass state=None")
+    else:
+        raise TypeError(f"{_FN}: recipe must be fp8kit.recipe.DelayedScaling, CurrentScaling "
+                        f"or BlockScaling, got {type(recipe).__name__}")
 
 
 def _array(arg: str, value):

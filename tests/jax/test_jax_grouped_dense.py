@@ -171,12 +171,15 @@ def test_counts_that_do_not_sum_to_t():
         call(jnp.asarray([10, 11], jnp.int32)).block_until_ready()
 
 
-@pytest.mark.parametrize("recipe,error", [(DelayedScaling(), NotImplementedError),
-                                          (BlockScaling(), NotImplementedError),
-                                          ("current", TypeError)])
-def test_unsupported_recipes(recipe, error):
+@pytest.mark.parametrize("recipe,message", [(DelayedScaling(), "needs state="),
+                                            (BlockScaling(), None),
+                                            ("current", "recipe must be")])
+def test_recipes_and_their_state(recipe, message):
     x, kernels, _, sizes, _ = _operands([4, 4])
-    with pytest.raises(error, match="CurrentScaling"):
+    if message is None:  # stateless: runs (tests/jax/test_jax_grouped_recipes.py)
+        assert fj.grouped_dense(x, kernels, sizes, recipe=recipe).shape == (8, N)
+        return
+    with pytest.raises(TypeError, match=message):
         fj.grouped_dense(x, kernels, sizes, recipe=recipe)
 
 
@@ -243,8 +246,8 @@ def test_flax_grouped_dense():
     y = model.apply(variables, x, sizes)
     want = fj.grouped_dense(x, params["kernel"], sizes, params["bias"], recipe=CurrentScaling())
     np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(want, np.float32))
-    with pytest.raises(NotImplementedError, match="CurrentScaling"):
-        GroupedDense(num_experts=3, features=N, recipe=DelayedScaling())
+    with pytest.raises(TypeError, match="recipe must be"):
+        GroupedDense(num_experts=3, features=N, recipe="current")
     with pytest.raises(ValueError, match="num_experts"):
         GroupedDense(num_experts=0, features=N)
 
