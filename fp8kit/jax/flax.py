@@ -113,9 +113,10 @@ def _check_attributes(module: nn.Module, **gemm_dims) -> None:
         _checks.epsilon(fn, "epsilon", module.epsilon)
 
 
-def _scaling_state(module: nn.Module, num_linears: int, create=DelayedScalingState.create):
-    """module's state (created by init as create(recipe, num_linears)),
-    None for a stateless recipe."""
+def _scaling_state(module: nn.Module, count: int, create=DelayedScalingState.create):
+    """module's state, created by init as create(recipe, count) (count: the
+    Linears of a DelayedScalingState, the experts of a grouped state), None
+    for a stateless recipe."""
     if not isinstance(module.recipe, recipe_lib.DelayedScaling):
         return None
     if not module.is_initializing() and not module.has_variable(STATE_COLLECTION, "scaling"):
@@ -123,8 +124,7 @@ def _scaling_state(module: nn.Module, num_linears: int, create=DelayedScalingSta
             f"fp8kit.jax.flax.{type(module).__name__}: DelayedScaling keeps its state in the "
             f"'{STATE_COLLECTION}' collection, which apply was not given; pass the variables "
             f"init made: model.apply({{'params': params, '{STATE_COLLECTION}': fp8_state}}, x)")
-    return module.variable(STATE_COLLECTION, "scaling", create, module.recipe,
-                           num_linears).value
+    return module.variable(STATE_COLLECTION, "scaling", create, module.recipe, count).value
 
 
 def _norm_params(module: nn.Module, hidden: int):

@@ -125,6 +125,8 @@ def _forward(cfg: _Config, x, kernels, bias, group_sizes, state, grads: bool):
     if t == 0 and not cfg.delayed:  # no tokens: nothing to cast (x is empty)
         return jnp.zeros((0, n), cfg.x_dtype), state, (x,)
     if cfg.block:
+        if cfg.types is not None:  # scattered into the padded rows, which the calls see whole
+            x = sh.retype(x, P())
         y, saved = _grouped_block.forward(cfg, x, kernels, bias, group_sizes,
                                           _token_experts(group_sizes, t), grads)
         return cfg.retype((y, 3))[0], state, saved

@@ -1,7 +1,7 @@
 """fp8kit.jax.grouped_dense under DelayedScaling (one state per expert) and
 BlockScaling (the padded row layout), bit for bit against fp8kit.jax.dense
 run on each expert's tokens alone; the new custom calls' checks; Flax's
-GroupedDense under both recipes."""
+GroupedDense under both recipes; sharded on two CPU devices."""
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +12,8 @@ import fp8kit.jax as fj
 from fp8kit.jax import _ffi_grouped, _grouped_block
 from fp8kit.jax.delayed_scaling import GRAD_OUTPUT
 from fp8kit.recipe import AmaxReduction, BlockScaling, CurrentScaling, DelayedScaling, Format
+
+import two_cpu_devices
 
 K, N = 32, 48
 
@@ -307,3 +309,40 @@ def test_flax_grouped_dense_recipes():
     restored = serialization.from_bytes(variables, serialization.to_bytes(
         {"params": variables["params"], "fp8_state": new}))
     _assert_same(restored["fp8_state"]["scaling"].amax_history, want.amax_history, "restored")
+
+
+# --- sharding ------------------------------------------------------------------------------
+
+def test_sharded_recipes_match_unsharded_on_two_cpu_devices():
+    out = two_cpu_devices.run("""
+        import jax, jax.numpy as jnp, numpy as np
+        from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+        import fp8kit.jax as fj
+        from fp8kit.recipe import BlockScaling, DelayedScaling
+
+        rng = np.random.default_rng(0)
+        x = jnp.asarray(rng.standard_normal((64, 32)), jnp.bfloat16)
+        w = jnp.asarray(rng.standard_normal((4, 32, 48)), jnp.bfloat16)
+        sizes = jnp.asarray([10, 25, 0, 29], jnp.int32)
+        delayed = DelayedScaling(amax_history_len=4)
+        state = fj.GroupedDelayedScalingState.create(delayed, 4)
+
+        def step(recipe, x, w, s):
+            y, vjp = jax.vjp(lambda x, w, s: fj.grouped_dense(x, w, sizes, state=s,
+                                                              recipe=recipe), x, w, s)
+            return (y, *jax.tree.leaves(vjp(jnp.ones_like(y))))
+
+        for recipe, s in ((delayed, state), (BlockScaling(), None)):
+            want = jax.jit(step, static_argnums=0)(recipe, x, w, s)
+            for axes in (AxisType.Auto, AxisType.Explicit):
+                mesh = jax.make_mesh((2,), ("d",), axis_types=(axes,))
+                with jax.set_mesh(mesh):
+                    xs = jax.device_put(x, NamedSharding(mesh, P("d", None)))
+                    ws = jax.device_put(w, NamedSharding(mesh, P("d", None, None)))
+                    got = jax.jit(step, static_argnums=0)(recipe, xs, ws, s)
+                same = all(np.array_equal(np.asarray(g, np.float32), np.asarray(r, np.float32))
+                           for g, r in zip(got, want))
+                print(type(recipe).__name__, axes, "same" if same else "DIFFERENT")
+    """)
+    lines = out.strip().splitlines()
+    assert len(lines) == 4 and all(line.endswith(" same") for line in lines), out
