@@ -146,8 +146,8 @@ def test_delayed_scaling_keeps_a_state_per_expert():
         assert torch.all(layer.fp8_seeded[1, :, 0] == 1)
 
 
-def test_jax_experts_need_current_scaling(params):
-    with pytest.raises(NotImplementedError, match="CurrentScaling"):
+def test_jax_experts_under_delayed_scaling_need_their_states(params):
+    with pytest.raises(TypeError, match="GroupedDelayedScalingState"):
         jax_logits(params, np.zeros((1, 8), np.int64), DelayedScaling())
 
 

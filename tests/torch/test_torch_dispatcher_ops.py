@@ -12,7 +12,8 @@ import torch
 import fp8kit.torch as ft
 from fp8kit.torch._ext import ext
 from fp8kit.torch._fake_ops import columnwise_shape
-from torch_reference import DEVICES, assert_bits_equal, assert_fp8_equal_reference, device_of
+from torch_reference import (DEVICES, assert_bits_equal, assert_fp8_equal_reference, device_of,
+                             opcheck)
 
 ops = torch.ops.fp8kit
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -20,25 +21,6 @@ FP8_NAME = {E4M3: "e4m3", E5M2: "e5m2"}
 def assert_absent(t: torch.Tensor, fp8_dtype: torch.dtype, device: torch.device):
     """A layout not asked for: an empty [0] tensor of the FP8 dtype."""
     assert (t.shape, t.dtype, t.device) == ((0,), fp8_dtype, device)
-
-
-def opcheck(op, args, kwargs=None):
-    """torch.library.opcheck's default checks. Its test_schema detects
-    mutation with torch.allclose, which has no FP8 kernel; for FP8 inputs
-    that check is done here instead: every tensor argument keeps its bits
-    (none of these ops' schemas declares a mutation)."""
-    kwargs = kwargs or {}
-    tensors = [t for t in list(args) + list(kwargs.values()) if isinstance(t, torch.Tensor)]
-    if not any(t.dtype in FP8_NAME for t in tensors):
-        torch.library.opcheck(op, args, kwargs)
-        return
-    assert not op._schema.is_mutable
-    before = [t.clone() for t in tensors]
-    torch.library.opcheck(op, args, kwargs, test_utils=(
-        "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
-    op(*args, **kwargs)
-    for t, b in zip(tensors, before):
-        assert_bits_equal(t, b)
 
 
 def scale_of(value: float, device) -> torch.Tensor:

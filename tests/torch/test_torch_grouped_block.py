@@ -16,8 +16,7 @@ from fp8kit.torch import GroupedLinear, Linear, autocast
 from fp8kit.torch._ext import ext
 from fp8kit.torch._grouped_block import padded_rows
 from fp8kit.torch._grouped_block_fake_ops import block_scales_floats
-from test_torch_dispatcher_ops import opcheck
-from torch_reference import DEVICES, assert_bits_equal, device_of
+from torch_reference import DEVICES, assert_bits_equal, device_of, opcheck
 
 RECIPE = BlockScaling()
 

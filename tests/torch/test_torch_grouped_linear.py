@@ -15,8 +15,7 @@ import torch.nn.functional as F
 from compile_helpers import fresh_dynamo  # noqa: F401  (autouse fixture)
 from fp8kit.recipe import AmaxReduction, CurrentScaling, DelayedScaling
 from fp8kit.torch import GroupedLinear, Linear, autocast
-from test_torch_dispatcher_ops import opcheck
-from torch_reference import DEVICES, assert_bits_equal, device_of
+from torch_reference import DEVICES, assert_bits_equal, device_of, opcheck
 
 RECIPE = CurrentScaling()
 
