@@ -12,7 +12,8 @@ concatenated kernels apart):
     adamw.v.<name>           (zeros before the first step)
     fp8.<linear>.<field>     delayed scaling only: each FP8 Linear's state
                              (fp8kit.checkpoint.STATE_FIELDS), <linear> one
-                             of FP8_LINEARS per layer: layers.<i>.qkv, ...
+                             of FP8_LINEARS (MOE_FP8_LINEARS) per layer:
+                             layers.<i>.qkv, ...
 
 and the metadata holds the run's configuration (checked on load, so that a
 checkpoint is never resumed into a different model, schedule or recipe),
@@ -31,6 +32,10 @@ from fp8kit.models.config import LlamaConfig
 # A decoder layer's FP8 Linears: the norm + q, k, v projection, the output
 # projection, and the MLP's two (gate and up fused in fc1; down in fc2).
 FP8_LINEARS = ("qkv", "wo", "mlp.fc1", "mlp.fc2")
+# A mixture-of-experts layer's: the MLP's two are its grouped layers, each
+# state holding every expert's (amax_history [E, 3, len], scale and seeded
+# [E, 3]: fp8kit.jax.GroupedDelayedScalingState's arrays).
+MOE_FP8_LINEARS = ("qkv", "wo", "experts.gate_up", "experts.down")
 
 
 def run_description(model_cfg, train_cfg, recipe) -> dict:
@@ -81,7 +86,8 @@ def unflatten(flat: dict, cfg: LlamaConfig) -> dict:
 
 
 def fp8_linear_names(cfg: LlamaConfig) -> list[str]:
-    return [f"layers.{i}.{n}" for i in range(cfg.layers) for n in FP8_LINEARS]
+    names = MOE_FP8_LINEARS if cfg.experts else FP8_LINEARS
+    return [f"layers.{i}.{n}" for i in range(cfg.layers) for n in names]
 
 
 def to_arrays(params: dict, moments: tuple[dict, dict], fp8_states: dict | None) -> dict:

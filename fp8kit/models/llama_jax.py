@@ -80,6 +80,11 @@ def fp8_state_arrays(states) -> dict:
     out = {}
     for i, layer in enumerate(states["layers"]):
         for name, state in layer.items():
+            if name == "experts":  # each grouped layer's state, every expert's
+                for sub, grouped in state.items():
+                    out[f"layers.{i}.experts.{sub}"] = {
+                        f: np.ascontiguousarray(getattr(grouped, f)) for f in STATE_FIELDS}
+                continue
             fields = {f: np.asarray(getattr(state, f)) for f in STATE_FIELDS}
             rows = _MLP_ROWS if name == "mlp" else {name: [0, 1, 2]}
             for linear, r in rows.items():
@@ -96,6 +101,11 @@ def fp8_states_from_arrays(arrays: dict, cfg: LlamaConfig):
         for name in ("qkv", "wo"):
             layer[name] = fj.DelayedScalingState.from_arrays(
                 **arrays[f"layers.{i}.{name}"])
+        if cfg.experts:
+            layer["experts"] = {sub: fj.GroupedDelayedScalingState.from_arrays(
+                **arrays[f"layers.{i}.experts.{sub}"]) for sub in _EXPERT_LAYERS}
+            layers.append(layer)
+            continue
         mlp = {f: np.empty((6,) + arrays[f"layers.{i}.mlp.fc1"][f].shape[1:], np.float32)
                for f in STATE_FIELDS}
         for linear, rows in _MLP_ROWS.items():
@@ -108,13 +118,25 @@ def fp8_states_from_arrays(arrays: dict, cfg: LlamaConfig):
 
 def _fp8kit_states(cfg: LlamaConfig, recipe):
     """{"layers": [{"qkv", "wo", "mlp": DelayedScalingState}]} under
-    DelayedScaling ("mlp" holds layernorm_mlp's two Linears); None under
-    CurrentScaling or BlockScaling (stateless)."""
+    DelayedScaling ("mlp" holds layernorm_mlp's two Linears; a
+    mixture-of-experts layer has "experts": {"gate_up", "down":
+    GroupedDelayedScalingState} instead); None under CurrentScaling or
+    BlockScaling (stateless)."""
     if not isinstance(recipe, DelayedScaling):
         return None
     create = fj.DelayedScalingState.create
-    return {"layers": [{"qkv": create(recipe), "wo": create(recipe),
-                        "mlp": create(recipe, num_linears=2)} for _ in range(cfg.layers)]}
+
+    def mlp():
+        if cfg.experts:
+            return {"experts": {sub: fj.GroupedDelayedScalingState.create(recipe, cfg.experts)
+                                for sub in _EXPERT_LAYERS}}
+        return {"mlp": create(recipe, num_linears=2)}
+    return {"layers": [{"qkv": create(recipe), "wo": create(recipe), **mlp()}
+                       for _ in range(cfg.layers)]}
+
+
+# A mixture-of-experts layer's grouped layers ("experts" in its states).
+_EXPERT_LAYERS = ("gate_up", "down")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,7 +286,8 @@ def norm_mlp(p, states, x, cfg: LlamaConfig, recipe, layers: JaxLayers, statisti
     recipe=None; from the fused FP8 call bf16, float32 with float32 seams.
     A mixture-of-experts config: RMSNorm, then moe_jax.moe_mlp (bf16)."""
     if cfg.experts:
-        return moe_mlp(p, rms_norm(x, p["mlp_norm"], cfg.norm_eps), cfg, recipe)
+        return moe_mlp(p, rms_norm(x, p["mlp_norm"], cfg.norm_eps), cfg, recipe,
+                       _state(states, "experts"))
     if recipe is None:
         h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
         gate, up = project(h, p["w_gate"], {}, None), project(h, p["w_up"], {}, None)

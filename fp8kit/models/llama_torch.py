@@ -329,13 +329,17 @@ def _fp8_linears(model: Llama) -> dict:
     for i, layer in enumerate(model.layers):
         out[f"layers.{i}.qkv"] = (layer.attention.qkv.layer, "linear")
         out[f"layers.{i}.wo"] = (layer.attention.wo, "linear")
-        # A GroupedLinear's delayed-scaling state is its own buffers (in the
-        # state_dict), not among checkpoint.FP8_LINEARS: a run resumed from
-        # these arrays starts the experts' states fresh.
-        if not isinstance(layer.mlp, MoEMLP):
+        if isinstance(layer.mlp, MoEMLP):  # each GroupedLinear's state, all experts
+            out[f"layers.{i}.experts.gate_up"] = (layer.mlp.w_gate_up, GROUPED)
+            out[f"layers.{i}.experts.down"] = (layer.mlp.w_down, GROUPED)
+        else:
             out[f"layers.{i}.mlp.fc1"] = (layer.mlp.layer, "fc1")
             out[f"layers.{i}.mlp.fc2"] = (layer.mlp.layer, "fc2")
     return out
+
+
+# _fp8_linears' GEMM of a GroupedLinear: the layer's whole state.
+GROUPED = "grouped"
 
 
 def fp8_linear_names(model: Llama) -> dict:
@@ -344,7 +348,7 @@ def fp8_linear_names(model: Llama) -> dict:
     name}, which fp8kit.jax's statistics use too."""
     qualified = {id(m): n for n, m in model.named_modules()}
     return {qualified[id(layer)] + ("" if gemm == "linear" else f".{gemm}"): name
-            for name, (layer, gemm) in _fp8_linears(model).items()}
+            for name, (layer, gemm) in _fp8_linears(model).items() if gemm != GROUPED}
 
 
 def fp8_state_arrays(model: Llama, recipe) -> dict:
@@ -352,6 +356,9 @@ def fp8_state_arrays(model: Llama, recipe) -> dict:
     as fp8kit.checkpoint's arrays}, a fresh state's before its first use."""
     out = {}
     for name, (layer, gemm) in _fp8_linears(model).items():
+        if gemm == GROUPED:
+            out[name] = layer.fp8_state_arrays(recipe)
+            continue
         arrays = layer.fp8_state_arrays(recipe)[gemm]
         if arrays is None:
             arrays = {"amax_history": np.zeros((3, recipe.amax_history_len), np.float32),
@@ -364,6 +371,9 @@ def load_fp8_state_arrays(model: Llama, recipe, states: dict) -> None:
     """fp8_state_arrays' inverse: every FP8 Linear's `recipe` state set."""
     by_layer = {}
     for name, (layer, gemm) in _fp8_linears(model).items():
+        if gemm == GROUPED:
+            layer.load_fp8_state_arrays(recipe, states[name])
+            continue
         by_layer.setdefault(layer, {})[gemm] = states[name]
     for layer, arrays in by_layer.items():
         layer.load_fp8_state_arrays(recipe, arrays)

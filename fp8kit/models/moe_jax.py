@@ -4,8 +4,8 @@ E SwiGLU experts per token (weights: the softmax of those k scores), the
 (token, expert) pairs sorted by expert, the experts as grouped GEMMs and
 the outputs summed with the router's weights.
 
-With a recipe the experts run through fp8kit.jax.grouped_dense
-(CurrentScaling: one scale per expert and operand) on the kernels cast
+With a recipe the experts run through fp8kit.jax.grouped_dense (every
+recipe: one scale per expert and operand, or per block) on the kernels cast
 to bf16 first, as torch.autocast casts the PyTorch model's weights; with
 recipe=None through jax.lax.ragged_dot in bf16. Static shapes throughout
 (the pairs are tokens * top_k, the counts an [E] array), so the block
@@ -35,18 +35,22 @@ def route(scores, top_k: int):
     return flat[order], order // top_k, weights.reshape(-1)[order], counts
 
 
-def _experts(x, kernel, counts, recipe):
+def _experts(x, kernel, counts, recipe, state=None):
     """x [pairs, in] @ each expert's kernel [E, in, out] over its pairs."""
     kernel = kernel.astype(BF16)
     if recipe is None:
         return jax.lax.ragged_dot(x, kernel, counts)
-    return fj.grouped_dense(x, kernel, counts, recipe=recipe)
+    if state is None:
+        return fj.grouped_dense(x, kernel, counts, recipe=recipe)
+    return fj.grouped_dense(x, kernel, counts, state=state, recipe=recipe)
 
 
-def moe_mlp(p, h, cfg: LlamaConfig, recipe):
+def moe_mlp(p, h, cfg: LlamaConfig, recipe, states=None):
     """The experts' output for the normalized input h (bf16 [..., hidden]),
     bf16 in h's shape. p: the layer's params (model_params' layout:
-    "w_gate_up" fused with a recipe, "w_gate" and "w_up" without)."""
+    "w_gate_up" fused with a recipe, "w_gate" and "w_up" without); states:
+    under DelayedScaling {"gate_up", "down": GroupedDelayedScalingState},
+    else None."""
     shape = h.shape
     h = h.reshape(-1, cfg.hidden)
     scores = jnp.dot(h.astype(F32), p["router"].astype(F32))
@@ -56,8 +60,10 @@ def moe_mlp(p, h, cfg: LlamaConfig, recipe):
         gate = _experts(pairs, p["w_gate"], counts, None).astype(F32)
         up = _experts(pairs, p["w_up"], counts, None).astype(F32)
     else:
-        gate_up = _experts(pairs, p["w_gate_up"], counts, recipe).astype(F32)
+        state = None if states is None else states["gate_up"]
+        gate_up = _experts(pairs, p["w_gate_up"], counts, recipe, state).astype(F32)
         gate, up = jnp.split(gate_up, 2, axis=-1)
-    out = _experts((jax.nn.silu(gate) * up).astype(BF16), p["w_down"], counts, recipe)
+    out = _experts((jax.nn.silu(gate) * up).astype(BF16), p["w_down"], counts, recipe,
+                   None if states is None else states["down"])
     y = jnp.zeros(h.shape, F32).at[token].add(out.astype(F32) * weight[:, None])
     return y.astype(BF16).reshape(shape)

@@ -134,6 +134,30 @@ class GroupedLinear(torch.nn.Module):
             y = grouped_block_linear(recipe, x.contiguous(), weight.contiguous(), bias, sizes)
         return y.reshape(*input.shape[:-1], self.out_features)
 
+    def fp8_state_arrays(self, recipe) -> dict:
+        """The delayed-scaling state as fp8kit.jax's
+        GroupedDelayedScalingState holds it (the portable checkpoint's
+        arrays): amax_history [E, 3, len], scale and seeded [E, 3] as NumPy
+        float32, a fresh state's when the layer has none of this length."""
+        import numpy as np
+        if self.fp8_amax_history is None or \
+                self.fp8_amax_history.shape[-1] != recipe.amax_history_len:
+            shape = (self.num_experts, ext.NUM_SLOTS)
+            return {"amax_history": np.zeros(shape + (recipe.amax_history_len,), np.float32),
+                    "scale": np.ones(shape, np.float32), "seeded": np.zeros(shape, np.float32)}
+        as_numpy = lambda t: np.ascontiguousarray(t.detach().cpu().numpy())  # noqa: E731
+        return {"amax_history": as_numpy(self.fp8_amax_history.transpose(0, 1)),
+                "scale": as_numpy(self.fp8_scale[..., 0].t()),
+                "seeded": as_numpy(self.fp8_seeded[..., 0].t())}
+
+    def load_fp8_state_arrays(self, recipe, arrays: dict) -> None:
+        """fp8_state_arrays' inverse (shapes checked by torch's copy)."""
+        _make_state(self, recipe.amax_history_len)
+        with torch.no_grad():
+            self.fp8_amax_history.copy_(torch.as_tensor(arrays["amax_history"]).transpose(0, 1))
+            self.fp8_scale[..., 0].copy_(torch.as_tensor(arrays["scale"]).t())
+            self.fp8_seeded[..., 0].copy_(torch.as_tensor(arrays["seeded"]).t())
+
     def _delayed_state(self, recipe):
         """(fp8_amax_history, fp8_scale, fp8_seeded) for `recipe`."""
         _make_state(self, recipe.amax_history_len)

@@ -18,7 +18,8 @@ from fp8kit.models.init import init_params
 from fp8kit.models.moe_torch import route
 from fp8kit.models.train_jax import JaxTrainer
 from fp8kit.models.train_torch import TorchTrainer
-from fp8kit.recipe import CurrentScaling, DelayedScaling
+import fp8kit.checkpoint as portable
+from fp8kit.recipe import BlockScaling, CurrentScaling, DelayedScaling
 from fp8kit.torch import GroupedLinear
 from small_config import SMALL, SMALL_TRAIN
 
@@ -102,12 +103,17 @@ def test_fp8_logits_track_the_reference(framework, params, tokens):
     assert 2 * _relative_rms(bf16, want) < err < 0.25
 
 
-def test_torch_and_jax_give_the_same_loss(params, tokens):
+@pytest.mark.parametrize("recipe", [None, CurrentScaling(), DelayedScaling(), BlockScaling()])
+def test_torch_and_jax_give_the_same_loss(params, tokens, recipe):
+    """The two frameworks' bf16 attention and softmax round differently;
+    in FP8 that difference can flip a cast's rounding and, through a
+    router score, a token's expert, so FP8 gets a wider bound (each
+    framework's experts are bit-identical to its dense layers, tested
+    in the layer suites)."""
     targets = tokens[:, 1:]
-    for recipe in (None, CurrentScaling()):
-        losses = [ref.cross_entropy(fn(params, tokens, recipe)[:, :-1], targets)
-                  for fn in LOGITS.values()]
-        assert abs(losses[0] - losses[1]) < 0.01, (recipe, losses)
+    losses = [ref.cross_entropy(fn(params, tokens, recipe)[:, :-1], targets)
+              for fn in LOGITS.values()]
+    assert abs(losses[0] - losses[1]) < (0.01 if recipe is None else 0.03), losses
 
 
 def test_weight_layout_round_trips_the_expert_kernels(params):
@@ -146,9 +152,28 @@ def test_delayed_scaling_keeps_a_state_per_expert():
         assert torch.all(layer.fp8_seeded[1, :, 0] == 1)
 
 
-def test_jax_experts_under_delayed_scaling_need_their_states(params):
-    with pytest.raises(TypeError, match="GroupedDelayedScalingState"):
-        jax_logits(params, np.zeros((1, 8), np.int64), DelayedScaling())
+@pytest.mark.parametrize("source,target", [(TorchTrainer, JaxTrainer), (JaxTrainer, TorchTrainer)])
+def test_delayed_moe_checkpoint_moves_between_frameworks(source, target, tmp_path):
+    """Every array, the experts' scaling states included, loads into the
+    other framework's trainer and saves back bit for bit."""
+    cfg = dataclasses.replace(SMALL, experts=4, top_k=2)
+    recipe = DelayedScaling(amax_history_len=4)
+    first = source(cfg, SMALL_TRAIN, recipe)
+    first.train_steps(2)
+    first.save(tmp_path / "first")
+    resumed = target(cfg, SMALL_TRAIN, recipe)
+    resumed.load(tmp_path / "first")
+    resumed.save(tmp_path / "again")
+    before, after = (portable.load(tmp_path / n)[0] for n in ("first", "again"))
+    assert sorted(before) == sorted(after)
+    experts = [k for k in before if k.startswith("fp8.layers.1.experts.gate_up.")]
+    assert sorted(experts) == [f"fp8.layers.1.experts.gate_up.{f}"
+                               for f in ("amax_history", "scale", "seeded")]
+    assert before["fp8.layers.1.experts.gate_up.amax_history"].shape == (4, 3, 4)
+    assert before["fp8.layers.1.experts.gate_up.seeded"].any()
+    for name in before:
+        assert before[name].tobytes() == after[name].tobytes(), name
+    assert np.all(np.isfinite(resumed.train_steps(2)))
 
 
 @pytest.mark.parametrize("kwargs,message", [
