@@ -98,3 +98,32 @@ class _Uses:
 
 
 USES = _Uses()
+
+
+def check_float32_arrays(fn: str, arrays: dict) -> None:
+    """Every value of `arrays` a float32 array (TypeError naming it)."""
+    import jax.numpy as jnp
+    for name, a in arrays.items():
+        if not hasattr(a, "dtype") or not hasattr(a, "shape"):
+            raise TypeError(f"{fn}: {name} is a {type(a).__name__}; pass a float32 array")
+        if jnp.dtype(a.dtype) != jnp.float32:
+            raise TypeError(f"{fn}: {name} has dtype {jnp.dtype(a.dtype)}; the state is "
+                            f"float32: pass {name}.astype(jnp.float32)")
+
+
+def check_saved_state(fn: str, state, state_dict, sizes: str) -> None:
+    """`state_dict` (a saved state as Flax restores it) holds exactly the
+    FIELDS, each of `state`'s shape; ValueError naming what differs and,
+    for a shape, the sizes that set it (`sizes`)."""
+    import numpy as np
+    kind = type(state).__name__
+    if not isinstance(state_dict, dict) or set(state_dict) != set(FIELDS):
+        keys = sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__
+        raise ValueError(f"{fn}: the saved state is {keys}; a {kind} is saved as a dict of "
+                         f"{list(FIELDS)}")
+    for name in FIELDS:
+        saved, here = np.shape(state_dict[name]), tuple(getattr(state, name).shape)
+        if saved != here:
+            raise ValueError(f"{fn}: saved {name} has shape {saved}, this state's {here}: the "
+                             f"checkpoint was written by a layer of another size or recipe "
+                             f"({sizes})")

@@ -68,7 +68,6 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fp8kit import recipe as recipe_lib
 from fp8kit.jax import _batching, _checks, _ffi, _state_values
@@ -131,29 +130,14 @@ class DelayedScalingState:
         restores it), for this state's place: the same shapes, checked as
         from_arrays checks."""
         fn = "DelayedScalingState.from_state_dict"
-        fields = _state_values.FIELDS
-        if not isinstance(state_dict, dict) or set(state_dict) != set(fields):
-            keys = sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__
-            raise ValueError(f"{fn}: the saved state is {keys}; a DelayedScalingState is saved "
-                             f"as a dict of {list(fields)}")
-        for name in fields:
-            saved, here = np.shape(state_dict[name]), tuple(getattr(self, name).shape)
-            if saved != here:
-                raise ValueError(f"{fn}: saved {name} has shape {saved}, this state's {here}: "
-                                 "the checkpoint was written by a layer of another size or "
-                                 "recipe (amax_history_len)")
+        _state_values.check_saved_state(fn, self, state_dict, "amax_history_len")
         return type(self)._checked(fn, "the checkpoint is corrupt (restore an earlier one)",
                                    **state_dict)
 
     @classmethod
     def _checked(cls, fn: str, fix: str, **arrays) -> "DelayedScalingState":
         """from_arrays' checks, errors naming `fn` and ending in `fix`."""
-        for name, a in arrays.items():
-            if not hasattr(a, "dtype") or not hasattr(a, "shape"):
-                raise TypeError(f"{fn}: {name} is a {type(a).__name__}; pass a float32 array")
-            if jnp.dtype(a.dtype) != jnp.float32:
-                raise TypeError(f"{fn}: {name} has dtype {jnp.dtype(a.dtype)}; the state is "
-                                f"float32: pass {name}.astype(jnp.float32)")
+        _state_values.check_float32_arrays(fn, arrays)
         shapes = {name: tuple(arrays[name].shape) for name in _state_values.FIELDS}
         slots = shapes["scale"][0] if len(shapes["scale"]) == 1 else None
         if (slots not in (NUM_SLOTS, 2 * NUM_SLOTS) or shapes["seeded"] != (slots,)

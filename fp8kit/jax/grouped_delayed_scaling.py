@@ -22,7 +22,6 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fp8kit import recipe as recipe_lib
 from fp8kit.jax import _checks, _ffi, _ffi_grouped, _state_values
@@ -83,28 +82,13 @@ class GroupedDelayedScalingState:
         """The state `state_dict` holds, for this state's place: the same
         shapes, checked as from_arrays checks."""
         fn = "GroupedDelayedScalingState.from_state_dict"
-        fields = _state_values.FIELDS
-        if not isinstance(state_dict, dict) or set(state_dict) != set(fields):
-            keys = sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__
-            raise ValueError(f"{fn}: the saved state is {keys}; a GroupedDelayedScalingState is "
-                             f"saved as a dict of {list(fields)}")
-        for name in fields:
-            saved, here = np.shape(state_dict[name]), tuple(getattr(self, name).shape)
-            if saved != here:
-                raise ValueError(f"{fn}: saved {name} has shape {saved}, this state's {here}: "
-                                 "the checkpoint was written by a layer of another size or "
-                                 "recipe (experts, amax_history_len)")
+        _state_values.check_saved_state(fn, self, state_dict, "experts, amax_history_len")
         return type(self)._checked(fn, "the checkpoint is corrupt (restore an earlier one)",
                                    **state_dict)
 
     @classmethod
     def _checked(cls, fn: str, fix: str, **arrays) -> "GroupedDelayedScalingState":
-        for name, a in arrays.items():
-            if not hasattr(a, "dtype") or not hasattr(a, "shape"):
-                raise TypeError(f"{fn}: {name} is a {type(a).__name__}; pass a float32 array")
-            if jnp.dtype(a.dtype) != jnp.float32:
-                raise TypeError(f"{fn}: {name} has dtype {jnp.dtype(a.dtype)}; the state is "
-                                f"float32: pass {name}.astype(jnp.float32)")
+        _state_values.check_float32_arrays(fn, arrays)
         h, s, d = (tuple(arrays[n].shape) for n in _state_values.FIELDS)
         if (len(h) != 3 or h[1] != NUM_SLOTS or s != h[:2] or d != h[:2]
                 or not 1 <= h[0] <= _ffi_grouped.MAX_GROUPS
