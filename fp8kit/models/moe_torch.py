@@ -14,8 +14,8 @@ pick the experts, and a rounding flip changes a token's route). The
 experts run in FP8 inside fp8kit.torch.autocast (one scale per expert
 and operand: CurrentScaling's from its amax, DelayedScaling's from its
 own history), else in bf16 like the dense model's MLP.
-The group sizes are counted on the device (no host sync here; each
-grouped FP8 call reads them back, fp8kit/grouped.h).
+The group sizes are counted on the device and read to the host once per
+block (the grouped GEMMs are planned on the host, fp8kit/grouped.h).
 
 No load-balancing loss is added: the model's loss is the language
 model's alone, so the dense and MoE decoders train on the same objective
@@ -68,6 +68,10 @@ class MoEMLP(torch.nn.Module):
         with torch.autocast(x.device.type, enabled=False):
             scores = F.linear(h.float(), self.router.weight.float())
         _, token, weight, counts = route(scores, self.cfg.top_k)
+        # The grouped GEMMs are planned on the host: one read of the counts
+        # here serves every grouped call of the block, forward and backward
+        # (ten in FP8), where counts left on the GPU would be read by each.
+        counts = counts.cpu()
         gate_up = self.w_gate_up(h[token], counts).float()
         gate, up = gate_up.chunk(2, dim=-1)
         out = self.w_down((F.silu(gate) * up).to(h.dtype), counts)
