@@ -322,8 +322,8 @@ def assert_gemm_close(got, want, bound, what: str):
 # --- the statistics of a cast (common/include/fp8kit/statistics.h) ------------------------
 
 BLOCK_LEN = 128
-# The header's bound on the float32 sums (the CPU's is one rounding of a
-# double sum; CUDA's adds at most 129 float32 roundings).
+# The header's bound on the float32 sums (each one rounding of a double sum,
+# CPU and CUDA adding the terms in different orders).
 SUM_RTOL = 1e-5
 
 

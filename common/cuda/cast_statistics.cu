@@ -3,10 +3,11 @@
 // The per-element rule is cast_statistics.h's, shared with the CPU
 // reference, so amax and the counts are bit-identical and each term of the
 // sums is the same double. Each thread accumulates in double, each thread
-// block reduces in double, and thread 0 of each block commits with one
-// atomicMax (amax, as the amax kernel does) and four atomicAdds. The grid
-// has at most kMaxBlocks blocks: that caps the float32 roundings of the
-// sums at kMaxBlocks + 1, the bound fp8kit/statistics.h documents.
+// block reduces in double; thread 0 of each block commits amax and the
+// counts with atomics (order-free: max and integer adds) and writes its two
+// double sums to its slot of a stream-ordered scratch array, which one
+// thread then adds up in block order and rounds once to float32. So the
+// sums are the same bits run after run, which float atomics would not give.
 //
 // The rowwise copy is read in its stored order, which is the input's
 // (coalesced for both). The columnwise copy is the transpose: each block
@@ -34,7 +35,7 @@ namespace {
 constexpr int kThreads = 1024;  // also one element per thread of a 32x32 tile
 constexpr int kWarps = kThreads / 32;
 constexpr int kTile = 32;
-constexpr int64_t kMaxBlocks = 128;  // see the bound above before raising it
+constexpr int64_t kMaxBlocks = 128;  // the scratch's slots and the final sum's terms
 
 using Partial = CastStatsPartial<double>;
 
@@ -54,9 +55,11 @@ __device__ __forceinline__ double warp_sum(double v) {
   return v;
 }
 
-// Reduces the block's partials and commits them to `out` (zeroed before the
-// launch). Called by every thread of the block.
-__device__ void block_commit(const Partial& p, const fp8kit_cast_statistics& out) {
+// Reduces the block's partials and commits them: amax and the counts to
+// `out` (zeroed before the launch), the sums to the block's two slots of
+// `block_sums`. Called by every thread of the block.
+__device__ void block_commit(const Partial& p, const fp8kit_cast_statistics& out,
+                             double* block_sums) {
   __shared__ uint32_t warp_max[kWarps];
   __shared__ uint32_t warp_underflow[kWarps], warp_saturated[kWarps];
   __shared__ double warp_error[kWarps], warp_norm[kWarps];
@@ -86,9 +89,21 @@ __device__ void block_commit(const Partial& p, const fp8kit_cast_statistics& out
   }
   if (u != 0) atomicAdd(out.underflow, u);
   if (s != 0) atomicAdd(out.saturated, s);
-  // A NaN or inf partial is added too: it must reach the output.
-  if (e != 0.0) atomicAdd(out.error_sq, float(e));
-  if (n != 0.0) atomicAdd(out.norm_sq, float(n));
+  // A NaN or inf partial is kept too: it must reach the output.
+  block_sums[2 * blockIdx.x] = e;
+  block_sums[2 * blockIdx.x + 1] = n;
+}
+
+// One thread: the blocks' sums in block order, each rounded once to float32.
+__global__ void sums_kernel(const double* __restrict__ block_sums, int blocks,
+                            const fp8kit_cast_statistics out) {
+  double e = 0.0, n = 0.0;
+  for (int b = 0; b < blocks; ++b) {
+    e += block_sums[2 * b];
+    n += block_sums[2 * b + 1];
+  }
+  *out.error_sq = float(e);
+  *out.norm_sq = float(n);
 }
 
 // A copy whose stored order is the input's: the rowwise copy, or a
@@ -98,7 +113,8 @@ template <int kIn>
 __global__ void __launch_bounds__(kThreads)
     stats_stored_order_kernel(const void* __restrict__ input, const uint8_t* __restrict__ q,
                               int64_t n, int64_t stored_cols, const DequantScales scales,
-                              fp8kit_dtype fp8_dtype, const fp8kit_cast_statistics out) {
+                              fp8kit_dtype fp8_dtype, const fp8kit_cast_statistics out,
+                              double* block_sums) {
   const float per_tensor = scales.block ? 0.0f : *scales.scale_inv;
   Partial p;
   const int64_t stride = int64_t(gridDim.x) * kThreads;
@@ -106,7 +122,7 @@ __global__ void __launch_bounds__(kThreads)
     const float s = scales.block ? scales.at(i / stored_cols, i % stored_cols, 0.0f) : per_tensor;
     p.add(load_input<kIn>(input, i), q[i], fp8_dtype, s);
   }
-  block_commit(p, out);
+  block_commit(p, out, block_sums);
 }
 
 // The columnwise copy: row-major [cols, rows]; the input row-major [rows,
@@ -116,7 +132,7 @@ __global__ void __launch_bounds__(kThreads)
     stats_columnwise_kernel(const void* __restrict__ input, const uint8_t* __restrict__ columnwise,
                             int64_t rows, int64_t cols, int64_t tiles_c, int64_t tiles,
                             const DequantScales scales, fp8kit_dtype fp8_dtype,
-                            const fp8kit_cast_statistics out) {
+                            const fp8kit_cast_statistics out, double* block_sums) {
   __shared__ uint8_t tile[kTile][kTile + 1];
   const float per_tensor = scales.block ? 0.0f : *scales.scale_inv;
   const int tx = threadIdx.x % kTile;
@@ -137,7 +153,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();  // the tile is overwritten next iteration
   }
-  block_commit(p, out);
+  block_commit(p, out, block_sums);
 }
 
 int64_t grid_size(int64_t work_items, const char* op) {
@@ -148,6 +164,25 @@ int64_t grid_size(int64_t work_items, const char* op) {
   return blocks < 1 ? 1 : blocks;
 }
 
+// The blocks' sums live in stream-ordered scratch (at most kMaxBlocks x 2
+// doubles from the device's memory pool), freed behind the sums kernel.
+class BlockSums {
+ public:
+  BlockSums(int64_t blocks, cudaStream_t stream, const char* op) : stream_(stream) {
+    const size_t bytes = size_t(blocks) * 2 * sizeof(double);
+    cuda_check(cudaMallocAsync(reinterpret_cast<void**>(&sums_), bytes, stream), op,
+               "cudaMallocAsync (the blocks' sums)");
+  }
+  ~BlockSums() { cudaFreeAsync(sums_, stream_); }
+  BlockSums(const BlockSums&) = delete;
+  BlockSums& operator=(const BlockSums&) = delete;
+  double* get() const { return sums_; }
+
+ private:
+  double* sums_ = nullptr;
+  cudaStream_t stream_;
+};
+
 template <int kIn>
 void launch(const fp8kit_tensor& input, const fp8kit_tensor& quantized, bool from_columnwise,
             const fp8kit_cast_statistics& out, cudaStream_t stream, const char* op) {
@@ -155,24 +190,28 @@ void launch(const fp8kit_tensor& input, const fp8kit_tensor& quantized, bool fro
   flatten_2d(input, &rows, &cols);
   const int64_t n = rows * cols;
   const DequantScales scales = dequant_scales(quantized, from_columnwise, rows, cols);
-  if (!from_columnwise || rows == 1 || cols == 1) {
-    // A columnwise copy [cols, 1] or [1, rows] holds its elements in the
-    // input's order; its block indices come from its own stored shape.
+  // A columnwise copy [cols, 1] or [1, rows] holds its elements in the
+  // input's order; its block indices come from its own stored shape.
+  const bool stored_order = !from_columnwise || rows == 1 || cols == 1;
+  const int64_t tiles_c = ceil_div(cols, kTile);
+  const int64_t tiles = ceil_div(rows, kTile) * tiles_c;
+  const int64_t blocks = grid_size(stored_order ? n : tiles * kThreads, op);
+  BlockSums sums(blocks, stream, op);
+  if (stored_order) {
     const uint8_t* q = static_cast<const uint8_t*>(from_columnwise ? quantized.columnwise_data
                                                                    : quantized.data);
     const int64_t stored_cols = from_columnwise ? rows : cols;
-    stats_stored_order_kernel<kIn><<<unsigned(grid_size(n, op)), kThreads, 0, stream>>>(
-        input.data, q, n, stored_cols, scales, quantized.dtype, out);
+    stats_stored_order_kernel<kIn><<<unsigned(blocks), kThreads, 0, stream>>>(
+        input.data, q, n, stored_cols, scales, quantized.dtype, out, sums.get());
     check_launch(op, "launching the cast statistics kernel");
-    return;
+  } else {
+    stats_columnwise_kernel<kIn><<<unsigned(blocks), kThreads, 0, stream>>>(
+        input.data, static_cast<const uint8_t*>(quantized.columnwise_data), rows, cols, tiles_c,
+        tiles, scales, quantized.dtype, out, sums.get());
+    check_launch(op, "launching the columnwise cast statistics kernel");
   }
-  const int64_t tiles_c = ceil_div(cols, kTile);
-  const int64_t tiles = ceil_div(rows, kTile) * tiles_c;
-  stats_columnwise_kernel<kIn><<<unsigned(grid_size(tiles * kThreads, op)), kThreads, 0,
-                                 stream>>>(
-      input.data, static_cast<const uint8_t*>(quantized.columnwise_data), rows, cols, tiles_c,
-      tiles, scales, quantized.dtype, out);
-  check_launch(op, "launching the columnwise cast statistics kernel");
+  sums_kernel<<<1, 1, 0, stream>>>(sums.get(), int(blocks), out);
+  check_launch(op, "launching the cast statistics sums kernel");
 }
 
 }  // namespace
@@ -181,7 +220,8 @@ void cast_statistics(const fp8kit_tensor& input, const fp8kit_tensor& quantized,
                      bool from_columnwise, const fp8kit_cast_statistics& out, void* stream_ptr) {
   const char* op = "cast_statistics_of";
   ScopedDevice device(input.device_index, op);
-  // The kernel accumulates into the outputs; an empty tensor leaves them 0.
+  // The kernels accumulate amax and the counts into the outputs and write
+  // the sums; an empty tensor leaves all of them 0.
   zero_bytes(input.device_index, out.amax, sizeof(float), stream_ptr);
   zero_bytes(input.device_index, out.underflow, sizeof(unsigned int), stream_ptr);
   zero_bytes(input.device_index, out.saturated, sizeof(unsigned int), stream_ptr);

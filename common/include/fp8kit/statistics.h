@@ -34,11 +34,10 @@
  * Precision and reproducibility. The CPU reference accumulates the sums in
  * double in element order and rounds each once to float32: deterministic.
  * The CUDA kernel accumulates per thread in double, reduces each thread
- * block in double, and adds the (at most 128) block sums into the float32
- * outputs with atomicAdd: every term is non-negative, so each sum is within
- * 129 float32 roundings (129 * 2^-24 < 8e-6, relative) of its double value
- * and within 1e-5 relative of the CPU's; its last bits may vary from run to
- * run with the order of the atomics. amax and the counts are exact and
+ * block in double, adds the (at most 128) block sums in block order in
+ * double and rounds once to float32: the same bits on every run, and within
+ * 1e-5 relative of the CPU's (the two differ only in the order of the
+ * double additions, every term non-negative). amax and the counts are exact and
  * bit-identical between CPU and CUDA (a NaN amax is 0x7FC00000 on both). */
 #ifndef FP8KIT_STATISTICS_H_
 #define FP8KIT_STATISTICS_H_
