@@ -11,7 +11,9 @@
 // then, for a columnwise copy, the pad kernel (each block's zero columns)
 // and a fill of the buffer's unused tail.
 //
-// The kernels work on 64x64 tiles of the input [T, F]. A tile's rows may
+// The kernels work on 64x64 tiles of the input [T, F], each thread on 8
+// consecutive elements of a row at a time (one 16-byte load where the rows
+// allow; the 8 threads of a row reduce its amax by shuffles). A tile's rows may
 // belong to several groups: each row's group is looked up once per tile
 // (a binary search over the group starts, which travel in the kernel
 // parameter), the amax of each group met is reduced in shared memory first
@@ -39,9 +41,12 @@ namespace cuda {
 namespace {
 
 constexpr const char* kOp = "grouped_quantize";
-constexpr int kTile = 64;
+constexpr int kTile = 64;  // a block's tile: 64 rows x 64 columns
 constexpr int kThreads = 256;
-constexpr int kRowsPerThread = kTile * kTile / kThreads;  // 16
+constexpr int kChunk = 8;  // consecutive elements per thread and row (one 16-byte load)
+constexpr int kChunksPerRow = kTile / kChunk;          // 8 threads share a tile row
+constexpr int kRowsPerPass = kThreads / kChunksPerRow;  // 32
+constexpr int kPasses = kTile / kRowsPerPass;           // 2
 constexpr int kStride = FP8KIT_GROUP_SCALE_STRIDE;
 constexpr int kUpdateThreads = 128;  // the update's history roll
 
@@ -78,16 +83,6 @@ __device__ int group_of(const Groups& g, int32_t row) {
   return lo;
 }
 
-template <int kIn>
-__device__ __forceinline__ float load_float(const void* base, int64_t i) {
-  const uint32_t bits = load_bits<kIn>(base, i);
-  if constexpr (kIn == FP8KIT_FLOAT32) {
-    return __uint_as_float(bits);
-  } else {
-    return bits16_to_float<kIn>(bits);
-  }
-}
-
 // Each tile row's group, and the slot of its amax in shared memory: the
 // tile row where the group begins within the tile (so a tile touching
 // groups g and g + 100, the ones between empty, needs two slots, not 101).
@@ -105,6 +100,35 @@ __device__ void find_tile_groups(const Params& p, int64_t row0, TileGroups& t) {
   }
 }
 
+// The tile of block (x: row tile, y: column tile): its first row and column.
+__device__ __forceinline__ int64_t tile_row0() { return int64_t(blockIdx.x) * kTile; }
+__device__ __forceinline__ int64_t tile_col0() { return int64_t(blockIdx.y) * kTile; }
+
+// This thread's 8 elements of tile row `tr` (columns col .. col + 7; those
+// at or past the end of the row read 0). kVec: the row is whole 16-byte
+// vectors (features % 8 == 0, input 16-byte aligned).
+template <int kIn, bool kVec>
+__device__ __forceinline__ void load_chunk(const Params& p, int64_t r, int64_t col,
+                                           Raw8<kIn>& raw) {
+  const int64_t idx = r * p.features + col;
+  if (kVec) {
+    load_raw8<kIn>(p.input, idx, raw);
+  } else {
+    load_raw8_partial<kIn>(p.input, idx, int(min(p.features - col, int64_t(kChunk))), raw);
+  }
+}
+
+// The largest |x| bits of a tile row, from the 8 threads that share it
+// (8 consecutive lanes), folded into the row's group slot by one of them.
+__device__ __forceinline__ void fold_row_amax(uint32_t bits, int tr, const TileGroups& t,
+                                              uint32_t* tile_amax) {
+#pragma unroll
+  for (int offset = kChunksPerRow / 2; offset > 0; offset >>= 1) {
+    bits = max(bits, __shfl_xor_sync(0xffffffffu, bits, offset));
+  }
+  if (threadIdx.x % kChunksPerRow == 0 && bits != 0) atomicMax(&tile_amax[t.slot[tr]], bits);
+}
+
 // After the tile's |x| bits are folded into its slots: one global
 // atomicMax per group met (a slot is non-zero only at a group's first row).
 __device__ void flush_tile_amax(const Params& p, const TileGroups& t, const uint32_t* tile_amax) {
@@ -118,12 +142,12 @@ __device__ void flush_tile_amax(const Params& p, const TileGroups& t, const uint
   }
 }
 
-template <int kIn>
+template <int kIn, bool kVec>
 __global__ void __launch_bounds__(kThreads) amax_kernel(const Params p) {
   __shared__ TileGroups t;
   __shared__ uint32_t tile_amax[kTile];
-  const int64_t row0 = int64_t(blockIdx.y) * kTile, col = int64_t(blockIdx.x) * kTile +
-                                                          threadIdx.x % kTile;
+  const int64_t row0 = tile_row0();
+  const int64_t col = tile_col0() + int64_t(threadIdx.x % kChunksPerRow) * kChunk;
   if (threadIdx.x < kTile) tile_amax[threadIdx.x] = 0;
   find_tile_groups(p, row0, t);
   __syncthreads();
@@ -136,24 +160,35 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const Params p) {
     if (!measure) t.row_group[threadIdx.x] = -1;
   }
   if (!__syncthreads_or(measure)) return;
-  for (int i = 0; i < kRowsPerThread; ++i) {
-    const int tr = int(threadIdx.x / kTile) + i * (kThreads / kTile);
-    const int64_t r = row0 + tr;
-    if (r >= p.rows || col >= p.features || t.row_group[tr] < 0) continue;
-    const uint32_t bits = __float_as_uint(load_float<kIn>(p.input, r * p.features + col)) &
-                          0x7fffffffu;
-    atomicMax(&tile_amax[t.slot[tr]], bits);
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int tr = int(threadIdx.x / kChunksPerRow) + pass * kRowsPerPass;
+    uint32_t bits = 0;
+    if (col < p.features && t.row_group[tr] >= 0) {
+      Raw8<kIn> raw;
+      load_chunk<kIn, kVec>(p, row0 + tr, col, raw);
+#pragma unroll
+      for (int j = 0; j < kChunk; ++j) {
+        bits = max(bits, __float_as_uint(raw_get<kIn>(raw, j)) & 0x7fffffffu);
+      }
+    }
+    fold_row_amax(bits, tr, t, tile_amax);
   }
   flush_tile_amax(p, t, tile_amax);
 }
 
-template <int kIn, bool kE4M3>
+// The cast of a 64x64 tile: each thread casts 8 consecutive elements of
+// two rows with 16-byte loads and an 8-byte rowwise store, and leaves its
+// bytes in shared memory for the transposed stores of the columnwise copy.
+template <int kIn, bool kE4M3, bool kVec>
 __global__ void __launch_bounds__(kThreads) cast_kernel(const Params p) {
   __shared__ TileGroups t;
   __shared__ float row_scale[kTile];
   __shared__ uint32_t tile_amax[kTile];
-  __shared__ uint8_t tile[kTile][kTile + 4];
-  const int64_t row0 = int64_t(blockIdx.y) * kTile, col0 = int64_t(blockIdx.x) * kTile;
+  // Rows 68 bytes apart (17 words): the transposed reads below, one row per
+  // lane, fall in 32 different banks.
+  __shared__ __align__(16) uint8_t tile[kTile][kTile + 4];
+  const int64_t row0 = tile_row0(), col0 = tile_col0();
   if (threadIdx.x < kTile) tile_amax[threadIdx.x] = 0;
   find_tile_groups(p, row0, t);
   __syncthreads();
@@ -161,19 +196,29 @@ __global__ void __launch_bounds__(kThreads) cast_kernel(const Params p) {
     row_scale[threadIdx.x] = checked_scale(p.scale[t.row_group[threadIdx.x] * kStride]);
   }
   __syncthreads();
-  const int tc = int(threadIdx.x % kTile);
+  const int tc = int(threadIdx.x % kChunksPerRow) * kChunk;
   const int64_t col = col0 + tc;
-  for (int i = 0; i < kRowsPerThread; ++i) {
-    const int tr = int(threadIdx.x / kTile) + i * (kThreads / kTile);
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int tr = int(threadIdx.x / kChunksPerRow) + pass * kRowsPerPass;
     const int64_t r = row0 + tr;
-    if (r >= p.rows || col >= p.features) continue;
-    const float x = load_float<kIn>(p.input, r * p.features + col);
-    const uint8_t q = quantize_to_fp8<kE4M3>(x, row_scale[tr]);
-    if (p.data != nullptr) p.data[r * p.features + col] = q;
-    tile[tr][tc] = q;
-    if (p.amax != nullptr) {
-      atomicMax(&tile_amax[t.slot[tr]], __float_as_uint(x) & 0x7fffffffu);
+    uint32_t bits = 0;
+    if (r < p.rows && col < p.features) {
+      Raw8<kIn> raw;
+      load_chunk<kIn, kVec>(p, r, col, raw);
+      const uint2 q = cast8<kIn, kE4M3>(raw, row_scale[tr], bits);
+      if (p.data != nullptr) {
+        uint8_t* out = p.data + r * p.features + col;
+        if (kVec) {
+          *reinterpret_cast<uint2*>(out) = q;
+        } else {
+          for (int j = 0; j < kChunk && col + j < p.features; ++j) out[j] = u2_byte(q, j);
+        }
+      }
+      *reinterpret_cast<uint32_t*>(&tile[tr][tc]) = q.x;
+      *reinterpret_cast<uint32_t*>(&tile[tr][tc + 4]) = q.y;
     }
+    if (p.amax != nullptr) fold_row_amax(bits, tr, t, tile_amax);
   }
   if (p.amax != nullptr) flush_tile_amax(p, t, tile_amax);
   if (p.columnwise == nullptr) return;
@@ -187,7 +232,7 @@ __global__ void __launch_bounds__(kThreads) cast_kernel(const Params p) {
   const int64_t padded = p.groups.column_start[g + 1] - p.groups.column_start[g];
   uint8_t* block = p.columnwise + p.features * int64_t(p.groups.column_start[g]) +
                    (r - p.groups.start[g]);
-  for (int i = 0; i < kRowsPerThread; ++i) {
+  for (int i = 0; i < kTile * kTile / kThreads; ++i) {
     const int tc2 = int(threadIdx.x / kTile) + i * (kThreads / kTile);
     const int64_t c = col0 + tc2;
     if (c < p.features) block[c * padded] = tile[tr][tc2];
@@ -273,14 +318,30 @@ __global__ void pad_kernel(const Params p) {
   }
 }
 
-template <int kIn>
+// Whole 16-byte loads and 8-byte rowwise stores: rows of a multiple of 8
+// elements, input and rowwise output aligned to match.
+bool vector_rows(const Params& p) {
+  auto aligned = [](const void* ptr, uintptr_t to) {
+    return reinterpret_cast<uintptr_t>(ptr) % to == 0;
+  };
+  return p.features % kChunk == 0 && aligned(p.input, 16) &&
+         (p.data == nullptr || aligned(p.data, 8));
+}
+
+template <int kIn, bool kVec>
 void launch_cast(const Params& p, dim3 grid, fp8kit_dtype fp8, cudaStream_t stream) {
   if (fp8 == FP8KIT_E4M3) {
-    cast_kernel<kIn, true><<<grid, kThreads, 0, stream>>>(p);
+    cast_kernel<kIn, true, kVec><<<grid, kThreads, 0, stream>>>(p);
   } else {
-    cast_kernel<kIn, false><<<grid, kThreads, 0, stream>>>(p);
+    cast_kernel<kIn, false, kVec><<<grid, kThreads, 0, stream>>>(p);
   }
   check_launch(kOp, "launching the grouped cast kernel");
+}
+
+template <int kIn>
+void launch_cast(const Params& p, dim3 grid, fp8kit_dtype fp8, cudaStream_t stream) {
+  if (vector_rows(p)) launch_cast<kIn, true>(p, grid, fp8, stream);
+  else launch_cast<kIn, false>(p, grid, fp8, stream);
 }
 
 void launch_cast(const Params& p, dim3 grid, fp8kit_dtype in, fp8kit_dtype fp8,
@@ -291,12 +352,18 @@ void launch_cast(const Params& p, dim3 grid, fp8kit_dtype in, fp8kit_dtype fp8,
   else launch_cast<FP8KIT_FLOAT16>(p, grid, fp8, s);
 }
 
+template <int kIn>
+void launch_amax(const Params& p, dim3 grid, cudaStream_t s) {
+  if (vector_rows(p)) amax_kernel<kIn, true><<<grid, kThreads, 0, s>>>(p);
+  else amax_kernel<kIn, false><<<grid, kThreads, 0, s>>>(p);
+  check_launch(kOp, "launching the grouped amax kernel");
+}
+
 void launch_amax(const Params& p, dim3 grid, fp8kit_dtype in, cudaStream_t s) {
   if (p.rows == 0) return;
-  if (in == FP8KIT_FLOAT32) amax_kernel<FP8KIT_FLOAT32><<<grid, kThreads, 0, s>>>(p);
-  else if (in == FP8KIT_BFLOAT16) amax_kernel<FP8KIT_BFLOAT16><<<grid, kThreads, 0, s>>>(p);
-  else amax_kernel<FP8KIT_FLOAT16><<<grid, kThreads, 0, s>>>(p);
-  check_launch(kOp, "launching the grouped amax kernel");
+  if (in == FP8KIT_FLOAT32) launch_amax<FP8KIT_FLOAT32>(p, grid, s);
+  else if (in == FP8KIT_BFLOAT16) launch_amax<FP8KIT_BFLOAT16>(p, grid, s);
+  else launch_amax<FP8KIT_FLOAT16>(p, grid, s);
 }
 
 // The kernels' view of the call; output's amax zeroed for their atomicMax.
@@ -305,6 +372,8 @@ Params make_params(const fp8kit_tensor& input, const GroupLayout& layout,
   FP8KIT_CHECK(layout.column_tokens < (int64_t(1) << 31), kOp, ": ", layout.tokens,
                " tokens in ", layout.groups(), " groups exceed the CUDA kernels' 2^31-row "
                "index; split the batch");
+  FP8KIT_CHECK(ceil_div(input.shape[1], kTile) <= 65535, kOp, ": ", input.shape[1],
+               " features exceed the CUDA kernels' 65535 column tiles of ", kTile);
   Params p{};
   p.input = input.data;
   p.rows = input.shape[0];
@@ -326,8 +395,9 @@ Params make_params(const fp8kit_tensor& input, const GroupLayout& layout,
   return p;
 }
 
+// Row tiles along x (up to 2^31 - 1 blocks), column tiles along y.
 dim3 tile_grid(const Params& p) {
-  return dim3(unsigned(ceil_div(p.features, kTile)), unsigned(ceil_div(p.rows, kTile)));
+  return dim3(unsigned(ceil_div(p.rows, kTile)), unsigned(ceil_div(p.features, kTile)));
 }
 
 unsigned group_blocks(const GroupLayout& layout) {

@@ -44,21 +44,27 @@ GroupedResult run_grouped_quantize(fp8kit_device_type dev, const GroupedInput& i
                                    const std::vector<float>& given_scales,
                                    const fp8kit_current_scaling_config* current,
                                    fp8kit_dtype fp8 = FP8KIT_E4M3,
-                                   fp8kit_status expect = FP8KIT_OK) {
+                                   fp8kit_status expect = FP8KIT_OK,
+                                   size_t input_offset = 0) {
   const int64_t t = in.tokens(), f = in.features, e = in.groups();
   const int64_t cap = fp8kit_grouped_columnwise_tokens(t, e);
-  Buffer x(dev, input_bytes.size()), data(dev, size_t(t * f)), cw(dev, size_t(f * cap));
+  // The input `input_offset` bytes into its buffer (an element-aligned view
+  // that is not 16-byte aligned takes the kernels' element-wise path).
+  std::vector<uint8_t> placed(input_offset, 0);
+  placed.insert(placed.end(), input_bytes.begin(), input_bytes.end());
+  Buffer x(dev, placed.size()), data(dev, size_t(t * f)), cw(dev, size_t(f * cap));
   Buffer sizes(dev, size_t(e) * 8);
   Buffer scale(dev, size_t(e) * kStride * 4), scale_inv(dev, size_t(e) * kStride * 4),
       amax(dev, size_t(e) * kStride * 4);
-  x.upload(input_bytes.data(), input_bytes.size());
+  x.upload(placed.data(), placed.size());
   sizes.upload(in.sizes.data(), size_t(e) * 8);
   std::vector<float> scales(size_t(e * kStride), 0.0f);
   for (int64_t g = 0; g < e && !given_scales.empty(); ++g) scales[g * kStride] = given_scales[g];
   scale.upload(scales.data(), scales.size() * 4);
   const int64_t x_shape[2] = {t, f};
   const int64_t e_shape[1] = {e};
-  fp8kit_tensor input = fp8kit_tensor_make(dev, 0, in.dtype, 2, x_shape, x.ptr());
+  fp8kit_tensor input = fp8kit_tensor_make(dev, 0, in.dtype, 2, x_shape,
+                                           static_cast<uint8_t*>(x.ptr()) + input_offset);
   fp8kit_tensor out = fp8kit_tensor_make(dev, 0, fp8, 2, x_shape, data.ptr());
   out.scaling_mode = FP8KIT_SCALING_PER_TENSOR;
   out.columnwise_data = cw.ptr();
@@ -333,15 +339,26 @@ TEST(GroupedGemm, ContractGemmSumsEachGroupsTokens) {
 TEST(GroupedQuantizeGpu, MatchesTheCpuBitForBit) {
   QTEST_SKIP_WITHOUT_GPU();
   const fp8kit_current_scaling_config current{0.0f, 0};
-  for (const GroupedInput& in : {kUneven, GroupedInput{4096, {1000, 0, 3000, 96, 1}},
-                                 GroupedInput{80, {0, 0, 130, 0}, FP8KIT_FLOAT16}}) {
+  struct Case {
+    GroupedInput in;
+    size_t input_offset;  // bytes: 0 takes the 16-byte loads, 2 or 4 the element-wise path
+  };
+  for (const Case& c : {Case{kUneven, 0}, Case{GroupedInput{4096, {1000, 0, 3000, 96, 1}}, 0},
+                        Case{GroupedInput{80, {0, 0, 130, 0}, FP8KIT_FLOAT16}, 0},
+                        Case{GroupedInput{48, {3, 65, 0, 9}, FP8KIT_FLOAT32}, 0},
+                        Case{GroupedInput{48, {3, 65, 0, 9}, FP8KIT_FLOAT32}, 4},
+                        Case{GroupedInput{208, {70, 1, 0, 130}}, 2}}) {
+    const GroupedInput& in = c.in;
     const auto bytes = random_input(in, 11);
     for (const fp8kit_current_scaling_config* cfg :
          {static_cast<const fp8kit_current_scaling_config*>(nullptr), &current}) {
+      SCOPED_TRACE("features " + std::to_string(in.features) + " offset " +
+                   std::to_string(c.input_offset) + (cfg ? " current" : " given scales"));
       std::vector<float> scales(in.sizes.size(), 3.0f);
       if (cfg != nullptr) scales.clear();
       const GroupedResult cpu = run_grouped_quantize(FP8KIT_DEVICE_CPU, in, bytes, scales, cfg);
-      const GroupedResult gpu = run_grouped_quantize(FP8KIT_DEVICE_CUDA, in, bytes, scales, cfg);
+      const GroupedResult gpu = run_grouped_quantize(FP8KIT_DEVICE_CUDA, in, bytes, scales, cfg,
+                                                     FP8KIT_E4M3, FP8KIT_OK, c.input_offset);
       EXPECT_EQ(gpu.data, cpu.data);
       EXPECT_EQ(gpu.columnwise, cpu.columnwise);
       EXPECT_EQ(gpu.scale, cpu.scale);
