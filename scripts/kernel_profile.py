@@ -21,13 +21,18 @@ layers (--layers):
           unfused composition with delayed and current scaling, bf16, and
           TransformerEngine's LayerNormMLP when it is installed; jax
           fp8kit.jax.layernorm_mlp and the unfused dense calls, both
-          recipes, and bf16.
+          recipes, and bf16;
+  grouped (torch) fp8kit.torch.GroupedLinear over --experts balanced
+          groups of the tokens, features -> ffn, in bf16 (torch._grouped_mm)
+          and under delayed, current and block scaling, each next to
+          TransformerEngine's GroupedLinear when it is installed.
 The kernel times, not the wall time, are the point: which GEMM ran how
 long, and what the casts, norms, activations, reductions and copies cost.
 scripts/gpu_check.sh runs it as its kprofile stage.
 
     python scripts/kernel_profile.py [--tokens 8192 --features 8192 --iters 10]
-        [--frameworks torch,jax] [--layers linear,block,mlp --ffn 14336]
+        [--frameworks torch,jax] [--layers linear,block,mlp,grouped --ffn 14336]
+        [--experts 8]
 """
 
 import argparse
@@ -140,7 +145,37 @@ def torch_mlp_tables(t: int, hidden: int, ffn: int, iters: int) -> None:
         print(kernel_table(call, iters, torch.cuda.synchronize))
 
 
-def torch_tables(t: int, f: int, ffn: int, iters: int, layers) -> None:
+def torch_grouped_tables(t: int, hidden: int, ffn: int, iters: int, experts: int) -> None:
+    """GroupedLinear over `experts` balanced groups of t tokens in all, as
+    the grouped bench builds it: bf16 (torch._grouped_mm), fp8kit under each
+    recipe, and TransformerEngine's GroupedLinear when it is installed."""
+    import copy
+    from fp8kit.bench import grouped_torch, te_peer
+    sizes = torch.tensor(grouped_torch.counts(experts, t, skewed=False))
+    data = [(torch.randn(t, hidden, device="cuda", dtype=torch.bfloat16).requires_grad_(),
+             torch.randn(t, ffn, device="cuda", dtype=torch.bfloat16))]
+    layer = ft.GroupedLinear(experts, hidden, ffn, bias=False, device="cuda",
+                             dtype=torch.bfloat16)
+    te, _ = te_peer.torch_module()
+    for rname, recipe in (("bf16", None), ("delayed", DelayedScaling()),
+                          ("current", CurrentScaling()), ("block", BlockScaling())):
+        steps = [(f"fp8kit {rname}" if recipe else "bf16", copy.deepcopy(layer),
+                  ft.autocast(recipe=recipe) if recipe else None)]
+        if te is not None and recipe is not None:
+            steps.append((f"TE {rname}", grouped_torch._te_layer(te, layer),
+                          te_peer.torch_autocast(te, rname)()))
+        for label, module, ctx in steps:
+            fn = grouped_torch._fwd_bwd(module, data, sizes)
+            print(f"== torch {label} GroupedLinear: {iters} x fwd+bwd, {experts} experts, "
+                  f"{t}x{hidden}x{ffn}, CUDA time per kernel")
+            if ctx is None:
+                print(kernel_table(fn, iters, torch.cuda.synchronize))
+            else:
+                with ctx:
+                    print(kernel_table(fn, iters, torch.cuda.synchronize))
+
+
+def torch_tables(t: int, f: int, ffn: int, iters: int, layers, experts: int = 8) -> None:
     if "linear" in layers:
         torch_linear_tables(t, f, iters, DelayedScaling())
     if "block" in layers:
@@ -149,6 +184,8 @@ def torch_tables(t: int, f: int, ffn: int, iters: int, layers) -> None:
         torch_compile_tables(t, f, iters)
     if "mlp" in layers:
         torch_mlp_tables(t, f, ffn, iters)
+    if "grouped" in layers:
+        torch_grouped_tables(t, f, ffn, iters, experts)
 
 
 def _jax_fwd_bwd(fn):
@@ -245,16 +282,19 @@ def main():
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--frameworks", default="torch,jax")
     ap.add_argument("--layers", default="linear",
-                    help="comma-separated: linear, block, compile, mlp")
+                    help="comma-separated: linear, block, compile, mlp, grouped")
+    ap.add_argument("--experts", type=int, default=8, help="the groups of --layers grouped")
     args = ap.parse_args()
     layers = set(args.layers.split(","))
-    known = {"linear", "block", "compile", "mlp"}
+    known = {"linear", "block", "compile", "mlp", "grouped"}
     if not layers <= known:
         ap.error(f"--layers: unknown {sorted(layers - known)}; "
                  f"choose from {', '.join(sorted(known))}")
     for fw in args.frameworks.split(","):
-        {"torch": torch_tables, "jax": jax_tables}[fw](args.tokens, args.features, args.ffn,
-                                                       args.iters, layers)
+        if fw == "torch":
+            torch_tables(args.tokens, args.features, args.ffn, args.iters, layers, args.experts)
+        elif layers - {"grouped"}:  # GroupedLinear is profiled in PyTorch only
+            jax_tables(args.tokens, args.features, args.ffn, args.iters, layers - {"grouped"})
 
 
 if __name__ == "__main__":
