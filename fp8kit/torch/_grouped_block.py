@@ -5,8 +5,12 @@ every scale its own block's.
 Block-scaled GEMMs read the token dimension in multiples of 16, so the
 grouped tensors are in the core's padded row layout (fp8kit/grouped.h):
 each expert's tokens at a row offset that is a multiple of 16, zero rows
-between. The layer scatters x into that layout and gathers y back out
-(and dy in, dx out in backward), with device-side indices: no host read.
+between. The layer gathers x into that layout and y back out (and dy in,
+dx out in backward), with device-side indices: no host read. Into the
+layout it gathers each padded row's token and then zeroes the padding
+rows, which on the H200 moved a [16384, 14336] bfloat16 tensor in 0.25 ms
+(plus a fill of the 15 padding rows per expert) against 0.82 ms for a
+zero fill and an index_copy_.
 Each expert's rows then quantize and multiply as a tensor of their own,
 exactly as fp8kit.torch.Linear under BlockScaling pads and runs one
 expert's tokens, so the two give the same bits (the bias apart: Linear
@@ -15,6 +19,8 @@ w's columnwise FP8 copies only.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -38,6 +44,33 @@ def padded_rows(sizes: torch.Tensor, tokens, device) -> torch.Tensor:
     pad = (m + ext.GEMM_DIM_MULTIPLE - 1) // ext.GEMM_DIM_MULTIPLE * ext.GEMM_DIM_MULTIPLE - m
     shift = torch.cumsum(pad, 0) - pad
     return torch.arange(tokens, device=device) + shift[token_experts(sizes, tokens, device)]
+
+
+class _Layout(NamedTuple):
+    """Where a call's tokens lie in the padded row layout."""
+    rows: int              # the layout's rows: room for every expert's padding
+    rows_of: torch.Tensor  # [tokens] each token's row
+    source: torch.Tensor   # [rows] each row's token (any token for a padding row)
+    padding: torch.Tensor  # [rows - tokens] the padding rows
+
+
+def padded_layout(sizes: torch.Tensor, tokens: int, device) -> _Layout:
+    rows = tokens + (ext.GEMM_DIM_MULTIPLE - 1) * sizes.shape[0]
+    rows_of = padded_rows(sizes, tokens, device)
+    source = torch.zeros(rows, dtype=torch.int64, device=device).index_copy_(
+        0, rows_of, torch.arange(tokens, device=device))
+    is_padding = torch.ones(rows, dtype=torch.int32, device=device).index_fill_(0, rows_of, 0)
+    # Exactly rows - tokens rows are padding: a stable descending sort puts
+    # them first, so their indices come without a host read of a count.
+    padding = torch.argsort(is_padding, descending=True, stable=True)[:rows - tokens]
+    return _Layout(rows, rows_of, source, padding)
+
+
+def to_padded(t: torch.Tensor, layout: _Layout) -> torch.Tensor:
+    """t [tokens, k] in the padded row layout [rows, k], padding rows zero."""
+    if t.shape[0] == 0:
+        return t.new_zeros((layout.rows, t.shape[1]))
+    return t.index_select(0, layout.source).index_fill_(0, layout.padding, 0)
 
 
 def _gemm_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -66,22 +99,23 @@ class _GroupedBlockFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        x_cw, x_cws, w_cw, w_cws, sizes, rows_of = ctx.saved_tensors
+        x_cw, x_cws, w_cw, w_cws, sizes, *indices = ctx.saved_tensors
+        layout = _Layout(ctx.rows, *indices)
         _, bwd, eps, pow2, dgrad, wgrad = ctx.cfg
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         dgrad, wgrad = dgrad and need_x, wgrad and need_w
         dx = dw = db = None
         gemm_dtype = _gemm_dtype(dy.dtype)
         if dgrad or wgrad:
-            dy_p = dy.new_zeros((ctx.rows, dy.shape[1])).index_copy_(0, rows_of, dy.contiguous())
+            dy_p = to_padded(dy.contiguous(), layout)
             dy_d, dy_s, dy_cw, dy_cws = _ops.grouped_quantize_block(dy_p, sizes, bwd, ROW, dgrad,
                                                                     wgrad, eps, pow2)
             if dgrad:
                 dx = _ops.grouped_gemm_block_tokens(dy_d, dy_s, None, None, w_cw, w_cws, sizes,
-                                                    gemm_dtype)[rows_of].to(dy.dtype)
+                                                    gemm_dtype)[layout.rows_of].to(dy.dtype)
             if wgrad:
                 dw = _ops.grouped_gemm_block_contract(dy_cw, dy_cws, x_cw, x_cws, sizes,
-                                                      ctx.rows, gemm_dtype).to(dy.dtype)
+                                                      layout.rows, gemm_dtype).to(dy.dtype)
         if need_b:
             experts = token_experts(sizes, dy.shape[0], dy.device)
             db = torch.zeros((sizes.shape[0], dy.shape[1]), dtype=torch.float32,
@@ -96,9 +130,8 @@ def _forward(ctx, x, weight, bias, sizes, cfg):
     fwd, _, eps, pow2, dgrad, wgrad = cfg
     experts, n, k = weight.shape
     tokens = x.shape[0]
-    rows = tokens + (ext.GEMM_DIM_MULTIPLE - 1) * experts  # room for every expert's padding
-    rows_of = padded_rows(sizes, tokens, x.device)
-    x_p = x.new_zeros((rows, k)).index_copy_(0, rows_of, x)
+    layout = padded_layout(sizes, tokens, x.device)
+    x_p = to_padded(x, layout)
     x_d, x_s, x_cw, x_cws = _ops.grouped_quantize_block(x_p, sizes, fwd, ROW, True, wgrad, eps,
                                                         pow2)
     # The weights as E groups of n rows (n a multiple of 16: no padding):
@@ -107,13 +140,14 @@ def _forward(ctx, x, weight, bias, sizes, cfg):
     w_d, w_s, w_cw, w_cws = _ops.grouped_quantize_block(weight.reshape(experts * n, k), w_sizes,
                                                         fwd, BLOCK, True, dgrad, eps, pow2)
     y = _ops.grouped_gemm_block_tokens(x_d, x_s, w_d.view(experts, n, k), w_s, None, None,
-                                       sizes, _gemm_dtype(x.dtype))[rows_of].to(x.dtype)
+                                       sizes, _gemm_dtype(x.dtype))[layout.rows_of].to(x.dtype)
     if bias is not None:
         y = y + bias[token_experts(sizes, tokens, x.device)]
     if ctx is not None:
-        ctx.cfg, ctx.rows = cfg, rows
+        ctx.cfg, ctx.rows = cfg, layout.rows
         ctx.bias_dtype = None if bias is None else bias.dtype
         w_kept = w_cw.view(experts, k, n) if dgrad else None
         ctx.save_for_backward(x_cw if wgrad else None, x_cws if wgrad else None, w_kept,
-                              w_cws if dgrad else None, sizes, rows_of)
+                              w_cws if dgrad else None, sizes, layout.rows_of, layout.source,
+                              layout.padding)
     return y
