@@ -31,16 +31,30 @@ _ops = torch.ops.fp8kit
 ROW, BLOCK = "block_1x128", "block_128x128"
 
 
+def sizes_on(sizes: torch.Tensor, device) -> torch.Tensor:
+    """The counts on `device` without a wait: a plain .to() of a CPU tensor
+    to a GPU waits for the stream (PyTorch synchronizes after a blocking
+    host-to-device copy), which left the GPU idle behind every such call;
+    from pinned memory the copy is queued like a kernel. Under
+    torch.compile the compiler places the copy."""
+    device = torch.device(device)
+    if (sizes.device.type != "cpu" or device.type != "cuda"
+            or torch.compiler.is_compiling()):
+        return sizes.to(device)
+    return sizes.pin_memory().to(device, non_blocking=True)
+
+
 def token_experts(sizes: torch.Tensor, tokens, device) -> torch.Tensor:
     """Each token's expert index, [tokens] on `device`, with no host read."""
+    sizes = sizes_on(sizes, device)
     experts = torch.arange(sizes.shape[0], device=sizes.device)
-    return torch.repeat_interleave(experts, sizes, output_size=tokens).to(device)
+    return torch.repeat_interleave(experts, sizes, output_size=tokens)
 
 
 def padded_rows(sizes: torch.Tensor, tokens, device) -> torch.Tensor:
     """Each token's row in the padded row layout: its own row shifted by
     the padding of the experts before its own."""
-    m = sizes.to(device)
+    m = sizes_on(sizes, device)
     pad = (m + ext.GEMM_DIM_MULTIPLE - 1) // ext.GEMM_DIM_MULTIPLE * ext.GEMM_DIM_MULTIPLE - m
     shift = torch.cumsum(pad, 0) - pad
     return torch.arange(tokens, device=device) + shift[token_experts(sizes, tokens, device)]

@@ -66,7 +66,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from fp8kit.recipe import CurrentScaling, DelayedScaling
 from fp8kit.torch import _checks
 from fp8kit.torch._ext import ext
-from fp8kit.torch._grouped_block import grouped_block_linear, token_experts
+from fp8kit.torch._grouped_block import grouped_block_linear, sizes_on, token_experts
 from fp8kit.torch.autocast import STATE as _AUTOCAST
 
 _ops = torch.ops.fp8kit
@@ -236,7 +236,7 @@ def _high_precision(x, weight, bias, sizes) -> torch.Tensor:
     grouped_mm = getattr(torch, "_grouped_mm", None)
     if (grouped_mm is not None and x.is_cuda and x.dtype == torch.bfloat16
             and weight.dtype == torch.bfloat16):
-        offsets = torch.cumsum(sizes.to(x.device), 0, dtype=torch.int32)
+        offsets = torch.cumsum(sizes_on(sizes, x.device), 0, dtype=torch.int32)
         y = grouped_mm(x, weight.transpose(-2, -1), offs=offsets)
     else:
         y = torch.cat([part @ weight[e].t() for e, part in
@@ -306,7 +306,7 @@ def _quantize(x, sizes, fp8, rowwise, columnwise, cfg, state, slot, record, skip
         x, sizes, fp8, rowwise, columnwise, *old, cfg.margin, cfg.amax_reduction, record)
     if record:
         if skip_empty:
-            used = (sizes > 0).to(x.device).unsqueeze(1)
+            used = sizes_on(sizes > 0, x.device).unsqueeze(1)
             new = [torch.where(used, n, o) for n, o in zip(new, old)]
         # Whole buffers copied: AOTAutograd takes a backward's mutation of
         # a forward input as a copy_ into it, not as one into a view.

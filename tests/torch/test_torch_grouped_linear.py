@@ -13,7 +13,7 @@ import torch._dynamo.testing
 import torch.nn.functional as F
 
 from compile_helpers import fresh_dynamo  # noqa: F401  (autouse fixture)
-from fp8kit.recipe import AmaxReduction, CurrentScaling, DelayedScaling
+from fp8kit.recipe import AmaxReduction, BlockScaling, CurrentScaling, DelayedScaling
 from fp8kit.torch import GroupedLinear, Linear, autocast
 from torch_reference import DEVICES, assert_bits_equal, device_of, opcheck
 
@@ -220,6 +220,29 @@ def run_compiled(fn, module, x, dy, sizes, recipe=RECIPE):
         y = fn(x, sizes)
     y.backward(dy)
     return y.detach(), x.grad, module.weight.grad, module.bias.grad
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", [CurrentScaling(), DelayedScaling(), BlockScaling(), None],
+                         ids=["current", "delayed", "block", "bf16"])
+def test_counts_on_the_host_never_wait_for_the_gpu(recipe):
+    # Counts given on the host reach the GPU as queued copies: PyTorch's
+    # sync debug mode raises on any copy or read that waits for the stream.
+    dev = device_of("cuda")
+    layer = make(4, 64, 32, dtype=torch.bfloat16, device=dev)
+    x, dy = inputs([5, 0, 37, 16], 64, 32, dtype=torch.bfloat16, device=dev)
+    sizes = torch.tensor([5, 0, 37, 16])
+
+    def step():
+        with autocast(enabled=recipe is not None, recipe=recipe):
+            layer(x, sizes).backward(dy)
+    step()  # the first call makes the plans, the scaling state and the caches
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
 
 
 @pytest.mark.gpu
