@@ -41,11 +41,17 @@ Importing this package registers fp8kit's FFI handlers with JAX (for the
     GroupedDelayedScalingState.create(recipe, num_experts)
                                               its delayed-scaling state, one
                                               DelayedScalingState per expert
+    expert_parallel.dispatch(x, expert, ...), expert_parallel.combine(y, plan)
+                                              experts sharded over a mesh axis inside
+                                              shard_map: the tokens to their experts'
+                                              devices and back (all-to-all)
 
 Sharding: under a mesh context (`with jax.set_mesh(mesh):`) the custom
 calls are partitioned instead of gathered (data parallel, and tensor
 parallel for dense and layernorm_mlp); see fp8kit/jax/_sharding.py. The
-grouped calls of grouped_dense are gathered (_sharding_grouped.py).
+grouped calls of grouped_dense are gathered (_sharding_grouped.py);
+expert parallelism is expert_parallel's dispatch and combine around
+grouped_dense inside jax.shard_map.
 
 Flax: fp8kit.jax.flax, imported on its own (it needs Flax), holds Dense,
 LayerNormDense, LayerNormMLP and GroupedDense modules over these
@@ -82,6 +88,7 @@ are no cycles; tests/jax/test_jax_imports.py checks it):
     grouped_delayed_scaling  GroupedDelayedScalingState and its grouped cast
     _grouped_block           grouped_dense's BlockScaling steps (padded rows)
     grouped_dense_layer      grouped_dense
+    expert_parallel          dispatch and combine around grouped_dense (jax only)
 """
 
 from fp8kit.jax._ffi import BUILT_WITH_CUDA
@@ -91,6 +98,7 @@ from fp8kit.jax.fused_dense_layer import layernorm_dense
 from fp8kit.jax.fused_mlp_layer import layernorm_mlp
 from fp8kit.jax.grouped_dense_layer import grouped_dense
 from fp8kit.jax.grouped_delayed_scaling import GroupedDelayedScalingState
+from fp8kit.jax import expert_parallel
 from fp8kit.jax.block_quantization import quantize_block_scaling
 from fp8kit.jax.matmul import gemm, supports_block_scaled_fp8_gemm, supports_non_tn_fp8_gemm
 from fp8kit.jax.quantization import (amax, compute_scale, dequantize, quantize,
@@ -101,7 +109,7 @@ from fp8kit.jax.statistics import (CastStatistics, cast_statistics, statistics_r
 
 __all__ = [
     "BUILT_WITH_CUDA", "CastStatistics", "DelayedScalingState", "GroupedDelayedScalingState",
-    "ScaledTensor", "amax",
+    "ScaledTensor", "amax", "expert_parallel",
     "cast_statistics", "compute_scale", "delayed_scaling_update", "dense", "dequantize", "gemm",
     "grouped_dense", "layernorm_dense", "layernorm_mlp", "quantize", "quantize_block_scaling",
     "quantize_current_scaling", "statistics_rows", "supports_block_scaled_fp8_gemm",

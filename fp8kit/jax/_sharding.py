@@ -109,6 +109,25 @@ def retype(x, spec):
     return jax.sharding.reshard(x, spec)
 
 
+def varying_axes(x) -> frozenset:
+    """The manual mesh axes (inside jax.shard_map) x varies over; empty
+    outside shard_map or for None."""
+    if x is None:
+        return frozenset()
+    aval = jax.typeof(x)
+    manual = getattr(aval, "manual_axis_type", None)
+    return frozenset(manual.varying if manual is not None else getattr(aval, "vma", ()))
+
+
+def vary_like(ct, axes: frozenset):
+    """The cotangent ct typed varying over `axes`, its primal's varying axes:
+    inside shard_map a custom_vjp's cotangents must carry their primals'
+    types, and a result computed from replicated operands (a zero gradient,
+    a custom call's output) is typed replicated."""
+    missing = tuple(sorted(axes - varying_axes(ct))) if ct is not None else ()
+    return jax.lax.pcast(ct, missing, to="varying") if missing else ct
+
+
 def per_shard(lower):
     """Decorates a partition callback's per-shard function: it is traced
     with the mesh's axes typed Auto. JAX traces it under the caller's mesh;

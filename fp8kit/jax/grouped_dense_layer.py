@@ -79,6 +79,11 @@ class _Config:
     # are typed replicated and custom_vjp requires each cotangent to have
     # its primal's type.
     types: Optional[tuple[P, P, Optional[P], P, Optional[tuple[P, ...]]]]
+    # The manual mesh axes (inside jax.shard_map) that x, kernels, bias, y
+    # (those of x and kernels) and the state's leaves vary over, indexed as
+    # `types`: each result and cotangent is made to vary as its primal does.
+    varying: tuple[frozenset, frozenset, frozenset, frozenset, tuple[frozenset, ...]] = (
+        frozenset(), frozenset(), frozenset(), frozenset(), ())
 
     @property
     def delayed(self) -> bool:
@@ -100,16 +105,22 @@ class _Config:
         return state, data, cw, scale_inv
 
     def retype(self, *pairs):
-        """Each array with its type (index into `types`), when typed."""
+        """Each array with its type (index into `types`), when typed, and
+        varying over the manual axes its primal varies over."""
+        pairs = tuple((sh.vary_like(x, self.varying[i]), i) for x, i in pairs)
         if self.types is None:
             return tuple(x for x, _ in pairs)
         return tuple(None if x is None else sh.retype(x, self.types[i]) for x, i in pairs)
 
     def retype_state(self, state):
-        if self.types is None or state is None:
+        if state is None:
             return state
         leaves, tree = jax.tree_util.tree_flatten(state)
-        return tree.unflatten(map(sh.retype, leaves, self.types[4]))
+        if self.varying[4]:
+            leaves = list(map(sh.vary_like, leaves, self.varying[4]))
+        if self.types is not None:
+            leaves = list(map(sh.retype, leaves, self.types[4]))
+        return tree.unflatten(leaves)
 
 
 def _token_experts(group_sizes, tokens: int):
@@ -250,8 +261,12 @@ def grouped_dense(x, kernels, group_sizes, bias=None, *,
             sh.explicit_spec(a) for a in jax.tree_util.tree_leaves(state))
         types = (x_spec, k_spec, None if bias is None else sh.explicit_spec(bias), y_spec,
                  state_specs)
+    x_axes, k_axes = sh.varying_axes(x), sh.varying_axes(kernels)
+    varying = (x_axes, k_axes, sh.varying_axes(bias), x_axes | k_axes,
+               tuple(map(sh.varying_axes, jax.tree_util.tree_leaves(state))))
     cfg = _Config(recipe=recipe, x_dtype=jnp.dtype(x.dtype), kernel_dtype=jnp.dtype(kernels.dtype),
-                  bias_dtype=None if bias is None else jnp.dtype(bias.dtype), types=types)
+                  bias_dtype=None if bias is None else jnp.dtype(bias.dtype), types=types,
+                  varying=varying)
     note_use(_FN, state)
     return _grouped_dense(cfg, x, kernels, bias, group_sizes, state)
 

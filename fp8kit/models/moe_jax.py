@@ -9,7 +9,8 @@ recipe: one scale per expert and operand, or per block) on the kernels cast
 to bf16 first, as torch.autocast casts the PyTorch model's weights; with
 recipe=None through jax.lax.ragged_dot in bf16. Static shapes throughout
 (the pairs are tokens * top_k, the counts an [E] array), so the block
-runs under jit with no host read of its own.
+runs under jit with no host read of its own. Expert parallel inside
+jax.shard_map: moe_mlp's expert_axis.
 """
 
 from __future__ import annotations
@@ -45,17 +46,30 @@ def _experts(x, kernel, counts, recipe, state=None):
     return fj.grouped_dense(x, kernel, counts, state=state, recipe=recipe)
 
 
-def moe_mlp(p, h, cfg: LlamaConfig, recipe, states=None):
+def moe_mlp(p, h, cfg: LlamaConfig, recipe, states=None, expert_axis=None, capacity=None):
     """The experts' output for the normalized input h (bf16 [..., hidden]),
     bf16 in h's shape. p: the layer's params (model_params' layout:
     "w_gate_up" fused with a recipe, "w_gate" and "w_up" without); states:
     under DelayedScaling {"gate_up", "down": GroupedDelayedScalingState},
-    else None."""
+    else None.
+
+    expert_axis: run expert parallel inside jax.shard_map over that mesh
+    axis (fp8kit.jax.expert_parallel): h is this device's share of the
+    tokens, the router replicated, the expert kernels and states this
+    device's E / D experts; each device sends each expert at most
+    `capacity` of its (token, expert) pairs (default: all of them, so none
+    is dropped and the result is the unsharded block's)."""
     shape = h.shape
     h = h.reshape(-1, cfg.hidden)
     scores = jnp.dot(h.astype(F32), p["router"].astype(F32))
-    _, token, weight, counts = route(scores, cfg.top_k)
+    expert, token, weight, counts = route(scores, cfg.top_k)
     pairs = h[token]
+    plan = None
+    if expert_axis is not None:
+        pairs, plan = fj.expert_parallel.dispatch(
+            pairs, expert, num_experts=scores.shape[-1], axis_name=expert_axis,
+            capacity=pairs.shape[0] if capacity is None else capacity)
+        counts = plan.group_sizes
     if recipe is None:
         gate = _experts(pairs, p["w_gate"], counts, None).astype(F32)
         up = _experts(pairs, p["w_up"], counts, None).astype(F32)
@@ -65,5 +79,7 @@ def moe_mlp(p, h, cfg: LlamaConfig, recipe, states=None):
         gate, up = jnp.split(gate_up, 2, axis=-1)
     out = _experts((jax.nn.silu(gate) * up).astype(BF16), p["w_down"], counts, recipe,
                    None if states is None else states["down"])
+    if plan is not None:
+        out = fj.expert_parallel.combine(out, plan)
     y = jnp.zeros(h.shape, F32).at[token].add(out.astype(F32) * weight[:, None])
     return y.astype(BF16).reshape(shape)
