@@ -31,8 +31,8 @@ cost of SwiGLU's input kept for backward in float32.
 
 A mixture-of-experts config (experts > 0) replaces each MLP with
 moe_torch.MoEMLP: its RMSNorm, a float32 router and the experts as two
-fp8kit.torch.GroupedLinear layers (FP8 under CurrentScaling or
-DelayedScaling, bf16 with no recipe), whatever FP8Layers says.
+fp8kit.torch.GroupedLinear layers (FP8 under every recipe, bf16 with
+no recipe), whatever FP8Layers says.
 """
 
 from __future__ import annotations
