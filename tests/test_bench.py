@@ -314,12 +314,18 @@ def test_grouped_rows(suite):
 
 
 def test_skewed_counts_sum_to_the_tokens_and_leave_one_expert_empty():
-    from fp8kit.bench.grouped_torch import counts
-    for experts, tokens in ((8, 16384), (64, 65536), (4, 96)):
-        for skewed in (False, True):
-            c = counts(experts, tokens, skewed)
-            assert sum(c) == tokens and len(c) == experts and min(c) >= 0
-            assert (c[-1] == 0) == skewed
+    """Every count a multiple of 16 (TE's FP8 grouped GEMM refuses others),
+    summing to the tokens; skewed: falling, the last expert empty."""
+    from fp8kit.bench.grouped_torch import QUICK_SHAPES, SHAPES, counts
+    for experts, tokens, _, _ in SHAPES + QUICK_SHAPES:
+        assert counts(experts, tokens, False) == [tokens // experts] * experts
+        assert tokens // experts % 16 == 0
+        c = counts(experts, tokens, True)
+        assert sum(c) == tokens and len(c) == experts and min(c) >= 0, c
+        assert all(n % 16 == 0 for n in c), c
+        assert c[-1] == 0 and c.count(0) == 1, c
+        assert c == sorted(c, reverse=True), c
+    assert counts(4, 96, True) == [64, 16, 16, 0]   # 52.4, 26.2, 17.5 rounded down
 
 
 def test_compile_rows(suite):

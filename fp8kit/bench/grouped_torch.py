@@ -13,10 +13,14 @@ one GEMM group per expert, bf16 in and out, random dy), eager:
 at Mixtral-like (8 experts, hidden 4096, expert ffn 14336, 16384 routed
 tokens: top-2 of 8192) and DeepSeek-like shapes (64 experts, hidden 7168,
 expert ffn 2048, 65536 routed tokens), each with balanced counts and with
-skewed ones (expert e gets a share proportional to 1 / (e + 1), one
-expert gets none). The counts are given on the host, as TE takes them,
-so no variant pays a device-to-host read. Each variant is checked against
-bf16 before it is timed, all in one measure() (interleaved rounds).
+skewed ones (expert e gets a share proportional to 1 / (e + 1), rounded
+down to a multiple of 16, the rest to expert 0; one expert gets none).
+Every count is a multiple of 16 because TE's FP8 grouped GEMM needs it
+(its GroupedLinear refuses other counts: "Caller must pad", and its users
+pad each expert's tokens to 16); fp8kit takes any counts, which its own
+tests cover. The counts are given on the host, as TE takes them, so no
+variant pays a device-to-host read. Each variant is checked against bf16
+before it is timed, all in one measure() (interleaved rounds).
 DeepGEMM's published grouped FP8 figures (H800, contiguous layout, 1x128
 / 128x128 scaling: 1088-1297 TFLOP/s) are quoted in docs/benchmarks.md
 beside these rows; they are not measured here.
@@ -34,20 +38,26 @@ from fp8kit.bench.results import Row
 SECTION = "grouped"
 # (experts, routed tokens, hidden, expert ffn)
 SHAPES = [(8, 16384, 4096, 14336), (64, 65536, 7168, 2048)]
-QUICK_SHAPES = [(4, 96, 64, 96)]
+QUICK_SHAPES = [(4, 128, 64, 96)]
+# TE's FP8 grouped GEMM takes only counts that are multiples of this.
+COUNT_MULTIPLE = 16
 FWD_TOL = 0.1    # ||fp8 - bf16|| / ||bf16|| of the output (one E4M3 GEMM)
 BWD_TOL = 0.2    # of dx (E5M2 gradient, one GEMM)
 GROUP = "PyTorch GroupedLinear fwd+bwd ({} scaling), fp8kit vs {}"
 
 
 def counts(experts: int, tokens: int, skewed: bool) -> list[int]:
-    """Tokens per expert: equal shares, or shares falling as 1 / (e + 1)
-    with the last expert given none (an empty group every GEMM must skip)."""
+    """Tokens per expert, summing to `tokens`: equal shares, or shares
+    falling as 1 / (e + 1) with the last expert given none (an empty group
+    every GEMM must skip). Each share is rounded down to a multiple of
+    COUNT_MULTIPLE and the rest goes to expert 0, so every count is a
+    multiple of it where `tokens` is (TE needs that; the module doc)."""
     if not skewed:
-        base = [tokens // experts] * experts
+        weights = [1.0] * experts
     else:
         weights = [1.0 / (e + 1) for e in range(experts - 1)] + [0.0]
-        base = [int(tokens * w / sum(weights)) for w in weights]
+    m = COUNT_MULTIPLE
+    base = [int(tokens * w / sum(weights)) // m * m for w in weights]
     base[0] += tokens - sum(base)
     return base
 
