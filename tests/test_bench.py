@@ -328,6 +328,77 @@ def test_skewed_counts_sum_to_the_tokens_and_leave_one_expert_empty():
     assert counts(4, 96, True) == [64, 16, 16, 0]   # 52.4, 26.2, 17.5 rounded down
 
 
+class _FakeGroupedTE:
+    """transformer_engine.pytorch with a bf16 GroupedLinear that, as TE's
+    FP8 one, refuses counts that are not multiples of 16, and raises on its
+    calls from number `fail_from` on (None: never)."""
+
+    fail_from = None
+
+    class GroupedLinear(torch.nn.Module):
+        def __init__(self, num_gemms, in_features, out_features, bias=True,
+                     params_dtype=None, device=None):
+            super().__init__()
+            self.calls = 0
+            for e in range(num_gemms):
+                self.register_parameter(f"weight{e}", torch.nn.Parameter(torch.empty(
+                    out_features, in_features, dtype=params_dtype, device=device)))
+
+        def forward(self, x, m_splits):
+            self.calls += 1
+            fail_from = _FakeGroupedTE.fail_from
+            if fail_from is not None and self.calls >= fail_from:
+                raise RuntimeError("CanonicalizeGemmInput: Assertion failed (a fake)")
+            if any(m % 16 for m in m_splits):
+                raise RuntimeError(f"ret.lda % 16 == 0. Caller must pad. {m_splits}")
+            return torch.cat([part @ getattr(self, f"weight{e}").t()
+                              for e, part in enumerate(x.split(m_splits))])
+
+    @staticmethod
+    def autocast(enabled, recipe):
+        return contextlib.nullcontext()
+
+
+def _grouped_rows_with_fake_te(monkeypatch, tmp_path, fail_from):
+    from fp8kit.bench import grouped_torch, te_peer
+    monkeypatch.setattr(grouped_torch, "_te_for", lambda dev: (_FakeGroupedTE, None))
+    monkeypatch.setattr(te_peer, "recipe", lambda name: name)
+    monkeypatch.setattr(_FakeGroupedTE, "fail_from", fail_from)
+    rc, out, err = _run(["--quick", "--sections", "grouped", "--rounds", "1", "--out",
+                         str(tmp_path), "--no-plots"])
+    assert rc == 0, out + err
+    return [r for r in json.loads((tmp_path / "bench.json").read_text())["rows"]
+            if r["section"] == "grouped"]
+
+
+def test_grouped_rows_against_te_where_it_runs(tmp_path, monkeypatch):
+    """With a TE GroupedLinear present, balanced and skewed counts alike
+    (multiples of 16) give timed fp8kit vs TE rows."""
+    rows = _grouped_rows_with_fake_te(monkeypatch, tmp_path, None)
+    te = [r for r in rows if r["target"] == "P11-te"]
+    assert len(te) == 3 * 2
+    for r in rows:
+        assert r["error"] is None and r["fp8kit_s"] > 0 and r["anchor_s"] > 0, r
+        assert r["note"] == "", r
+
+
+@pytest.mark.parametrize("fail_from,when", [(1, "not timed: RuntimeError"),
+                                            (4, "failed while timed: RuntimeError")])
+def test_a_failing_te_variant_costs_only_its_own_rows(tmp_path, monkeypatch, fail_from, when):
+    """TE raising at its check (its first call) or later, while it is timed:
+    its rows say why in their note, fp8kit's and bf16's are timed."""
+    rows = _grouped_rows_with_fake_te(monkeypatch, tmp_path, fail_from)
+    assert {r["target"] for r in rows} == {"P11-bf16", "P11-te"}
+    for r in rows:
+        assert r["error"] is None, r
+        assert r["check"].startswith("rel err y"), r
+        if r["target"] == "P11-bf16":
+            assert r["fp8kit_s"] > 0 and r["anchor_s"] > 0 and r["note"] == "", r
+        else:
+            assert r["fp8kit_s"] is None and r["anchor_s"] is None, r
+            assert when in r["note"] and "CanonicalizeGemmInput" in r["note"], r
+
+
 def test_compile_rows(suite):
     """The compile section: fp8kit's Linear under torch.compile(fullgraph=True)
     against its eager self (P10-eager) and compiled bf16, checked against

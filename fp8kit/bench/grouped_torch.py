@@ -20,7 +20,10 @@ Every count is a multiple of 16 because TE's FP8 grouped GEMM needs it
 pad each expert's tokens to 16); fp8kit takes any counts, which its own
 tests cover. The counts are given on the host, as TE takes them, so no
 variant pays a device-to-host read. Each variant is checked against bf16
-before it is timed, all in one measure() (interleaved rounds).
+before it is timed, all in one measure() (interleaved rounds). TE is a
+peer: a TE variant that fails, at its check or while it is timed, is
+dropped and its rows say why in their note; fp8kit's and bf16's rows
+stand.
 DeepGEMM's published grouped FP8 figures (H800, contiguous layout, 1x128
 / 128x128 scaling: 1088-1297 TFLOP/s) are quoted in docs/benchmarks.md
 beside these rows; they are not measured here.
@@ -28,6 +31,7 @@ beside these rows; they are not measured here.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 
@@ -94,6 +98,76 @@ def _te_layer(te, kit_layer):
     return _Call()
 
 
+def _te_for(dev: str):
+    """(transformer_engine.pytorch, None), or (None, why not) (it needs a GPU)."""
+    if dev != "cuda":
+        return None, "TE needs a GPU"
+    return te_peer.torch_module()
+
+
+def _is_peer(name: str) -> bool:
+    return name.startswith("TE ")
+
+
+def _why(e: Exception) -> str:
+    return f"{type(e).__name__}: {str(e)[:300]}"
+
+
+def _drop(name, why, fns, around, dropped) -> None:
+    """Takes the peer variant `name` out of the run, noting why."""
+    fns.pop(name, None)
+    around.pop(name, None)
+    dropped[name] = why
+
+
+class _PeerFailed(Exception):
+    """A peer variant raised while it was timed."""
+
+    def __init__(self, name: str, error: Exception):
+        super().__init__(f"{name}: {_why(error)}")
+        self.name, self.error = name, error
+
+
+def _guarded(name, fn):
+    """fn, its exceptions raised as _PeerFailed(name)."""
+    def call(i):
+        try:
+            return fn(i)
+        except Exception as e:  # noqa: BLE001
+            raise _PeerFailed(name, e) from e
+    return call
+
+
+def _guarded_context(name, enter):
+    """A context factory like `enter`, whose failures (entering, exiting,
+    or inside) are raised as _PeerFailed(name)."""
+    @contextlib.contextmanager
+    def context():
+        try:
+            with enter():
+                yield
+        except _PeerFailed:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise _PeerFailed(name, e) from e
+    return context
+
+
+def _measure(fns, around, clock, settings, dropped) -> dict:
+    """timing.measure of fns, the peer variants guarded: one that raises
+    is dropped (noted in `dropped`) and the rest measured again, so a
+    peer's failure costs only its own rows."""
+    while True:
+        guarded = {n: _guarded(n, f) if _is_peer(n) else f for n, f in fns.items()}
+        guarded_around = {n: _guarded_context(n, a) if _is_peer(n) else a
+                          for n, a in around.items()}
+        try:
+            return timing.measure(guarded, clock, settings, around=guarded_around)
+        except _PeerFailed as e:
+            _drop(e.name, f"{e.name} not timed: failed while timed: {_why(e.error)}", fns,
+                  around, dropped)
+
+
 def run_case(ctx: Context, experts: int, tokens: int, hidden: int, ffn: int, skewed: bool,
              seed: int) -> list[Row]:
     import torch
@@ -119,15 +193,15 @@ def run_case(ctx: Context, experts: int, tokens: int, hidden: int, ffn: int, ske
         fns[rname] = _fwd_bwd(copy.deepcopy(layer), data, sizes)
         around[rname] = functools.partial(ft.autocast, recipe=recipe)
     want = fns["bf16"](0)
-    checked, errors = {}, {}
-    te, te_missing = te_peer.torch_module() if dev == "cuda" else (None, "TE needs a GPU")
-    if te is not None:
-        for rname in recipes:
-            try:
-                fns[f"TE {rname}"] = _fwd_bwd(_te_layer(te, layer), data, sizes)
-                around[f"TE {rname}"] = te_peer.torch_autocast(te, rname)
-            except Exception as e:  # noqa: BLE001  (a TE without GroupedLinear, another API)
-                te_missing = f"TransformerEngine's GroupedLinear failed: {type(e).__name__}: {e}"
+    checked, errors, dropped = {}, {}, {}
+    te, te_missing = _te_for(dev)
+    for rname in recipes if te is not None else ():
+        name = f"TE {rname}"
+        try:
+            fns[name] = _fwd_bwd(_te_layer(te, layer), data, sizes)
+            around[name] = te_peer.torch_autocast(te, rname)
+        except Exception as e:  # noqa: BLE001  (a TE without GroupedLinear, another API)
+            dropped[name] = f"TransformerEngine's GroupedLinear failed: {_why(e)}"
     for name in [n for n in fns if n != "bf16"]:
         try:
             with around[name]():
@@ -137,10 +211,16 @@ def run_case(ctx: Context, experts: int, tokens: int, hidden: int, ffn: int, ske
             checks.within("output", ey, FWD_TOL, "rel err")
             checks.within("dx", edx, BWD_TOL, "rel err")
             checked[name] = f"rel err y {ey:.2g}<={FWD_TOL:g}, dx {edx:.2g}<={BWD_TOL:g}"
-        except checks.Mismatch as e:
-            errors[name] = f"not timed: {e}"
-            del fns[name]
-    t = timing.measure(fns, timing.torch_clock(dev), ctx.settings, around=around)
+        except Exception as e:  # noqa: BLE001  (a failing peer must not cost fp8kit's rows)
+            if _is_peer(name):
+                why = str(e) if isinstance(e, checks.Mismatch) else _why(e)
+                _drop(name, f"{name} not timed: {why}", fns, around, dropped)
+            elif isinstance(e, checks.Mismatch):
+                errors[name] = f"not timed: {e}"
+                del fns[name]
+            else:
+                raise
+    t = _measure(fns, around, timing.torch_clock(dev), ctx.settings, dropped)
     flops = 3 * 2.0 * tokens * hidden * ffn
     case = f"{experts}x {tokens}x{hidden}x{ffn} {'skewed' if skewed else 'balanced'}"
     rows = []
@@ -150,9 +230,9 @@ def run_case(ctx: Context, experts: int, tokens: int, hidden: int, ffn: int, ske
             row = Row(SECTION, GROUP.format(rname, label), case, flops, "TFLOP/s", label,
                       fp8kit_work=flops, anchor_work=flops,
                       target="P11-bf16" if anchor == "bf16" else "P11-te",
-                      check=checked.get(rname, ""), error=errors.get(rname) or errors.get(anchor))
-            if anchor != "bf16" and te_missing:
-                row.note = te_missing
+                      check=checked.get(rname, ""), error=errors.get(rname))
+            if anchor != "bf16" and (te_missing or anchor in dropped):
+                row.note = te_missing or dropped[anchor]
             if rname in t and anchor in t:
                 row.fp8kit_s, row.anchor_s = t[rname].median_s, t[anchor].median_s
                 row.timing = {"fp8kit": t[rname].to_json(), "anchor": t[anchor].to_json()}
