@@ -271,6 +271,21 @@ def test_init_is_seeded_and_scales_residual_outputs():
     assert np.all(layer["attn_norm"] == 1)
 
 
+def test_init_draws_what_one_normal_call_draws(monkeypatch):
+    """init's chunked draws give the bits (and leave the generator where)
+    rng.normal(0, std, size).astype(float32) does, across chunk edges: the
+    initial weights are those of every earlier version."""
+    from fp8kit.models import init
+    monkeypatch.setattr(init, "_CHUNK", 1000)
+    for shape in [(7, 333), (3, 4, 1000), (5,), (2, 0)]:
+        want_rng, got_rng = np.random.default_rng(3), np.random.default_rng(3)
+        want = want_rng.normal(0.0, 0.02, size=shape).astype(np.float32)
+        got = init.normal_float32(got_rng, shape, 0.02)
+        assert got.dtype == np.float32 and got.shape == want.shape
+        assert got.tobytes() == want.tobytes(), shape
+        assert got_rng.bit_generator.state == want_rng.bit_generator.state
+
+
 def test_sequences_longer_than_the_config_are_refused():
     long = np.zeros((1, SMALL.seq_len + 1), np.int32)
     model = llama_torch.Llama(SMALL)
