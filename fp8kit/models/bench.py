@@ -50,8 +50,13 @@ layer).
 The steps follow the training recipe of fp8kit/models/schedule.py from
 its start (its learning-rate warmup included: at the peak rate from the
 first step the bf16 8b_slice diverged within 13 steps), and a run whose
-final loss is more than a nat above the uniform guess ln(vocab) is marked
-diverged: its numbers time a broken training run, not the model's.
+final loss is more than a nat above where it started (its first step's
+loss, or the uniform guess ln(vocab) where that is higher) is marked
+diverged: its numbers time a broken training run, not the model's. The
+start is the run's own because a wide model starts above ln(vocab): its
+logits spread by about init_std * sqrt(hidden) (1.28 at hidden 4096), and
+hidden-4096 variants of mixtral_slice started at losses of 6.25 to 6.61,
+around ln(256) + 1 = 6.55 itself.
 
 tokens/s = batch x seq_len x steps / their wall time, the host waiting
 for the device once, for the last step's loss (as a training loop that
@@ -215,10 +220,14 @@ def train_config(batch: int, warmup: int, steps: int) -> TrainConfig:
     return TrainConfig(steps=warmup + steps, batch=batch)
 
 
-def diverged(loss: float, model_cfg) -> bool:
-    """Whether a run's final loss is more than a nat worse than guessing
-    uniformly (ln(vocab), about where an untrained model starts)."""
-    return not math.isfinite(loss) or loss > math.log(model_cfg.vocab) + 1.0
+def diverged(loss: float, model_cfg, first_loss: float | None = None) -> bool:
+    """Whether a run's final loss is more than a nat worse than where it
+    started: its first step's loss (the untrained model's), or guessing
+    uniformly (ln(vocab)) where that is higher (the module doc says why)."""
+    start = math.log(model_cfg.vocab)
+    if first_loss is not None and math.isfinite(first_loss):
+        start = max(start, first_loss)
+    return not math.isfinite(loss) or loss > start + 1.0
 
 
 def measure(framework: str, model_cfg, recipe_name: str, mode: str, batch: int, warmup: int,
@@ -246,9 +255,11 @@ def measure(framework: str, model_cfg, recipe_name: str, mode: str, batch: int, 
         return {**run, "error": str(e)}
     trainer, reset_peak, peak = made
     compile_error = _compile_error() if mode == "compile" else ()   # (): catches nothing
+    first_loss = None
     try:
         for _ in range(warmup):
-            trainer.train_step()   # a compiled run compiles in the first one
+            loss = trainer.train_step()   # a compiled run compiles in the first one
+            first_loss = loss if first_loss is None else first_loss
     except compile_error as e:
         reason = next(iter(str(e).strip().splitlines()), "")[:200]
         return {**run, "error": f"torch.compile failed: {type(e).__name__}: {reason}"}
@@ -258,12 +269,13 @@ def measure(framework: str, model_cfg, recipe_name: str, mode: str, batch: int, 
     # step while the device runs this one; the clock stops once the last
     # loss is on the host.
     t0 = time.perf_counter()
-    loss = trainer.train_steps(steps)[-1]
+    losses = trainer.train_steps(steps)
     seconds = time.perf_counter() - t0
+    loss, first_loss = losses[-1], losses[0] if first_loss is None else first_loss
     return {**run, "device": str(trainer.device),
             "tokens_per_s": batch * model_cfg.seq_len * steps / seconds,
             "step_ms": 1e3 * seconds / steps, "peak_memory_bytes": peak(), "last_loss": loss,
-            "diverged": diverged(loss, model_cfg)}
+            "first_loss": first_loss, "diverged": diverged(loss, model_cfg, first_loss)}
 
 
 def _in_fresh_process(fn, *args):
@@ -462,7 +474,8 @@ def _summary(run: dict) -> str:
     if "error" in run:
         return f"not run: {run['error']}"
     return (f"{run['tokens_per_s']:.0f} tokens/s, {run['step_ms']:.1f} ms/step"
-            + (f", DIVERGED (loss {run['last_loss']:.3g})" if run["diverged"] else ""))
+            + (f", DIVERGED (loss {run['last_loss']:.3g}, first {run['first_loss']:.3g})"
+               if run["diverged"] else ""))
 
 
 def _seams_name(float32_seams: bool) -> str:

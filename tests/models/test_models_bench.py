@@ -33,6 +33,7 @@ def test_smoke_run_reports_every_framework_and_recipe(tmp_path, capsys):
     for r in runs.values():
         assert r["tokens_per_s"] > 0 and r["step_ms"] > 0
         assert 3.0 < r["last_loss"] < 6.0             # trained from ln(256) = 5.5
+        assert 5.0 < r["first_loss"] < 6.5            # the untrained model's
         assert r["diverged"] is False
         assert r["peak_memory_bytes"] is None          # no device allocator on a CPU
         assert f"{r['framework']:<9} {r['recipe']:<12} {r['mode']:<7} cpu" in stdout
@@ -209,13 +210,19 @@ def test_cpu_runs_pin_torch_to_one_thread(monkeypatch):
     assert threads == ([] if torch.cuda.is_available() else [1])
 
 
-def test_a_run_far_above_the_uniform_guess_is_marked_diverged():
-    """The bench flags a run whose loss ends more than a nat above ln(vocab)
-    (the bf16 8b_slice at the peak learning rate from step 0 ended at 18.2),
-    and a non-finite one; a run near the start (ln 256 = 5.55) is not."""
+def test_a_run_far_above_its_start_is_marked_diverged():
+    """The bench flags a run whose loss ends more than a nat above where it
+    started, its first loss or ln(vocab) where that is higher (the bf16
+    8b_slice at the peak learning rate from step 0 ended at 18.2), and a
+    non-finite one; a run near the start (ln 256 = 5.55) is not."""
     cfg = CONFIGS["tiny"]
     assert [bench.diverged(x, cfg) for x in (5.6, 6.5, 7.6, 18.2, float("nan"), float("inf"))] \
         == [False, False, True, True, True, True]
+    # A wide model starts above ln(vocab): a nat above its own start.
+    assert [bench.diverged(x, cfg, 6.6) for x in (7.5, 7.7, 18.2)] == [False, True, True]
+    # A start below ln(vocab), or none, keeps ln(vocab) as the start.
+    assert [bench.diverged(7.0, cfg, f) for f in (4.0, float("nan"), None)] == [True] * 3
+    assert not bench.diverged(6.5, cfg, 4.0)
     row = {"framework": "torch", "recipe": "bf16", "mode": "eager", "device": "cuda",
            "tokens_per_s": 1.0, "step_ms": 1.0, "peak_memory_bytes": None, "last_loss": 18.2,
            "diverged": True}
