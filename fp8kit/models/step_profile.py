@@ -24,15 +24,16 @@ from fp8kit.models.config import CONFIGS
 
 
 def profile_run(framework: str, model_cfg, recipe_name: str, batch: int, warmup: int,
-                steps: int) -> dict:
-    """{kind: microseconds per step} of one (framework, recipe) run."""
+                steps: int, lr: float | None = None) -> dict:
+    """{kind: microseconds per step} of one (framework, recipe) run, at
+    peak learning rate lr (None: TrainConfig's) as the benchmark's runs."""
     import torch
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     from fp8kit.bench import kernel_times
     from fp8kit.models.init import init_params
-    train_cfg = bench.train_config(batch, warmup, steps)
+    train_cfg = bench.train_config(batch, warmup, steps, lr)
     make = bench.torch_trainer if framework == "torch" else bench.jax_trainer
     trainer, _, _ = make(model_cfg, train_cfg, recipe_name, init_params(model_cfg, train_cfg.seed))
     for _ in range(warmup):
@@ -76,7 +77,8 @@ def main(argv=None) -> int:
             ctx = multiprocessing.get_context("spawn")
             with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
                 times = pool.submit(profile_run, fw, model_cfg, recipe, args.batch,
-                                    args.warmup, args.steps).result()
+                                    args.warmup, args.steps,
+                                    bench.learning_rate_of(args.config)).result()
             print(f"\n== {fw} {recipe}\n{kernel_times.table(times)}", flush=True)
     return 0
 

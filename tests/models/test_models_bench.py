@@ -236,10 +236,36 @@ def test_measured_runs_warm_the_learning_rate_up_like_training():
     cfg = bench.train_config(batch=8, warmup=5, steps=30)
     assert (cfg.steps, cfg.batch, cfg.warmup_steps) == (35, 8, TrainConfig().warmup_steps)
     assert learning_rate(0, cfg) < cfg.lr / 10
+    assert cfg.lr == TrainConfig().lr
+    assert bench.train_config(batch=8, warmup=5, steps=30, lr=3e-4).lr == 3e-4
+
+
+def test_mixtral_slice_trains_at_its_own_learning_rate(monkeypatch, capsys, tmp_path):
+    """mixtral_slice's runs peak at 3e-4 (bench.LEARNING_RATES says why);
+    the dense configs keep TrainConfig's rate."""
+    from fp8kit.models.schedule import TrainConfig
+    assert bench.learning_rate_of("mixtral_slice") == 3e-4
+    for config in ("tiny", "1b", "8b_slice", "moe_tiny"):
+        assert bench.learning_rate_of(config) == TrainConfig().lr
+    seen = []
+
+    def run(fn, framework, model_cfg, recipe, mode, *args):
+        seen.append(args[-1])
+        return {"framework": framework, "recipe": recipe, "mode": mode, "device": "cpu",
+                "tokens_per_s": 1000.0, "step_ms": 1.0, "peak_memory_bytes": None,
+                "last_loss": 5.0, "first_loss": 6.0, "diverged": False}
+    monkeypatch.setattr(bench, "_in_fresh_process", run)
+    monkeypatch.setattr(bench, "_long_cpu_run", lambda *args: None)
+    out = tmp_path / "bench.json"
+    assert bench.main(["--config", "mixtral_slice", "--frameworks", "torch", "--recipes",
+                       "bf16", "--json", str(out)]) == 0
+    assert seen == [3e-4]
+    assert "at peak learning rate 0.0003;" in capsys.readouterr().out
+    assert json.loads(out.read_text())["peak_lr"] == 3e-4
 
 
 def test_inspect_every_adds_an_inspected_run_after_each_fp8kit_one(monkeypatch, capsys):
-    def run(fn, framework, model_cfg, recipe, mode, batch, warmup, steps, seams, every):
+    def run(fn, framework, model_cfg, recipe, mode, batch, warmup, steps, seams, every, lr):
         label = f"{recipe}/i{every}" if every else recipe
         return {"framework": framework, "recipe": label, "mode": mode, "device": "cpu",
                 "tokens_per_s": 900.0 if every else 1000.0, "step_ms": 1.0,
