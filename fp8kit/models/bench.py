@@ -50,8 +50,8 @@ layer).
 The steps follow the training recipe of fp8kit/models/schedule.py from
 its start (its learning-rate warmup included: at the peak rate from the
 first step the bf16 8b_slice diverged within 13 steps), at its peak
-learning rate but where LEARNING_RATES gives a config its own (there
-says why mixtral_slice trains at 3e-4), and a run whose
+learning rate but where schedule.PEAK_LEARNING_RATES gives a config its
+own (there says why mixtral_slice trains at 3e-4), and a run whose
 final loss is more than a nat above where it started (its first step's
 loss, or the uniform guess ln(vocab) where that is higher) is marked
 diverged: its numbers time a broken training run, not the model's. The
@@ -90,29 +90,13 @@ import time
 
 from fp8kit.models import cli_support
 from fp8kit.models.config import CONFIGS
-from fp8kit.models.schedule import TrainConfig
+from fp8kit.models.schedule import TrainConfig, peak_learning_rate
 
 FRAMEWORKS = ("torch", "jax")
 RECIPES = ("bf16", "delayed", "current", "block")
 TE_RECIPES = ("te-delayed", "te-current")   # TransformerEngine
 TORCHAO = "torchao"                          # torchao's Float8Linear, PyTorch only, compiled
 TORCH_ONLY = (TORCHAO,)
-# Peak learning rates of configs that do not train at TrainConfig's (3e-3,
-# set for the small models). mixtral_slice: at 3e-3 (1e-4 in the first
-# warm-up step) the first AdamW steps, about lr per weight in the
-# direction of one batch's gradient, add nearly the same vector to every
-# token's residual stream (attention's wo alone took a hidden-4096 model's
-# next-batch loss from 6.4 to 13.3), whose token-specific part, the
-# embedding, has std 0.02. The loss jumps from 6.3 to 19-28 within 5
-# steps, every token then routes to the same two experts of each layer,
-# and after 15 steps it had not come back (8.6 in bf16 and 14.6 under
-# delayed scaling on an H200; 7.4 for a CPU-sized variant: hidden 4096,
-# 8 experts of 3584, 1024 tokens a step). At 3e-4, the peak rate of the
-# Llama models of its width (Llama 2 7B, Llama 3 8B), the same variants
-# train without a jump. The dense slices of hidden 4096 jump as well but
-# recover within the benchmark's steps; they keep the default, with which
-# their recorded results were measured.
-LEARNING_RATES = {"mixtral_slice": 3e-4}
 CPU_NOTE = ("On the CPU the FP8 runs use fp8kit's reference kernels, written for correctness: "
             "these numbers check that the benchmark works, they are not performance claims.")
 
@@ -238,11 +222,6 @@ def train_config(batch: int, warmup: int, steps: int, lr: float | None = None) -
     TrainConfig's)."""
     return TrainConfig(steps=warmup + steps, batch=batch,
                        **({} if lr is None else {"lr": lr}))
-
-
-def learning_rate_of(config: str) -> float:
-    """The peak learning rate of the named config's measured runs."""
-    return LEARNING_RATES.get(config, TrainConfig.lr)
 
 
 def diverged(loss: float, model_cfg, first_loss: float | None = None) -> bool:
@@ -470,7 +449,7 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    lr = learning_rate_of(args.config)
+    lr = peak_learning_rate(args.config)
     print(f"fp8kit.models.bench: config {args.config} ({model_cfg.num_params() / 1e9:.2f}B "
           f"parameters, {model_cfg.layers} layers, hidden {model_cfg.hidden}), batch "
           f"{args.batch} x seq {model_cfg.seq_len} = {args.batch * model_cfg.seq_len} "

@@ -21,6 +21,7 @@ import sys
 
 from fp8kit.models import bench
 from fp8kit.models.config import CONFIGS
+from fp8kit.models.schedule import peak_learning_rate
 
 
 def profile_run(framework: str, model_cfg, recipe_name: str, batch: int, warmup: int,
@@ -78,7 +79,7 @@ def main(argv=None) -> int:
             with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
                 times = pool.submit(profile_run, fw, model_cfg, recipe, args.batch,
                                     args.warmup, args.steps,
-                                    bench.learning_rate_of(args.config)).result()
+                                    peak_learning_rate(args.config)).result()
             print(f"\n== {fw} {recipe}\n{kernel_times.table(times)}", flush=True)
     return 0
 

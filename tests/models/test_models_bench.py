@@ -241,12 +241,12 @@ def test_measured_runs_warm_the_learning_rate_up_like_training():
 
 
 def test_mixtral_slice_trains_at_its_own_learning_rate(monkeypatch, capsys, tmp_path):
-    """mixtral_slice's runs peak at 3e-4 (bench.LEARNING_RATES says why);
-    the dense configs keep TrainConfig's rate."""
-    from fp8kit.models.schedule import TrainConfig
-    assert bench.learning_rate_of("mixtral_slice") == 3e-4
+    """mixtral_slice's runs peak at 3e-4 (schedule.PEAK_LEARNING_RATES says
+    why); the dense configs keep TrainConfig's rate."""
+    from fp8kit.models.schedule import TrainConfig, peak_learning_rate
+    assert peak_learning_rate("mixtral_slice") == 3e-4
     for config in ("tiny", "1b", "8b_slice", "moe_tiny"):
-        assert bench.learning_rate_of(config) == TrainConfig().lr
+        assert peak_learning_rate(config) == TrainConfig().lr
     seen = []
 
     def run(fn, framework, model_cfg, recipe, mode, *args):
