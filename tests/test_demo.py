@@ -259,6 +259,19 @@ def test_config_gives_the_model_and_flags_override_its_sizes():
     assert model == CONFIGS["tiny"]
 
 
+def test_learning_rate_is_the_configs_own_unless_given():
+    """mixtral_slice trains at its own peak rate (the models bench's, which
+    fp8kit.models.schedule documents); --lr overrides it for any config."""
+    from fp8kit.demo import cli
+
+    def lr(*argv):
+        return cli._configs(cli._parser().parse_args(list(argv)))[1].lr
+    assert lr() == cli.DEMO_TRAIN.lr == 3e-3
+    assert lr("--config", "mixtral_slice") == 3e-4
+    assert lr("--config", "mixtral_slice", "--lr", "1e-3") == 1e-3
+    assert lr("--lr", "5e-4") == 5e-4
+
+
 def test_module_entry_point():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     r = subprocess.run([sys.executable, "-m", "fp8kit.demo", "--help"], capture_output=True,

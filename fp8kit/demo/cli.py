@@ -25,7 +25,7 @@ import time
 from fp8kit._source_tree import source_tree_hint
 from fp8kit.models import cli_support
 from fp8kit.models.config import CONFIGS
-from fp8kit.models.schedule import TrainConfig
+from fp8kit.models.schedule import PEAK_LEARNING_RATES, TrainConfig
 
 FRAMEWORKS = ("jax", "torch")
 PLOT_NAME = "demo_loss.png"            # the plot's name in an --out directory
@@ -48,7 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int)
     p.add_argument("--heads", type=int)
     p.add_argument("--ffn", type=int, help="MLP width (multiple of 16)")
-    p.add_argument("--lr", type=float, default=t.lr, help="peak AdamW learning rate")
+    p.add_argument("--lr", type=float,
+                   help=f"peak AdamW learning rate (default: {t.lr:g}, or the config's own "
+                        "where fp8kit.models.schedule.PEAK_LEARNING_RATES gives one)")
     p.add_argument("--seed", type=int, default=t.seed)
     p.add_argument("--frameworks", default=",".join(FRAMEWORKS),
                    help="comma-separated subset of jax,torch")
@@ -110,7 +112,10 @@ def _configs(args):
     sizes = {k: getattr(args, k) for k in ("hidden", "layers", "heads", "ffn", "seq_len")}
     model_cfg = dataclasses.replace(CONFIGS[args.config],
                                     **{k: v for k, v in sizes.items() if v is not None})
-    train_cfg = dataclasses.replace(DEMO_TRAIN, steps=args.steps, batch=args.batch, lr=args.lr,
+    lr = args.lr
+    if lr is None:
+        lr = PEAK_LEARNING_RATES.get(args.config, DEMO_TRAIN.lr)
+    train_cfg = dataclasses.replace(DEMO_TRAIN, steps=args.steps, batch=args.batch, lr=lr,
                                     seed=args.seed, warmup_steps=max(1, args.steps // 10))
     return model_cfg, train_cfg
 
