@@ -57,7 +57,7 @@ def padded_rows(sizes: torch.Tensor, tokens, device) -> torch.Tensor:
     m = sizes_on(sizes, device)
     pad = (m + ext.GEMM_DIM_MULTIPLE - 1) // ext.GEMM_DIM_MULTIPLE * ext.GEMM_DIM_MULTIPLE - m
     shift = torch.cumsum(pad, 0) - pad
-    return torch.arange(tokens, device=device) + shift[token_experts(sizes, tokens, device)]
+    return torch.arange(tokens, device=device) + shift[token_experts(m, tokens, device)]
 
 
 class _Layout(NamedTuple):

@@ -236,7 +236,8 @@ def _high_precision(x, weight, bias, sizes) -> torch.Tensor:
     grouped_mm = getattr(torch, "_grouped_mm", None)
     if (grouped_mm is not None and x.is_cuda and x.dtype == torch.bfloat16
             and weight.dtype == torch.bfloat16):
-        offsets = torch.cumsum(sizes_on(sizes, x.device), 0, dtype=torch.int32)
+        sizes = sizes_on(sizes, x.device)  # once, for the offsets and the bias's experts
+        offsets = torch.cumsum(sizes, 0, dtype=torch.int32)
         y = grouped_mm(x, weight.transpose(-2, -1), offs=offsets)
     else:
         y = torch.cat([part @ weight[e].t() for e, part in
