@@ -48,15 +48,11 @@ class Plan(NamedTuple):
     axis_name: str
 
 
-def _axis_size(axis_name: str) -> int:
-    return jax.lax.axis_size(axis_name)
-
-
 def dispatch(x, expert, *, num_experts: int, capacity: int, axis_name: str):
     """(rows of this device's experts [E/D * D * C, K], Plan) for the pairs
     x [P, K] with global experts `expert` [P]; call inside shard_map over
     `axis_name`."""
-    devices = _axis_size(axis_name)
+    devices = jax.lax.axis_size(axis_name)
     if x.ndim != 2:
         raise ValueError(f"expert_parallel.dispatch: x has shape {x.shape}; pass the pairs as "
                          "[pairs, features]")
@@ -100,7 +96,7 @@ def dispatch(x, expert, *, num_experts: int, capacity: int, axis_name: str):
 def combine(y, plan: Plan):
     """Each pair's output [P, N] (zero for a dropped pair) from the local
     experts' outputs y [E/D * D * C, N] of the rows dispatch gave."""
-    devices = _axis_size(plan.axis_name)
+    devices = jax.lax.axis_size(plan.axis_name)
     local = plan.num_experts // devices
     if y.ndim != 2 or y.shape[0] != local * devices * plan.capacity:
         raise ValueError(f"expert_parallel.combine: y has shape {y.shape}; it must be the "
