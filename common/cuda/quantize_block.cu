@@ -1,399 +1,104 @@
-// fp8kit::cuda::quantize_block_scaling: block-scaled quantization
-// (fp8kit/block_scaling.h) in one pass over the input.
+// fp8kit::cuda::quantize_block_scaling and grouped_quantize_block_scaling:
+// the launches of block-scaled quantization (fp8kit/block_scaling.h), one
+// thread block per 128x128 tile (cast_tile, block_cast_tile.cuh).
 //
-// One thread block per 128x128 tile of the [rows, cols] input. The tile is
-// exactly one 128x128 block, or 128 rowwise 1x128 tiles and 128 columnwise
-// ones, so every scale is computed inside one thread block and no second
-// pass or grid-wide reduction is needed.
-//
-// Each of the 256 threads owns an 8x8 part of the tile (Part) from its
-// load to its stores:
-// 1. It loads the part's 8 rows and, while they are in registers, folds
-//    their |x| into the amax of each of its rows and columns (PartAmax),
-//    then parks the raw rows in shared memory (PartStage, block_part.cuh).
-// 2. Warp shuffles (max_scatter) and a small shared array combine the
-//    parts' amaxes into the tile's 128 row and 128 column amaxes (or the
-//    128x128 block's); a thread per line turns its line's amax into the
-//    scale, once, and writes scale_inv.
-// 3. It reads its rows back and casts them (cast_part): with their rows'
-//    scales into the rowwise copy, and with their columns' scales into
-//    rows of bytes that a byte transpose in registers turns into runs of
-//    8 bytes of the columnwise copy.
-// The amaxes thus cost no pass of their own over the tile in shared
-// memory, and two __syncthreads (one for 128x128) separate the load from
-// the casts. Shared memory only holds the values while the block agrees
-// on its scales (registers would take 32 or 64 more a thread, halving the
-// blocks an SM holds). No thread reads another's values, so the tile
-// needs no layout: each shared access is a warp's 32 consecutive 16-byte
-// vectors, 4 wavefronts, the fewest for 512 bytes, along rows and columns
-// alike (the transpose is in registers).
-//
-// Global accesses: a warp takes 8 part rows x 4 part columns, so a load
-// reads 8 rows of 64 (bf16, fp16) or 128 (float32) contiguous bytes, a
-// rowwise store writes 8 rows of 32 bytes and a columnwise one 4 rows of
-// 64: whole 32-byte sectors.
-//
-// The scale and the cast are the CPU reference's (compute_scale.h, and
-// quantize4, which gives fp8_convert.h's quantize_to_fp8), so both give the
-// same bits.
+// A grouped tensor in the padded row layout (fp8kit/grouped.h) is one
+// launch over every group's tiles: each group is quantized as a tensor of
+// its own, so its last tile stops at its own last row and its scales are
+// laid out for its own rows. The groups' table rides in the kernel's
+// parameters; a block finds its group there by binary search. A launch per
+// group instead left most of the GPU idle where groups are small (64
+// experts of 1024 tokens and 2048 features: 128 blocks a launch, a sixth
+// of what an H200's SMs hold at once).
 #include <cuda_runtime.h>
 
 #include <atomic>
 #include <cstdint>
+#include <limits>
+#include <vector>
 
-#include "block_part.cuh"
-#include "block_scale_layout.h"
-#include "compute_scale.h"
+#include "block_cast_tile.cuh"
 #include "cuda_backend.h"
 #include "cuda_check.h"
+#include "error.h"
 #include "launch_config.h"
-#include "quantize_device.cuh"
 #include "validate.h"
 
 namespace fp8kit {
 namespace cuda {
 namespace {
 
-constexpr int kTile = 128;  // = kBlockLen
-constexpr int kParts = kTile / kPart;
-constexpr int kThreads = kParts * kParts;
-// A warp's parts: kLaneRows part rows (lane % 8) x kLaneCols part columns
-// (lane / 8); kColWarps warps side by side across the tile, kRowWarps down.
-constexpr int kLaneRows = 8;
-constexpr int kLaneCols = 32 / kLaneRows;
-constexpr int kColWarps = kParts / kLaneCols;
-constexpr int kRowWarps = kParts / kLaneRows;
-static_assert(kThreads == 32 * kColWarps * kRowWarps, "a thread per part");
-
-struct BlockCastParams {
-  const void* in;
-  int64_t rows, cols;
-  int64_t tiles_r, tiles_c;
-  uint8_t* data;  // rowwise copy [rows, cols] or NULL
-  float* scales;  // its block scales
-  BlockScaleLayout layout;
-  uint8_t* columnwise;  // columnwise copy [cols, rows] or NULL
-  float* columnwise_scales;
-  BlockScaleLayout columnwise_layout;
-  bool vector_in;                       // 16-byte loads of 8 elements are aligned
-  bool vector_data, vector_columnwise;  // 8-byte stores are aligned
-  float fp8_max;
-  float amax_epsilon;
-  bool power_2_scale;
-};
-
-// This thread's part: tile rows kPart * row .. + 7 and columns kPart * col
-// .. + 7, input element (r, c) on; rows x cols of it (0 .. 8 each) lie
-// inside the input.
-struct Part {
-  int row, col;
-  int64_t r, c;
-  int rows, cols;
-
-  __device__ static Part of(const BlockCastParams& p, int64_t r0, int64_t c0) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    Part part;
-    part.row = warp / kColWarps * kLaneRows + lane % kLaneRows;
-    part.col = warp % kColWarps * kLaneCols + lane / kLaneRows;
-    part.r = r0 + kPart * part.row;
-    part.c = c0 + kPart * part.col;
-    part.rows = int(min(int64_t(kPart), max(int64_t(0), p.rows - part.r)));
-    part.cols = int(min(int64_t(kPart), max(int64_t(0), p.cols - part.c)));
-    return part;
-  }
-};
-
-// Loads this thread's part into `stage`, folding it into `amax` on the way;
-// outside the input: 0, which leaves every amax as it is. kLoadBatch rows
-// at a time: with 16-byte loads, all in flight before any is used, where
-// p.vector_in and the batch lies inside the input, else element by
-// element, a row at a time (a batch of those would need more registers
-// than kBlocksPerSm leaves).
-constexpr int kLoadBatch = 4;
-static_assert(kPart % kLoadBatch == 0, "the load takes whole batches");
-
-template <int kIn>
-__device__ __forceinline__ void load_part(const BlockCastParams& p, const Part& part,
-                                          const PartStage<kIn, kThreads>& stage,
-                                          PartAmax<kIn>& amax) {
-  const bool vector = p.vector_in && part.cols == kPart;
-#pragma unroll
-  for (int k0 = 0; k0 < kPart; k0 += kLoadBatch) {
-    const int64_t at = (part.r + k0) * p.cols + part.c;
-    if (vector && k0 + kLoadBatch <= part.rows) {
-      Raw8<kIn> raw[kLoadBatch];
-#pragma unroll
-      for (int b = 0; b < kLoadBatch; ++b) load_raw8<kIn>(p.in, at + b * p.cols, raw[b]);
-#pragma unroll
-      for (int b = 0; b < kLoadBatch; ++b) {
-        stage.put(k0 + b, raw[b]);
-        amax.fold(k0 + b, raw[b]);
-      }
-    } else {
-#pragma unroll
-      for (int b = 0; b < kLoadBatch; ++b) {
-        Raw8<kIn> raw;
-        load_raw8_partial<kIn>(p.in, at + b * p.cols, k0 + b < part.rows ? part.cols : 0, raw);
-        stage.put(k0 + b, raw);
-        amax.fold(k0 + b, raw);
-      }
-    }
-  }
-}
-
-__device__ __forceinline__ float scale_from_amax_bits(const BlockCastParams& p, uint32_t bits) {
-  return current_scale_from_amax(__uint_as_float(bits), p.fp8_max, p.amax_epsilon,
-                                 p.power_2_scale);
-}
-
-// A 1x128 copy's scale_inv of stored row s0 + line, whose tile starts at
-// column t0; past the copy's last row, the layout's padding (0).
-template <bool kColumn>
-__device__ void write_line_scale(const BlockCastParams& p, int64_t s0, int64_t t0, int line,
-                                 float scale) {
-  float* scales = kColumn ? p.columnwise_scales : p.scales;
-  const BlockScaleLayout& layout = kColumn ? p.columnwise_layout : p.layout;
-  const int64_t s = s0 + line;
-  if (s < (kColumn ? p.cols : p.rows)) {
-    scales[layout.index(s, t0)] = reciprocal(scale);
-  } else if (s < layout.inner) {
-    scales[layout.index(s, t0)] = 0.0f;  // padding of the last tile row
-  }
-}
-
-// A 128x128 copy's scale_inv of the block at stored (s0, t0), then (last
-// block of a scale row) the row's padding; threads 0 .. 3.
-template <bool kColumn>
-__device__ void write_block_scale(const BlockCastParams& p, int64_t s0, int64_t t0, float scale) {
-  if (threadIdx.x >= 4) return;
-  float* scales = kColumn ? p.columnwise_scales : p.scales;
-  const BlockScaleLayout& layout = kColumn ? p.columnwise_layout : p.layout;
-  const int64_t outer = s0 / kTile;
-  const int64_t j = t0 / kTile;
-  if (threadIdx.x == 0) scales[outer * layout.inner + j] = reciprocal(scale);
-  if (j == layout.used_inner - 1) {
-    for (int64_t pad = layout.used_inner + threadIdx.x; pad < layout.inner; pad += 4) {
-      scales[outer * layout.inner + pad] = 0.0f;
-    }
-  }
-}
-
-// Where a 1x128 tile row's scale lies in shared memory: the rows a warp
-// reads at once (row k of 8 parts, kPart apart) in 8 consecutive words.
-__device__ __forceinline__ int row_scale_slot(int row) {
-  return row % kPart * kParts + row / kPart;
-}
-
-// Row k of a part times its scale, as 8 FP8 bytes (.x = elements 0..3).
-template <int kIn, bool kE4M3>
-__device__ __forceinline__ uint2 scale_cast8(const Raw8<kIn>& raw, float scale) {
-  float x[kPart];
-#pragma unroll
-  for (int j = 0; j < kPart; ++j) x[j] = raw_get<kIn>(raw, j);
-  return quantize8<kE4M3>(x, scale);
-}
-
-// Elements 4h .. 4h + 3 of row k of a part times their columns' scales,
-// as 4 FP8 bytes.
-template <int kIn, bool kE4M3>
-__device__ __forceinline__ uint32_t scale_cast4(const Raw8<kIn>& raw, int h,
-                                                const float (&scale)[4]) {
-  float x[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) x[j] = raw_get<kIn>(raw, 4 * h + j);
-  return quantize4<kE4M3>(x, scale, 0);
-}
-
-// 8 FP8 bytes (.x = 0..3) to out[0 .. valid): one 8-byte store where
-// `vector` (aligned, valid == 8), else byte by byte.
-__device__ __forceinline__ void store8(uint8_t* out, uint2 q, bool vector, int valid) {
-  if (vector) {
-    *reinterpret_cast<uint2*>(out) = q;
-    return;
-  }
-#pragma unroll
-  for (int j = 0; j < kPart; ++j) {
-    if (j < valid) out[j] = u2_byte(q, j);
-  }
-}
-
-// Row k of this thread's part into the rowwise copy.
-__device__ __forceinline__ void store_row(const BlockCastParams& p, const Part& part, int k,
-                                          uint2 q) {
-  store8(p.data + (part.r + k) * p.cols + part.c, q, p.vector_data && part.cols == kPart,
-         part.cols);
-}
-
-// Columns 4h .. 4h + 3 of this thread's part into the columnwise copy,
-// from t[k], their 4 bytes of row k: transposed in registers (4x4 bytes
-// twice), each column's 8 bytes are one run of its stored row.
-__device__ __forceinline__ void store_columns(const BlockCastParams& p, const Part& part, int h,
-                                              const uint32_t (&t)[kPart]) {
-  uint32_t a0 = t[0], a1 = t[1], a2 = t[2], a3 = t[3];  // rows 0..3
-  uint32_t b0 = t[4], b1 = t[5], b2 = t[6], b3 = t[7];  // rows 4..7
-  transpose4x4(a0, a1, a2, a3);
-  transpose4x4(b0, b1, b2, b3);
-  const uint2 cols[4] = {make_uint2(a0, b0), make_uint2(a1, b1), make_uint2(a2, b2),
-                         make_uint2(a3, b3)};
-  const bool vector = p.vector_columnwise && part.rows == kPart;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int col = 4 * h + j;
-    if (col < part.cols) {
-      store8(p.columnwise + (part.c + col) * p.rows + part.r, cols[j], vector, part.rows);
-    }
-  }
-}
-
-// The casts of this thread's part.
-// - 128x128: each row with the block's scale, one cast for both copies
-//   (the same bytes).
-// - 1x128: two passes over the part's rows, the columnwise copy's columns
-//   0..3 with their scales (col_scale), then 4..7; the first pass also
-//   casts each row with its scale (row_scale, at row_scale_slot) into the
-//   rowwise copy. One pass would hold 8 column scales and 16 registers of
-//   bytes to transpose beside the rowwise cast: more than kBlocksPerSm
-//   leaves (44 bytes of it spilled).
-template <int kIn, bool kE4M3, bool k128x128>
-__device__ void cast_part(const BlockCastParams& p, const Part& part,
-                          const PartStage<kIn, kThreads>& stage, float block_scale,
-                          const float* row_scale, const float* col_scale) {
-  if (part.rows == 0 || part.cols == 0) return;  // outside the input (an edge tile)
-  const bool rowwise = p.data != nullptr, columnwise = p.columnwise != nullptr;
-  if constexpr (k128x128) {
-    uint32_t lo[kPart], hi[kPart];
-#pragma unroll
-    for (int k = 0; k < kPart; ++k) {
-      Raw8<kIn> raw;
-      stage.get(k, raw);
-      const uint2 q = scale_cast8<kIn, kE4M3>(raw, block_scale);
-      if (rowwise && k < part.rows) store_row(p, part, k, q);
-      lo[k] = q.x;
-      hi[k] = q.y;
-    }
-    if (columnwise) {
-      store_columns(p, part, 0, lo);
-      store_columns(p, part, 1, hi);
-    }
-  } else {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (h == 1 && !columnwise) break;
-      float scales[4] = {};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if (columnwise) scales[j] = col_scale[kPart * part.col + 4 * h + j];
-      }
-      uint32_t t[kPart];
-#pragma unroll
-      for (int k = 0; k < kPart; ++k) {
-        Raw8<kIn> raw;
-        stage.get(k, raw);
-        if (h == 0 && rowwise && k < part.rows) {
-          const float scale = row_scale[row_scale_slot(kPart * part.row + k)];
-          store_row(p, part, k, scale_cast8<kIn, kE4M3>(raw, scale));
-        }
-        if (columnwise) t[k] = scale_cast4<kIn, kE4M3>(raw, h, scales);
-      }
-      if (columnwise) store_columns(p, part, h, t);
-    }
-  }
-}
-
-// Blocks an SM holds (H100, H200: 228 KiB of shared memory, 1 KiB of it
-// reserved a block): 3 with float32 input (64 KiB of parts, 4 KiB of
-// amaxes and scales, the reserve: 69 KiB a block), 6 with 16-bit input
-// (37 KiB), which leaves 40 registers a thread (6 x 256 x 40 of 64 Ki);
-// the kernel is compiled for that many blocks.
-template <int kIn>
-constexpr int kBlocksPerSm = kIn == FP8KIT_FLOAT32 ? 3 : 6;
+using block_cast::BlockCastParams;
+using block_cast::kBlocksPerSm;
+using block_cast::kThreads;
+using block_cast::kTile;
 
 template <int kIn, bool kE4M3, bool k128x128>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kIn>)
     block_cast_kernel(const BlockCastParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  const PartStage<kIn, kThreads> stage(smem);
-  const int64_t r0 = (int64_t(blockIdx.x) / p.tiles_c) * kTile;
-  const int64_t c0 = (int64_t(blockIdx.x) % p.tiles_c) * kTile;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const Part part = Part::of(p, r0, c0);
-  PartAmax<kIn> amax;
-  load_part<kIn>(p, part, stage, amax);
-
-  if constexpr (k128x128) {
-    // The block's amax: per part, per warp, then across warps.
-    __shared__ uint32_t warp_amax[kThreads / 32];
-    uint32_t bits = 0;
-#pragma unroll
-    for (int k = 0; k < kPart; ++k) bits = max(bits, amax.row_bits(k));
-    bits = __reduce_max_sync(0xffffffffu, bits);
-    if (lane == 0) warp_amax[warp] = bits;
-    __syncthreads();
-    bits = 0;
-#pragma unroll
-    for (int w = 0; w < kThreads / 32; ++w) bits = max(bits, warp_amax[w]);
-    const float scale = scale_from_amax_bits(p, bits);
-    if (p.data != nullptr) write_block_scale<false>(p, r0, c0, scale);
-    if (p.columnwise != nullptr) write_block_scale<true>(p, c0, r0, scale);
-    cast_part<kIn, kE4M3, true>(p, part, stage, scale, nullptr, nullptr);
-  } else {
-    // Line amaxes: over the warp's parts by max_scatter, then over the
-    // warps that share the line (row_part, col_part); a thread per line
-    // (rows: threads 0 .. 127, columns: 128 .. 255) makes its scale.
-    __shared__ uint32_t row_part[kColWarps][kTile];
-    __shared__ uint32_t col_part[kRowWarps][kTile];
-    __shared__ float row_scale[kTile], col_scale[kTile];
-    if (p.data != nullptr) {
-      // The warp's part columns differ in lane bits 3, 4: this lane is
-      // left with rows 2 * (lane / 8) + {0, 1} of its part.
-      uint32_t v[kPart];
-#pragma unroll
-      for (int k = 0; k < kPart; ++k) v[k] = amax.row_bits(k);
-      max_scatter<kPart, 16, 8>(v);
-      const int row = kPart * part.row + 2 * (lane / kLaneRows);
-      row_part[warp % kColWarps][row] = v[0];
-      row_part[warp % kColWarps][row + 1] = v[1];
-    }
-    if (p.columnwise != nullptr) {
-      // The warp's part rows differ in lane bits 0 .. 2: this lane is left
-      // with column lane % 8 of its part.
-      uint32_t v[kPart];
-#pragma unroll
-      for (int j = 0; j < kPart; ++j) v[j] = amax.col_bits(j);
-      max_scatter<kPart, 4, 2, 1>(v);
-      col_part[warp / kColWarps][kPart * part.col + lane % kLaneRows] = v[0];
-    }
-    __syncthreads();
-    const int line = threadIdx.x % kTile;
-    if (threadIdx.x < kTile) {
-      if (p.data != nullptr) {
-        uint32_t bits = 0;
-#pragma unroll
-        for (int w = 0; w < kColWarps; ++w) bits = max(bits, row_part[w][line]);
-        const float scale = scale_from_amax_bits(p, bits);
-        row_scale[row_scale_slot(line)] = scale;
-        write_line_scale<false>(p, r0, c0, line, scale);
-      }
-    } else if (p.columnwise != nullptr) {
-      uint32_t bits = 0;
-#pragma unroll
-      for (int w = 0; w < kRowWarps; ++w) bits = max(bits, col_part[w][line]);
-      const float scale = scale_from_amax_bits(p, bits);
-      col_scale[line] = scale;
-      write_line_scale<true>(p, c0, r0, line, scale);
-    }
-    __syncthreads();
-    cast_part<kIn, kE4M3, false>(p, part, stage, 1.0f, row_scale, col_scale);
-  }
+  block_cast::cast_tile<kIn, kE4M3, k128x128>(p, blockIdx.x, smem);
 }
 
+// The non-empty groups of a grouped cast, in order: group i's tiles are
+// blocks tile_start[i] .. tile_start[i + 1] - 1, its rows first_row[i] ..
+// first_row[i + 1] - 1 of the padded layout, its scales row_scales[i] and
+// col_scales[i] floats into each copy's scale array. 32-bit entries keep
+// the table (16 KiB) inside a kernel's 32 KiB of parameters.
+struct GroupTiles {
+  int32_t groups;
+  int32_t tile_start[kMaxGroups + 1];
+  int32_t first_row[kMaxGroups + 1];
+  int32_t row_scales[kMaxGroups];
+  int32_t col_scales[kMaxGroups];
+};
+
+// `groups` as __grid_constant__: indexed in place in parameter memory
+// (a by-value array indexed at run time would be copied to each thread's
+// local memory).
 template <int kIn, bool kE4M3, bool k128x128>
-void launch_typed(const BlockCastParams& p, cudaStream_t stream, const char* op) {
-  auto* kernel = block_cast_kernel<kIn, kE4M3, k128x128>;
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm<kIn>)
+    grouped_block_cast_kernel(const BlockCastParams p, const __grid_constant__ GroupTiles groups) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int32_t tile = int32_t(blockIdx.x);
+  int g = 0, last = groups.groups - 1;  // the last group starting at or before `tile`
+  while (g < last) {
+    const int mid = (g + last + 1) / 2;
+    if (groups.tile_start[mid] <= tile) {
+      g = mid;
+    } else {
+      last = mid - 1;
+    }
+  }
+  constexpr int64_t kInBytes = kIn == FP8KIT_FLOAT32 ? 4 : 2;
+  constexpr fp8kit_scaling_mode kMode =
+      k128x128 ? FP8KIT_SCALING_BLOCK_128X128 : FP8KIT_SCALING_BLOCK_1X128;
+  const int64_t first = groups.first_row[g];
+  const int64_t at = first * p.cols;
+  BlockCastParams q = p;
+  q.rows = groups.first_row[g + 1] - first;
+  q.in = static_cast<const unsigned char*>(p.in) + at * kInBytes;
+  if (p.data != nullptr) {
+    q.data = p.data + at;
+    q.scales = p.scales + groups.row_scales[g];
+    q.layout = BlockScaleLayout::of(kMode, q.rows, p.cols);
+  }
+  if (p.columnwise != nullptr) {
+    q.columnwise = p.columnwise + at;
+    q.columnwise_scales = p.columnwise_scales + groups.col_scales[g];
+    q.columnwise_layout = BlockScaleLayout::of(kMode, p.cols, q.rows);
+  }
+  block_cast::cast_tile<kIn, kE4M3, k128x128>(q, tile - groups.tile_start[g], smem);
+}
+
+// Sets kKernel's shared memory up (once per device for the carveout) and
+// launches `blocks` blocks of it.
+template <auto kKernel, int kIn, typename... Args>
+void launch(int64_t blocks, cudaStream_t stream, const char* op, const Args&... args) {
   constexpr size_t kSmemBytes = PartStage<kIn, kThreads>::kBytes;
   if constexpr (kSmemBytes > 48 * 1024) {
     // The float32 parts need more than the default 48 KiB of dynamic shared memory.
-    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cuda_check(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(kSmemBytes)),
                op, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   }
@@ -406,38 +111,65 @@ void launch_typed(const BlockCastParams& p, cudaStream_t stream, const char* op)
   cuda_check(cudaGetDevice(&device), op, "cudaGetDevice");
   const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
   if (bit == 0 || (carveout_set.load(std::memory_order_relaxed) & bit) == 0) {
-    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+    cuda_check(cudaFuncSetAttribute(kKernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                     cudaSharedmemCarveoutMaxShared),
                op, "cudaFuncSetAttribute(PreferredSharedMemoryCarveout)");
     carveout_set.fetch_or(bit, std::memory_order_relaxed);
   }
-  kernel<<<unsigned(p.tiles_r * p.tiles_c), kThreads, kSmemBytes, stream>>>(p);
+  kKernel<<<unsigned(blocks), kThreads, kSmemBytes, stream>>>(args...);
   check_launch(op, "launching the block-scaled cast kernel");
 }
 
-template <int kIn>
-void launch_for_input(const BlockCastParams& p, fp8kit_dtype fp8, fp8kit_scaling_mode mode,
-                      cudaStream_t stream, const char* op) {
-  const bool blocks = mode == FP8KIT_SCALING_BLOCK_128X128;
-  if (fp8 == FP8KIT_E4M3) {
-    blocks ? launch_typed<kIn, true, true>(p, stream, op)
-           : launch_typed<kIn, true, false>(p, stream, op);
+// `groups` NULL: one tensor, p's tiles; else the grouped kernel.
+template <int kIn, bool kE4M3, bool k128x128>
+void launch_typed(const BlockCastParams& p, const GroupTiles* groups, int64_t blocks,
+                  cudaStream_t stream, const char* op) {
+  if (groups == nullptr) {
+    launch<block_cast_kernel<kIn, kE4M3, k128x128>, kIn>(blocks, stream, op, p);
   } else {
-    blocks ? launch_typed<kIn, false, true>(p, stream, op)
-           : launch_typed<kIn, false, false>(p, stream, op);
+    launch<grouped_block_cast_kernel<kIn, kE4M3, k128x128>, kIn>(blocks, stream, op, p, *groups);
   }
 }
 
-}  // namespace
+template <int kIn>
+void launch_for_input(const BlockCastParams& p, const GroupTiles* groups, int64_t blocks,
+                      fp8kit_dtype fp8, fp8kit_scaling_mode mode, cudaStream_t stream,
+                      const char* op) {
+  const bool blocks128 = mode == FP8KIT_SCALING_BLOCK_128X128;
+  if (fp8 == FP8KIT_E4M3) {
+    blocks128 ? launch_typed<kIn, true, true>(p, groups, blocks, stream, op)
+              : launch_typed<kIn, true, false>(p, groups, blocks, stream, op);
+  } else {
+    blocks128 ? launch_typed<kIn, false, true>(p, groups, blocks, stream, op)
+              : launch_typed<kIn, false, false>(p, groups, blocks, stream, op);
+  }
+}
 
-void quantize_block_scaling(const fp8kit_tensor& input, fp8kit_tensor& output,
-                            const fp8kit_current_scaling_config& config, void* stream_ptr) {
-  const char* op = "quantize_block_scaling";
-  int64_t rows = 0, cols = 0;
-  flatten_2d(input, &rows, &cols);
-  if (rows == 0 || cols == 0) return;
+void launch_for(const fp8kit_tensor& input, const fp8kit_tensor& output,
+                const BlockCastParams& p, const GroupTiles* groups, int64_t blocks,
+                void* stream_ptr, const char* op) {
   ScopedDevice device(input.device_index, op);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  switch (input.dtype) {
+    case FP8KIT_FLOAT32:
+      launch_for_input<FP8KIT_FLOAT32>(p, groups, blocks, output.dtype, output.scaling_mode,
+                                       stream, op);
+      break;
+    case FP8KIT_BFLOAT16:
+      launch_for_input<FP8KIT_BFLOAT16>(p, groups, blocks, output.dtype, output.scaling_mode,
+                                        stream, op);
+      break;
+    default:
+      launch_for_input<FP8KIT_FLOAT16>(p, groups, blocks, output.dtype, output.scaling_mode,
+                                       stream, op);
+      break;
+  }
+}
+
+// The parameters of a [rows, cols] cast of input into output (the layouts
+// those of one tensor of that shape).
+BlockCastParams params_of(const fp8kit_tensor& input, const fp8kit_tensor& output, int64_t rows,
+                          int64_t cols, const fp8kit_current_scaling_config& config) {
   BlockCastParams p;
   p.in = input.data;
   p.rows = rows;
@@ -456,17 +188,57 @@ void quantize_block_scaling(const fp8kit_tensor& input, fp8kit_tensor& output,
   p.fp8_max = fp8kit_fp8_max(output.dtype);
   p.amax_epsilon = config.amax_epsilon;
   p.power_2_scale = config.power_2_scale != 0;
-  switch (input.dtype) {
-    case FP8KIT_FLOAT32:
-      launch_for_input<FP8KIT_FLOAT32>(p, output.dtype, output.scaling_mode, stream, op);
-      break;
-    case FP8KIT_BFLOAT16:
-      launch_for_input<FP8KIT_BFLOAT16>(p, output.dtype, output.scaling_mode, stream, op);
-      break;
-    default:
-      launch_for_input<FP8KIT_FLOAT16>(p, output.dtype, output.scaling_mode, stream, op);
-      break;
+  return p;
+}
+
+}  // namespace
+
+void quantize_block_scaling(const fp8kit_tensor& input, fp8kit_tensor& output,
+                            const fp8kit_current_scaling_config& config, void* stream) {
+  int64_t rows = 0, cols = 0;
+  flatten_2d(input, &rows, &cols);
+  if (rows == 0 || cols == 0) return;
+  const BlockCastParams p = params_of(input, output, rows, cols, config);
+  launch_for(input, output, p, nullptr, p.tiles_r * p.tiles_c, stream, "quantize_block_scaling");
+}
+
+void grouped_quantize_block_scaling(const fp8kit_tensor& input, const GroupLayout& layout,
+                                    const std::vector<int64_t>& row_scales,
+                                    const std::vector<int64_t>& col_scales,
+                                    fp8kit_tensor& output,
+                                    const fp8kit_current_scaling_config& config, void* stream) {
+  const char* op = "grouped_quantize_block";
+  const int64_t cols = input.shape[1];
+  const int64_t tiles_c = ceil_div(cols, kTile);
+  // Every group's rows are a multiple of 16, so the whole tensor's
+  // alignment is each group's (vector_columnwise included).
+  const BlockCastParams p = params_of(input, output, input.shape[0], cols, config);
+  // Each 32-bit entry of the table is at most its last value: the blocks,
+  // the rows, the scale floats.
+  const int64_t blocks_bound = ceil_div(layout.column_starts[layout.groups()], kTile) * tiles_c +
+                               layout.groups() * tiles_c;
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  FP8KIT_CHECK(blocks_bound <= kMax && layout.column_starts[layout.groups()] <= kMax &&
+                   row_scales.back() <= kMax && col_scales.back() <= kMax,
+               op, ": input [", input.shape[0], ", ", cols, "] has more than 2^31 - 1 rows, "
+               "128x128 tiles or block scales; split the groups over several calls");
+  GroupTiles groups;
+  groups.groups = 0;
+  int64_t blocks = 0;
+  for (int64_t g = 0; g < layout.groups(); ++g) {
+    const int64_t rows = layout.padded(g);
+    if (rows == 0) continue;
+    const int i = groups.groups++;
+    groups.tile_start[i] = int32_t(blocks);
+    groups.first_row[i] = int32_t(layout.column_starts[g]);
+    groups.row_scales[i] = int32_t(row_scales[g]);
+    groups.col_scales[i] = int32_t(col_scales[g]);
+    blocks += ceil_div(rows, kTile) * tiles_c;
   }
+  if (groups.groups == 0) return;
+  groups.tile_start[groups.groups] = int32_t(blocks);
+  groups.first_row[groups.groups] = int32_t(layout.column_starts[layout.groups()]);
+  launch_for(input, output, p, &groups, blocks, stream, op);
 }
 
 }  // namespace cuda

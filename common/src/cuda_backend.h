@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "fp8kit/activation.h"
 #include "fp8kit/delayed_scaling.h"
@@ -48,6 +49,14 @@ void quantize_current_scaling(const fp8kit_tensor& input, fp8kit_tensor& output,
                               const fp8kit_column_sums* sums, void* stream);
 void quantize_block_scaling(const fp8kit_tensor& input, fp8kit_tensor& output,
                             const fp8kit_current_scaling_config& config, void* stream);
+// Each group of a padded grouped tensor (fp8kit/grouped.h) as
+// quantize_block_scaling quantizes it alone, in one launch; row_scales /
+// col_scales: where each group's scales start (block_scale_offsets).
+void grouped_quantize_block_scaling(const fp8kit_tensor& input, const GroupLayout& layout,
+                                    const std::vector<int64_t>& row_scales,
+                                    const std::vector<int64_t>& col_scales,
+                                    fp8kit_tensor& output,
+                                    const fp8kit_current_scaling_config& config, void* stream);
 void compute_scale(const float* amax, float* scale, float* scale_inv, float fp8_max,
                    const fp8kit_current_scaling_config& config, int device_index, void* stream);
 void dequantize(const fp8kit_tensor& input, fp8kit_tensor& output, bool from_columnwise,

@@ -1,7 +1,8 @@
 // fp8kit_grouped_quantize_block and fp8kit_grouped_block_scales_floats: the
 // block-scaled grouped tensor in the padded row layout (fp8kit/grouped.h),
-// each group through fp8kit_quantize_block_scaling as a tensor of its own,
-// so the CPU reference and the CUDA kernels are those of a single tensor.
+// each group quantized as a tensor of its own: on the CPU by the single
+// tensor's reference, on CUDA by one launch of the single tensor's tiles
+// over every group (common/cuda/quantize_block.cu).
 #include <cstring>
 
 #include "error.h"
@@ -9,6 +10,7 @@
 #include "fp8kit/grouped.h"
 #include "fp8kit/linear.h"
 #include "grouped_layout.h"
+#include "quantize_block_cpu.h"
 #include "quantize_validate.h"
 #include "validate.h"
 #ifdef FP8KIT_WITH_CUDA
@@ -41,6 +43,29 @@ char* at(void* base, int64_t bytes) {
 
 float* at(float* base, int64_t floats) { return base == nullptr ? nullptr : base + floats; }
 
+// The reference: each group through the single tensor's CPU quantization.
+void quantize_groups_cpu(const fp8kit_tensor& input, const GroupLayout& layout,
+                         const std::vector<int64_t>& row_scales,
+                         const std::vector<int64_t>& col_scales, fp8kit_tensor& output,
+                         const fp8kit_current_scaling_config& config) {
+  const int64_t features = input.shape[1];
+  const int64_t in_bytes = int64_t(fp8kit_dtype_size(input.dtype));
+  for (int64_t g = 0; g < layout.groups(); ++g) {
+    const int64_t p = layout.padded(g), first = layout.column_starts[g];
+    if (p == 0) continue;
+    fp8kit_tensor in = input;
+    in.shape[0] = p;
+    in.data = at(input.data, first * features * in_bytes);
+    fp8kit_tensor out = output;
+    out.shape[0] = p;
+    out.data = at(output.data, first * features);
+    out.block_scale_inv = at(output.block_scale_inv, row_scales[g]);
+    out.columnwise_data = at(output.columnwise_data, first * features);
+    out.columnwise_block_scale_inv = at(output.columnwise_block_scale_inv, col_scales[g]);
+    quantize_block_scaling_cpu(in, out, config);
+  }
+}
+
 }  // namespace
 }  // namespace fp8kit
 
@@ -66,34 +91,23 @@ extern "C" fp8kit_status fp8kit_grouped_quantize_block(const fp8kit_tensor* inpu
                                                        void* stream) {
   using namespace fp8kit;
   return guard([&] {
-    check_tensor(kOp, "input", input);
+    check_block_quantize_args(kOp, input, output);
+    check_current_scaling_config(kOp, config);
     FP8KIT_CHECK(input->rank == 2 && input->shape[1] > 0, kOp, ": input has shape ",
                  shape_string(*input), "; it must be [rows, features] in the padded row layout");
-    check_tensor(kOp, "output", output, /*allow_null_data=*/true);
-    check_block_mode(kOp, "output", *output);
-    check_same_device(kOp, "input", *input, "output", *output);
-    check_same_shape(kOp, "input", *input, "output", *output);
     const int64_t rows = input->shape[0], features = input->shape[1];
     const GroupLayout layout = read_group_layout(kOp, group_sizes, rows, input->device_type,
                                                  input->device_index, stream, /*padded=*/true);
     const fp8kit_scaling_mode mode = output->scaling_mode;
     const std::vector<int64_t> row_scales = block_scale_offsets(layout, features, mode, false);
     const std::vector<int64_t> col_scales = block_scale_offsets(layout, features, mode, true);
-    const int64_t in_bytes = int64_t(fp8kit_dtype_size(input->dtype));
-    for (int64_t g = 0; g < layout.groups(); ++g) {
-      const int64_t p = layout.padded(g), first = layout.column_starts[g];
-      if (p == 0) continue;
-      fp8kit_tensor in = *input;
-      in.shape[0] = p;
-      in.data = at(input->data, first * features * in_bytes);
-      fp8kit_tensor out = *output;
-      out.shape[0] = p;
-      out.data = at(output->data, first * features);
-      out.block_scale_inv = at(output->block_scale_inv, row_scales[g]);
-      out.columnwise_data = at(output->columnwise_data, first * features);
-      out.columnwise_block_scale_inv = at(output->columnwise_block_scale_inv, col_scales[g]);
-      FP8KIT_CHECK(fp8kit_quantize_block_scaling(&in, &out, config, stream) == FP8KIT_OK, kOp,
-                   ": group ", g, ": ", fp8kit_last_error());
+    if (input->device_type == FP8KIT_DEVICE_CPU) {
+      quantize_groups_cpu(*input, layout, row_scales, col_scales, *output, *config);
+    } else {
+#ifdef FP8KIT_WITH_CUDA
+      cuda::grouped_quantize_block_scaling(*input, layout, row_scales, col_scales, *output,
+                                           *config, stream);
+#endif
     }
     // What the groups leave: the rows after the last group, and the scale
     // floats after the last group's (the buffers are defined throughout).

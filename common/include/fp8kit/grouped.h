@@ -165,7 +165,7 @@ FP8KIT_API int64_t fp8kit_grouped_block_scales_floats(int64_t rows, int64_t grou
  *                fp8kit_grouped_block_scales_floats floats (16-byte
  *                aligned; floats after the last group's are zeroed).
  *   config:      amax_epsilon and power_2_scale, as for a single tensor.
- * Runs one block quantization per non-empty group. */
+ * On CUDA one launch quantizes every group. */
 FP8KIT_API fp8kit_status fp8kit_grouped_quantize_block(const fp8kit_tensor* input,
                                                        const fp8kit_tensor* group_sizes,
                                                        fp8kit_tensor* output,
