@@ -177,18 +177,75 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const Params p) {
   flush_tile_amax(p, t, tile_amax);
 }
 
+// The transposed stores of a cast tile (tile[row][column], its rows'
+// groups in t): each thread takes 4 consecutive rows of a column, which
+// are 4 consecutive bytes of their group's block, so a warp writes 16 runs
+// of 4 bytes of one column, 64 bytes, and 64 of the next. Where the 4 rows
+// are one group's and start at a multiple of 4 of its tokens (the block
+// and its columns begin at multiples of 16 bytes past the copy's start),
+// one 4-byte store; else a byte per row.
+constexpr int kQuad = 4;
+constexpr int kQuadsPerColumn = kTile / kQuad;               // 16
+constexpr int kColumnsPerPass = kThreads / kQuadsPerColumn;  // 16
+
+__device__ __forceinline__ uint8_t* columnwise_at(const Params& p, int g, int64_t r,
+                                                  int64_t c) {
+  const int64_t padded = p.groups.column_start[g + 1] - p.groups.column_start[g];
+  return p.columnwise + p.features * int64_t(p.groups.column_start[g]) + c * padded +
+         (r - p.groups.start[g]);
+}
+
+__device__ void store_columnwise(const Params& p, const TileGroups& t,
+                                 const uint8_t (&tile)[kTile][kTile + 4], int64_t row0,
+                                 int64_t col0) {
+  const int tr = int(threadIdx.x % kQuadsPerColumn) * kQuad;
+  const int64_t r = row0 + tr;
+  if (r >= p.rows) return;
+  const int g = t.row_group[tr];
+  const bool whole = r + kQuad <= p.rows && t.row_group[tr + kQuad - 1] == g &&
+                     (r - p.groups.start[g]) % kQuad == 0 &&
+                     reinterpret_cast<uintptr_t>(p.columnwise) % kQuad == 0;
+#pragma unroll
+  for (int i = 0; i < kTile / kColumnsPerPass; ++i) {
+    const int tc = int(threadIdx.x / kQuadsPerColumn) + i * kColumnsPerPass;
+    const int64_t c = col0 + tc;
+    if (c >= p.features) break;
+    if (whole) {
+      const uint32_t bytes = uint32_t(tile[tr][tc]) | uint32_t(tile[tr + 1][tc]) << 8 |
+                             uint32_t(tile[tr + 2][tc]) << 16 | uint32_t(tile[tr + 3][tc]) << 24;
+      *reinterpret_cast<uint32_t*>(columnwise_at(p, g, r, c)) = bytes;
+    } else {
+      for (int k = 0; k < kQuad && r + k < p.rows; ++k) {
+        *columnwise_at(p, t.row_group[tr + k], r + k, c) = tile[tr + k][tc];
+      }
+    }
+  }
+}
+
 // The cast of a 64x64 tile: each thread casts 8 consecutive elements of
 // two rows with 16-byte loads and an 8-byte rowwise store, and leaves its
 // bytes in shared memory for the transposed stores of the columnwise copy.
+// The loads go out first: they need no group, so their latency overlaps
+// the lookup of the tile's groups and scales (a tile is small, and with
+// the loads after that lookup the reads in flight fell to half the
+// bandwidth).
 template <int kIn, bool kE4M3, bool kVec>
 __global__ void __launch_bounds__(kThreads) cast_kernel(const Params p) {
   __shared__ TileGroups t;
   __shared__ float row_scale[kTile];
   __shared__ uint32_t tile_amax[kTile];
-  // Rows 68 bytes apart (17 words): the transposed reads below, one row per
-  // lane, fall in 32 different banks.
+  // Rows 68 bytes apart (17 words): the transposed reads below fall in
+  // at most two ways of a bank.
   __shared__ __align__(16) uint8_t tile[kTile][kTile + 4];
   const int64_t row0 = tile_row0(), col0 = tile_col0();
+  const int tc = int(threadIdx.x % kChunksPerRow) * kChunk;
+  const int64_t col = col0 + tc;
+  Raw8<kIn> raw[kPasses];
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int64_t r = row0 + int(threadIdx.x / kChunksPerRow) + pass * kRowsPerPass;
+    if (r < p.rows && col < p.features) load_chunk<kIn, kVec>(p, r, col, raw[pass]);
+  }
   if (threadIdx.x < kTile) tile_amax[threadIdx.x] = 0;
   find_tile_groups(p, row0, t);
   __syncthreads();
@@ -196,17 +253,13 @@ __global__ void __launch_bounds__(kThreads) cast_kernel(const Params p) {
     row_scale[threadIdx.x] = checked_scale(p.scale[t.row_group[threadIdx.x] * kStride]);
   }
   __syncthreads();
-  const int tc = int(threadIdx.x % kChunksPerRow) * kChunk;
-  const int64_t col = col0 + tc;
 #pragma unroll
   for (int pass = 0; pass < kPasses; ++pass) {
     const int tr = int(threadIdx.x / kChunksPerRow) + pass * kRowsPerPass;
     const int64_t r = row0 + tr;
     uint32_t bits = 0;
     if (r < p.rows && col < p.features) {
-      Raw8<kIn> raw;
-      load_chunk<kIn, kVec>(p, r, col, raw);
-      const uint2 q = cast8<kIn, kE4M3>(raw, row_scale[tr], bits);
+      const uint2 q = cast8<kIn, kE4M3>(raw[pass], row_scale[tr], bits);
       if (p.data != nullptr) {
         uint8_t* out = p.data + r * p.features + col;
         if (kVec) {
@@ -223,20 +276,7 @@ __global__ void __launch_bounds__(kThreads) cast_kernel(const Params p) {
   if (p.amax != nullptr) flush_tile_amax(p, t, tile_amax);
   if (p.columnwise == nullptr) return;
   __syncthreads();
-  // Transposed stores: consecutive threads take consecutive rows of one
-  // column, which are consecutive bytes of their group's block.
-  const int tr = int(threadIdx.x % kTile);
-  const int64_t r = row0 + tr;
-  if (r >= p.rows) return;
-  const int g = t.row_group[tr];
-  const int64_t padded = p.groups.column_start[g + 1] - p.groups.column_start[g];
-  uint8_t* block = p.columnwise + p.features * int64_t(p.groups.column_start[g]) +
-                   (r - p.groups.start[g]);
-  for (int i = 0; i < kTile * kTile / kThreads; ++i) {
-    const int tc2 = int(threadIdx.x / kTile) + i * (kThreads / kTile);
-    const int64_t c = col0 + tc2;
-    if (c < p.features) block[c * padded] = tile[tr][tc2];
-  }
+  store_columnwise(p, t, tile, row0, col0);
 }
 
 // One thread per group: the scale (current scaling) and scale_inv, and the
