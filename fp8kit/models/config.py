@@ -10,6 +10,8 @@ alignment, so hidden, ffn and heads * head_dim must be multiples of 16.
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 
 # cuBLASLt's FP8 GEMM alignment (the extensions' GEMM_DIM_MULTIPLE; kept as
 # a plain number so that this module imports no extension).
@@ -33,6 +35,11 @@ class LlamaConfig:
     # top_k experts its router scores highest (fp8kit/models/moe_torch.py).
     experts: int = 0
     top_k: int = 2
+    # The load-balancing loss of a mixture-of-experts config (moe_torch.py's
+    # load_balancing_loss, 1 per layer when the experts share the tokens
+    # evenly): the training loss adds this coefficient times its sum over
+    # the layers; 0 leaves it out. A dense config has no such term.
+    router_aux_loss_coef: float = 0.01
 
     def __post_init__(self):
         for name in ("vocab", "hidden", "layers", "heads", "ffn", "seq_len"):
@@ -60,6 +67,12 @@ class LlamaConfig:
         if self.experts and not 1 <= self.top_k <= self.experts:
             raise ValueError(f"LlamaConfig.top_k={self.top_k} must be in [1, experts="
                              f"{self.experts}] (each token goes to top_k of the experts)")
+        coef = self.router_aux_loss_coef
+        if (isinstance(coef, bool) or not isinstance(coef, numbers.Real)
+                or not math.isfinite(coef) or coef < 0):
+            raise ValueError(f"LlamaConfig.router_aux_loss_coef must be a finite float >= 0 "
+                             f"(0: no load-balancing loss), got {coef!r}")
+        object.__setattr__(self, "router_aux_loss_coef", float(coef))
         if not self.rope_theta > 0 or not self.norm_eps > 0 or not self.init_std > 0:
             raise ValueError("LlamaConfig: rope_theta, norm_eps and init_std must be > 0")
 

@@ -284,7 +284,8 @@ def attention(p, states, x, cos, sin, cfg: LlamaConfig, recipe, layers: JaxLayer
 def norm_mlp(p, states, x, cfg: LlamaConfig, recipe, layers: JaxLayers, statistics=None):
     """RMSNorm and the SwiGLU MLP of x (the float32 stream): bf16 with
     recipe=None; from the fused FP8 call bf16, float32 with float32 seams.
-    A mixture-of-experts config: RMSNorm, then moe_jax.moe_mlp (bf16)."""
+    A mixture-of-experts config: RMSNorm, then moe_jax.moe_mlp, which
+    returns (bf16 output, load-balancing loss)."""
     if cfg.experts:
         return moe_mlp(p, rms_norm(x, p["mlp_norm"], cfg.norm_eps), cfg, recipe,
                        _state(states, "experts"))
@@ -309,21 +310,36 @@ def forward(params, fp8_states, tokens, cfg: LlamaConfig, recipe,
     jax.nn.dot_product_attention's implementation (attention_implementation
     picks one for a device); statistics: None, or create_statistics_rows'
     pytree, whose cotangent is then the FP8 casts' statistics."""
+    return forward_and_aux(params, fp8_states, tokens, cfg, recipe, layers, attention_impl,
+                           statistics)[0]
+
+
+def forward_and_aux(params, fp8_states, tokens, cfg: LlamaConfig, recipe,
+                    layers: JaxLayers = FP8KIT_LAYERS, attention_impl: str | None = None,
+                    statistics=None):
+    """(forward's logits, aux): aux the sum over the layers of each MoE
+    block's load-balancing loss (moe_jax.load_balancing_loss, float32),
+    None for a dense model."""
     s = tokens.shape[1]
     if s > cfg.seq_len:
         raise ValueError(f"llama_jax.forward: sequence of {s} tokens is longer than the "
                          f"config's seq_len={cfg.seq_len}")
     cos, sin = (jnp.asarray(t[:s]) for t in rope_tables(cfg))
     x = params["embed"][tokens]                       # the float32 residual stream
+    aux = None
     for i, p in enumerate(params["layers"]):
         states = None if fp8_states is None else fp8_states["layers"][i]
         rows = None if statistics is None else statistics["layers"][i]
         x = x + attention(p, states, x, cos, sin, cfg, recipe, layers, attention_impl, rows)
-        x = x + norm_mlp(p, states, x, cfg, recipe, layers, rows)
+        y = norm_mlp(p, states, x, cfg, recipe, layers, rows)
+        if cfg.experts:
+            y, layer_aux = y
+            aux = layer_aux if aux is None else aux + layer_aux
+        x = x + y
     h = rms_norm(x, params["final_norm"], cfg.norm_eps)
     # The output head stays in bf16 whatever the recipe, as FP8 training
     # recipes usually keep it: FP8 logits measurably hurt the loss.
-    return jnp.dot(h, params["lm_head"].astype(BF16)).astype(F32)
+    return jnp.dot(h, params["lm_head"].astype(BF16)).astype(F32), aux
 
 
 def cross_entropy(logits, targets):

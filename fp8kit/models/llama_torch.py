@@ -203,8 +203,12 @@ class DecoderLayer(torch.nn.Module):
             self.mlp = FusedNormMLP(cfg, fp8, device) if fp8 else NormMLP(cfg, device)
 
     def forward(self, x, cos, sin):
+        """(the new stream, the MoE block's load-balancing loss or None)."""
         x = x + self.attention(x, cos, sin)   # float32 + bf16: the stream stays float32
-        return x + self.mlp(x)
+        if isinstance(self.mlp, MoEMLP):
+            y, aux = self.mlp(x)
+            return x + y, aux
+        return x + self.mlp(x), None
 
 
 class Llama(torch.nn.Module):
@@ -230,8 +234,11 @@ class Llama(torch.nn.Module):
         self.register_buffer("rope_cos", cos.to(device), persistent=False)
         self.register_buffer("rope_sin", sin.to(device), persistent=False)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens int64 [batch, seq] -> float32 logits [batch, seq, vocab]."""
+    def forward(self, tokens: torch.Tensor, return_aux_loss: bool = False):
+        """tokens int64 [batch, seq] -> float32 logits [batch, seq, vocab];
+        with return_aux_loss, (logits, aux): aux the sum over the layers of
+        each MoE block's load-balancing loss (moe_torch.load_balancing_loss,
+        float32), None for a dense model."""
         s = tokens.shape[1]
         if s > self.cfg.seq_len:
             raise ValueError(f"Llama: sequence of {s} tokens is longer than the config's "
@@ -239,11 +246,15 @@ class Llama(torch.nn.Module):
         cos, sin = self.rope_cos[:s], self.rope_sin[:s]
         fp8 = (self.fp8_autocast(self.recipe) if self.recipe is not None
                else contextlib.nullcontext())
+        aux = None
         with torch.autocast(tokens.device.type, dtype=BF16), fp8:
             x = self.embed(tokens)
             for layer in self.layers:
-                x = layer(x, cos, sin)
-            return self.lm_head(self.final_norm(x)).float()
+                x, layer_aux = layer(x, cos, sin)
+                if layer_aux is not None:
+                    aux = layer_aux if aux is None else aux + layer_aux
+            logits = self.lm_head(self.final_norm(x)).float()
+        return (logits, aux) if return_aux_loss else logits
 
 
 def weight_layout(model: Llama) -> list[tuple[torch.nn.Parameter, tuple[str, ...], bool]]:

@@ -2,7 +2,8 @@
 moe_torch.py (see there): an RMSNorm, a float32 router choosing top_k of
 E SwiGLU experts per token (weights: the softmax of those k scores), the
 (token, expert) pairs sorted by expert, the experts as grouped GEMMs and
-the outputs summed with the router's weights.
+the outputs summed with the router's weights, and the block's
+load-balancing loss (load_balancing_loss, moe_torch.py's).
 
 With a recipe the experts run through fp8kit.jax.grouped_dense (every
 recipe: one scale per expert and operand, or per block) on the kernels cast
@@ -36,6 +37,25 @@ def route(scores, top_k: int):
     return flat[order], order // top_k, weights.reshape(-1)[order], counts
 
 
+def load_balancing_loss(scores, counts, top_k: int, axis_name=None):
+    """E * sum_e f_e * P_e (moe_torch.py's docstring) for router scores
+    [tokens, E] and route()'s counts: a float32 scalar, computed operation
+    for operation as moe_torch.load_balancing_loss computes it.
+    axis_name: the scores are this device's share of the tokens inside
+    jax.shard_map over that mesh axis; f and P are then the whole batch's
+    (the counts and the probabilities' sums summed over the axis), so every
+    device returns the value of the unsharded batch."""
+    tokens, experts = scores.shape
+    counts = jax.lax.stop_gradient(counts).astype(F32)
+    prob_sum = jax.nn.softmax(scores.astype(F32), axis=-1).sum(0)
+    if axis_name is not None:
+        counts, prob_sum = jax.lax.psum((counts, prob_sum), axis_name)
+        tokens *= jax.lax.axis_size(axis_name)
+    f = counts / (tokens * top_k)
+    p = prob_sum / tokens
+    return jnp.sum(f * p) * experts
+
+
 def _experts(x, kernel, counts, recipe, state=None):
     """x [pairs, in] @ each expert's kernel [E, in, out] over its pairs."""
     kernel = kernel.astype(BF16)
@@ -47,22 +67,25 @@ def _experts(x, kernel, counts, recipe, state=None):
 
 
 def moe_mlp(p, h, cfg: LlamaConfig, recipe, states=None, expert_axis=None, capacity=None):
-    """The experts' output for the normalized input h (bf16 [..., hidden]),
-    bf16 in h's shape. p: the layer's params (model_params' layout:
-    "w_gate_up" fused with a recipe, "w_gate" and "w_up" without); states:
-    under DelayedScaling {"gate_up", "down": GroupedDelayedScalingState},
-    else None.
+    """(the experts' output for the normalized input h (bf16 [..., hidden]),
+    bf16 in h's shape; the block's load_balancing_loss, float32). p: the
+    layer's params (model_params' layout: "w_gate_up" fused with a recipe,
+    "w_gate" and "w_up" without); states: under DelayedScaling {"gate_up",
+    "down": GroupedDelayedScalingState}, else None.
 
     expert_axis: run expert parallel inside jax.shard_map over that mesh
     axis (fp8kit.jax.expert_parallel): h is this device's share of the
     tokens, the router replicated, the expert kernels and states this
     device's E / D experts; each device sends each expert at most
     `capacity` of its (token, expert) pairs (default: all of them, so none
-    is dropped and the result is the unsharded block's)."""
+    is dropped and the result is the unsharded block's). The
+    load-balancing loss is then the whole batch's, the same on every
+    device (a replicated output)."""
     shape = h.shape
     h = h.reshape(-1, cfg.hidden)
     scores = jnp.dot(h.astype(F32), p["router"].astype(F32))
     expert, token, weight, counts = route(scores, cfg.top_k)
+    aux = load_balancing_loss(scores, counts, cfg.top_k, expert_axis)
     pairs = h[token]
     plan = None
     if expert_axis is not None:
@@ -82,4 +105,4 @@ def moe_mlp(p, h, cfg: LlamaConfig, recipe, states=None, expert_axis=None, capac
     if plan is not None:
         out = fj.expert_parallel.combine(out, plan)
     y = jnp.zeros(h.shape, F32).at[token].add(out.astype(F32) * weight[:, None])
-    return y.astype(BF16).reshape(shape)
+    return y.astype(BF16).reshape(shape), aux

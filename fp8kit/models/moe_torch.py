@@ -17,11 +17,16 @@ own history), else in bf16 like the dense model's MLP.
 The group sizes are counted on the device and read to the host once per
 block (the grouped GEMMs are planned on the host, fp8kit/grouped.h).
 
-No load-balancing loss is added: the model's loss is the language
-model's alone, so the dense and MoE decoders train on the same objective.
-At moe_tiny's width the router spreads the tokens without one over short
-runs; at hidden 4096 (mixtral_slice) one expert per layer took nearly
-every token within 15 steps (docs/moe.md).
+Each block also returns its load-balancing loss, Switch Transformer's
+(Hugging Face's Mixtral adds it too): E * sum_e f_e * P_e, with f_e the
+fraction of the (token, slot) assignments routed to expert e (the top_k
+choices, no gradient) and P_e the mean router probability of e (the
+softmax over all E scores, float32). It is 1 when the tokens are spread
+evenly and grows as they crowd onto fewer experts; the trainers add
+LlamaConfig.router_aux_loss_coef times its sum over the layers to the
+language model's loss. (Hugging Face's sums f over the top_k slots where
+this averages: its value is top_k times this one.) docs/moe.md gives
+what it does to the routing of moe_tiny and of mixtral_slice's width.
 """
 
 from __future__ import annotations
@@ -49,8 +54,20 @@ def route(scores: torch.Tensor, top_k: int):
     return flat[order], order // top_k, weights.reshape(-1)[order], counts
 
 
+def load_balancing_loss(scores: torch.Tensor, counts: torch.Tensor, top_k: int) -> torch.Tensor:
+    """E * sum_e f_e * P_e (the module's docstring) for router scores
+    [tokens, E] and route()'s counts of pairs per expert: a float32 scalar,
+    differentiable in the scores (the counts carry no gradient).
+    moe_jax.load_balancing_loss computes it operation for operation alike."""
+    tokens, experts = scores.shape
+    f = counts.float() / (tokens * top_k)
+    p = torch.softmax(scores.float(), dim=-1).sum(0) / tokens
+    return (f * p).sum() * experts
+
+
 class MoEMLP(torch.nn.Module):
-    """RMSNorm, router, E SwiGLU experts; takes and returns [batch, seq, hidden]."""
+    """RMSNorm, router, E SwiGLU experts; takes [batch, seq, hidden], returns
+    the output in that shape and the block's load-balancing loss."""
 
     def __init__(self, cfg: LlamaConfig, norm: torch.nn.Module, device=None):
         super().__init__()
@@ -63,12 +80,14 @@ class MoEMLP(torch.nn.Module):
         self.w_down = ft.GroupedLinear(cfg.experts, cfg.ffn, cfg.hidden, bias=False,
                                        device=device)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the experts' output, the block's load_balancing_loss)."""
         shape = x.shape
         h = self.norm(x).reshape(-1, self.cfg.hidden)
         with torch.autocast(x.device.type, enabled=False):
             scores = F.linear(h.float(), self.router.weight.float())
         _, token, weight, counts = route(scores, self.cfg.top_k)
+        aux = load_balancing_loss(scores, counts, self.cfg.top_k)
         # The grouped GEMMs are planned on the host: one read of the counts
         # here serves every grouped call of the block, forward and backward
         # (ten in FP8), where counts left on the GPU would be read by each.
@@ -78,4 +97,4 @@ class MoEMLP(torch.nn.Module):
         out = self.w_down((F.silu(gate) * up).to(h.dtype), counts)
         y = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
         y.index_add_(0, token, out.float() * weight[:, None])
-        return y.to(BF16).reshape(shape)
+        return y.to(BF16).reshape(shape), aux

@@ -6,6 +6,11 @@ learning rate, the same batches) as one jit-compiled step.
     loss = trainer.train_step()
     trainer.save("ckpt.safetensors")     # later: trainer.load(...)
 
+As in train_torch.py the losses reported are the cross-entropy; a
+mixture-of-experts model trains on that plus router_aux_loss_coef times
+its load-balancing loss, whose values for the last steps are in
+`aux_losses`.
+
 The step differentiates the loss with respect to the params and, under
 delayed scaling, the FP8 states, whose "gradient" is their updated value
 (fp8kit.jax.dense's convention): it replaces the states rather than being
@@ -67,14 +72,24 @@ def _adamw(params, grads, opt, lr, cfg: TrainConfig):
 
 
 def _step_loss(params, fp8_states, statistics, batch, model_cfg, recipe, layers, attention_impl):
-    logits = llama_jax.forward(params, fp8_states, batch[:, :-1], model_cfg, recipe, layers,
-                               attention_impl, statistics)
-    return llama_jax.cross_entropy(logits, batch[:, 1:])
+    """(the loss a step differentiates, (the cross-entropy, aux)): aux the
+    load-balancing loss (llama_jax.forward_and_aux's, None for a dense
+    model), added times router_aux_loss_coef (TorchTrainer.objective's rule)."""
+    logits, aux = llama_jax.forward_and_aux(params, fp8_states, batch[:, :-1], model_cfg,
+                                            recipe, layers, attention_impl, statistics)
+    loss = llama_jax.cross_entropy(logits, batch[:, 1:])
+    coef = model_cfg.router_aux_loss_coef
+    if aux is None or coef == 0:
+        return loss, (loss, aux)
+    return loss + coef * aux, (loss, aux)
 
 
 @functools.partial(jax.jit, static_argnames=("model_cfg", "recipe", "layers", "attention_impl"))
 def _loss(params, fp8_states, batch, model_cfg, recipe, layers, attention_impl):
-    return _step_loss(params, fp8_states, None, batch, model_cfg, recipe, layers, attention_impl)
+    """The cross-entropy (evaluate's loss)."""
+    logits = llama_jax.forward(params, fp8_states, batch[:, :-1], model_cfg, recipe, layers,
+                               attention_impl)
+    return llama_jax.cross_entropy(logits, batch[:, 1:])
 
 
 # jit-compiled once per (configs, recipe), whichever trainer calls it. The
@@ -86,15 +101,16 @@ def _loss(params, fp8_states, batch, model_cfg, recipe, layers, attention_impl):
                    donate_argnames=("params", "fp8_states", "opt"))
 def _train_step(params, fp8_states, opt, batch, lr, statistics=None, *, model_cfg, train_cfg,
                 recipe, layers, attention_impl):
-    """The step; with statistics rows, also their filled values (else None)."""
+    """The step; its loss and load-balancing loss (None for a dense model);
+    with statistics rows, also their filled values (else None)."""
     model = (batch, model_cfg, recipe, layers, attention_impl)
-    loss, (grads, new_states, statistics) = jax.value_and_grad(_step_loss, argnums=(0, 1, 2))(
-        params, fp8_states, statistics, *model)
+    (_, (loss, aux)), (grads, new_states, statistics) = jax.value_and_grad(
+        _step_loss, argnums=(0, 1, 2), has_aux=True)(params, fp8_states, statistics, *model)
     if fp8_states is not None:  # the states' cotangent is their next value
         fp8_states = new_states
     grads = _clip_by_global_norm(grads, train_cfg.clip_norm)
     params, opt = _adamw(params, grads, opt, lr, train_cfg)
-    return params, fp8_states, opt, loss, statistics
+    return params, fp8_states, opt, loss, aux, statistics
 
 
 class JaxTrainer:
@@ -129,6 +145,8 @@ class JaxTrainer:
         self.sampler = data.BatchSampler(train_tokens, train_cfg.batch, model_cfg.seq_len,
                                          train_cfg.seed)
         self.step = 0
+        # The load-balancing losses of the last train_step / train_steps call.
+        self.aux_losses: list[float] = []
 
     def _own(self, tree):
         """`tree` on the trainer's device, each leaf in a buffer of its own.
@@ -140,25 +158,34 @@ class JaxTrainer:
         return jax.tree.map(lambda a: jax.device_put(np.array(a), self.device), tree)
 
     def train_step(self) -> float:
-        """One optimizer step on the next batch; returns its loss (before the step)."""
-        return float(self._step())
+        """One optimizer step on the next batch; returns its loss (the
+        cross-entropy, before the step; a MoE model's load-balancing loss
+        goes to aux_losses)."""
+        return self._read([self._step()])[0]
 
     def train_steps(self, n: int) -> list[float]:
-        """n optimizer steps; their losses. The host waits for the device
-        once, at the end, not after each step as train_step does: it
-        dispatches each step while the device still runs the last one, as
-        a training loop that logs every n steps would."""
-        losses = [self._step() for _ in range(n)]
-        return [float(x) for x in jax.device_get(losses)]
+        """n optimizer steps; their losses (as train_step's). The host waits
+        for the device once, at the end, not after each step as train_step
+        does: it dispatches each step while the device still runs the last
+        one, as a training loop that logs every n steps would."""
+        return self._read([self._step() for _ in range(n)])
 
-    def _step(self) -> jax.Array:
-        """One optimizer step; its loss, on the device (not waited for)."""
+    def _read(self, steps: list) -> list[float]:
+        """_step's results read to the host at once: the losses, returned,
+        and the load-balancing losses, kept in aux_losses."""
+        steps = jax.device_get(steps)
+        self.aux_losses = [float(a) for _, a in steps if a is not None]
+        return [float(loss) for loss, _ in steps]
+
+    def _step(self):
+        """One optimizer step; its loss and load-balancing loss (None for a
+        dense model), on the device (not waited for)."""
         batch = jax.device_put(self.sampler.next(), self.device)
         lr = np.float32(learning_rate(self.step, self.train_cfg))
         log = self.statistics
         rows = (llama_jax.create_statistics_rows(self.model_cfg)
                 if log is not None and log.should_log(self.step) else None)
-        self.params, self.fp8_states, self.opt_state, loss, rows = _train_step(
+        self.params, self.fp8_states, self.opt_state, loss, aux, rows = _train_step(
             self.params, self.fp8_states, self.opt_state, batch, lr, rows,
             model_cfg=self.model_cfg, train_cfg=self.train_cfg, recipe=self.recipe,
             layers=self.layers, attention_impl=self.attention_impl)
@@ -166,7 +193,7 @@ class JaxTrainer:
             log.write(self.step, self.framework, type(self.recipe).__name__,
                       llama_jax.tensor_statistics(rows))
         self.step += 1
-        return loss
+        return loss, aux
 
     def evaluate(self, batches) -> float:
         """Mean loss over NumPy batches [batch, seq_len + 1]; the FP8

@@ -8,6 +8,12 @@ checkpoints that resume exactly.
         loss = trainer.train_step()
     trainer.save("ckpt.safetensors")     # later: trainer.load(...)
 
+The losses reported (train_step, train_steps, evaluate) are the language
+model's: the next-token cross-entropy. A mixture-of-experts model trains
+on that plus router_aux_loss_coef times its load-balancing loss (summed
+over the layers, moe_torch.py), whose values for the last steps are in
+`aux_losses`.
+
 A checkpoint (fp8kit/models/checkpoint.py) holds the weights, AdamW's
 moments and each FP8 Linear's scaling state in init's layout, the step and
 the batch sampler's state (data position and generator state; the model
@@ -88,9 +94,9 @@ class TorchTrainer:
                                  "statistics=None")
             self.inspection = inspect(self.model, log=statistics,
                                       names=fp8_linear_names(self.model).__getitem__)
-        # What train_step calls: the loss, compiled or not.
-        self.step_loss = (torch.compile(self.loss, fullgraph=True, backend=compile_backend)
-                          if compile else self.loss)
+        # What train_step calls: the objective, compiled or not.
+        self.step_loss = (torch.compile(self.objective, fullgraph=True, backend=compile_backend)
+                          if compile else self.objective)
         params = list(self.model.parameters())
         groups = [{"params": [p for p in params if decays(p.ndim)],
                    "weight_decay": train_cfg.weight_decay},
@@ -106,11 +112,30 @@ class TorchTrainer:
         self.sampler = data.BatchSampler(train_tokens, train_cfg.batch, model_cfg.seq_len,
                                          train_cfg.seed)
         self.step = 0
+        # The load-balancing losses of the last train_step / train_steps call.
+        self.aux_losses: list[float] = []
 
     def loss(self, batch: torch.Tensor) -> torch.Tensor:
-        """Next-token cross-entropy of a batch of tokens [batch, seq_len + 1] (eager)."""
+        """Next-token cross-entropy of a batch of tokens [batch, seq_len + 1]
+        (eager): the language model's loss, which evaluate averages."""
         logits = self.model(batch[:, :-1])
+        return self._cross_entropy(logits, batch)
+
+    @staticmethod
+    def _cross_entropy(logits: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+
+    def objective(self, batch: torch.Tensor):
+        """(the loss a step differentiates, the cross-entropy, aux): aux the
+        model's load-balancing loss (Llama.forward's, None for a dense
+        model), which the objective adds times the config's
+        router_aux_loss_coef (a dense model's objective is the cross-entropy)."""
+        logits, aux = self.model(batch[:, :-1], return_aux_loss=True)
+        loss = self._cross_entropy(logits, batch)
+        coef = self.model_cfg.router_aux_loss_coef
+        if aux is None or coef == 0:
+            return loss, loss, aux
+        return loss + coef * aux, loss, aux
 
     def _tensor(self, batch) -> torch.Tensor:
         tokens = torch.from_numpy(batch).long()
@@ -122,20 +147,29 @@ class TorchTrainer:
         return tokens.pin_memory().to(self.device, non_blocking=True)
 
     def train_step(self) -> float:
-        """One optimizer step on the next batch; returns its loss (before the step)."""
-        loss = self._step().item()
+        """One optimizer step on the next batch; returns its loss (the
+        cross-entropy, before the step; a MoE model's load-balancing loss
+        goes to aux_losses)."""
+        loss = self._read([self._step()])[0]
         self._write_statistics()
         return loss
 
     def train_steps(self, n: int) -> list[float]:
-        """n optimizer steps; their losses. The host waits for the device
-        once, at the end, not after each step as train_step does: it
-        queues each step's kernels while the device still runs the last
-        one's, as a training loop that logs every n steps would."""
-        losses = [self._step() for _ in range(n)]
-        losses = torch.stack(losses).tolist() if losses else []
+        """n optimizer steps; their losses (as train_step's). The host waits
+        for the device once, at the end, not after each step as train_step
+        does: it queues each step's kernels while the device still runs the
+        last one's, as a training loop that logs every n steps would."""
+        losses = self._read([self._step() for _ in range(n)])
         self._write_statistics()
         return losses
+
+    def _read(self, steps: list) -> list[float]:
+        """_step's results read to the host at once: the losses, returned,
+        and the load-balancing losses, kept in aux_losses."""
+        aux = [a for _, a in steps if a is not None]
+        values = torch.stack([loss for loss, _ in steps] + aux).tolist() if steps else []
+        self.aux_losses = values[len(steps):]
+        return values[:len(steps)]
 
     def _write_statistics(self) -> None:
         """Writes the logged steps' statistics (after the host waited for
@@ -143,20 +177,21 @@ class TorchTrainer:
         if self.inspection is not None:
             self.inspection.flush()
 
-    def _step(self) -> torch.Tensor:
-        """One optimizer step; its loss, on the device (not waited for)."""
+    def _step(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One optimizer step; its loss and load-balancing loss (None for a
+        dense model), on the device (not waited for)."""
         batch = self._tensor(self.sampler.next())
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(self.step, self.train_cfg)
         if self.inspection is not None:  # the forwards that follow are this step's
             self.inspection.step(self.step)
-        loss = self.step_loss(batch)
+        objective, loss, aux = self.step_loss(batch)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        objective.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train_cfg.clip_norm)
         self.optimizer.step()
         self.step += 1
-        return loss.detach()
+        return loss.detach(), None if aux is None else aux.detach()
 
     @torch.no_grad()
     def evaluate(self, batches) -> float:

@@ -1,7 +1,8 @@
 """Expert parallelism (fp8kit.jax.expert_parallel): the models' MoE block
 run inside jax.shard_map with its 8 experts sharded over an "ep" axis of 2
 and 4 CPU devices (and the tokens over the same axis), against the
-unsharded block, under each recipe and in bf16; and dispatch / combine on
+unsharded block, under each recipe and in bf16, its load-balancing loss
+included; and dispatch / combine on
 their own: the pairs beyond an expert's capacity dropped (zero rows back),
 the others returned in place, and bad arguments refused by name.
 
@@ -17,7 +18,10 @@ of unfilled capacity slots change no amax and add only zeros), except
 BlockScaling's kernel gradients, whose 1x128 tiles along the tokens the
 empty slots shift; those, the router's gradient (a sum over every
 device's tokens) and the bf16 block (XLA's ragged_dot may group its sums
-otherwise) to rounding.
+otherwise) to rounding. The load-balancing loss is the whole batch's on
+every device, its value and its gradients (the router's, the tokens')
+the unsharded block's to float32 rounding (each device sums its tokens'
+router probabilities before the axis sums the devices').
 """
 
 import sys
@@ -89,17 +93,29 @@ def _child(platform: str, mesh_shape: tuple[int, int]):
                       for k in ("gate_up", "down")}
 
         def loss(fn, p, h, states):
-            return jnp.sum(fn(p, h, states).astype(jnp.float32) * dy.astype(jnp.float32))
+            return jnp.sum(fn(p, h, states)[0].astype(jnp.float32) * dy.astype(jnp.float32))
 
         whole = functools.partial(moe_mlp, cfg=cfg, recipe=recipe)
         p_specs = {k: P() if k == "router" else P("ep") for k in p}
         state_specs = None if states is None else jax.tree.map(lambda _: P("ep"), states)
         sharded = jax.shard_map(
             lambda p, h, states: moe_mlp(p, h, cfg, recipe, states, expert_axis="ep"),
-            mesh=mesh, in_specs=(p_specs, P("ep"), state_specs), out_specs=P("ep"))
+            mesh=mesh, in_specs=(p_specs, P("ep"), state_specs), out_specs=(P("ep"), P()))
         argnums = (0, 1) if states is None else (0, 1, 2)
-        want_y = jax.jit(whole)(p, h, states=states)
-        got_y = jax.jit(sharded)(p, h, states)
+        want_y, want_aux = jax.jit(whole)(p, h, states=states)
+        got_y, got_aux = jax.jit(sharded)(p, h, states)
+        np.testing.assert_allclose(float(got_aux), float(want_aux), rtol=1e-6, err_msg="aux")
+        aux_grad = lambda fn: jax.jit(jax.grad(  # noqa: E731
+            lambda p, h: fn(p, h, states)[1], argnums=(0, 1)))(p, h)
+        want_aux_grad = aux_grad(lambda p, h, s: whole(p, h, states=s))
+        got_aux_grad = aux_grad(sharded)
+        for what, got_g, want_g in (("router", got_aux_grad[0]["router"],
+                                     want_aux_grad[0]["router"]),
+                                    ("h", got_aux_grad[1], want_aux_grad[1])):
+            want_g, got_g = np.asarray(want_g, np.float32), np.asarray(got_g, np.float32)
+            assert np.abs(want_g).max() > 0, what
+            np.testing.assert_allclose(got_g, want_g, rtol=1e-5,
+                                       atol=1e-5 * np.abs(want_g).max(), err_msg=f"aux d{what}")
         want = jax.jit(jax.grad(functools.partial(loss, lambda p, h, s: whole(p, h, states=s)),
                                 argnums))(p, h, states)
         got = jax.jit(jax.grad(functools.partial(loss, sharded), argnums))(p, h, states)

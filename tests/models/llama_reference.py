@@ -25,15 +25,18 @@ def _softmax(z):
     return e / e.sum(-1, keepdims=True)
 
 
-def logits(params, tokens, cfg):
-    """tokens [batch, seq] -> float64 logits [batch, seq, vocab]."""
+def logits(params, tokens, cfg, router_scores=None):
+    """tokens [batch, seq] -> float64 logits [batch, seq, vocab].
+    router_scores: None, or a list that gets, per MoE layer, the router
+    scores [batch * seq, E] of every token."""
     p64 = lambda a: np.asarray(a, np.float64)  # noqa: E731
     out = []
+    routed = [[] for _ in params["layers"]]  # each layer's router scores, per sequence
     for seq in tokens:
         s = len(seq)
         pos = np.arange(s, dtype=np.float64)
         x = p64(params["embed"])[seq]
-        for lp in params["layers"]:
+        for i, lp in enumerate(params["layers"]):
             h = _rms_norm(x, p64(lp["attn_norm"]), cfg.norm_eps)
             q = (h @ p64(lp["wq"])).reshape(s, cfg.heads, cfg.head_dim)
             k = (h @ p64(lp["wk"])).reshape(s, cfg.num_kv_heads, cfg.head_dim)
@@ -48,8 +51,14 @@ def logits(params, tokens, cfg):
                 o[:, head] = _softmax(np.where(causal, scores, -np.inf)) @ v[:, kv]
             x = x + o.reshape(s, cfg.hidden) @ p64(lp["wo"])
             h = _rms_norm(x, p64(lp["mlp_norm"]), cfg.norm_eps)
-            x = x + (_moe(h, lp, cfg) if "router" in lp else _swiglu(h, lp))
+            if "router" in lp:
+                routed[i].append(h @ p64(lp["router"]))
+                x = x + _moe(h, lp, cfg)
+            else:
+                x = x + _swiglu(h, lp)
         out.append(_rms_norm(x, p64(params["final_norm"]), cfg.norm_eps) @ p64(params["lm_head"]))
+    if router_scores is not None:
+        router_scores += [np.concatenate(r) for r in routed if r]
     return np.stack(out)
 
 
@@ -70,6 +79,25 @@ def _moe(h, lp, cfg):
         for e, w in zip(top, weights):
             out[t] += w * _swiglu(h[t], lp, (e,))
     return out
+
+
+def load_balancing_loss(scores, top_k):
+    """Switch Transformer's balancing loss E * sum_e f_e * P_e of router
+    scores [tokens, E]: f_e the share of the tokens' top_k choices that go
+    to expert e, P_e the mean softmax probability of e."""
+    tokens, experts = scores.shape
+    top = np.argsort(-scores, axis=-1, kind="stable")[:, :top_k]
+    f = np.bincount(top.reshape(-1), minlength=experts) / (tokens * top_k)
+    p = _softmax(scores).mean(axis=0)
+    return experts * np.sum(f * p)
+
+
+def aux_loss(params, tokens, cfg):
+    """The model's load-balancing loss: the sum over its MoE layers of each's
+    load_balancing_loss over all the batch's tokens."""
+    scores = []
+    logits(params, tokens, cfg, scores)
+    return sum(load_balancing_loss(s, cfg.top_k) for s in scores)
 
 
 def cross_entropy(logits64, targets):

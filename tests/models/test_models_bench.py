@@ -120,11 +120,12 @@ def test_torchao_row_says_why_it_did_not_run(capsys):
 def test_a_model_that_does_not_compile_is_reported(monkeypatch):
     """A graph break under fullgraph=True (as a peer's layers may have)
     fails the run's first warm-up step; the run reports dynamo's reason."""
-    def loss_with_a_break(self, batch):
+    def objective_with_a_break(self, batch):
         torch._dynamo.graph_break()
-        return self.model(batch[:, :-1]).float().mean()
+        loss = self.model(batch[:, :-1]).float().mean()
+        return loss, loss, None
 
-    monkeypatch.setattr(TorchTrainer, "loss", loss_with_a_break)
+    monkeypatch.setattr(TorchTrainer, "objective", objective_with_a_break)
     cfg = dataclasses.replace(CONFIGS["tiny"], layers=1, seq_len=32)
     torch._dynamo.reset()
     try:

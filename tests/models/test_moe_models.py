@@ -180,10 +180,19 @@ def test_delayed_moe_checkpoint_moves_between_frameworks(source, target, tmp_pat
     (dict(experts=4, top_k=5), "top_k=5 must be in \\[1, experts=4\\]"),
     (dict(experts=4, top_k=0), "top_k=0 must be in"),
     (dict(experts=-1), "experts must be an int >= 0"),
+    *((dict(experts=4, router_aux_loss_coef=v), "router_aux_loss_coef must be a finite float "
+       ">= 0") for v in (-0.01, float("nan"), float("inf"), "0.01", True, None)),
 ])
 def test_bad_moe_configs_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         LlamaConfig(**kwargs)
+
+
+def test_the_aux_loss_coefficient_is_a_float():
+    assert LlamaConfig(experts=4).router_aux_loss_coef == 0.01
+    off = LlamaConfig(experts=4, router_aux_loss_coef=0)
+    assert off.router_aux_loss_coef == 0.0 and type(off.router_aux_loss_coef) is float
+    assert CONFIGS["moe_tiny"].router_aux_loss_coef == CONFIGS["mixtral_slice"].router_aux_loss_coef
 
 
 def test_named_moe_configs():
