@@ -81,12 +81,7 @@ def _te_layer(te, kit_layer):
     """te.GroupedLinear with the experts' weights of a GroupedLinear, and
     fn(x, sizes) calling it with the counts as the list TE takes."""
     import torch
-    experts, n, k = kit_layer.weight.shape
-    layer = te.GroupedLinear(experts, k, n, bias=False, params_dtype=torch.bfloat16,
-                             device=kit_layer.weight.device)
-    with torch.no_grad():
-        for e in range(experts):
-            getattr(layer, f"weight{e}").copy_(kit_layer.weight[e])
+    layer = te_peer.torch_grouped_linear(te, kit_layer)
 
     class _Call(torch.nn.Module):
         def __init__(self):

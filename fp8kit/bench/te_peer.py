@@ -77,6 +77,20 @@ def torch_linear(te, base):
     return layer
 
 
+def torch_grouped_linear(te, base):
+    """te.GroupedLinear (no bias) with the experts' weights, and the dtype,
+    of an fp8kit.torch.GroupedLinear (weight [E, out, in]; TE holds one
+    weight<e> [out, in] per expert)."""
+    import torch
+    experts, out_features, in_features = base.weight.shape
+    layer = te.GroupedLinear(experts, in_features, out_features, bias=False,
+                             params_dtype=base.weight.dtype, device=base.weight.device)
+    with torch.no_grad():
+        for e in range(experts):
+            getattr(layer, f"weight{e}").copy_(base.weight[e])
+    return layer
+
+
 def torch_layer(te, norm, fc1, fc2, activation):
     """te.LayerNormMLP (fc2 given) or te.LayerNormLinear with the weights of
     an RMSNorm and nn.Linear modules (bf16, biases)."""

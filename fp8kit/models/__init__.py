@@ -15,6 +15,8 @@ in JAX: the same architecture, initial weights and arithmetic in both.
                     the decoder optionally under torch.compile
     train_jax.py    JaxTrainer: the same, one jit-compiled step
     bench.py        python -m fp8kit.models.bench: tokens/s and peak memory per step
+    bench_peers.py  the benchmark's peers: TransformerEngine's layers, torchao's
+    moe_te.py       the MoE block with TransformerEngine's GroupedLinear experts
     cli_support.py  what the command lines check before they start (arguments,
                     outputs, packages, a CPU run's estimated time)
 """

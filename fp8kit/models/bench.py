@@ -11,12 +11,16 @@ Each (framework, recipe, mode) runs in a fresh process (so that one run's
 allocator caches and compiled programs do not count against the next):
 the training step (forward, backward, clipping, AdamW) runs `--warmup`
 times untimed (compilation, autotuning), then `--steps` times timed.
-The recipes te-delayed and te-current (a CUDA GPU with TransformerEngine
-installed) run the same model with TransformerEngine's layers in place of
-fp8kit's, under TE's autocast with the same recipe settings: in PyTorch
-te.Linear, te.LayerNormLinear and te.LayerNormMLP; in JAX its flax
-LayerNormDenseGeneral, DenseGeneral and LayerNormMLP
-(fp8kit/bench/te_peer.py's jax_layers).
+The recipes te-delayed, te-current and te-block (a CUDA GPU with
+TransformerEngine installed) run the same model with TransformerEngine's
+layers in place of fp8kit's, under TE's autocast with the same recipe
+settings (bench_peers.py): in PyTorch te.Linear, te.LayerNormLinear,
+te.LayerNormMLP and, for a mixture-of-experts config, te.GroupedLinear
+for the experts, each expert's tokens padded to a multiple of 16 as TE's
+FP8 grouped GEMM needs (moe_te.py); in JAX, for dense configs and not
+te-block, its flax LayerNormDenseGeneral, DenseGeneral and LayerNormMLP
+(fp8kit/bench/te_peer.py's jax_layers). A TE run that cannot be made
+says why on its row.
 
 The mode column says how a step runs: PyTorch "eager", or "compile" with
 --compile, which adds a compiled run of every PyTorch recipe next to its
@@ -88,13 +92,13 @@ import sys
 import tempfile
 import time
 
-from fp8kit.models import cli_support
+from fp8kit.models import bench_peers, cli_support
 from fp8kit.models.config import CONFIGS
 from fp8kit.models.schedule import TrainConfig, peak_learning_rate
 
 FRAMEWORKS = ("torch", "jax")
 RECIPES = ("bf16", "delayed", "current", "block")
-TE_RECIPES = ("te-delayed", "te-current")   # TransformerEngine
+TE_RECIPES = bench_peers.TE_RECIPES         # TransformerEngine
 TORCHAO = "torchao"                          # torchao's Float8Linear, PyTorch only, compiled
 TORCH_ONLY = (TORCHAO,)
 CPU_NOTE = ("On the CPU the FP8 runs use fp8kit's reference kernels, written for correctness: "
@@ -105,32 +109,6 @@ def _recipe(name: str):
     from fp8kit.recipe import BlockScaling, CurrentScaling, DelayedScaling
     return {"bf16": None, "delayed": DelayedScaling(), "current": CurrentScaling(),
             "block": BlockScaling()}[name]
-
-
-def _te_layers():
-    """(FP8Layers of TransformerEngine's modules, None) or (None, why not)."""
-    from fp8kit.bench import te_peer
-    from fp8kit.models.llama_torch import FP8Layers
-    te, missing = te_peer.torch_module()
-    if te is None:
-        return None, missing
-    return FP8Layers(te.Linear, te.LayerNormLinear, te.LayerNormMLP,
-                     lambda recipe: te_peer.torch_fp8_autocast(te, recipe),
-                     float32_seams=False), None
-
-
-def _torchao_convert():
-    """A TorchTrainer convert that swaps every projection but the lm_head
-    for torchao's Float8Linear (tensorwise scaling); RuntimeError when
-    torchao is missing."""
-    try:
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-    except ImportError as e:
-        raise RuntimeError("torchao is not installed" if e.name == "torchao"
-                           else f"torchao.float8 does not import: {e}") from None
-    config = Float8LinearConfig.from_recipe_name("tensorwise")
-    return lambda model: convert_to_float8_training(
-        model, config=config, module_filter_fn=lambda module, fqn: fqn != "lm_head")
 
 
 def _statistics_log(inspect_every: int):
@@ -155,15 +133,11 @@ def torch_trainer(model_cfg, train_cfg, recipe_name, params, compile: bool = Fal
     from fp8kit.models.train_torch import TorchTrainer, default_device
     cli_support.pin_torch_threads(default_device())
     if recipe_name in TE_RECIPES:
-        from fp8kit.bench import te_peer
-        layers, missing = _te_layers()
-        if layers is None:
-            raise RuntimeError(missing)
-        trainer = TorchTrainer(model_cfg, train_cfg, te_peer.recipe(recipe_name[3:]),
-                               params=params, layers=layers, compile=compile)
+        trainer = TorchTrainer(model_cfg, train_cfg, params=params, compile=compile,
+                               **bench_peers.torch_te(model_cfg, recipe_name))
     elif recipe_name == TORCHAO:
         trainer = TorchTrainer(model_cfg, train_cfg, None, params=params,
-                               convert=_torchao_convert(), compile=compile)
+                               convert=bench_peers.torchao_convert(), compile=compile)
     else:
         trainer = TorchTrainer(model_cfg, train_cfg, _recipe(recipe_name), params=params,
                                compile=compile, layers=_seams(FP8KIT_LAYERS, float32_seams),
@@ -180,13 +154,9 @@ def jax_trainer(model_cfg, train_cfg, recipe_name, params, float32_seams: bool =
     from fp8kit.models.llama_jax import FP8KIT_LAYERS
     from fp8kit.models.train_jax import JaxTrainer
     if recipe_name in TE_RECIPES:
-        from fp8kit.bench import te_peer
-        tej, missing = te_peer.jax_module()
-        if tej is None:
-            raise RuntimeError(missing)
-        name = recipe_name[len("te-"):]
-        trainer = JaxTrainer(model_cfg, train_cfg, _recipe(name), params=params,
-                             layers=te_peer.jax_layers(tej, name))
+        trainer = JaxTrainer(model_cfg, train_cfg, _recipe(recipe_name[len("te-"):]),
+                             params=params,
+                             layers=bench_peers.jax_te_layers(model_cfg, recipe_name))
     else:
         trainer = JaxTrainer(model_cfg, train_cfg, _recipe(recipe_name), params=params,
                              layers=_seams(FP8KIT_LAYERS, float32_seams),
@@ -425,7 +395,9 @@ def _plan(frameworks, recipes, args) -> list[tuple]:
     runs = []
     for fw in frameworks:
         for recipe in recipes:
-            if fw == "jax" and recipe in TORCH_ONLY:   # torchao is PyTorch's
+            # torchao and TE's block scaling are PyTorch's
+            te_torch_only = recipe in TE_RECIPES and recipe not in bench_peers.TE_JAX_RECIPES
+            if fw == "jax" and (recipe in TORCH_ONLY or te_torch_only):
                 continue
             for mode in modes(fw, recipe, args.compile, args.compile_only):
                 runs.append((fw, recipe, mode, 0))

@@ -32,7 +32,8 @@ cost of SwiGLU's input kept for backward in float32.
 A mixture-of-experts config (experts > 0) replaces each MLP with
 moe_torch.MoEMLP: its RMSNorm, a float32 router and the experts as two
 fp8kit.torch.GroupedLinear layers (FP8 under every recipe, bf16 with
-no recipe), whatever FP8Layers says.
+no recipe), whatever FP8Layers says (the benchmark's TE peer swaps in
+TransformerEngine's experts afterwards: moe_te.convert).
 """
 
 from __future__ import annotations
@@ -197,7 +198,8 @@ class DecoderLayer(torch.nn.Module):
     def __init__(self, cfg: LlamaConfig, fp8: FP8Layers | None, device=None):
         super().__init__()
         self.attention = Attention(cfg, fp8, device)
-        if cfg.experts:
+        self.moe = bool(cfg.experts)
+        if self.moe:
             self.mlp = MoEMLP(cfg, RMSNorm(cfg.hidden, cfg.norm_eps, device), device)
         else:
             self.mlp = FusedNormMLP(cfg, fp8, device) if fp8 else NormMLP(cfg, device)
@@ -205,7 +207,7 @@ class DecoderLayer(torch.nn.Module):
     def forward(self, x, cos, sin):
         """(the new stream, the MoE block's load-balancing loss or None)."""
         x = x + self.attention(x, cos, sin)   # float32 + bf16: the stream stays float32
-        if isinstance(self.mlp, MoEMLP):
+        if self.moe:
             y, aux = self.mlp(x)
             return x + y, aux
         return x + self.mlp(x), None

@@ -86,15 +86,25 @@ class MoEMLP(torch.nn.Module):
         h = self.norm(x).reshape(-1, self.cfg.hidden)
         with torch.autocast(x.device.type, enabled=False):
             scores = F.linear(h.float(), self.router.weight.float())
-        _, token, weight, counts = route(scores, self.cfg.top_k)
+        expert, token, weight, counts = route(scores, self.cfg.top_k)
         aux = load_balancing_loss(scores, counts, self.cfg.top_k)
-        # The grouped GEMMs are planned on the host: one read of the counts
-        # here serves every grouped call of the block, forward and backward
-        # (ten in FP8), where counts left on the GPU would be read by each.
-        counts = counts.cpu()
-        gate_up = self.w_gate_up(h[token], counts).float()
-        gate, up = gate_up.chunk(2, dim=-1)
-        out = self.w_down((F.silu(gate) * up).to(h.dtype), counts)
+        out = self.experts(h[token], expert, counts)
         y = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
         y.index_add_(0, token, out.float() * weight[:, None])
         return y.to(BF16).reshape(shape), aux
+
+    def experts(self, pairs: torch.Tensor, expert: torch.Tensor,
+                counts: torch.Tensor) -> torch.Tensor:
+        """Each expert's SwiGLU MLP over its pairs: pairs [pairs, hidden],
+        the normed tokens sorted by expert, route()'s expert and counts
+        (on the device); returns [pairs, hidden]."""
+        # The grouped GEMMs are planned on the host: one read of the counts
+        # here serves every grouped call of the block, forward and backward
+        # (ten in FP8), where counts left on the GPU would be read by each.
+        return self.swiglu(pairs, counts.cpu())
+
+    def swiglu(self, x: torch.Tensor, counts) -> torch.Tensor:
+        """down(silu(gate(x)) * up(x)), each expert's weights over its rows
+        (counts: the rows per expert, as the grouped layers take them)."""
+        gate, up = self.w_gate_up(x, counts).float().chunk(2, dim=-1)
+        return self.w_down((F.silu(gate) * up).to(x.dtype), counts)
