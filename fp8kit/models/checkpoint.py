@@ -46,7 +46,12 @@ def run_description(model_cfg, train_cfg, recipe) -> dict:
         d = {k: (v.value if isinstance(v, enum.Enum) else v)
              for k, v in dataclasses.asdict(obj).items()}
         return {"type": type(obj).__name__, **d}
-    return {"model": plain(model_cfg), "train": plain(train_cfg), "recipe": plain(recipe)}
+    model = plain(model_cfg)
+    if model is not None and not model.get("experts"):
+        # A dense model has no router: leaving the setting out keeps the
+        # files written before it existed loadable.
+        model.pop("router_aux_loss_coef", None)
+    return {"model": model, "train": plain(train_cfg), "recipe": plain(recipe)}
 
 
 def check_compatible(saved: dict, current: dict, path) -> None:

@@ -126,6 +126,18 @@ def test_another_runs_checkpoint_is_refused_naming_the_difference(saved, framewo
         cls(bigger, SMALL_TRAIN, DELAYED).load(saved["torch"])
 
 
+def test_a_dense_run_is_described_without_the_router_setting():
+    """Files of dense runs written before the MoE balancing loss existed
+    stay loadable: a dense description leaves the router's coefficient out,
+    an MoE one keeps it (a change of it changes the training)."""
+    from fp8kit.models.checkpoint import run_description
+    dense = run_description(SMALL, SMALL_TRAIN, DELAYED)["model"]
+    assert "router_aux_loss_coef" not in dense
+    moe = run_description(dataclasses.replace(SMALL, experts=4, top_k=2), SMALL_TRAIN,
+                          DELAYED)["model"]
+    assert moe["router_aux_loss_coef"] == SMALL.router_aux_loss_coef
+
+
 def test_a_damaged_file_is_named_with_the_array_it_hits(saved, tmp_path):
     data = bytearray(saved["torch"].read_bytes())
     header_len = int.from_bytes(data[:8], "little")
