@@ -210,9 +210,10 @@ void grouped_quantize_block_scaling(const fp8kit_tensor& input, const GroupLayou
   const char* op = "grouped_quantize_block";
   const int64_t cols = input.shape[1];
   const int64_t tiles_c = ceil_div(cols, kTile);
-  // Every group's rows are a multiple of 16, so the whole tensor's
-  // alignment is each group's (vector_columnwise included).
-  const BlockCastParams p = params_of(input, output, input.shape[0], cols, config);
+  // Every group's rows are a multiple of 16 and start at one, so each
+  // group's alignment is the whole tensor's, whatever its rows.
+  BlockCastParams p = params_of(input, output, input.shape[0], cols, config);
+  p.vector_columnwise = is_aligned(output.columnwise_data, 8);
   // Each 32-bit entry of the table is at most its last value: the blocks,
   // the rows, the scale floats.
   const int64_t blocks_bound = ceil_div(layout.column_starts[layout.groups()], kTile) * tiles_c +

@@ -18,6 +18,7 @@ struct Case {
   std::vector<int64_t> sizes;
   int64_t features;
   fp8kit_dtype in;
+  int64_t extra_rows;  // the layout's rows after the last group's
 };
 
 struct Result {
@@ -28,9 +29,9 @@ int64_t padded(int64_t m) {
   return (m + FP8KIT_GEMM_DIM_MULTIPLE - 1) / FP8KIT_GEMM_DIM_MULTIPLE * FP8KIT_GEMM_DIM_MULTIPLE;
 }
 
-// The layout's rows: every group's padded rows and 32 rows more.
+// The layout's rows: every group's padded rows and c.extra_rows more.
 int64_t rows_of(const Case& c) {
-  int64_t rows = 32;
+  int64_t rows = c.extra_rows;
   for (int64_t m : c.sizes) rows += padded(m);
   return rows;
 }
@@ -75,14 +76,18 @@ TEST(GroupedBlockGpu, OneLaunchEqualsEachGroupOnTheCpu) {
   QTEST_SKIP_WITHOUT_GPU();
   // Empty groups first, between and last; groups of one row, of less than
   // a tile, of several tiles with a partial last one; feature counts with
-  // a partial last tile (160, 200: no 16-byte loads) or none (256); and 70
-  // groups of mixed sizes.
+  // a partial last tile (160, 200, 144) or none (256), or rows of no whole
+  // 16-byte vectors (100: element loads and byte stores); and 70 groups of
+  // mixed sizes.
   std::vector<int64_t> many;
   for (int g = 0; g < 70; ++g) many.push_back((g * 37) % 11 == 0 ? 0 : (g * 53) % 300);
-  const std::vector<Case> cases = {{{0, 130, 0, 5, 256, 1, 0}, 160, FP8KIT_FLOAT32},
-                                   {{300, 17}, 256, FP8KIT_BFLOAT16},
-                                   {{3, 0, 129}, 200, FP8KIT_FLOAT16},
-                                   {many, 144, FP8KIT_BFLOAT16}};
+  // Rows after the last group that are no multiple of 8 (5) leave each
+  // group's 8-byte columnwise stores as they are.
+  const std::vector<Case> cases = {{{0, 130, 0, 5, 256, 1, 0}, 160, FP8KIT_FLOAT32, 32},
+                                   {{300, 17}, 256, FP8KIT_BFLOAT16, 5},
+                                   {{3, 0, 129}, 200, FP8KIT_FLOAT16, 0},
+                                   {many, 144, FP8KIT_BFLOAT16, 16},
+                                   {{20, 40}, 100, FP8KIT_FLOAT32, 3}};
   uint32_t seed = 7;
   for (const Case& c : cases) {
     const std::vector<uint8_t> input = qtest::encode_input(
