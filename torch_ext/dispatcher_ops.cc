@@ -146,15 +146,15 @@ TORCH_LIBRARY(fp8kit, m) {
   m.def(
       "linear_forward(Tensor input, Tensor weight, Tensor? bias, Tensor(a!) amax_history, "
       "Tensor(b!) amax, Tensor(c!) scale, Tensor(d!) scale_inv, Tensor(e!) counters, Tensor(f!) "
-      "seeded, str scaling, str fwd_dtype, str bwd_dtype, int margin, str amax_reduction, float "
-      "amax_epsilon, bool power_2_scale, bool fast_accumulation, bool dgrad, bool wgrad, bool "
-      "bgrad) -> (Tensor out, Tensor input_fp8, Tensor input_scalars, Tensor weight_fp8, Tensor "
-      "weight_scalars)");
+      "seeded, str scaling, str forward_dtype, str backward_dtype, int margin, str "
+      "amax_reduction, float amax_epsilon, bool power_2_scale, bool fast_accumulation, bool "
+      "dgrad, bool wgrad, bool bgrad) -> (Tensor out, Tensor input_fp8, Tensor input_scalars, "
+      "Tensor weight_fp8, Tensor weight_scalars)");
   m.def(
       "linear_backward(Tensor grad_output, Tensor input_fp8, Tensor input_scalars, Tensor "
       "weight_fp8, Tensor weight_scalars, Tensor(a!) amax_history, Tensor(b!) amax, Tensor(c!) "
       "scale, Tensor(d!) scale_inv, Tensor(e!) counters, Tensor(f!) seeded, str scaling, str "
-      "fwd_dtype, str bwd_dtype, int margin, str amax_reduction, float amax_epsilon, bool "
+      "forward_dtype, str backward_dtype, int margin, str amax_reduction, float amax_epsilon, bool "
       "power_2_scale, SymInt[] input_shape, bool forward_dgrad, bool forward_wgrad, bool dgrad, "
       "bool wgrad, bool bgrad) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
   m.def("norm_forward(Tensor x, Tensor gamma, Tensor? beta, str normalization, float epsilon, "

@@ -31,7 +31,7 @@ using Tensor = at::Tensor;
 // A LinearState over the state tensors, checked, for one op call.
 struct StateArgs {
   const Tensor &history, &amax, &scale, &scale_inv, &counters, &seeded;
-  const std::string &scaling, &fwd_dtype, &bwd_dtype;
+  const std::string &scaling, &forward_dtype, &backward_dtype;
   int64_t margin;
   const std::string& amax_reduction;
   double amax_epsilon;
@@ -39,8 +39,8 @@ struct StateArgs {
 
   LinearState make(const char* fn) const {
     check_state(fn, history, amax, scale, scale_inv, counters, seeded);
-    const LinearRecipe r = recipe_of(fn, scaling, fwd_dtype, bwd_dtype, history.size(1), margin,
-                                     amax_reduction, amax_epsilon, power_2_scale);
+    const LinearRecipe r = recipe_of(fn, scaling, forward_dtype, backward_dtype, history.size(1),
+                                     margin, amax_reduction, amax_epsilon, power_2_scale);
     return LinearState(r, history, amax, scale, scale_inv, counters, seeded);
   }
 };
@@ -62,12 +62,12 @@ std::tuple<Tensor, Tensor, Tensor> cast_outputs(const FusedCastOut& out, const L
 #define FP8KIT_STATE_PARAMS                                                                     \
   const Tensor &amax_history, const Tensor &amax, const Tensor &scale, const Tensor &scale_inv, \
       const Tensor &counters, const Tensor &seeded, const std::string &scaling,                 \
-      const std::string &fwd_dtype, const std::string &bwd_dtype, int64_t margin,               \
+      const std::string &forward_dtype, const std::string &backward_dtype, int64_t margin,      \
       const std::string &amax_reduction, double amax_epsilon, bool power_2_scale
 #define FP8KIT_STATE_ARGS                                                                     \
   StateArgs {                                                                                 \
-    amax_history, amax, scale, scale_inv, counters, seeded, scaling, fwd_dtype, bwd_dtype,    \
-        margin, amax_reduction, amax_epsilon, power_2_scale                                   \
+    amax_history, amax, scale, scale_inv, counters, seeded, scaling, forward_dtype,           \
+        backward_dtype, margin, amax_reduction, amax_epsilon, power_2_scale                   \
   }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> norm_forward_op(

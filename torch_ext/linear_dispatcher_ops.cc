@@ -26,16 +26,17 @@ namespace fp8kit_torch {
 
 using Tensor = at::Tensor;
 
-LinearRecipe recipe_of(const char* fn, const std::string& scaling, const std::string& fwd_dtype,
-                       const std::string& bwd_dtype, int64_t amax_history_len, int64_t margin,
+LinearRecipe recipe_of(const char* fn, const std::string& scaling,
+                       const std::string& forward_dtype, const std::string& backward_dtype,
+                       int64_t amax_history_len, int64_t margin,
                        const std::string& amax_reduction, double amax_epsilon,
                        bool power_2_scale) {
   FP8KIT_VALUE_CHECK(scaling == "delayed" || scaling == "current", fn, ": scaling is '",
                      scaling, "'; use 'delayed' or 'current' (LinearState.recipe['scaling'])");
   LinearRecipe r;
   r.delayed = scaling == "delayed";
-  r.forward_dtype = parse_fp8_name(fwd_dtype, fn, "fwd_dtype");
-  r.backward_dtype = parse_fp8_name(bwd_dtype, fn, "bwd_dtype");
+  r.forward_dtype = parse_fp8_name(forward_dtype, fn, "forward_dtype");
+  r.backward_dtype = parse_fp8_name(backward_dtype, fn, "backward_dtype");
   FP8KIT_VALUE_CHECK(amax_history_len >= 1 && amax_history_len <= FP8KIT_AMAX_HISTORY_LEN_MAX, fn,
                      ": amax_history has ", amax_history_len,
                      " columns; the history length is 1 to ", FP8KIT_AMAX_HISTORY_LEN_MAX);
@@ -87,13 +88,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> linear_forward_op(
     const Tensor& input, const Tensor& weight, const std::optional<Tensor>& bias,
     const Tensor& amax_history, const Tensor& amax, const Tensor& scale, const Tensor& scale_inv,
     const Tensor& counters, const Tensor& seeded, const std::string& scaling,
-    const std::string& fwd_dtype, const std::string& bwd_dtype, int64_t margin,
+    const std::string& forward_dtype, const std::string& backward_dtype, int64_t margin,
     const std::string& amax_reduction, double amax_epsilon, bool power_2_scale,
     bool fast_accumulation, bool dgrad, bool wgrad, bool bgrad) {
   constexpr const char* fn = "fp8kit::linear_forward";
   check_state(fn, amax_history, amax, scale, scale_inv, counters, seeded);
-  const LinearRecipe recipe = recipe_of(fn, scaling, fwd_dtype, bwd_dtype, amax_history.size(1),
-                                        margin, amax_reduction, amax_epsilon, power_2_scale);
+  const LinearRecipe recipe = recipe_of(fn, scaling, forward_dtype, backward_dtype,
+                                        amax_history.size(1), margin, amax_reduction,
+                                        amax_epsilon, power_2_scale);
   DeviceScope scope(amax_history.device());
   LinearState st(recipe, amax_history, amax, scale, scale_inv, counters, seeded);
   const Tensor b = bias ? *bias : Tensor();
@@ -113,14 +115,15 @@ std::tuple<Tensor, Tensor, Tensor> linear_backward_op(
     const Tensor& grad_output, const Tensor& input_fp8, const Tensor& input_scalars,
     const Tensor& weight_fp8, const Tensor& weight_scalars, const Tensor& amax_history,
     const Tensor& amax, const Tensor& scale, const Tensor& scale_inv, const Tensor& counters,
-    const Tensor& seeded, const std::string& scaling, const std::string& fwd_dtype,
-    const std::string& bwd_dtype, int64_t margin, const std::string& amax_reduction,
+    const Tensor& seeded, const std::string& scaling, const std::string& forward_dtype,
+    const std::string& backward_dtype, int64_t margin, const std::string& amax_reduction,
     double amax_epsilon, bool power_2_scale, at::IntArrayRef input_shape, bool forward_dgrad,
     bool forward_wgrad, bool dgrad, bool wgrad, bool bgrad) {
   constexpr const char* fn = "fp8kit::linear_backward";
   check_state(fn, amax_history, amax, scale, scale_inv, counters, seeded);
-  const LinearRecipe recipe = recipe_of(fn, scaling, fwd_dtype, bwd_dtype, amax_history.size(1),
-                                        margin, amax_reduction, amax_epsilon, power_2_scale);
+  const LinearRecipe recipe = recipe_of(fn, scaling, forward_dtype, backward_dtype,
+                                        amax_history.size(1), margin, amax_reduction,
+                                        amax_epsilon, power_2_scale);
   check_high_precision(fn, "grad_output", grad_output);
   check_same_device(fn, "grad_output", grad_output, "amax_history", amax_history);
   FP8KIT_VALUE_CHECK(!input_shape.empty() && grad_output.dim() == int64_t(input_shape.size()),

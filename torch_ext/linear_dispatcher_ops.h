@@ -17,12 +17,13 @@ namespace fp8kit_torch {
 // updated in place) and its recipe (LinearState.recipe's plain values).
 #define FP8KIT_STATE_SCHEMA_ARGS                                                                \
   "Tensor(a!) amax_history, Tensor(b!) amax, Tensor(c!) scale, Tensor(d!) scale_inv, "         \
-  "Tensor(e!) counters, Tensor(f!) seeded, str scaling, str fwd_dtype, str bwd_dtype, int "    \
-  "margin, str amax_reduction, float amax_epsilon, bool power_2_scale"
+  "Tensor(e!) counters, Tensor(f!) seeded, str scaling, str forward_dtype, str "               \
+  "backward_dtype, int margin, str amax_reduction, float amax_epsilon, bool power_2_scale"
 
 // The recipe those values describe (ValueError naming `fn` and the value).
-LinearRecipe recipe_of(const char* fn, const std::string& scaling, const std::string& fwd_dtype,
-                       const std::string& bwd_dtype, int64_t amax_history_len, int64_t margin,
+LinearRecipe recipe_of(const char* fn, const std::string& scaling,
+                       const std::string& forward_dtype, const std::string& backward_dtype,
+                       int64_t amax_history_len, int64_t margin,
                        const std::string& amax_reduction, double amax_epsilon,
                        bool power_2_scale);
 // Checks the state tensors: float32 [3, H] history and float32 [3] amax,

@@ -76,8 +76,8 @@ LinearRecipe recipe_from_python(py::handle recipe, bool* fast_accumulation) {
 py::dict recipe_to_plain(const LinearRecipe& r) {
   py::dict d;
   d["scaling"] = r.delayed ? "delayed" : "current";
-  d["fwd_dtype"] = fp8_name(r.forward_dtype);
-  d["bwd_dtype"] = fp8_name(r.backward_dtype);
+  d["forward_dtype"] = fp8_name(r.forward_dtype);
+  d["backward_dtype"] = fp8_name(r.backward_dtype);
   if (r.delayed) {
     d["amax_history_len"] = r.amax_history_len;
     d["margin"] = r.margin;
@@ -104,10 +104,15 @@ LinearRecipe recipe_from_plain(py::handle saved, const std::string& where_saved)
   FP8KIT_VALUE_CHECK(scaling == "delayed" || scaling == "current", where("scaling"), " is '",
                      scaling, "'; it must be 'delayed' or 'current'");
   r.delayed = scaling == "delayed";
-  r.forward_dtype = parse_fp8_name(read_str(get("fwd_dtype"), where("fwd_dtype")), fn,
-                                   "the saved recipe's 'fwd_dtype'");
-  r.backward_dtype = parse_fp8_name(read_str(get("bwd_dtype"), where("bwd_dtype")), fn,
-                                    "the saved recipe's 'bwd_dtype'");
+  // Files written before the formats took the recipe's names call them
+  // 'fwd_dtype' and 'bwd_dtype'.
+  auto format = [&](const char* key, const char* old_key) {
+    const char* k = d.contains(key) || !d.contains(old_key) ? key : old_key;
+    const std::string arg = c10::str("the saved recipe's '", k, "'");
+    return parse_fp8_name(read_str(get(k), where(k)), fn, arg.c_str());
+  };
+  r.forward_dtype = format("forward_dtype", "fwd_dtype");
+  r.backward_dtype = format("backward_dtype", "bwd_dtype");
   if (r.delayed) {
     r.amax_history_len = read_int(get("amax_history_len"), where("amax_history_len"), 1,
                              FP8KIT_AMAX_HISTORY_LEN_MAX);

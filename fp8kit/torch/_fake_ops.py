@@ -152,10 +152,10 @@ def _kept(like, copies, shape, fp8_dtype):
 
 @torch.library.register_fake("fp8kit::linear_forward")
 def _linear_forward(input, weight, bias, amax_history, amax, scale, scale_inv, counters, seeded,
-                    scaling, fwd_dtype, bwd_dtype, margin, amax_reduction, amax_epsilon,
-                    power_2_scale, fast_accumulation, dgrad, wgrad, bgrad):
+                    scaling, forward_dtype, backward_dtype, margin, amax_reduction,
+                    amax_epsilon, power_2_scale, fast_accumulation, dgrad, wgrad, bgrad):
     out = input.new_empty((*input.shape[:-1], weight.shape[0]))
-    fp8 = TORCH_FP8[fwd_dtype]
+    fp8 = TORCH_FP8[forward_dtype]
     if not (dgrad or wgrad or (bgrad and bias is not None)):
         empty_fp8, empty_f32 = input.new_empty((0,), dtype=fp8), _f32_empty(input, 0)
         return out, empty_fp8, empty_f32, empty_fp8, empty_f32
@@ -166,20 +166,21 @@ def _linear_forward(input, weight, bias, amax_history, amax, scale, scale_inv, c
 
 @torch.library.register_fake("fp8kit::linear_backward")
 def _linear_backward(grad_output, input_fp8, input_scalars, weight_fp8, weight_scalars,
-                     amax_history, amax, scale, scale_inv, counters, seeded, scaling, fwd_dtype,
-                     bwd_dtype, margin, amax_reduction, amax_epsilon, power_2_scale, input_shape,
-                     forward_dgrad, forward_wgrad, dgrad, wgrad, bgrad):
+                     amax_history, amax, scale, scale_inv, counters, seeded, scaling,
+                     forward_dtype, backward_dtype, margin, amax_reduction, amax_epsilon,
+                     power_2_scale, input_shape, forward_dgrad, forward_wgrad, dgrad, wgrad,
+                     bgrad):
     n, k = grad_output.shape[-1], input_shape[-1]
     grad = (lambda wanted, shape: grad_output.new_empty(shape if wanted else (0,)))
     return grad(dgrad, input_shape), grad(wgrad, (n, k)), grad(bgrad, (n,))
 
 
 # ----------------------------------------------------- the fused layers' steps
-def _cast_outputs(like, fwd_dtype, bwd_dtype, slot, shape, rowwise, columnwise):
+def _cast_outputs(like, forward_dtype, backward_dtype, slot, shape, rowwise, columnwise):
     """A slot cast's (data, columnwise_data, scale_inv): the slot's format
     (GRAD_OUTPUT, slot 2, the backward one); scale_inv a view at offset
     _SCALE_INV into a scalars block, as the kernels return it."""
-    fp8 = TORCH_FP8[bwd_dtype if slot == 2 else fwd_dtype]
+    fp8 = TORCH_FP8[backward_dtype if slot == 2 else forward_dtype]
     data = like.new_empty(shape if rowwise else (0,), dtype=fp8)
     cw = like.new_empty(columnwise_shape(shape) if columnwise else (0,), dtype=fp8)
     return data, cw, _f32_empty(like, _SCALARS).narrow(0, _SCALE_INV, 1)
@@ -193,12 +194,12 @@ def _sums(like, cols, sums_dtype):
 
 @torch.library.register_fake("fp8kit::norm_forward")
 def _norm_forward(x, gamma, beta, normalization, epsilon, amax_history, amax, scale, scale_inv,
-                  counters, seeded, scaling, fwd_dtype, bwd_dtype, margin, amax_reduction,
+                  counters, seeded, scaling, forward_dtype, backward_dtype, margin, amax_reduction,
                   amax_epsilon, power_2_scale, slot, record, rowwise, columnwise):
     rows = x.numel() // x.shape[-1]
     mean = _f32_empty(x, rows if normalization == "LayerNorm" else 0)
-    return (*_cast_outputs(x, fwd_dtype, bwd_dtype, slot, x.shape, rowwise, columnwise), mean,
-            _f32_empty(x, rows))
+    return (*_cast_outputs(x, forward_dtype, backward_dtype, slot, x.shape, rowwise, columnwise),
+            mean, _f32_empty(x, rows))
 
 
 @torch.library.register_fake("fp8kit::norm_backward")
@@ -216,25 +217,25 @@ def _activation_output_shape(h, activation):
 
 @torch.library.register_fake("fp8kit::activation_forward")
 def _activation_forward(h, activation, amax_history, amax, scale, scale_inv, counters, seeded,
-                        scaling, fwd_dtype, bwd_dtype, margin, amax_reduction, amax_epsilon,
-                        power_2_scale, slot, record, rowwise, columnwise):
-    return _cast_outputs(h, fwd_dtype, bwd_dtype, slot, _activation_output_shape(h, activation),
-                         rowwise, columnwise)
+                        scaling, forward_dtype, backward_dtype, margin, amax_reduction,
+                        amax_epsilon, power_2_scale, slot, record, rowwise, columnwise):
+    return _cast_outputs(h, forward_dtype, backward_dtype, slot,
+                         _activation_output_shape(h, activation), rowwise, columnwise)
 
 
 @torch.library.register_fake("fp8kit::activation_backward")
 def _activation_backward(d_a, h, activation, amax_history, amax, scale, scale_inv, counters,
-                         seeded, scaling, fwd_dtype, bwd_dtype, margin, amax_reduction,
+                         seeded, scaling, forward_dtype, backward_dtype, margin, amax_reduction,
                          amax_epsilon, power_2_scale, slot, record, rowwise, columnwise,
                          sums_dtype, want_dh):
     dh = h.new_empty(h.shape if want_dh else (0,))
-    return (*_cast_outputs(h, fwd_dtype, bwd_dtype, slot, h.shape, rowwise, columnwise),
+    return (*_cast_outputs(h, forward_dtype, backward_dtype, slot, h.shape, rowwise, columnwise),
             _sums(h, h.shape[-1], sums_dtype), dh)
 
 
 @torch.library.register_fake("fp8kit::quantize_slot")
-def _quantize_slot(x, amax_history, amax, scale, scale_inv, counters, seeded, scaling, fwd_dtype,
-                   bwd_dtype, margin, amax_reduction, amax_epsilon, power_2_scale, slot, record,
-                   rowwise, columnwise, sums_dtype):
-    return (*_cast_outputs(x, fwd_dtype, bwd_dtype, slot, x.shape, rowwise, columnwise),
+def _quantize_slot(x, amax_history, amax, scale, scale_inv, counters, seeded, scaling,
+                   forward_dtype, backward_dtype, margin, amax_reduction, amax_epsilon,
+                   power_2_scale, slot, record, rowwise, columnwise, sums_dtype):
+    return (*_cast_outputs(x, forward_dtype, backward_dtype, slot, x.shape, rowwise, columnwise),
             _sums(x, x.shape[-1], sums_dtype))

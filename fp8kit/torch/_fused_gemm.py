@@ -51,7 +51,7 @@ def weight_copies(steps, state, weight: torch.Tensor, record: bool, p: Plan,
         data, columnwise, scale_inv, _ = steps.quantize_slot(state, weight, WEIGHT, record,
                                                              *p.weight, None)
         return data, columnwise, scale_inv
-    fp8 = state.recipe["fwd_dtype"]
+    fp8 = state.recipe["forward_dtype"]
     if weight.fp8_dtype != fp8:
         raise TypeError(f"{fn} is a Float8Tensor in {weight.fp8_dtype} but the recipe's forward "
                         f"format is {fp8}; cast the weight with the recipe's forward format")

@@ -63,7 +63,7 @@ def _selection(states_key: str, recipe_type, recipe_values, device, cache_weight
         # select reads only the weight's device (for a state made here).
         state, fast = by_key(states_key).select(recipe, _OnDevice(device), cache_weight)
     r = state.recipe
-    recipe_args = (r["scaling"], r["fwd_dtype"], r["bwd_dtype"], r.get("margin", 0),
+    recipe_args = (r["scaling"], r["forward_dtype"], r["backward_dtype"], r.get("margin", 0),
                    r.get("amax_reduction", "max"), r.get("amax_epsilon", 0.0),
                    r.get("power_2_scale", False))
     return state.tensors, recipe_args, state.non_tn, fast

@@ -492,6 +492,15 @@ def test_extra_state_round_trip_and_bad_state(recipe):
     for a, b in zip(*outs):
         assert torch.equal(a, b)
 
+    # Files written when the formats were named fwd_dtype / bwd_dtype load alike.
+    old = lin.get_extra_state()
+    old["states"][0]["recipe"] = {("fwd_dtype" if k == "forward_dtype" else
+                                   "bwd_dtype" if k == "backward_dtype" else k): v
+                                  for k, v in old["states"][0]["recipe"].items()}
+    renamed, _ = make_pair(32, 16)
+    renamed.set_extra_state(old)
+    assert renamed.fp8_state.recipe == lin.fp8_state.recipe
+
     with pytest.raises(ValueError, match="not an fp8kit Linear FP8 state of format 3 "
                                          r"\(got format 99\)"):
         other.set_extra_state({"format": 99})
@@ -555,12 +564,12 @@ def test_recipe_is_read_into_the_state():
     r = DelayedScaling(fp8_format=Format.E4M3, amax_history_len=5, margin=2,
                        amax_reduction=AmaxReduction.MOST_RECENT, forward_fast_accumulation=True)
     st = ext.LinearState(r)
-    plain = {"scaling": "delayed", "fwd_dtype": "e4m3", "bwd_dtype": "e4m3",
+    plain = {"scaling": "delayed", "forward_dtype": "e4m3", "backward_dtype": "e4m3",
              "amax_history_len": 5, "margin": 2, "amax_reduction": "most_recent"}
     assert st.recipe == plain
     assert st.delayed and tuple(st.amax_history.shape) == (3, 5)
     c = ext.LinearState(CurrentScaling(amax_epsilon=1e-3, power_2_scale=True))
-    assert c.recipe == {"scaling": "current", "fwd_dtype": "e4m3", "bwd_dtype": "e5m2",
+    assert c.recipe == {"scaling": "current", "forward_dtype": "e4m3", "backward_dtype": "e5m2",
                         "amax_epsilon": np.float32(1e-3).item(), "power_2_scale": True}
     # The scaling parameters (which pick a layer's state) and, apart, the
     # forward GEMM's accumulation (passed with each call).

@@ -28,7 +28,7 @@ INPUT, WEIGHT, GRAD_OUTPUT = ext.SLOT_INPUT, ext.SLOT_WEIGHT, ext.SLOT_GRAD_OUTP
 
 def recipe_args(state):
     r = state.recipe
-    return (r["scaling"], r["fwd_dtype"], r["bwd_dtype"], r.get("margin", 0),
+    return (r["scaling"], r["forward_dtype"], r["backward_dtype"], r.get("margin", 0),
             r.get("amax_reduction", "max"), r.get("amax_epsilon", 0.0),
             r.get("power_2_scale", False))
 

@@ -57,7 +57,7 @@ def layer_states(module: torch.nn.Module) -> list:
 
 
 def _slot_dtypes(recipe: dict) -> list:
-    return [recipe["fwd_dtype"], recipe["fwd_dtype"], recipe["bwd_dtype"]]
+    return [recipe["forward_dtype"], recipe["forward_dtype"], recipe["backward_dtype"]]
 
 
 class AmaxSync:
