@@ -44,6 +44,11 @@ both trainers' `statistics`, into a temporary file): the row's recipe is
 "<recipe>/iN", and a line under the table gives its tokens/s as a
 fraction of the plain run's, the cost of leaving inspection on.
 
+For a mixture-of-experts config, a line under the table gives each run's
+routing balance over its timed steps (the load-balancing loss per layer,
+1 when the router spreads the tokens evenly): a run whose routing
+collapsed times one expert's GEMM doing every token's work.
+
 By default fp8kit's fused layers take bf16 at their seams, as the bf16
 model's layers and TransformerEngine's have it (fp8kit/models/llama_torch.py
 says why); --float32-seams has them read the float32 residual stream and
@@ -247,10 +252,14 @@ def measure(framework: str, model_cfg, recipe_name: str, mode: str, batch: int, 
     losses = trainer.train_steps(steps)
     seconds = time.perf_counter() - t0
     loss, first_loss = losses[-1], losses[0] if first_loss is None else first_loss
-    return {**run, "device": str(trainer.device),
-            "tokens_per_s": batch * model_cfg.seq_len * steps / seconds,
-            "step_ms": 1e3 * seconds / steps, "peak_memory_bytes": peak(), "last_loss": loss,
-            "first_loss": first_loss, "diverged": diverged(loss, model_cfg, first_loss)}
+    result = {**run, "device": str(trainer.device),
+              "tokens_per_s": batch * model_cfg.seq_len * steps / seconds,
+              "step_ms": 1e3 * seconds / steps, "peak_memory_bytes": peak(), "last_loss": loss,
+              "first_loss": first_loss, "diverged": diverged(loss, model_cfg, first_loss)}
+    if model_cfg.experts and trainer.aux_losses:
+        result["routing_balance"] = sum(trainer.aux_losses) / len(trainer.aux_losses) / \
+            model_cfg.layers
+    return result
 
 
 def _in_fresh_process(fn, *args):
@@ -332,7 +341,21 @@ def _table(rows) -> str:
         lines.append(f"{name} {r['device']:<8} | "
                      f"{r['tokens_per_s']:10.0f} {ratio} {r['step_ms']:9.1f} {peak} | "
                      f"{r['last_loss']:7.3f}" + (" diverged" if r["diverged"] else ""))
-    return "\n".join(lines + _inspection_costs(rows))
+    return "\n".join(lines + _inspection_costs(rows) + _routing_balances(rows))
+
+
+def _routing_balances(rows) -> list[str]:
+    """For a mixture of experts, how evenly each run's router spread the
+    tokens over its timed steps: the load-balancing loss per layer
+    (moe_torch.load_balancing_loss), 1 when even, up to E / top_k when
+    every token goes to the same top_k experts. A run whose routing
+    collapsed times one expert's GEMM doing every token's work."""
+    timed = [r for r in rows if "routing_balance" in r]
+    if not timed:
+        return []
+    return ["routing balance over the timed steps (load-balancing loss per layer; 1 is "
+            "even): " + ", ".join(f"{r['framework']} {r['recipe']} {r['mode']} "
+                                  f"{r['routing_balance']:.2f}" for r in timed)]
 
 
 def _inspection_costs(rows) -> list[str]:

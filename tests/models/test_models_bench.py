@@ -40,6 +40,29 @@ def test_smoke_run_reports_every_framework_and_recipe(tmp_path, capsys):
     assert doc["model"]["layers"] == 1 and doc["model"]["hidden"] == 128
 
 
+def test_mixture_of_experts_runs_report_their_routing_balance(tmp_path, capsys):
+    """An MoE row says how evenly its router spread the tokens while it was
+    timed (collapsed routing times one expert doing every token's work);
+    a dense row has no such reading."""
+    out = tmp_path / "bench.json"
+    args = ["--config", "moe_tiny", "--layers", "1", "--seq-len", "32", "--batch", "2",
+            "--warmup", "1", "--steps", "2", "--frameworks", "torch,jax", "--recipes", "bf16",
+            "--json", str(out)]
+    assert bench.main(args) == 0
+    stdout = capsys.readouterr().out
+    runs = json.loads(out.read_text())["runs"]
+    experts, top_k = CONFIGS["moe_tiny"].experts, CONFIGS["moe_tiny"].top_k
+    for r in runs:
+        # E * sum_e f_e P_e lies in [1, E / top_k] up to the probabilities'
+        # spread; an untrained router is near even.
+        assert 0.9 < r["routing_balance"] <= experts / top_k
+    assert "routing balance over the timed steps (load-balancing loss per layer; 1 is even): " \
+           f"torch bf16 eager {runs[0]['routing_balance']:.2f}, jax bf16 jit " \
+           f"{runs[1]['routing_balance']:.2f}" in stdout
+    assert bench.main(SMOKE) == 0
+    assert "routing balance" not in capsys.readouterr().out
+
+
 @pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is not None,
                     reason="TransformerEngine is installed: its rows would run")
 def test_transformer_engine_rows_say_why_they_did_not_run(capsys):
