@@ -48,6 +48,9 @@ For a mixture-of-experts config, a line under the table gives each run's
 routing balance over its timed steps (the load-balancing loss per layer,
 1 when the router spreads the tokens evenly): a run whose routing
 collapsed times one expert's GEMM doing every token's work.
+--balanced-routing sends each token's top_k slots to the experts
+round-robin (LlamaConfig.router_balanced), so every expert does the same
+work, however the router trains.
 
 By default fp8kit's fused layers take bf16 at their seams, as the bf16
 model's layers and TransformerEngine's have it (fp8kit/models/llama_torch.py
@@ -97,7 +100,7 @@ import sys
 import tempfile
 import time
 
-from fp8kit.models import bench_peers, cli_support
+from fp8kit.models import bench_peers, bench_table, cli_support
 from fp8kit.models.config import CONFIGS
 from fp8kit.models.schedule import TrainConfig, peak_learning_rate
 
@@ -306,6 +309,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--inspect-every", type=int, default=0, metavar="N",
                    help="also run each fp8kit FP8 recipe (eager, jit) with its cast "
                         "statistics logged every N steps, to time inspection's cost")
+    p.add_argument("--balanced-routing", action="store_true",
+                   help="a mixture-of-experts config routes each token's top_k slots to "
+                        "the experts round-robin (LlamaConfig.router_balanced): every "
+                        "expert gets the same share, however the router trains")
     p.add_argument("--json", help="also write the results here (a directory: "
                                   "DIR/models_bench.json)")
     return p
@@ -319,60 +326,6 @@ def choices(text: str, allowed, flag: str) -> list[str]:
     if bad or not names:
         raise ValueError(f"{flag}: unknown {bad}; choose from {', '.join(allowed)}")
     return names
-
-
-def _table(rows) -> str:
-    """One line per run; 'x bf16' is tokens/s over that of the bf16 run of
-    the same framework and mode."""
-    header = f"{'framework':<9} {'recipe':<12} {'mode':<7} {'device':<8} | {'tokens/s':>10} " \
-             f"{'x bf16':>6} {'step ms':>9} {'peak GiB':>8} | {'loss':>7}"
-    lines = [header, "-" * len(header)]
-    bf16 = {(r["framework"], r["mode"]): r["tokens_per_s"] for r in rows
-            if r["recipe"] == "bf16" and "error" not in r}
-    for r in rows:
-        name = f"{r['framework']:<9} {r['recipe']:<12} {r['mode']:<7}"
-        if "error" in r:
-            lines.append(f"{name} not run: {r['error']}")
-            continue
-        peak = r["peak_memory_bytes"]
-        peak = f"{peak / 2**30:8.2f}" if peak is not None else f"{'n/a':>8}"
-        base = bf16.get((r["framework"], r["mode"]))
-        ratio = f"{r['tokens_per_s'] / base:6.2f}" if base else f"{'-':>6}"
-        lines.append(f"{name} {r['device']:<8} | "
-                     f"{r['tokens_per_s']:10.0f} {ratio} {r['step_ms']:9.1f} {peak} | "
-                     f"{r['last_loss']:7.3f}" + (" diverged" if r["diverged"] else ""))
-    return "\n".join(lines + _inspection_costs(rows) + _routing_balances(rows))
-
-
-def _routing_balances(rows) -> list[str]:
-    """For a mixture of experts, how evenly each run's router spread the
-    tokens over its timed steps: the load-balancing loss per layer
-    (moe_torch.load_balancing_loss), 1 when even, up to E / top_k when
-    every token goes to the same top_k experts. A run whose routing
-    collapsed times one expert's GEMM doing every token's work."""
-    timed = [r for r in rows if "routing_balance" in r]
-    if not timed:
-        return []
-    return ["routing balance over the timed steps (load-balancing loss per layer; 1 is "
-            "even): " + ", ".join(f"{r['framework']} {r['recipe']} {r['mode']} "
-                                  f"{r['routing_balance']:.2f}" for r in timed)]
-
-
-def _inspection_costs(rows) -> list[str]:
-    """A line per inspected run: its tokens/s over the plain run's."""
-    plain = {(r["framework"], r["recipe"], r["mode"]): r["tokens_per_s"] for r in rows
-             if "error" not in r and "inspect_every" not in r}
-    lines = []
-    for r in rows:
-        if "inspect_every" not in r or "error" in r:
-            continue
-        base_recipe = r["recipe"].rsplit("/", 1)[0]
-        base = plain.get((r["framework"], base_recipe, r["mode"]))
-        if base:
-            lines.append(f"statistics every {r['inspect_every']} steps: {r['framework']} "
-                         f"{base_recipe} {r['mode']} runs at {r['tokens_per_s'] / base:.3f} "
-                         "of its tokens/s without them")
-    return lines
 
 
 def _checked(args):
@@ -390,6 +343,11 @@ def _checked(args):
                          "compilation: use --warmup >= 1")
     overrides = {k: v for k, v in (("layers", args.layers), ("seq_len", args.seq_len))
                  if v is not None}
+    if args.balanced_routing:
+        if not CONFIGS[args.config].experts:
+            raise ValueError(f"--balanced-routing: config {args.config} is dense (no "
+                             "experts to route to); use it with a mixture-of-experts config")
+        overrides["router_balanced"] = True
     model_cfg = dataclasses.replace(CONFIGS[args.config], **overrides)
     for name in ("batch", "warmup", "steps"):
         if getattr(args, name) < (0 if name == "warmup" else 1):
@@ -462,23 +420,15 @@ def main(argv=None) -> int:
         rows.append(_in_fresh_process(measure, fw, model_cfg, recipe, mode, args.batch,
                                       args.warmup, args.steps, args.float32_seams,
                                       inspect_every, lr))
-        print(_summary(rows[-1]), flush=True)
+        print(bench_table.summary(rows[-1]), flush=True)
         # After every run, so a run cut short by a time limit keeps what it measured.
         if args.json:
             _write_json(args.json, args.config, model_cfg, args.batch, args.float32_seams, lr,
                         rows)
-    print(_table(rows))
+    print(bench_table.table(rows))
     if on_cpu:
         print(CPU_NOTE)
     return 0
-
-
-def _summary(run: dict) -> str:
-    if "error" in run:
-        return f"not run: {run['error']}"
-    return (f"{run['tokens_per_s']:.0f} tokens/s, {run['step_ms']:.1f} ms/step"
-            + (f", DIVERGED (loss {run['last_loss']:.3g}, first {run['first_loss']:.3g})"
-               if run["diverged"] else ""))
 
 
 def _seams_name(float32_seams: bool) -> str:

@@ -48,9 +48,10 @@ def run_description(model_cfg, train_cfg, recipe) -> dict:
         return {"type": type(obj).__name__, **d}
     model = plain(model_cfg)
     if model is not None and not model.get("experts"):
-        # A dense model has no router: leaving the setting out keeps the
-        # files written before it existed loadable.
-        model.pop("router_aux_loss_coef", None)
+        # A dense model has no router: leaving its settings out keeps the
+        # files written before they existed loadable.
+        for name in ("router_aux_loss_coef", "router_balanced"):
+            model.pop(name, None)
     return {"model": model, "train": plain(train_cfg), "recipe": plain(recipe)}
 
 

@@ -40,6 +40,13 @@ class LlamaConfig:
     # evenly): the training loss adds this coefficient times its sum over
     # the layers; 0 leaves it out. A dense config has no such term.
     router_aux_loss_coef: float = 0.01
+    # For benchmarks only: each token's top_k experts are chosen round-robin
+    # (token t's slot j goes to expert (t * top_k + j) mod E) instead of by
+    # its scores, so every expert gets the same share however the router
+    # has trained; the router's scores still weigh the outputs. A router
+    # that collapsed onto one expert would time that expert's GEMM doing
+    # every token's work (Megatron-LM's benchmarks force balance alike).
+    router_balanced: bool = False
 
     def __post_init__(self):
         for name in ("vocab", "hidden", "layers", "heads", "ffn", "seq_len"):
@@ -73,6 +80,9 @@ class LlamaConfig:
             raise ValueError(f"LlamaConfig.router_aux_loss_coef must be a finite float >= 0 "
                              f"(0: no load-balancing loss), got {coef!r}")
         object.__setattr__(self, "router_aux_loss_coef", float(coef))
+        if not isinstance(self.router_balanced, bool):
+            raise ValueError(f"LlamaConfig.router_balanced must be a bool, got "
+                             f"{self.router_balanced!r}")
         if not self.rope_theta > 0 or not self.norm_eps > 0 or not self.init_std > 0:
             raise ValueError("LlamaConfig: rope_theta, norm_eps and init_std must be > 0")
 

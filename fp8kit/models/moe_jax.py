@@ -25,11 +25,16 @@ from fp8kit.models.config import LlamaConfig
 BF16, F32 = jnp.bfloat16, jnp.float32
 
 
-def route(scores, top_k: int):
+def route(scores, top_k: int, balanced: bool = False):
     """(expert of each pair sorted by expert, its token, its weight, the
-    int32 number of pairs per expert) for router scores [tokens, E]."""
-    experts = scores.shape[-1]
-    top_scores, top_experts = jax.lax.top_k(scores, top_k)
+    int32 number of pairs per expert) for router scores [tokens, E];
+    balanced: round-robin experts, as moe_torch.route."""
+    tokens, experts = scores.shape
+    if balanced:
+        top_experts = jnp.arange(tokens * top_k, dtype=jnp.int32).reshape(tokens, top_k) % experts
+        top_scores = jnp.take_along_axis(scores, top_experts, axis=1)
+    else:
+        top_scores, top_experts = jax.lax.top_k(scores, top_k)
     weights = jax.nn.softmax(top_scores, axis=-1)
     flat = top_experts.reshape(-1)
     order = jnp.argsort(flat, stable=True)  # stable: ties keep the token order
@@ -84,7 +89,7 @@ def moe_mlp(p, h, cfg: LlamaConfig, recipe, states=None, expert_axis=None, capac
     shape = h.shape
     h = h.reshape(-1, cfg.hidden)
     scores = jnp.dot(h.astype(F32), p["router"].astype(F32))
-    expert, token, weight, counts = route(scores, cfg.top_k)
+    expert, token, weight, counts = route(scores, cfg.top_k, cfg.router_balanced)
     aux = load_balancing_loss(scores, counts, cfg.top_k, expert_axis)
     pairs = h[token]
     plan = None

@@ -40,13 +40,20 @@ from fp8kit.models.config import LlamaConfig
 BF16 = torch.bfloat16
 
 
-def route(scores: torch.Tensor, top_k: int):
+def route(scores: torch.Tensor, top_k: int, balanced: bool = False):
     """(expert of each pair sorted by expert, its token, its weight, the
     number of pairs per expert) for router scores [tokens, E]: each token's
     top_k experts, the weights its softmax over those k scores (Mixtral's
-    rule, equal to renormalizing the top_k probabilities)."""
+    rule, equal to renormalizing the top_k probabilities). balanced: the
+    experts round-robin instead (LlamaConfig.router_balanced), weighed by
+    their scores alike."""
     tokens, experts = scores.shape
-    top_scores, top_experts = scores.topk(top_k, dim=-1)
+    if balanced:
+        slots = torch.arange(tokens * top_k, device=scores.device).reshape(tokens, top_k)
+        top_experts = slots % experts
+        top_scores = scores.gather(1, top_experts)
+    else:
+        top_scores, top_experts = scores.topk(top_k, dim=-1)
     weights = F.softmax(top_scores, dim=-1)
     flat = top_experts.reshape(-1)
     order = torch.argsort(flat, stable=True)  # stable: ties keep the token order
@@ -86,7 +93,7 @@ class MoEMLP(torch.nn.Module):
         h = self.norm(x).reshape(-1, self.cfg.hidden)
         with torch.autocast(x.device.type, enabled=False):
             scores = F.linear(h.float(), self.router.weight.float())
-        expert, token, weight, counts = route(scores, self.cfg.top_k)
+        expert, token, weight, counts = route(scores, self.cfg.top_k, self.cfg.router_balanced)
         aux = load_balancing_loss(scores, counts, self.cfg.top_k)
         out = self.experts(h[token], expert, counts)
         y = torch.zeros(h.shape, dtype=torch.float32, device=h.device)

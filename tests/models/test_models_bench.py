@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from fp8kit.models import bench
+from fp8kit.models import bench, bench_table
 from fp8kit.models.config import CONFIGS
 from fp8kit.models.train_torch import TorchTrainer
 
@@ -61,6 +61,23 @@ def test_mixture_of_experts_runs_report_their_routing_balance(tmp_path, capsys):
            f"{runs[1]['routing_balance']:.2f}" in stdout
     assert bench.main(SMOKE) == 0
     assert "routing balance" not in capsys.readouterr().out
+
+
+def test_balanced_routing_times_every_expert_alike(tmp_path, capsys):
+    """--balanced-routing: the MoE runs route round-robin, so their routing
+    balance is 1 (f_e = 1 / E for every expert); a dense config refuses
+    the flag before any run."""
+    out = tmp_path / "bench.json"
+    args = ["--config", "moe_tiny", "--layers", "1", "--seq-len", "32", "--batch", "2",
+            "--warmup", "1", "--steps", "2", "--frameworks", "torch", "--recipes", "bf16",
+            "--balanced-routing", "--json", str(out)]
+    assert bench.main(args) == 0
+    doc = json.loads(out.read_text())
+    assert doc["model"]["router_balanced"] is True
+    assert doc["runs"][0]["routing_balance"] == pytest.approx(1.0, abs=1e-5)
+    capsys.readouterr()
+    assert bench.main(SMOKE + ["--balanced-routing"]) == 2
+    assert "--balanced-routing: config tiny is dense" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is not None,
@@ -250,7 +267,7 @@ def test_a_run_far_above_its_start_is_marked_diverged():
     row = {"framework": "torch", "recipe": "bf16", "mode": "eager", "device": "cuda",
            "tokens_per_s": 1.0, "step_ms": 1.0, "peak_memory_bytes": None, "last_loss": 18.2,
            "diverged": True}
-    assert bench._table([row]).splitlines()[-1].endswith("18.200 diverged")
+    assert bench_table.table([row]).splitlines()[-1].endswith("18.200 diverged")
 
 
 def test_measured_runs_warm_the_learning_rate_up_like_training():

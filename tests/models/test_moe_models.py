@@ -67,6 +67,27 @@ def test_both_frameworks_route_alike():
         np.testing.assert_allclose(np.asarray(g), w.numpy(), rtol=1e-6)
 
 
+def test_balanced_routing_gives_every_expert_the_same_share_in_both_frameworks():
+    """LlamaConfig.router_balanced: token t's slot j goes to expert
+    (t * top_k + j) mod E whatever the scores, weighed by the softmax of
+    its scores there; both frameworks alike."""
+    scores = torch.tensor(SCORES)            # 4 tokens, 3 experts, top-2 -> 8 pairs
+    expert, token, weight, counts = route(scores, 2, balanced=True)
+    assert counts.tolist() == [3, 3, 2]       # as even as 8 pairs over 3 experts go
+    for t in range(4):
+        mine = token == t
+        want = sorted([(2 * t) % 3, (2 * t + 1) % 3])
+        assert sorted(expert[mine].tolist()) == want
+        torch.testing.assert_close(weight[mine].sum(), torch.tensor(1.0))
+        torch.testing.assert_close(
+            weight[mine], torch.softmax(scores[t][expert[mine]], dim=0))
+    got = moe_jax.route(jnp.asarray(SCORES), 2, balanced=True)
+    for g, w in zip(got, (expert, token, weight, counts)):
+        np.testing.assert_allclose(np.asarray(g), w.numpy(), rtol=1e-6)
+    with pytest.raises(ValueError, match="router_balanced must be a bool"):
+        dataclasses.replace(CONFIGS["moe_tiny"], router_balanced=1)
+
+
 def test_route_sorts_pairs_by_expert_with_softmax_weights():
     scores = torch.tensor(SCORES)
     expert, token, weight, counts = route(scores, 2)

@@ -1,0 +1,66 @@
+"""The models benchmark's report (fp8kit/models/bench.py): the table of
+its runs, the lines under it, and a run's one-line summary."""
+
+from __future__ import annotations
+
+
+def table(rows) -> str:
+    """One line per run; 'x bf16' is tokens/s over that of the bf16 run of
+    the same framework and mode."""
+    header = f"{'framework':<9} {'recipe':<12} {'mode':<7} {'device':<8} | {'tokens/s':>10} " \
+             f"{'x bf16':>6} {'step ms':>9} {'peak GiB':>8} | {'loss':>7}"
+    lines = [header, "-" * len(header)]
+    bf16 = {(r["framework"], r["mode"]): r["tokens_per_s"] for r in rows
+            if r["recipe"] == "bf16" and "error" not in r}
+    for r in rows:
+        name = f"{r['framework']:<9} {r['recipe']:<12} {r['mode']:<7}"
+        if "error" in r:
+            lines.append(f"{name} not run: {r['error']}")
+            continue
+        peak = r["peak_memory_bytes"]
+        peak = f"{peak / 2**30:8.2f}" if peak is not None else f"{'n/a':>8}"
+        base = bf16.get((r["framework"], r["mode"]))
+        ratio = f"{r['tokens_per_s'] / base:6.2f}" if base else f"{'-':>6}"
+        lines.append(f"{name} {r['device']:<8} | "
+                     f"{r['tokens_per_s']:10.0f} {ratio} {r['step_ms']:9.1f} {peak} | "
+                     f"{r['last_loss']:7.3f}" + (" diverged" if r["diverged"] else ""))
+    return "\n".join(lines + _inspection_costs(rows) + _routing_balances(rows))
+
+
+def _routing_balances(rows) -> list[str]:
+    """For a mixture of experts, how evenly each run's router spread the
+    tokens over its timed steps: the load-balancing loss per layer
+    (moe_torch.load_balancing_loss), 1 when even, up to E / top_k when
+    every token goes to the same top_k experts. A run whose routing
+    collapsed times one expert's GEMM doing every token's work."""
+    timed = [r for r in rows if "routing_balance" in r]
+    if not timed:
+        return []
+    return ["routing balance over the timed steps (load-balancing loss per layer; 1 is "
+            "even): " + ", ".join(f"{r['framework']} {r['recipe']} {r['mode']} "
+                                  f"{r['routing_balance']:.2f}" for r in timed)]
+
+
+def _inspection_costs(rows) -> list[str]:
+    """A line per inspected run: its tokens/s over the plain run's."""
+    plain = {(r["framework"], r["recipe"], r["mode"]): r["tokens_per_s"] for r in rows
+             if "error" not in r and "inspect_every" not in r}
+    lines = []
+    for r in rows:
+        if "inspect_every" not in r or "error" in r:
+            continue
+        base_recipe = r["recipe"].rsplit("/", 1)[0]
+        base = plain.get((r["framework"], base_recipe, r["mode"]))
+        if base:
+            lines.append(f"statistics every {r['inspect_every']} steps: {r['framework']} "
+                         f"{base_recipe} {r['mode']} runs at {r['tokens_per_s'] / base:.3f} "
+                         "of its tokens/s without them")
+    return lines
+
+
+def summary(run: dict) -> str:
+    if "error" in run:
+        return f"not run: {run['error']}"
+    return (f"{run['tokens_per_s']:.0f} tokens/s, {run['step_ms']:.1f} ms/step"
+            + (f", DIVERGED (loss {run['last_loss']:.3g}, first {run['first_loss']:.3g})"
+               if run["diverged"] else ""))
