@@ -148,11 +148,11 @@ TORCH_LIBRARY(fp8kit, m) {
       "Tensor(b!) amax, Tensor(c!) scale, Tensor(d!) scale_inv, Tensor(e!) counters, Tensor(f!) "
       "seeded, str scaling, str forward_dtype, str backward_dtype, int margin, str "
       "amax_reduction, float amax_epsilon, bool power_2_scale, bool fast_accumulation, bool "
-      "dgrad, bool wgrad, bool bgrad) -> (Tensor out, Tensor input_fp8, Tensor input_scalars, "
-      "Tensor weight_fp8, Tensor weight_scalars)");
+      "dgrad, bool wgrad, bool bgrad) -> (Tensor out, Tensor input_fp8, Tensor "
+      "input_scale_inv, Tensor weight_fp8, Tensor weight_scale_inv)");
   m.def(
-      "linear_backward(Tensor grad_output, Tensor input_fp8, Tensor input_scalars, Tensor "
-      "weight_fp8, Tensor weight_scalars, Tensor(a!) amax_history, Tensor(b!) amax, Tensor(c!) "
+      "linear_backward(Tensor grad_output, Tensor input_fp8, Tensor input_scale_inv, Tensor "
+      "weight_fp8, Tensor weight_scale_inv, Tensor(a!) amax_history, Tensor(b!) amax, Tensor(c!) "
       "scale, Tensor(d!) scale_inv, Tensor(e!) counters, Tensor(f!) seeded, str scaling, str "
       "forward_dtype, str backward_dtype, int margin, str amax_reduction, float amax_epsilon, bool "
       "power_2_scale, SymInt[] input_shape, bool forward_dgrad, bool forward_wgrad, bool dgrad, "
@@ -174,6 +174,18 @@ TORCH_LIBRARY(fp8kit, m) {
   m.def("quantize_slot(Tensor x, " FP8KIT_STATE_SCHEMA_ARGS
         ", int slot, bool record, bool rowwise, bool columnwise, ScalarType? sums_dtype) -> "
         "(Tensor data, Tensor columnwise_data, Tensor scale_inv, Tensor sums)");
+  m.def("linear_forward_cast_input(Tensor input_fp8, Tensor input_scale_inv, Tensor weight, "
+        "Tensor? bias, " FP8KIT_STATE_SCHEMA_ARGS
+        ", bool fast_accumulation, bool record, bool dgrad, bool wgrad) -> (Tensor out, Tensor "
+        "weight_fp8, Tensor weight_scale_inv)");
+  // Reads the state (its recipe and device), writes none of it.
+  m.def("linear_backward_cast_grad(Tensor grad_output_fp8, Tensor grad_output_columnwise, Tensor "
+        "grad_output_scale_inv, Tensor input_fp8, Tensor input_scale_inv, Tensor weight_fp8, "
+        "Tensor weight_scale_inv, Tensor amax_history, Tensor amax, Tensor scale, Tensor "
+        "scale_inv, Tensor counters, Tensor seeded, str scaling, str forward_dtype, str "
+        "backward_dtype, int margin, str amax_reduction, float amax_epsilon, bool power_2_scale, "
+        "SymInt[] input_shape, int out_features, ScalarType dtype, bool forward_dgrad, bool "
+        "forward_wgrad, bool dgrad, bool wgrad) -> (Tensor grad_input, Tensor grad_weight)");
 }
 
 TORCH_LIBRARY_IMPL(fp8kit, CPU, m) { fp8kit_torch::register_kernels(m); }

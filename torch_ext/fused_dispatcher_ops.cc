@@ -1,6 +1,8 @@
 // The kernels of the fused layers' steps as dispatcher ops (schemas in
 // dispatcher_ops.cc): torch.ops.fp8kit.norm_forward, norm_backward,
-// activation_forward, activation_backward and quantize_slot, which is what
+// activation_forward, activation_backward, quantize_slot and the Linear's
+// steps on a cast input or gradient (linear_forward_cast_input,
+// linear_backward_cast_grad; linear_backward is the Linear's), which is what
 // torch.compile traces of fp8kit.torch.LayerNormLinear and LayerNormMLP
 // (fp8kit/torch/_fused_steps.py). Each runs the function its pybind11
 // binding of the same name runs (fused_ops.h), so both compute the same
@@ -37,11 +39,17 @@ struct StateArgs {
   double amax_epsilon;
   bool power_2_scale;
 
-  LinearState make(const char* fn) const {
+  LinearRecipe recipe(const char* fn) const {
     check_state(fn, history, amax, scale, scale_inv, counters, seeded);
-    const LinearRecipe r = recipe_of(fn, scaling, forward_dtype, backward_dtype, history.size(1),
-                                     margin, amax_reduction, amax_epsilon, power_2_scale);
-    return LinearState(r, history, amax, scale, scale_inv, counters, seeded);
+    return recipe_of(fn, scaling, forward_dtype, backward_dtype, history.size(1), margin,
+                     amax_reduction, amax_epsilon, power_2_scale);
+  }
+  LinearState make(const char* fn) const {
+    return LinearState(recipe(fn), history, amax, scale, scale_inv, counters, seeded);
+  }
+  c10::intrusive_ptr<LinearState> make_ptr(const char* fn) const {
+    return c10::make_intrusive<LinearState>(recipe(fn), history, amax, scale, scale_inv,
+                                            counters, seeded);
   }
 };
 
@@ -135,6 +143,39 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> quantize_slot_op(
           or_empty(out.sums, x.options().dtype(sums_dtype.value_or(at::kFloat)))};
 }
 
+std::tuple<Tensor, Tensor, Tensor> linear_forward_cast_input_op(
+    const Tensor& input_fp8, const Tensor& input_scale_inv, const Tensor& weight,
+    const std::optional<Tensor>& bias, FP8KIT_STATE_PARAMS, bool fast_accumulation, bool record,
+    bool dgrad, bool wgrad) {
+  constexpr const char* fn = "fp8kit::linear_forward_cast_input";
+  LinearState st = FP8KIT_STATE_ARGS.make(fn);
+  const CastInput x{input_fp8, Tensor(), input_scale_inv, Tensor()};
+  const CastInputForwardOut out =
+      linear_forward_cast_input(fn, st, x, weight, bias ? *bias : Tensor(), nullptr,
+                                fast_accumulation, record, dgrad, wgrad, Tensor(),
+                                /*own_buffers=*/true);
+  const auto opts = weight.options();
+  return {out.y, or_empty(out.w_q, opts.dtype(torch_fp8_type(st.recipe.forward_dtype))),
+          or_empty(out.w_scale_inv, opts.dtype(at::kFloat))};
+}
+
+std::tuple<Tensor, Tensor> linear_backward_cast_grad_op(
+    const Tensor& grad_output_fp8, const Tensor& grad_output_columnwise,
+    const Tensor& grad_output_scale_inv, const Tensor& input_fp8, const Tensor& input_scale_inv,
+    const Tensor& weight_fp8, const Tensor& weight_scale_inv, FP8KIT_STATE_PARAMS,
+    at::IntArrayRef input_shape, int64_t out_features, at::ScalarType dtype, bool forward_dgrad,
+    bool forward_wgrad, bool dgrad, bool wgrad) {
+  constexpr const char* fn = "fp8kit::linear_backward_cast_grad";
+  const CastInput dy{grad_output_fp8, grad_output_columnwise, grad_output_scale_inv, Tensor()};
+  const LinearGrads g = linear_backward_saved(
+      fn, FP8KIT_STATE_ARGS.make_ptr(fn), Tensor(), &dy,
+      SavedCopies{input_fp8, input_scale_inv, weight_fp8, weight_scale_inv}, input_shape,
+      out_features, dtype, forward_dgrad, forward_wgrad, dgrad, wgrad, /*bgrad=*/false,
+      Tensor());
+  const auto opts = amax_history.options().dtype(dtype);
+  return {or_empty(g.dx, opts), or_empty(g.dw, opts)};
+}
+
 #undef FP8KIT_STATE_PARAMS
 #undef FP8KIT_STATE_ARGS
 
@@ -146,6 +187,8 @@ void register_fused_kernels(torch::Library& m) {
   m.impl("activation_forward", &activation_forward_op);
   m.impl("activation_backward", &activation_backward_op);
   m.impl("quantize_slot", &quantize_slot_op);
+  m.impl("linear_forward_cast_input", &linear_forward_cast_input_op);
+  m.impl("linear_backward_cast_grad", &linear_backward_cast_grad_op);
 }
 
 }  // namespace fp8kit_torch

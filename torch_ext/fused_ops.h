@@ -6,6 +6,9 @@
 //   fused_layer_ops.cc quantize_slot (a weight or gradient cast into a
 //                      LinearState slot) and linear_plan (the core's plan
 //                      of which FP8 copies a GEMM pair writes and keeps)
+//   fused_linear.cc    the Linear's forward and backward on an input or a
+//                      gradient already cast (linear_forward_cast_input,
+//                      linear_backward, linear_backward_cast_grad)
 // Every FP8 output is cast as fp8kit/fused_cast.h says, with the recipe and
 // (delayed scaling) the scaling state of one slot of a LinearState
 // (fused_cast.h). One C++ call per kernel.
@@ -17,6 +20,7 @@
 #include <tuple>
 
 #include "fused_cast.h"
+#include "linear_autograd.h"
 #include "torch_includes.h"
 
 namespace fp8kit_torch {
@@ -62,11 +66,27 @@ struct QuantizeSlotOut {
 QuantizeSlotOut quantize_slot(const char* fn, const at::Tensor& x, const CastArgs& cast,
                               std::optional<at::ScalarType> sums_dtype);
 
+// fp8kit.torch.Linear's forward below autograd on an input a fused kernel
+// has already cast into st's input slot (linear_autograd.h, CastInput):
+// y, and, when `record`, the weight copy the plan keeps for the gradients
+// dgrad / wgrad (undefined when none) and its scale_inv. own_buffers: as
+// LinearSaved's (a dispatcher op's call).
+struct CastInputForwardOut {
+  at::Tensor y, w_q, w_scale_inv;
+};
+CastInputForwardOut linear_forward_cast_input(const char* fn, LinearState& st, const CastInput& x,
+                                              const at::Tensor& w, const at::Tensor& b,
+                                              const FP8Weight* fp8_weight,
+                                              bool fast_accumulation, bool record, bool dgrad,
+                                              bool wgrad, const at::Tensor& statistics,
+                                              bool own_buffers);
+
 // The pybind11 bindings.
 
 void register_normalization(pybind11::module_& m);
 void register_activation(pybind11::module_& m);
 void register_fused_layer_ops(pybind11::module_& m);
+void register_fused_linear(pybind11::module_& m);
 
 }  // namespace fp8kit_torch
 

@@ -103,6 +103,16 @@ void check_sums_dtype(const char* fn, std::optional<at::ScalarType> sums_dtype, 
                      input, " yourself otherwise)");
 }
 
+at::ScalarType read_high_precision_dtype(py::handle dtype, const char* fn, const char* arg) {
+  const bool is_dtype = THPDtype_Check(dtype.ptr());
+  const at::ScalarType t =
+      is_dtype ? reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type : at::kFloat;
+  FP8KIT_TYPE_CHECK(is_dtype && high_precision_dtype(t).has_value(), fn, ": ", arg, " is ",
+                    py::str(dtype).cast<std::string>(),
+                    "; use torch.float32, torch.bfloat16 or torch.float16");
+  return t;
+}
+
 py::object optional_tensor(const at::Tensor& t) {
   if (!t.defined()) return py::none();
   return py::reinterpret_steal<py::object>(THPVariable_Wrap(t));

@@ -43,6 +43,10 @@ std::optional<at::ScalarType> read_sums_dtype(const char* fn, pybind11::handle s
 void check_sums_dtype(const char* fn, std::optional<at::ScalarType> sums_dtype, bool columnwise,
                       int64_t rows, int64_t cols, const char* input);
 
+// A torch.dtype among float32, bfloat16 and float16 (TypeError naming
+// `fn` and `arg`).
+at::ScalarType read_high_precision_dtype(pybind11::handle dtype, const char* fn, const char* arg);
+
 // An undefined tensor as None.
 pybind11::object optional_tensor(const at::Tensor& t);
 

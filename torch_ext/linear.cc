@@ -24,22 +24,6 @@ constexpr ClassHint kStateHint{
 
 LinearState& state_self(py::handle self) { return initialised<LinearState>(self, kStateHint); }
 
-// linear_forward's fp8_weight argument: (data, columnwise_data, scale_inv),
-// data or columnwise_data None where absent.
-FP8Weight read_fp8_weight(py::handle t) {
-  constexpr const char* fn = "fp8kit.torch.Linear: fp8_weight";
-  FP8KIT_TYPE_CHECK(PyTuple_Check(t.ptr()) && PyTuple_GET_SIZE(t.ptr()) == 3, fn, " is ",
-                    value_str(t), "; pass (data, columnwise_data, scale_inv)");
-  auto item = [&](int i, const char* name) {
-    py::handle v = PyTuple_GET_ITEM(t.ptr(), i);
-    return v.is_none() ? at::Tensor() : read_tensor(v, c10::str(fn, "'s ", name));
-  };
-  FP8Weight w{item(0, "data"), item(1, "columnwise_data"), item(2, "scale_inv")};
-  FP8KIT_TYPE_CHECK(w.scale_inv.defined(), fn, "'s scale_inv is None; pass the float32 [1] "
-                    "scale_inv of the FP8 weight");
-  return w;
-}
-
 // A state tensor for Python: a copy, so that resizing or re-typing it
 // cannot corrupt the layer's state (which the core writes in place).
 at::Tensor copy_out(LinearState& s, const at::Tensor& t) {
@@ -48,6 +32,19 @@ at::Tensor copy_out(LinearState& s, const at::Tensor& t) {
 }
 
 }  // namespace
+
+FP8Weight read_fp8_weight(py::handle t, const char* fn) {
+  FP8KIT_TYPE_CHECK(PyTuple_Check(t.ptr()) && PyTuple_GET_SIZE(t.ptr()) == 3, fn,
+                    ": fp8_weight is ", value_str(t), "; pass (data, columnwise_data, scale_inv)");
+  auto item = [&](int i, const char* name) {
+    py::handle v = PyTuple_GET_ITEM(t.ptr(), i);
+    return v.is_none() ? at::Tensor() : read_tensor(v, c10::str(fn, ": fp8_weight's ", name));
+  };
+  FP8Weight w{item(0, "data"), item(1, "columnwise_data"), item(2, "scale_inv")};
+  FP8KIT_TYPE_CHECK(w.scale_inv.defined(), fn, ": fp8_weight's scale_inv is None; pass the "
+                    "float32 [1] scale_inv of the FP8 weight");
+  return w;
+}
 
 void register_linear(py::module_& m) {
   py::class_<LinearState, c10::intrusive_ptr<LinearState>>(
@@ -193,7 +190,7 @@ void register_linear(py::module_& m) {
                                      ? at::Tensor()
                                      : read_tensor(statistics, c10::str(fn, ": statistics"));
         if (fp8_weight.is_none()) return linear_forward(st, x, w, b, fast, nullptr, stats);
-        const FP8Weight fw = read_fp8_weight(fp8_weight);
+        const FP8Weight fw = read_fp8_weight(fp8_weight, fn);
         return linear_forward(st, x, w, b, fast, &fw, stats);
       },
       py::arg("state"), py::arg("input"), py::arg("weight"), py::arg("bias") = py::none(),

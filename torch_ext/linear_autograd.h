@@ -48,10 +48,10 @@ void check_statistics(const char* fn, const at::Tensor& statistics, const at::De
 
 // Writes row `slot` of `statistics`: the cast of contiguous `x` into
 // `data` (its rowwise copy, or with from_columnwise its columnwise one) in
-// format `fp8`, whose scalars block is `scalars`.
+// format `fp8`, with scale_inv `scale_inv` (float32 [1]).
 void record_statistics(const at::Tensor& statistics, int slot, const at::Tensor& x,
                        fp8kit_dtype fp8, const at::Tensor& data, bool from_columnwise,
-                       const at::Tensor& scalars);
+                       const at::Tensor& scale_inv);
 
 // The core's plan for `call`'s sizes, gradients and device (the weight is
 // torch's [out_features, in_features]).
@@ -60,9 +60,11 @@ fp8kit_linear_plan linear_plan(const LinearCall& call);
 // Checks one call's tensors against each other and the layer's state (each
 // error names `fn`) and returns what the call computes: the gradients asked
 // for, its sizes and the core's plan. b may be undefined (no bias).
+// x_cast: x is the input's rowwise FP8 copy [M, K], already cast (a fused
+// kernel's), in the recipe's forward format.
 LinearCall linear_call(const char* fn, const LinearState& st, const at::Tensor& x,
                        const at::Tensor& w, const at::Tensor& b, bool dgrad, bool wgrad,
-                       bool bgrad, bool fast_accumulation);
+                       bool bgrad, bool fast_accumulation, bool x_cast = false);
 
 // A weight already in FP8 (the FP8 all-gather of a sharded weight): its
 // rowwise [N, K] and columnwise [K, N] copies (either may be undefined when
@@ -72,14 +74,22 @@ struct FP8Weight {
   at::Tensor data, columnwise_data, scale_inv;
 };
 
-// A checked FP8Weight with its scale_inv in a scalars block (kScaleInv).
-struct GivenWeight {
-  at::Tensor data, columnwise_data, scalars;
+// A Python fp8_weight argument, (data, columnwise_data, scale_inv) with
+// data or columnwise_data None where absent (TypeError naming `fn`).
+FP8Weight read_fp8_weight(pybind11::handle t, const char* fn);
+
+// A GEMM input that a fused kernel (normalization, activation) has already
+// cast into the state's slot: the copies the call's plan asks that slot's
+// cast for, their scale_inv (float32 [1]), and, for an inspected call
+// (LinearCall::statistics), the high-precision values it cast.
+struct CastInput {
+  at::Tensor data, columnwise_data, scale_inv, values;
 };
 
-// The FP8 copies (and their scalars blocks) a forward keeps for backward.
+// The FP8 copies (and their scale_inv, float32 [1]) a forward keeps for
+// backward.
 struct LinearSaved {
-  at::Tensor x_q, x_scalars, w_q, w_scalars;
+  at::Tensor x_q, x_scale_inv, w_q, w_scale_inv;
   // Each in a buffer of its own, rather than all four in one (a dispatcher
   // op's outputs must not alias each other).
   bool own_buffers = false;
@@ -88,11 +98,19 @@ struct LinearSaved {
 // The forward below autograd for a checked `call`: y, and, when `saved` is
 // given, the copies backward reads (and the delayed-scaling amaxes
 // recorded); saved == nullptr: a forward that computes no gradient;
-// given: a weight already in FP8, read instead of quantizing w.
+// given: a checked weight already in FP8 (checked_fp8_weight), read
+// instead of quantizing w. cast_x: the input already cast (x then gives
+// only y's leading sizes and dtype); nullptr: x is quantized here.
 at::Tensor linear_forward_below_autograd(LinearState& st, const at::Tensor& x,
                                          const at::Tensor& w, const at::Tensor& b,
                                          const LinearCall& call, LinearSaved* saved,
-                                         const GivenWeight* given = nullptr);
+                                         const FP8Weight* given = nullptr,
+                                         const CastInput* cast_x = nullptr);
+
+// `fw` checked against the weight `w` stands for and the copies `plan`
+// reads (errors name `fn`), with a scale_inv of its own.
+FP8Weight checked_fp8_weight(const char* fn, const LinearState& st, const FP8Weight& fw,
+                             const at::Tensor& w, const fp8kit_linear_plan& plan);
 
 // Everything backward needs besides the saved tensors.
 struct BackwardInfo {
@@ -110,7 +128,7 @@ struct BackwardInfo {
 // so saved-tensor hooks see them and the engine frees them after backward.
 struct LinearBackward : public torch::autograd::Node {
   BackwardInfo info;
-  torch::autograd::SavedVariable x_q, x_scalars, w_q, w_scalars;
+  torch::autograd::SavedVariable x_q, x_scale_inv, w_q, w_scale_inv;
 
   std::string name() const override { return "fp8kit::LinearBackward"; }
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override;
@@ -119,10 +137,35 @@ struct LinearBackward : public torch::autograd::Node {
 
 // The backward below autograd: (dx, dw, db), each undefined when `call`
 // (info.call narrowed to the gradients asked for, with its plan) does not
-// compute it; `saved` is (x_q, x_scalars, w_q, w_scalars).
+// compute it; `saved` is (x_q, x_scale_inv, w_q, w_scale_inv). cast_dy: dy
+// already cast into the grad_output slot by a fused kernel, in the copies
+// call's plan asks for (dy is then not read, and no bias gradient is
+// taken: the kernel takes it); nullptr: dy is quantized here.
 torch::autograd::variable_list linear_backward_below_autograd(
     const BackwardInfo& info, const LinearCall& call, const torch::autograd::variable_list& saved,
-    const at::Tensor& dy);
+    const at::Tensor& dy, const CastInput* cast_dy = nullptr);
+
+// What a forward kept for backward: the FP8 copies its plan names (the
+// others undefined or empty) and their scale_inv (float32 [1]).
+struct SavedCopies {
+  at::Tensor x_q, x_scale_inv, w_q, w_scale_inv;
+};
+struct LinearGrads {
+  at::Tensor dx, dw, db;
+};
+
+// The backward of one Linear call from what its forward kept, checked
+// (each error names `fn`): input_shape the forward input's shape,
+// out_features N, dtype the layer's (dx's, dw's and db's), the gradients
+// the forward planned for and those this backward computes. dy [..., N] in
+// high precision, or, with cast_dy, dy already cast (bgrad then false).
+// statistics: as linear_forward's (grad_output's row), or undefined.
+LinearGrads linear_backward_saved(const char* fn, c10::intrusive_ptr<LinearState> st,
+                                  const at::Tensor& dy, const CastInput* cast_dy,
+                                  const SavedCopies& saved, at::IntArrayRef input_shape,
+                                  int64_t out_features, at::ScalarType dtype, bool forward_dgrad,
+                                  bool forward_wgrad, bool dgrad, bool wgrad, bool bgrad,
+                                  const at::Tensor& statistics);
 
 // FP8 y = x @ w.T + bias with autograd (FP8 dgrad and wgrad), per `st`,
 // with the forward GEMM's fast accumulation when `fast_accumulation`.

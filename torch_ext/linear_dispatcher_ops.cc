@@ -107,13 +107,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> linear_forward_op(
   Tensor y = linear_forward_below_autograd(st, input, weight, b, call, save ? &saved : nullptr);
   const auto fp8 = input.options().dtype(torch_fp8_type(recipe.forward_dtype));
   const auto f32 = input.options().dtype(at::kFloat);
-  return {y, or_empty(saved.x_q, fp8), or_empty(saved.x_scalars, f32), or_empty(saved.w_q, fp8),
-          or_empty(saved.w_scalars, f32)};
+  return {y, or_empty(saved.x_q, fp8), or_empty(saved.x_scale_inv, f32),
+          or_empty(saved.w_q, fp8), or_empty(saved.w_scale_inv, f32)};
 }
 
 std::tuple<Tensor, Tensor, Tensor> linear_backward_op(
-    const Tensor& grad_output, const Tensor& input_fp8, const Tensor& input_scalars,
-    const Tensor& weight_fp8, const Tensor& weight_scalars, const Tensor& amax_history,
+    const Tensor& grad_output, const Tensor& input_fp8, const Tensor& input_scale_inv,
+    const Tensor& weight_fp8, const Tensor& weight_scale_inv, const Tensor& amax_history,
     const Tensor& amax, const Tensor& scale, const Tensor& scale_inv, const Tensor& counters,
     const Tensor& seeded, const std::string& scaling, const std::string& forward_dtype,
     const std::string& backward_dtype, int64_t margin, const std::string& amax_reduction,
@@ -130,51 +130,18 @@ std::tuple<Tensor, Tensor, Tensor> linear_backward_op(
                      fn, ": grad_output has shape ", shape_str(grad_output.sizes()),
                      " but input_shape is ", shape_str(input_shape),
                      "; pass the forward input's shape");
-  FP8KIT_VALUE_CHECK(!dgrad || forward_dgrad, fn,
-                     ": dgrad is True but the forward kept no weight copy for it "
-                     "(forward_dgrad is False)");
-  FP8KIT_VALUE_CHECK(!wgrad || forward_wgrad, fn,
-                     ": wgrad is True but the forward kept no input copy for it "
-                     "(forward_wgrad is False)");
-  const auto saved_pair = [&](const char* data_name, const Tensor& data,
-                              const char* scalars_name, const Tensor& scalars, bool used) {
-    if (!used) return;
-    check_fp8(fn, data_name, data);
-    check_same_device(fn, data_name, data, "amax_history", amax_history);
-    FP8KIT_VALUE_CHECK(scalars.scalar_type() == at::kFloat && scalars.numel() == kScalars &&
-                           scalars.is_contiguous(),
-                       fn, ": ", scalars_name, " is ", dtype_str(scalars.scalar_type()),
-                       " of shape ", shape_str(scalars.sizes()),
-                       "; pass what linear_forward returned");
-    check_same_device(fn, scalars_name, scalars, "amax_history", amax_history);
-  };
-  saved_pair("input_fp8", input_fp8, "input_scalars", input_scalars, wgrad);
-  saved_pair("weight_fp8", weight_fp8, "weight_scalars", weight_scalars, dgrad);
-
   DeviceScope scope(amax_history.device());
-  BackwardInfo info;
-  info.st = c10::make_intrusive<LinearState>(recipe, amax_history, amax, scale, scale_inv,
-                                             counters, seeded);
   // y, and so dy, has the dtype of the input, the weight and the bias.
-  info.x_dtype = info.w_dtype = info.b_dtype = grad_output.scalar_type();
-  info.x_sizes = input_shape.vec();
-  LinearCall& fwd = info.call;
-  fwd.n = grad_output.size(-1);
-  fwd.k = input_shape.back();
-  fwd.m = fwd.n > 0 ? grad_output.numel() / fwd.n : 0;
-  fwd.dgrad = forward_dgrad;
-  fwd.wgrad = forward_wgrad;
-  fwd.non_tn = info.st->non_tn;
-  fwd.plan = linear_plan(fwd);
-  LinearCall call = fwd;
-  call.dgrad = dgrad;
-  call.wgrad = wgrad;
-  call.bgrad = bgrad;
-  if (call.dgrad != fwd.dgrad || call.wgrad != fwd.wgrad) call.plan = linear_plan(call);
-  const torch::autograd::variable_list out = linear_backward_below_autograd(
-      info, call, {input_fp8, input_scalars, weight_fp8, weight_scalars}, grad_output);
+  const LinearGrads g = linear_backward_saved(
+      fn,
+      c10::make_intrusive<LinearState>(recipe, amax_history, amax, scale, scale_inv, counters,
+                                       seeded),
+      grad_output, nullptr,
+      SavedCopies{input_fp8, input_scale_inv, weight_fp8, weight_scale_inv}, input_shape,
+      grad_output.size(-1), grad_output.scalar_type(), forward_dgrad, forward_wgrad, dgrad,
+      wgrad, bgrad, at::Tensor());
   const auto opts = grad_output.options();
-  return {or_empty(out[0], opts), or_empty(out[1], opts), or_empty(out[2], opts)};
+  return {or_empty(g.dx, opts), or_empty(g.dw, opts), or_empty(g.db, opts)};
 }
 
 }  // namespace

@@ -30,22 +30,65 @@ at::Tensor kept_copy(fp8kit_copies keep, const at::Tensor& rowwise,
   return at::Tensor();
 }
 
+// y[M, N] = x[M, K] @ w[N, K]^T (+ bias): both operands K-contiguous,
+// the rowwise copies every plan writes for x and an [N, K] weight. y has
+// the layer's dtype (`options`', the weight's) and `sizes`.
+at::Tensor forward_gemm(const LinearState& st, const at::Tensor& x_data,
+                        const at::Tensor& x_scale_inv, const at::Tensor& w_data,
+                        const at::Tensor& w_scale_inv, const at::Tensor& b, const LinearCall& p,
+                        const std::vector<int64_t>& sizes, const at::TensorOptions& options) {
+  const at::ScalarType out_dtype = options.dtype().toScalarType();
+  at::Tensor y = at::empty(sizes, options);
+  const fp8kit_dtype fwd = st.recipe.forward_dtype;
+  const fp8kit_tensor a = gemm_operand(st.device, fwd, p.m, p.k, x_data.data_ptr(), nullptr,
+                                       x_scale_inv.data_ptr<float>());
+  const fp8kit_tensor bw = gemm_operand(st.device, fwd, p.n, p.k, w_data.data_ptr(), nullptr,
+                                        w_scale_inv.data_ptr<float>());
+  fp8kit_tensor d = describe(y, *high_precision_dtype(out_dtype),
+                             st.device.is_cuda() ? FP8KIT_DEVICE_CUDA : FP8KIT_DEVICE_CPU);
+  fp8kit_gemm_config cfg = fp8kit_gemm_config_default();
+  cfg.trans_a = 0;
+  cfg.trans_b = 1;
+  // The recipe's forward_fast_accumulation (fp8kit/recipe.py says why it
+  // is off by default); the gradient GEMMs always promote.
+  cfg.use_split_accumulator = p.fast_accumulation ? 0 : 1;
+  // The bias epilogue takes a bias in D's dtype (bf16 for an fp32 D, which
+  // would round an fp32 bias): fp32 outputs add the bias separately.
+  const bool fused_bias = b.defined() && out_dtype != at::kFloat;
+  at::Tensor bias_c;
+  if (fused_bias) {
+    bias_c = b.contiguous();  // b has out_dtype (checked: the layer's dtype)
+    if (reinterpret_cast<uintptr_t>(bias_c.data_ptr()) % 16 != 0) {
+      bias_c = bias_c.clone();  // an offset view: the epilogue reads 16-byte aligned bias
+    }
+    cfg.epilogue = FP8KIT_EPILOGUE_BIAS;
+    cfg.bias = bias_c.data_ptr();
+    cfg.bias_dtype = *high_precision_dtype(out_dtype);
+    cfg.bias_numel = p.n;
+  }
+  if (p.m > 0) gemm_call(a, bw, d, cfg, st.device);
+  if (b.defined() && !fused_bias) y.add_(b);
+  return y;
+}
+
 }  // namespace
 
 // saved == nullptr: a forward that computes no gradient (casts with the
 // current scales and records nothing). given != nullptr: the weight is
-// already FP8 (its scalars block holds its scale_inv).
+// already FP8. cast_x != nullptr: the input is already FP8.
 at::Tensor linear_forward_below_autograd(LinearState& st, const at::Tensor& x_in,
                                          const at::Tensor& w_in, const at::Tensor& b,
                                          const LinearCall& p, LinearSaved* saved,
-                                         const GivenWeight* given) {
-  const at::Tensor x = x_in.contiguous();
+                                         const FP8Weight* given, const CastInput* cast_x) {
+  const at::Tensor x = cast_x != nullptr || !x_in.defined() ? x_in : x_in.contiguous();
   const fp8kit_linear_plan& plan = p.plan;
-  const fp8kit_copies x_cast = plan.quantize[kInput], w_cast = plan.quantize[kWeight];
+  const bool cast_x_here = cast_x == nullptr;
+  const fp8kit_copies x_cast = cast_x_here ? plan.quantize[kInput] : fp8kit_copies{0, 0};
+  const fp8kit_copies w_cast = plan.quantize[kWeight];
   const bool save = saved != nullptr;
   const fp8kit_copies x_keep = save ? plan.saved_input : fp8kit_copies{0, 0};
   const fp8kit_copies w_keep = save ? plan.saved_weight : fp8kit_copies{0, 0};
-  at::Tensor x_data, x_columnwise, x_scalars, w, w_data, w_columnwise, w_scalars;
+  at::Tensor x_data, x_columnwise, x_scale_inv, w, w_data, w_columnwise, w_scale_inv;
   {
     const auto lock = lock_state(st.mu);
     const bool requant = given == nullptr && !st.weight_cached(w_in, w_cast);
@@ -75,93 +118,71 @@ at::Tensor linear_forward_below_autograd(LinearState& st, const at::Tensor& x_in
       return cache_w ? kCached : kept_life(kept, piece);
     };
     const Piece pieces[6] = {
-        {x_cast.rowwise != 0, fp8, x.sizes(), kept_life(x_keep.rowwise != 0, 0)},
+        {x_cast.rowwise != 0, fp8, cast_x_here ? x.sizes() : at::IntArrayRef(),
+         kept_life(x_keep.rowwise != 0, 0)},
         {x_cast.columnwise != 0, fp8, x_cw, kept_life(x_keep.columnwise != 0, 1)},
-        {true, at::kFloat, scalars_shape, kept_life(save, 2)},
+        {cast_x_here, at::kFloat, scalars_shape, kept_life(save, 2)},
         {requant && w_cast.rowwise, fp8, requant ? w.sizes() : at::IntArrayRef(),
          w_life(w_keep.rowwise != 0, 3)},
         {w_columnwise_cast, fp8, w_cw, w_life(w_keep.columnwise != 0, 4)},
         {requant, at::kFloat, scalars_shape, w_life(save, 5)}};
     at::Tensor t[6];
-    carve(x.device(), pieces, 6, t);
+    carve(w_in.device(), pieces, 6, t);
     if (own) {
       // Outputs of a dispatcher op: no uninitialised floats between the
       // scalars the quantization writes (the scalars block's padding, and
       // the scale and amax that delayed scaling keeps in the state).
-      t[2].zero_();
+      if (t[2].defined()) t[2].zero_();
       if (t[5].defined()) t[5].zero_();
     }
-    x_data = t[0];
-    x_columnwise = t[1];
-    x_scalars = t[2];
     SlotJob jobs[2];
     int n = 0;
     if (requant) {
       w_data = t[3];
       w_columnwise = t[4];
-      w_scalars = t[5];
-      jobs[n++] = SlotJob{kWeight, &w, w_data, w_columnwise, w_scalars.data_ptr<float>()};
-      if (cache_w) st.keep_weight(w_in, w_data, w_columnwise, w_scalars);
+      w_scale_inv = scale_inv_view(t[5]);
+      jobs[n++] = SlotJob{kWeight, &w, w_data, w_columnwise, t[5].data_ptr<float>()};
+      if (cache_w) st.keep_weight(w_in, w_data, w_columnwise, t[5]);
     } else if (given != nullptr) {
       w_data = given->data;
       w_columnwise = given->columnwise_data;
-      w_scalars = given->scalars;
+      w_scale_inv = given->scale_inv;
     } else {
       w_data = st.w_data;
       w_columnwise = st.w_columnwise;
-      w_scalars = st.w_scalars;
+      w_scale_inv = scale_inv_view(st.w_scalars);
     }
-    jobs[n++] = SlotJob{kInput, &x, x_data, x_columnwise, x_scalars.data_ptr<float>()};
-    st.quantize_slots(jobs, n, /*record=*/save);
+    if (cast_x_here) {
+      x_data = t[0];
+      x_columnwise = t[1];
+      x_scale_inv = scale_inv_view(t[2]);
+      jobs[n++] = SlotJob{kInput, &x, x_data, x_columnwise, t[2].data_ptr<float>()};
+    } else {
+      x_data = cast_x->data;
+      x_columnwise = cast_x->columnwise_data;
+      x_scale_inv = cast_x->scale_inv;
+    }
+    if (n > 0) st.quantize_slots(jobs, n, /*record=*/save);
   }
   if (p.statistics.defined()) {  // an inspected call; the GEMM reads both rowwise copies
     const fp8kit_dtype fwd = st.recipe.forward_dtype;
-    record_statistics(p.statistics, kInput, x, fwd, x_data, false, x_scalars);
+    const at::Tensor& x_values = cast_x_here ? x : cast_x->values;
+    if (x_values.defined()) {
+      record_statistics(p.statistics, kInput, x_values, fwd, x_data, false, x_scale_inv);
+    }
     if (given == nullptr) {  // a weight already in FP8 has no high-precision copy here
       record_statistics(p.statistics, kWeight, w.defined() ? w : w_in.contiguous(), fwd, w_data,
-                        false, w_scalars);
+                        false, w_scale_inv);
     }
   }
-
-  // y[M, N] = x[M, K] @ w[N, K]^T (+ bias): both operands K-contiguous,
-  // the rowwise copies every plan writes for x and an [N, K] weight.
-  const at::ScalarType out_dtype = x.scalar_type();
-  at::Tensor y = at::empty(out_sizes(x, p.n), x.options());
-  const fp8kit_dtype fwd = st.recipe.forward_dtype;
-  const fp8kit_tensor a = gemm_operand(st.device, fwd, p.m, p.k, x_data.data_ptr(), nullptr,
-                                       scale_inv_of(x_scalars));
-  const fp8kit_tensor bw = gemm_operand(st.device, fwd, p.n, p.k, w_data.data_ptr(), nullptr,
-                                        scale_inv_of(w_scalars));
-  fp8kit_tensor d = describe(y, *high_precision_dtype(out_dtype),
-                             st.device.is_cuda() ? FP8KIT_DEVICE_CUDA : FP8KIT_DEVICE_CPU);
-  fp8kit_gemm_config cfg = fp8kit_gemm_config_default();
-  cfg.trans_a = 0;
-  cfg.trans_b = 1;
-  // The recipe's forward_fast_accumulation (fp8kit/recipe.py says why it
-  // is off by default); the gradient GEMMs always promote.
-  cfg.use_split_accumulator = p.fast_accumulation ? 0 : 1;
-  // The bias epilogue takes a bias in D's dtype (bf16 for an fp32 D, which
-  // would round an fp32 bias): fp32 outputs add the bias separately.
-  const bool fused_bias = b.defined() && out_dtype != at::kFloat;
-  at::Tensor bias_c;
-  if (fused_bias) {
-    bias_c = b.contiguous();  // b has out_dtype (checked: the input's dtype)
-    if (reinterpret_cast<uintptr_t>(bias_c.data_ptr()) % 16 != 0) {
-      bias_c = bias_c.clone();  // an offset view: the epilogue reads 16-byte aligned bias
-    }
-    cfg.epilogue = FP8KIT_EPILOGUE_BIAS;
-    cfg.bias = bias_c.data_ptr();
-    cfg.bias_dtype = *high_precision_dtype(out_dtype);
-    cfg.bias_numel = p.n;
-  }
-  if (p.m > 0) gemm_call(a, bw, d, cfg, st.device);
-  if (b.defined() && !fused_bias) y.add_(b);
-
+  at::Tensor y = forward_gemm(st, x_data, x_scale_inv, w_data, w_scale_inv, b, p,
+                              cast_x_here ? out_sizes(x, p.n) : std::vector<int64_t>{p.m, p.n},
+                              w_in.options());
   if (saved) {
     saved->x_q = kept_copy(x_keep, x_data, x_columnwise);
-    saved->x_scalars = x_scalars;
+    saved->x_scale_inv = x_scale_inv;
     saved->w_q = kept_copy(w_keep, w_data, w_columnwise);
-    saved->w_scalars = w_scalars;
+    saved->w_scale_inv = w_scale_inv;
   }
   return y;
 }
@@ -170,7 +191,7 @@ namespace {
 
 // Forward with autograd: the FP8 forward below autograd, then the node.
 at::Tensor forward_with_grad(LinearState& st, const at::Tensor& x, const at::Tensor& w,
-                             const at::Tensor& b, const LinearCall& p, const GivenWeight* given) {
+                             const at::Tensor& b, const LinearCall& p, const FP8Weight* given) {
   LinearSaved saved;
   at::Tensor y;
   {
@@ -186,49 +207,47 @@ at::Tensor forward_with_grad(LinearState& st, const at::Tensor& x, const at::Ten
   node->info.w_dtype = w.scalar_type();
   node->info.b_dtype = b.defined() ? b.scalar_type() : at::kFloat;
   node->x_q = torch::autograd::SavedVariable(saved.x_q, /*is_output=*/false);
-  node->x_scalars = torch::autograd::SavedVariable(saved.x_scalars, false);
+  node->x_scale_inv = torch::autograd::SavedVariable(saved.x_scale_inv, false);
   node->w_q = torch::autograd::SavedVariable(saved.w_q, false);
-  node->w_scalars = torch::autograd::SavedVariable(saved.w_scalars, false);
+  node->w_scale_inv = torch::autograd::SavedVariable(saved.w_scale_inv, false);
   torch::autograd::set_history(y, NodePtr(node));
   return y;
 }
 
-// `fw` checked against the weight `w` stands for and the copies `plan`
-// reads, with its scale_inv copied into a scalars block of its own.
-GivenWeight checked_fp8_weight(const LinearState& st, const FP8Weight& fw, const at::Tensor& w,
-                             const fp8kit_linear_plan& plan) {
+}  // namespace
+
+FP8Weight checked_fp8_weight(const char* fn, const LinearState& st, const FP8Weight& fw,
+                             const at::Tensor& w, const fp8kit_linear_plan& plan) {
   const at::ScalarType fp8 = torch_fp8_type(st.recipe.forward_dtype);
   const int64_t n = w.size(0), k = w.size(1);
   auto check_copy = [&](const at::Tensor& t, const char* arg, int64_t rows, int64_t cols,
                         bool needed, const char* fix) {
     if (!t.defined()) {
-      FP8KIT_VALUE_CHECK(!needed, kFn, ": the FP8 weight has no ", arg, ", which this call's ",
+      FP8KIT_VALUE_CHECK(!needed, fn, ": the FP8 weight has no ", arg, ", which this call's ",
                          "GEMMs read on ", device_str(st.device), "; ", fix);
       return;
     }
-    check_dense(kFn, arg, t);
-    FP8KIT_TYPE_CHECK(t.scalar_type() == fp8, kFn, ": the FP8 weight's ", arg, " is ",
+    check_dense(fn, arg, t);
+    FP8KIT_TYPE_CHECK(t.scalar_type() == fp8, fn, ": the FP8 weight's ", arg, " is ",
                       dtype_str(t.scalar_type()), " but the recipe's forward format is ",
                       dtype_str(fp8), "; cast the weight with the recipe's forward format");
-    FP8KIT_VALUE_CHECK(t.dim() == 2 && t.size(0) == rows && t.size(1) == cols, kFn,
+    FP8KIT_VALUE_CHECK(t.dim() == 2 && t.size(0) == rows && t.size(1) == cols, fn,
                        ": the FP8 weight's ", arg, " has shape ", shape_str(t.sizes()),
                        " but a weight of shape ", shape_str(w.sizes()), " needs [", rows, ", ",
                        cols, "]");
-    check_contiguous(kFn, arg, t);
-    check_same_device(kFn, arg, t, "weight", w);
+    check_contiguous(fn, arg, t);
+    check_same_device(fn, arg, t, "weight", w);
   };
   const fp8kit_copies need = plan.quantize[kWeight];
   check_copy(fw.data, "rowwise data", n, k, need.rowwise != 0,
              "make it with weight.update_usage(rowwise=True)");
   check_copy(fw.columnwise_data, "columnwise data", k, n, need.columnwise != 0,
              "make it with weight.update_usage(columnwise=True)");
-  check_f32_scalar(kFn, "the FP8 weight's scale_inv", fw.scale_inv, "weight", w);
-  GivenWeight out{fw.data, fw.columnwise_data, at::zeros({kScalars}, fw.scale_inv.options())};
-  out.scalars.narrow(0, kScaleInv, 1).copy_(fw.scale_inv.reshape({1}));
-  return out;
+  check_f32_scalar(fn, "the FP8 weight's scale_inv", fw.scale_inv, "weight", w);
+  // A copy of scale_inv: FSDP2 rewrites the gathered weight's in place
+  // (with the same value) when it gathers the weight again for backward.
+  return FP8Weight{fw.data, fw.columnwise_data, fw.scale_inv.reshape({1}).clone()};
 }
-
-}  // namespace
 
 void check_statistics(const char* fn, const at::Tensor& statistics, const at::Device& device) {
   if (!statistics.defined()) return;
@@ -243,7 +262,7 @@ void check_statistics(const char* fn, const at::Tensor& statistics, const at::De
 
 void record_statistics(const at::Tensor& statistics, int slot, const at::Tensor& x,
                        fp8kit_dtype fp8, const at::Tensor& data, bool from_columnwise,
-                       const at::Tensor& scalars) {
+                       const at::Tensor& scale_inv) {
   const at::Tensor row = statistics.select(0, slot);
   float* r = row.data_ptr<float>();
   const fp8kit_cast_statistics out{r + kStatAmax,
@@ -251,8 +270,8 @@ void record_statistics(const at::Tensor& statistics, int slot, const at::Tensor&
                                    reinterpret_cast<unsigned int*>(r + kStatSaturated),
                                    r + kStatErrorSq, r + kStatNormSq};
   cast_statistics_into(x, fp8, FP8KIT_SCALING_PER_TENSOR, data, from_columnwise,
-                       scale_inv_of(scalars), out);
-  row.narrow(0, kStatScaleInv, 1).copy_(scalars.narrow(0, kScaleInv, 1));
+                       scale_inv.data_ptr<float>(), out);
+  row.narrow(0, kStatScaleInv, 1).copy_(scale_inv.reshape({1}));
   row.narrow(0, kStatRecorded, 1).fill_(1.0);
 }
 
@@ -266,16 +285,28 @@ fp8kit_linear_plan linear_plan(const LinearCall& call) {
 
 LinearCall linear_call(const char* fn, const LinearState& st, const at::Tensor& x,
                        const at::Tensor& w, const at::Tensor& b, bool dgrad, bool wgrad,
-                       bool bgrad, bool fast_accumulation) {
-  check_high_precision(fn, "input", x);
+                       bool bgrad, bool fast_accumulation, bool x_cast) {
   check_high_precision(fn, "weight", w);
-  // torch.nn.Linear's rule (and its exception type, RuntimeError): one
-  // dtype for input, weight and bias.
-  TORCH_CHECK(x.scalar_type() == w.scalar_type(), fn, ": input has dtype ",
-              dtype_str(x.scalar_type()), " but weight has dtype ", dtype_str(w.scalar_type()),
-              "; as in torch.nn.Linear they must match: convert the input (input.to(",
-              dtype_str(w.scalar_type()), ")) or the layer (layer.to(", dtype_str(x.scalar_type()),
-              ")), or run under torch.autocast");
+  if (x_cast) {
+    check_dense(fn, "input", x);
+    const fp8kit_dtype fmt = check_fp8(fn, "input", x);
+    FP8KIT_TYPE_CHECK(fmt == st.recipe.forward_dtype, fn, ": the cast input is ",
+                      dtype_str(x.scalar_type()), " but the recipe's forward format is ",
+                      dtype_str(torch_fp8_type(st.recipe.forward_dtype)),
+                      "; cast it with the state's input slot");
+    FP8KIT_VALUE_CHECK(x.dim() == 2, fn, ": the cast input has shape ", shape_str(x.sizes()),
+                       "; it must be [tokens, in_features]");
+    check_contiguous(fn, "input", x);
+  } else {
+    check_high_precision(fn, "input", x);
+    // torch.nn.Linear's rule (and its exception type, RuntimeError): one
+    // dtype for input, weight and bias.
+    TORCH_CHECK(x.scalar_type() == w.scalar_type(), fn, ": input has dtype ",
+                dtype_str(x.scalar_type()), " but weight has dtype ", dtype_str(w.scalar_type()),
+                "; as in torch.nn.Linear they must match: convert the input (input.to(",
+                dtype_str(w.scalar_type()), ")) or the layer (layer.to(",
+                dtype_str(x.scalar_type()), ")), or run under torch.autocast");
+  }
   FP8KIT_VALUE_CHECK(w.dim() == 2, fn, ": weight has shape ", shape_str(w.sizes()),
                      "; it must be [out_features, in_features]");
   const int64_t n = w.size(0), k = w.size(1);
@@ -336,9 +367,9 @@ at::Tensor linear_forward(LinearState& st, const at::Tensor& x, const at::Tensor
     p.statistics = statistics;
   }
   DeviceScope scope(st.device);
-  GivenWeight given;
-  if (fp8_weight != nullptr) given = checked_fp8_weight(st, *fp8_weight, w, p.plan);
-  const GivenWeight* given_ptr = fp8_weight != nullptr ? &given : nullptr;
+  FP8Weight given;
+  if (fp8_weight != nullptr) given = checked_fp8_weight(kFn, st, *fp8_weight, w, p.plan);
+  const FP8Weight* given_ptr = fp8_weight != nullptr ? &given : nullptr;
   if (!p.dgrad && !p.wgrad && !p.bgrad) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return linear_forward_below_autograd(st, x, w, b, p, nullptr, given_ptr);

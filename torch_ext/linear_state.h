@@ -28,6 +28,11 @@ constexpr int kScale = 0, kScaleInv = 4, kAmax = 8, kScalars = 12;
 inline float* scale_inv_of(const at::Tensor& scalars) {
   return scalars.data_ptr<float>() + kScaleInv;
 }
+// A scalars block's scale_inv as a float32 [1] tensor (a view of it): what
+// a cast gives its GEMMs, and what a forward keeps for backward.
+inline at::Tensor scale_inv_view(const at::Tensor& scalars) {
+  return scalars.narrow(0, kScaleInv, 1);
+}
 
 // One quantization of a forward or backward: the layer's slot, the
 // contiguous input, its FP8 outputs (either may be undefined) and where its

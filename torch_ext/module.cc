@@ -19,4 +19,5 @@ PYBIND11_MODULE(_torch_ext, m) {
   fp8kit_torch::register_normalization(m);
   fp8kit_torch::register_activation(m);
   fp8kit_torch::register_fused_layer_ops(m);
+  fp8kit_torch::register_fused_linear(m);
 }

@@ -41,7 +41,7 @@ def _seeded_state(norm: str, hidden: int, x, recipe):
     input slot seeded from x's amax), its gamma and beta, and the slot."""
     import torch
     import fp8kit.torch as ft
-    from fp8kit.torch import _fused_gemm as G
+    from fp8kit.torch._ext import ext
     layer = ft.LayerNormLinear(hidden, 16, bias=False, normalization=norm, eps=EPS,
                                device=x.device, dtype=torch.bfloat16)
     with torch.no_grad():   # a non-trivial gain (and shift), as a trained layer has
@@ -52,7 +52,7 @@ def _seeded_state(norm: str, hidden: int, x, recipe):
         layer(x.detach().requires_grad_()).sum().backward()
     gamma = layer.layer_norm_weight.detach()
     beta = layer.layer_norm_bias.detach() if layer.layer_norm_bias is not None else None
-    return layer.fp8_state_for(recipe)[0], gamma, beta, G.INPUT
+    return layer.fp8_state_for(recipe)[0], gamma, beta, ext.SLOT_INPUT
 
 
 def _float64_norm(x, gamma, beta, norm: str):

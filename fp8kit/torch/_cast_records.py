@@ -5,14 +5,15 @@ A layer being inspected holds a LayerRecorder in `_fp8_inspect` (the
 layers' class attribute is None: not inspected). Its calls:
 
     record(gemm, role, x, data, scale_inv, ...)
-        a cast the layer ran in Python (the fused layers, block scaling):
+        a cast the layer ran in Python (block scaling):
         x the high-precision tensor, data the FP8 copy it wrote (or
         columnwise_data, read from the columnwise layout), scale_inv its
         scale_inv or block scales; torch.ops.fp8kit.cast_statistics runs on
         them at once, on the device, asynchronously;
-    linear_statistics(gemm, input, weight)
+    linear_statistics(gemm, tokens, weight)
         the buffer that the per-tensor Linear's C++ forward and backward
-        fill beside their own casts (ext.linear_forward's `statistics`);
+        fill beside their own casts (ext.linear_forward's `statistics`,
+        also the fused layers' GEMMs');
     refuse_tracing()
         the error of a layer asked to record while torch.compile traces.
 
@@ -33,7 +34,6 @@ import torch
 from fp8kit.inspect.records import ROLES, TensorStats
 from fp8kit.torch._ext import ext
 from fp8kit.torch.autocast import STATE as _AUTOCAST
-from fp8kit.torch.quantized_tensor import QuantizedTensor
 
 _ops = torch.ops.fp8kit
 _COLUMNS = {name: i for i, name in enumerate(ext.STATISTICS_COLUMNS)}
@@ -227,26 +227,18 @@ class LayerRecorder:
         self._records.casts.append(_Cast(name, role, x.numel() if numel is None else numel,
                                          tuple(stats), scale_inv if per_tensor else None))
 
-    def record_gemm(self, gemm: str, x, x_data, x_columnwise, x_scale_inv, weight, w_data,
-                    w_columnwise, w_scale_inv) -> None:
-        """A per-tensor GEMM's two forward casts (input and weight); a weight
-        already in FP8 (a Float8Tensor) had no cast here and is skipped."""
-        self.record(gemm, "input", x, x_data, x_scale_inv, columnwise_data=x_columnwise)
-        if not isinstance(weight, QuantizedTensor):
-            self.record(gemm, "weight", weight, w_data, w_scale_inv, columnwise_data=w_columnwise)
-
-    def linear_statistics(self, gemm: str, input: torch.Tensor,
+    def linear_statistics(self, gemm: str, tokens: int,
                           weight: torch.Tensor) -> Optional[torch.Tensor]:
-        """The statistics rows for one C++ Linear call (None: not wanted)."""
+        """The statistics rows for one C++ Linear call of `tokens` rows
+        (None: not wanted)."""
         name = self._open(gemm)
         if name is None:
             return None
         rows = torch.zeros((ext.NUM_SLOTS, len(_COLUMNS)), dtype=torch.float32,
                            device=weight.device)
         out_features, in_features = weight.shape
-        tokens = input.numel() // in_features
-        self._records.linear_calls.append(
-            _LinearCall(name, (input.numel(), weight.numel(), tokens * out_features), rows))
+        self._records.linear_calls.append(_LinearCall(
+            name, (tokens * in_features, weight.numel(), tokens * out_features), rows))
         return rows
 
 

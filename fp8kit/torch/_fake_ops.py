@@ -19,7 +19,7 @@ from fp8kit.torch._ext import ext  # also defines the torch.ops.fp8kit library
 from fp8kit.torch._plan import plan
 
 # The floats of one quantization's scalars block (scale, scale_inv and amax
-# at 16-byte aligned offsets), which linear_forward returns for backward,
+# at 16-byte aligned offsets), a view of whose scale_inv every cast returns,
 # and where scale_inv sits in it: the extension's own constants.
 _SCALARS = int(ext.SCALARS_LEN)
 _SCALE_INV = int(ext.SCALARS_SCALE_INV)
@@ -42,6 +42,12 @@ def _f32_scalar(like: torch.Tensor) -> torch.Tensor:
 
 def _f32_empty(like: torch.Tensor, numel: int) -> torch.Tensor:
     return like.new_empty((numel,), dtype=torch.float32)
+
+
+def _scale_inv(like: torch.Tensor) -> torch.Tensor:
+    """A cast's scale_inv as the kernels return it: a float32 [1] view at
+    offset _SCALE_INV into the cast's scalars block."""
+    return _f32_empty(like, _SCALARS).narrow(0, _SCALE_INV, 1)
 
 
 def _fp8_layouts(x: torch.Tensor, fp8_dtype: torch.dtype, rowwise: bool, columnwise: bool):
@@ -160,12 +166,12 @@ def _linear_forward(input, weight, bias, amax_history, amax, scale, scale_inv, c
         empty_fp8, empty_f32 = input.new_empty((0,), dtype=fp8), _f32_empty(input, 0)
         return out, empty_fp8, empty_f32, empty_fp8, empty_f32
     p = _linear_plan(input, weight, dgrad, wgrad)
-    return (out, _kept(input, p.saved_input, input.shape, fp8), _f32_empty(input, _SCALARS),
-            _kept(input, p.saved_weight, weight.shape, fp8), _f32_empty(input, _SCALARS))
+    return (out, _kept(input, p.saved_input, input.shape, fp8), _scale_inv(input),
+            _kept(input, p.saved_weight, weight.shape, fp8), _scale_inv(input))
 
 
 @torch.library.register_fake("fp8kit::linear_backward")
-def _linear_backward(grad_output, input_fp8, input_scalars, weight_fp8, weight_scalars,
+def _linear_backward(grad_output, input_fp8, input_scale_inv, weight_fp8, weight_scale_inv,
                      amax_history, amax, scale, scale_inv, counters, seeded, scaling,
                      forward_dtype, backward_dtype, margin, amax_reduction, amax_epsilon,
                      power_2_scale, input_shape, forward_dgrad, forward_wgrad, dgrad, wgrad,
@@ -183,7 +189,7 @@ def _cast_outputs(like, forward_dtype, backward_dtype, slot, shape, rowwise, col
     fp8 = TORCH_FP8[backward_dtype if slot == 2 else forward_dtype]
     data = like.new_empty(shape if rowwise else (0,), dtype=fp8)
     cw = like.new_empty(columnwise_shape(shape) if columnwise else (0,), dtype=fp8)
-    return data, cw, _f32_empty(like, _SCALARS).narrow(0, _SCALE_INV, 1)
+    return data, cw, _scale_inv(like)
 
 
 def _sums(like, cols, sums_dtype):
@@ -239,3 +245,29 @@ def _quantize_slot(x, amax_history, amax, scale, scale_inv, counters, seeded, sc
                    power_2_scale, slot, record, rowwise, columnwise, sums_dtype):
     return (*_cast_outputs(x, forward_dtype, backward_dtype, slot, x.shape, rowwise, columnwise),
             _sums(x, x.shape[-1], sums_dtype))
+
+
+@torch.library.register_fake("fp8kit::linear_forward_cast_input")
+def _linear_forward_cast_input(input_fp8, input_scale_inv, weight, bias, amax_history, amax,
+                               scale, scale_inv, counters, seeded, scaling, forward_dtype,
+                               backward_dtype, margin, amax_reduction, amax_epsilon,
+                               power_2_scale, fast_accumulation, record, dgrad, wgrad):
+    out = weight.new_empty((input_fp8.shape[0], weight.shape[0]))
+    fp8 = TORCH_FP8[forward_dtype]
+    if not record:
+        return out, weight.new_empty((0,), dtype=fp8), _f32_empty(weight, 0)
+    p = _linear_plan(input_fp8, weight, dgrad, wgrad)
+    kept = _kept(weight, p.saved_weight, weight.shape, fp8)
+    return out, kept, _scale_inv(weight)
+
+
+@torch.library.register_fake("fp8kit::linear_backward_cast_grad")
+def _linear_backward_cast_grad(grad_output_fp8, grad_output_columnwise, grad_output_scale_inv,
+                               input_fp8, input_scale_inv, weight_fp8, weight_scale_inv,
+                               amax_history, amax, scale, scale_inv, counters, seeded, scaling,
+                               forward_dtype, backward_dtype, margin, amax_reduction,
+                               amax_epsilon, power_2_scale, input_shape, out_features, dtype,
+                               forward_dgrad, forward_wgrad, dgrad, wgrad):
+    k = input_shape[-1]
+    grad = (lambda wanted, shape: amax_history.new_empty(shape if wanted else (0,), dtype=dtype))
+    return grad(dgrad, input_shape), grad(wgrad, (out_features, k))

@@ -20,14 +20,18 @@ from fp8kit.torch._ext import ext
 _linear_forward = ext.linear_forward
 
 
+def stand_in(weight: torch.Tensor) -> torch.Tensor:
+    """A plain tensor with an FP8 weight's shape, dtype and device (one
+    element, expanded: the C++ forward never reads its values)."""
+    return torch.empty((), dtype=weight.dtype, device=weight.device).expand(weight.shape)
+
+
 class _WeightStandIn(torch.autograd.Function):
-    """A plain tensor with an FP8 weight's shape and dtype (one element,
-    expanded: the C++ forward never reads its values); its gradient goes
-    straight to the weight."""
+    """stand_in(weight), whose gradient goes straight to the weight."""
 
     @staticmethod
     def forward(ctx, weight):
-        return torch.empty((), dtype=weight.dtype, device=weight.device).expand(weight.shape)
+        return stand_in(weight)
 
     @staticmethod
     def backward(ctx, grad):
@@ -64,6 +68,7 @@ def linear_with_fp8_weight(states, recipe, input, weight, bias, cache_weight: bo
         columnwise = weight.columnwise_data
     data = weight.rowwise_data
     stand_in = _WeightStandIn.apply(weight)
-    statistics = None if inspect is None else inspect.linear_statistics("", input, weight)
+    statistics = None if inspect is None else inspect.linear_statistics(
+        "", input.numel() // weight.shape[1], weight)
     return _linear_forward(state, input, stand_in, bias, fast,
                            (data, columnwise, weight.scale_inv), statistics)

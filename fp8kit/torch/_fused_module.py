@@ -20,7 +20,7 @@ keeps a torch.nn.RMSNorm's None).
 
 A GEMM weight may be a Float8Tensor (what FSDP2's FP8 all-gather of
 fp8kit.torch.distributed gives the layer): its FP8 copies go to the GEMMs
-as they are (fp8kit.torch._fused_gemm.weight_copies).
+as they are (weight_args), as fp8kit.torch.Linear's do.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from fp8kit.torch import _fused_steps
 from fp8kit.torch._fp8_extra_state import FP8ExtraState, check_entries
-from fp8kit.torch._fp8_weight import untraceable
+from fp8kit.torch._fp8_weight import stand_in, untraceable
 from fp8kit.torch._linear_states import RecipeStates
 from fp8kit.torch._traced_linear import traced_state
 from fp8kit.torch.float8_tensor import Float8Tensor
@@ -59,6 +59,17 @@ def check_normalization(cls: str, normalization, eps) -> None:
 def check_features(cls: str, name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"fp8kit.torch.{cls}: {name} is {value!r}; it must be a positive int")
+
+
+def weight_args(weight: torch.Tensor) -> tuple:
+    """(weight, fp8_weight) as the Linear steps take them
+    (fp8kit.torch._fused_steps): a Float8Tensor gives a plain stand-in for
+    its shape and dtype and its (rowwise, columnwise, scale_inv) FP8 copies,
+    which the GEMMs read as they are (its slot records nothing: its scale
+    belongs to whoever cast it); any other weight itself and None."""
+    if not isinstance(weight, Float8Tensor):
+        return weight, None
+    return stand_in(weight), (weight.rowwise_data, weight.columnwise_data, weight.scale_inv)
 
 
 def init_linear(weight: torch.nn.Parameter, bias) -> None:

@@ -1,6 +1,19 @@
-"""The fused layers' steps (normalization, activation, slot casts, GEMM)
-twice: as the extension's pybind11 calls (EAGER) and as the dispatcher ops
-torch.ops.fp8kit.* that torch.compile and torch.export trace (TRACED).
+"""The fused layers' steps (normalization, activation, and the Linear's
+forward and backward around them) twice: as the extension's pybind11
+calls (EAGER) and as the dispatcher ops torch.ops.fp8kit.* that
+torch.compile and torch.export trace (TRACED).
+
+The GEMM steps are fp8kit.torch.Linear's own, in C++ (one protocol:
+which copies are kept, the bias epilogue, the token padding of wgrad, the
+bias gradient), on an input that the normalization or activation kernel
+has already cast into the GEMM's input slot:
+
+    linear_forward_cast_input  weight cast (or an FP8 weight's copies),
+                               forward GEMM; returns (y, the weight copy
+                               the plan keeps, its scale_inv)
+    linear_backward            dy's cast and column sums, dgrad, wgrad
+    linear_backward_cast_grad  dgrad and wgrad on a dy the activation
+                               backward has already cast
 
 LayerNormLinear and LayerNormMLP pick one table per call (TRACED while
 dynamo or export traces) and run every step through it, so their forward
@@ -22,6 +35,8 @@ import torch
 from fp8kit.torch._ext import ext
 
 _ops = torch.ops.fp8kit
+# The slots of a LinearState (fp8kit_linear_slot), as the core numbers them.
+INPUT, WEIGHT, GRAD_OUTPUT = ext.SLOT_INPUT, ext.SLOT_WEIGHT, ext.SLOT_GRAD_OUTPUT
 
 
 class EAGER:
@@ -30,8 +45,9 @@ class EAGER:
     norm_backward = staticmethod(ext.norm_backward)
     activation_forward = staticmethod(ext.activation_forward)
     activation_backward = staticmethod(ext.activation_backward)
-    quantize_slot = staticmethod(ext.quantize_slot)
-    gemm = staticmethod(ext.gemm)
+    linear_forward_cast_input = staticmethod(ext.linear_forward_cast_input)
+    linear_backward = staticmethod(ext.linear_backward)
+    linear_backward_cast_grad = staticmethod(ext.linear_backward_cast_grad)
 
 
 def _cast(data, columnwise_data, scale_inv, rowwise, columnwise):
@@ -75,20 +91,40 @@ def _activation_backward(d_a, h, activation, st, slot, record, rowwise, columnwi
             sums if sums_dtype is not None else None, dh if want_dh else None)
 
 
-def _quantize_slot(st, x, slot, record, rowwise, columnwise, sums_dtype):
-    data, cw, scale_inv, sums = _ops.quantize_slot(x, *st.tensors, *st.recipe, slot, record,
-                                                 rowwise, columnwise, sums_dtype)
-    return (*_cast(data, cw, scale_inv, rowwise, columnwise),
-            sums if sums_dtype is not None else None)
+def _tensor(t, like):
+    """t, or for None (a copy the plan does not keep) an empty stand-in."""
+    return t if t is not None else like.new_empty((0,))
 
 
-def _gemm(a, a_scale_inv, a_columnwise, b, b_scale_inv, b_columnwise, trans_a, trans_b,
-          out_dtype, bias, gelu, gelu_aux, accumulate, use_split_accumulator, d_scale, d_amax,
-          out):
-    # ext.gemm's arguments; the layers use none of those the op lacks.
-    assert gelu_aux is None and not accumulate and d_amax is None and out is None
-    return _ops.gemm(a, a_scale_inv, a_columnwise, b, b_scale_inv, b_columnwise, trans_a,
-                     trans_b, out_dtype, bias, gelu, use_split_accumulator, d_scale)
+def _linear_forward_cast_input(st, name, x_data, x_scale_inv, weight, fp8_weight, bias, fast,
+                               record, dgrad, wgrad, statistics=None, input_values=None):
+    # Traced layers take high-precision weights and are never inspected.
+    assert fp8_weight is None and statistics is None
+    return _ops.linear_forward_cast_input(x_data, x_scale_inv, weight, bias, *st.tensors,
+                                          *st.recipe, fast, record, dgrad, wgrad)
+
+
+def _linear_backward(st, dy, x_q, x_scale_inv, w_q, w_scale_inv, input_shape, forward_dgrad,
+                     forward_wgrad, dgrad, wgrad, bgrad, statistics=None):
+    assert statistics is None
+    dx, dw, db = _ops.linear_backward(
+        dy, _tensor(x_q, dy), _tensor(x_scale_inv, dy), _tensor(w_q, dy),
+        _tensor(w_scale_inv, dy), *st.tensors, *st.recipe, input_shape, forward_dgrad,
+        forward_wgrad, dgrad, wgrad, bgrad)
+    return dx if dgrad else None, dw if wgrad else None, db if bgrad else None
+
+
+def _linear_backward_cast_grad(st, dy_data, dy_columnwise, dy_scale_inv, x_q, x_scale_inv, w_q,
+                               w_scale_inv, input_shape, out_features, dtype, forward_dgrad,
+                               forward_wgrad, dgrad, wgrad, statistics=None,
+                               grad_output_values=None):
+    assert statistics is None
+    like = dy_scale_inv
+    dx, dw = _ops.linear_backward_cast_grad(
+        _tensor(dy_data, like), _tensor(dy_columnwise, like), dy_scale_inv, _tensor(x_q, like),
+        _tensor(x_scale_inv, like), _tensor(w_q, like), _tensor(w_scale_inv, like), *st.tensors,
+        *st.recipe, input_shape, out_features, dtype, forward_dgrad, forward_wgrad, dgrad, wgrad)
+    return dx if dgrad else None, dw if wgrad else None
 
 
 class TRACED:
@@ -97,5 +133,6 @@ class TRACED:
     norm_backward = staticmethod(_norm_backward)
     activation_forward = staticmethod(_activation_forward)
     activation_backward = staticmethod(_activation_backward)
-    quantize_slot = staticmethod(_quantize_slot)
-    gemm = staticmethod(_gemm)
+    linear_forward_cast_input = staticmethod(_linear_forward_cast_input)
+    linear_backward = staticmethod(_linear_backward)
+    linear_backward_cast_grad = staticmethod(_linear_backward_cast_grad)

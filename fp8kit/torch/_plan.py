@@ -68,3 +68,11 @@ def plan(tokens, in_features, out_features, dgrad: bool, wgrad: bool, non_tn: bo
     inner = (tokens + _MULTIPLE - 1) // _MULTIPLE * _MULTIPLE if p.wgrad_columnwise else tokens
     return Plan(p.input, p.weight, p.grad_output, p.saved_input, p.saved_weight,
                 p.wgrad_columnwise, inner)
+
+
+def kept(copies: tuple, rowwise, columnwise):
+    """The copy a plan's saved_input / saved_weight entry names (at most
+    one), or None."""
+    if copies[0]:
+        return rowwise
+    return columnwise if copies[1] else None

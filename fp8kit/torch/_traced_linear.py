@@ -89,9 +89,9 @@ class _LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, input, weight, bias, state, recipe_args, fast, dgrad, wgrad, bgrad):
-        out, x_q, x_scalars, w_q, w_scalars = _ops.linear_forward(
+        out, x_q, x_scale_inv, w_q, w_scale_inv = _ops.linear_forward(
             input, weight, bias, *state, *recipe_args, fast, dgrad, wgrad, bgrad)
-        ctx.save_for_backward(x_q, x_scalars, w_q, w_scalars)
+        ctx.save_for_backward(x_q, x_scale_inv, w_q, w_scale_inv)
         # The state is not saved: forward and backward update it in place.
         ctx.state = state
         ctx.recipe_args = recipe_args
@@ -101,12 +101,12 @@ class _LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        x_q, x_scalars, w_q, w_scalars = ctx.saved_tensors
+        x_q, x_scale_inv, w_q, w_scale_inv = ctx.saved_tensors
         forward_dgrad, forward_wgrad = ctx.forward_grads
         need_input, need_weight, need_bias = ctx.needs_input_grad[:3]
         dgrad, wgrad = forward_dgrad and need_input, forward_wgrad and need_weight
         dx, dw, db = _ops.linear_backward(
-            grad_output, x_q, x_scalars, w_q, w_scalars, *ctx.state, *ctx.recipe_args,
+            grad_output, x_q, x_scale_inv, w_q, w_scale_inv, *ctx.state, *ctx.recipe_args,
             ctx.input_shape, forward_dgrad, forward_wgrad, dgrad, wgrad, need_bias)
         return (dx if dgrad else None, dw if wgrad else None, db if need_bias else None,
                 None, None, None, None, None, None)

@@ -5,10 +5,13 @@ Inside fp8kit.torch.autocast the normalization kernel (ext.norm_forward)
 writes the FP8 input of the GEMM directly, in the copies the core's plan
 asks for (rowwise for the forward GEMM, columnwise for wgrad on TN-only
 devices); those FP8 copies are what backward keeps, never the
-high-precision normalized x. Backward quantizes dy (its column sums are the
-bias gradient), runs the dgrad and wgrad FP8 GEMMs, then the normalization
-backward for dx, d(layer_norm_weight) and d(layer_norm_bias). Outside
-autocast it computes exactly torch's norm followed by F.linear.
+high-precision normalized x. The GEMMs are fp8kit.torch.Linear's own
+forward and backward (one C++ call each, fp8kit.torch._fused_steps), on
+that cast input: the weight's cast and the forward GEMM; backward
+quantizes dy (its column sums are the bias gradient) and runs the dgrad
+and wgrad FP8 GEMMs, then the normalization backward gives dx,
+d(layer_norm_weight) and d(layer_norm_bias). Outside autocast it computes
+exactly torch's norm followed by F.linear.
 
 Under BlockScaling the normalization runs in high precision (torch's) and
 its output goes through the block-scaled Linear (fp8kit.torch._block_linear),
@@ -46,12 +49,12 @@ import torch
 import torch.nn.functional as F
 
 from fp8kit.recipe import BlockScaling
-from fp8kit.torch import _fused_gemm as G
 from fp8kit.torch._block_linear import block_linear
 from fp8kit.torch._fused_module import (FusedLayer, check_features, check_normalization,
-                                        init_linear, read_norm)
+                                        init_linear, read_norm, weight_args)
+from fp8kit.torch._fused_steps import INPUT
 from fp8kit.torch._outputs import layer_output
-from fp8kit.torch._plan import plan
+from fp8kit.torch._plan import kept, plan
 from fp8kit.torch.autocast import STATE as _AUTOCAST
 
 
@@ -150,20 +153,19 @@ def _forward(call, x, gamma, beta, weight, bias, ctx):
     wgrad = record and ctx.needs_input_grad[4]
     p = plan(m, k, n, dgrad, wgrad, st.non_tn)
     inspect = call.inspect
-    # Inspected: the kernel also writes the normalized x it casts (want_y).
+    # Inspected: the kernel also writes the normalized x it casts (want_y),
+    # whose statistics the Linear step records.
     x_data, x_cw, x_sinv, mean, rsigma, x_norm = steps.norm_forward(
-        x, gamma, beta, call.normalization, call.eps, st, G.INPUT, record, *p.input,
+        x, gamma, beta, call.normalization, call.eps, st, INPUT, record, *p.input,
         inspect is not None)
-    w_data, w_cw, w_sinv = G.weight_copies(steps, st, weight, record, p,
-                                           "fp8kit.torch.LayerNormLinear: weight")
-    if inspect is not None:
-        inspect.record_gemm("", x_norm, x_data, x_cw, x_sinv, weight, w_data, w_cw, w_sinv)
-    y = G.fprop(steps, x_data, x_sinv, w_data, w_sinv, bias, x.dtype, call.fast)
+    statistics = None if inspect is None else inspect.linear_statistics("", m, weight)
+    y, w_kept, w_sinv = steps.linear_forward_cast_input(
+        st, "fp8kit.torch.LayerNormLinear (weight)", x_data, x_sinv, *weight_args(weight), bias, call.fast, record, dgrad, wgrad,
+        statistics, x_norm)
     if record:
-        ctx.call, ctx.plan = call, p
-        ctx.bias_dtype = bias.dtype if bias is not None else None
-        ctx.save_for_backward(x, mean, rsigma, gamma, G.kept(p.saved_input, x_data, x_cw),
-                              x_sinv, G.kept(p.saved_weight, w_data, w_cw), w_sinv)
+        ctx.call, ctx.grads, ctx.statistics = call, (dgrad, wgrad), statistics
+        ctx.save_for_backward(x, mean, rsigma, gamma, kept(p.saved_input, x_data, x_cw), x_sinv,
+                              w_kept, w_sinv)
     return y
 
 
@@ -175,31 +177,25 @@ class _LayerNormLinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, mean, rsigma, gamma, x_kept, x_sinv, w_kept, w_sinv = ctx.saved_tensors
-        call, fwd_plan = ctx.call, ctx.plan
+        call = ctx.call
         st, steps = call.state, call.steps
         needs = ctx.needs_input_grad
         m, k = x.shape
         n = dy.shape[-1]
-        want_dgrad, want_wgrad = any(needs[1:4]), needs[4]
-        bias_dtype = ctx.bias_dtype if needs[5] else None
+        dgrad, wgrad = ctx.grads
         dx = dgamma = dbeta = dw = db = None
         if m == 0:  # no tokens: every gradient is zero
             dx = torch.zeros_like(x) if needs[1] else None
             dgamma = torch.zeros_like(gamma) if needs[2] else None
             dbeta = torch.zeros_like(gamma) if needs[3] else None
-            dw = torch.zeros((n, k), dtype=x.dtype, device=x.device) if want_wgrad else None
-            db = torch.zeros(n, dtype=bias_dtype, device=x.device) if needs[5] else None
+            dw = torch.zeros((n, k), dtype=x.dtype, device=x.device) if wgrad else None
+            db = torch.zeros(n, dtype=x.dtype, device=x.device) if needs[5] else None
             return None, dx, dgamma, dbeta, dw, db
         dy = dy.reshape(m, n).contiguous()
-        # The backward's own plan (only the gradients asked for) picks dy's copies.
-        p = plan(m, k, n, want_dgrad, want_wgrad, st.non_tn)
-        dy_data, dy_cw, dy_sinv, db = G.cast_grad_output(steps, st, dy, p, bias_dtype)
-        if call.inspect is not None and dy_sinv is not None:
-            call.inspect.record("", "grad_output", dy, dy_data, dy_sinv, columnwise_data=dy_cw)
-        if want_dgrad:
-            d_norm = G.dgrad(steps, dy_data, dy_sinv, w_kept, w_sinv, fwd_plan, x.dtype)
+        d_norm, dw, db = steps.linear_backward(st, dy, x_kept, x_sinv, w_kept, w_sinv, (m, k),
+                                               dgrad, wgrad, dgrad, wgrad, needs[5],
+                                               ctx.statistics)
+        if dgrad:
             dx, dgamma, dbeta = steps.norm_backward(d_norm, x, mean, rsigma, gamma,
                                                     call.normalization, call.eps)
-        if want_wgrad:
-            dw = G.wgrad(steps, dy_data, dy_cw, dy_sinv, x_kept, x_sinv, fwd_plan, x.dtype)
         return None, dx, dgamma, dbeta, dw, db

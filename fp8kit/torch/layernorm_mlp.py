@@ -12,11 +12,13 @@ Inside fp8kit.torch.autocast the normalization kernel writes fc1's FP8
 input and the activation kernel fc2's FP8 input directly, each in the
 copies the core's plan asks for; backward keeps those FP8 copies, the input
 x (for the normalization backward) and fc1's output h (for the activation
-backward). Backward: dy is quantized (its column sums are fc2's bias
-gradient); fc2's dgrad gives d_a in the input's dtype and its wgrad dw2;
-the activation backward casts dh to FP8 (its column sums are fc1's bias
-gradient); fc1's dgrad and wgrad; the normalization backward last. Outside
-autocast it computes exactly torch's norm, F.linear and activation.
+backward). fc1 and fc2 run fp8kit.torch.Linear's own forward and backward
+(one C++ call each, fp8kit.torch._fused_steps) on those cast inputs.
+Backward: fc2's (dy quantized, its column sums fc2's bias gradient; dgrad
+gives d_a in the input's dtype, wgrad dw2); the activation backward casts
+dh to FP8 (its column sums are fc1's bias gradient); fc1's dgrad and wgrad
+on that cast dh; the normalization backward last. Outside autocast it
+computes exactly torch's norm, F.linear and activation.
 
 Under BlockScaling the normalization and the activation run in high
 precision (torch's) and fc1 and fc2 are block-scaled Linears
@@ -56,12 +58,12 @@ import torch
 import torch.nn.functional as F
 
 from fp8kit.recipe import BlockScaling
-from fp8kit.torch import _fused_gemm as G
 from fp8kit.torch._block_linear import block_linear
 from fp8kit.torch._fused_module import (FusedLayer, check_features, check_normalization,
-                                        init_linear, read_norm)
+                                        init_linear, read_norm, weight_args)
+from fp8kit.torch._fused_steps import GRAD_OUTPUT, INPUT
 from fp8kit.torch._outputs import layer_output
-from fp8kit.torch._plan import plan
+from fp8kit.torch._plan import kept, plan
 from fp8kit.torch.autocast import STATE as _AUTOCAST
 
 ACTIVATIONS = ("gelu", "swiglu")
@@ -187,17 +189,15 @@ class _Call(NamedTuple):
 _X, _GAMMA, _BETA, _W1, _B1, _W2, _B2 = range(1, 8)
 
 
-def _plans(call, m, k, f1, f, needs):
-    """fc1's and fc2's plans for the gradients `needs` asks for (None: a
-    forward without gradients)."""
-    non_tn = call.states[0].non_tn
+def _grads(needs) -> tuple:
+    """((dgrad, wgrad) of fc1, (dgrad, wgrad) of fc2) for the gradients
+    `needs` asks for (None: a forward without gradients)."""
     if needs is None:
-        return plan(m, k, f1, False, False, non_tn), plan(m, f, k, False, False, non_tn)
+        return (False, False), (False, False)
     dgrad1 = any(needs[_X:_BETA + 1])
     wgrad1 = needs[_W1]
     dgrad2 = dgrad1 or wgrad1 or needs[_B1]  # anything before fc2 wants d_a
-    return (plan(m, k, f1, dgrad1, wgrad1, non_tn),
-            plan(m, f, k, dgrad2, needs[_W2], non_tn))
+    return (dgrad1, wgrad1), (dgrad2, needs[_W2])
 
 
 def _forward(call, x, gamma, beta, w1, b1, w2, b2, ctx):
@@ -208,31 +208,29 @@ def _forward(call, x, gamma, beta, w1, b1, w2, b2, ctx):
     m, k = x.shape
     f1, f = w1.shape[0], w2.shape[1]
     record = ctx is not None
-    p1, p2 = _plans(call, m, k, f1, f, ctx.needs_input_grad if record else None)
+    grads1, grads2 = _grads(ctx.needs_input_grad if record else None)
+    p1, p2 = plan(m, k, f1, *grads1, st1.non_tn), plan(m, f, k, *grads2, st2.non_tn)
     inspect = call.inspect
-    # Inspected: the kernels also write the values they cast (want_y, want_a).
-    x_data, x_cw, x_sinv, mean, rsigma, x_norm = steps.norm_forward(
-        x, gamma, beta, call.normalization, call.eps, st1, G.INPUT, record, *p1.input,
-        inspect is not None)
-    w1_data, w1_cw, w1_sinv = G.weight_copies(steps, st1, w1, record, p1,
-                                              "fp8kit.torch.LayerNormMLP: fc1_weight")
-    h = G.fprop(steps, x_data, x_sinv, w1_data, w1_sinv, b1, x.dtype, call.fast)
-    a_data, a_cw, a_sinv, a = steps.activation_forward(h, call.activation, st2, G.INPUT, record,
-                                                       *p2.input, inspect is not None)
-    w2_data, w2_cw, w2_sinv = G.weight_copies(steps, st2, w2, record, p2,
-                                              "fp8kit.torch.LayerNormMLP: fc2_weight")
+    # Inspected: the kernels also write the values they cast (want_y,
+    # want_a), whose statistics the Linear steps record.
+    stats1 = stats2 = None
     if inspect is not None:
-        inspect.record_gemm("fc1", x_norm, x_data, x_cw, x_sinv, w1, w1_data, w1_cw, w1_sinv)
-        inspect.record_gemm("fc2", a, a_data, a_cw, a_sinv, w2, w2_data, w2_cw, w2_sinv)
-    y = G.fprop(steps, a_data, a_sinv, w2_data, w2_sinv, b2, x.dtype, call.fast)
+        stats1, stats2 = inspect.linear_statistics("fc1", m, w1), inspect.linear_statistics(
+            "fc2", m, w2)
+    x_data, x_cw, x_sinv, mean, rsigma, x_norm = steps.norm_forward(
+        x, gamma, beta, call.normalization, call.eps, st1, INPUT, record, *p1.input,
+        inspect is not None)
+    h, w1_kept, w1_sinv = steps.linear_forward_cast_input(
+        st1, "fp8kit.torch.LayerNormMLP (fc1_weight)", x_data, x_sinv, *weight_args(w1), b1, call.fast, record, *grads1, stats1, x_norm)
+    a_data, a_cw, a_sinv, a = steps.activation_forward(h, call.activation, st2, INPUT, record,
+                                                       *p2.input, inspect is not None)
+    y, w2_kept, w2_sinv = steps.linear_forward_cast_input(
+        st2, "fp8kit.torch.LayerNormMLP (fc2_weight)", a_data, a_sinv, *weight_args(w2), b2, call.fast, record, *grads2, stats2, a)
     if record:
-        ctx.call, ctx.plans = call, (p1, p2)
-        ctx.bias_dtype = b1.dtype if b1 is not None else None
-        ctx.save_for_backward(
-            x, mean, rsigma, gamma, G.kept(p1.saved_input, x_data, x_cw), x_sinv,
-            G.kept(p1.saved_weight, w1_data, w1_cw), w1_sinv, h,
-            G.kept(p2.saved_input, a_data, a_cw), a_sinv, G.kept(p2.saved_weight, w2_data, w2_cw),
-            w2_sinv)
+        ctx.call, ctx.grads, ctx.statistics = call, (grads1, grads2), (stats1, stats2)
+        ctx.save_for_backward(x, mean, rsigma, gamma, kept(p1.saved_input, x_data, x_cw), x_sinv,
+                              w1_kept, w1_sinv, h, kept(p2.saved_input, a_data, a_cw), a_sinv,
+                              w2_kept, w2_sinv)
     return y
 
 
@@ -248,7 +246,6 @@ class _LayerNormMLPFunction(torch.autograd.Function):
         call = ctx.call
         st1, st2 = call.states
         steps = call.steps
-        fwd1, fwd2 = ctx.plans
         needs = ctx.needs_input_grad
         m, k = x.shape
         f1 = h.shape[-1]
@@ -263,37 +260,30 @@ class _LayerNormMLPFunction(torch.autograd.Function):
                                 torch.zeros(shapes[i], dtype=x.dtype, device=x.device))
             return tuple(grads)
         dy = dy.reshape(m, k).contiguous()
-        p1, p2 = _plans(call, m, k, f1, f, needs)
-        dgrad1, wgrad1 = any(needs[_X:_BETA + 1]), needs[_W1]
-        dgrad2 = dgrad1 or wgrad1 or needs[_B1]
-        bias_dtype = ctx.bias_dtype
-        # fc2: quantize dy (column sums: fc2's bias gradient), dgrad, wgrad.
-        dy_data, dy_cw, dy_sinv, grads[_B2] = G.cast_grad_output(
-            steps, st2, dy, p2, bias_dtype if needs[_B2] else None)
-        inspect = call.inspect
-        if inspect is not None and dy_sinv is not None:
-            inspect.record("fc2", "grad_output", dy, dy_data, dy_sinv, columnwise_data=dy_cw)
-        if needs[_W2]:
-            grads[_W2] = G.wgrad(steps, dy_data, dy_cw, dy_sinv, a_kept, a_sinv, fwd2, x.dtype)
+        (dgrad1, wgrad1), (dgrad2, wgrad2) = ctx.grads
+        stats1, stats2 = ctx.statistics
+        # fc2: fp8kit.torch.Linear's backward (dy's cast, whose column sums
+        # are fc2's bias gradient; dgrad gives d_a, wgrad dw2).
+        d_a, grads[_W2], grads[_B2] = steps.linear_backward(
+            st2, dy, a_kept, a_sinv, w2_kept, w2_sinv, (m, f), dgrad2, wgrad2, dgrad2, wgrad2,
+            needs[_B2], stats2)
         if not dgrad2:
             return tuple(grads)
-        d_a = G.dgrad(steps, dy_data, dy_sinv, w2_kept, w2_sinv, fwd2, x.dtype)
-        # The activation backward casts dh for fc1's GEMMs; its column sums
-        # are fc1's bias gradient when that pass is the cast+transpose one.
-        rowwise, columnwise = p1.grad_output
+        # The activation backward casts dh for fc1's GEMMs, in the copies
+        # fc1's plan reads; its column sums are fc1's bias gradient when
+        # that pass is the cast+transpose one.
+        rowwise, columnwise = plan(m, k, f1, dgrad1, wgrad1, st1.non_tn).grad_output
         sums_in_cast = needs[_B1] and columnwise and m > 1
         need_dh = needs[_B1] and not sums_in_cast
         dh_data, dh_cw, dh_sinv, db1, dh = steps.activation_backward(
-            d_a, h, call.activation, st1, G.GRAD_OUTPUT, True, rowwise or not columnwise,
-            columnwise, bias_dtype if sums_in_cast else None, need_dh or inspect is not None)
-        grads[_B1] = dh.sum(0, dtype=bias_dtype) if need_dh else db1
-        if inspect is not None:  # dh as the kernel cast it (want_dh)
-            inspect.record("fc1", "grad_output", dh, dh_data, dh_sinv, columnwise_data=dh_cw)
-        if wgrad1:
-            grads[_W1] = G.wgrad(steps, dh_data, dh_cw, dh_sinv, x_kept, x_sinv, fwd1, x.dtype)
+            d_a, h, call.activation, st1, GRAD_OUTPUT, True, rowwise or not columnwise,
+            columnwise, x.dtype if sums_in_cast else None, need_dh or stats1 is not None)
+        grads[_B1] = dh.sum(0, dtype=x.dtype) if need_dh else db1
+        if dgrad1 or wgrad1:
+            d_norm, grads[_W1] = steps.linear_backward_cast_grad(
+                st1, dh_data, dh_cw, dh_sinv, x_kept, x_sinv, w1_kept, w1_sinv, (m, k), f1,
+                x.dtype, dgrad1, wgrad1, dgrad1, wgrad1, stats1, dh)
         if dgrad1:
-            d_norm = G.dgrad(steps, dh_data, dh_sinv, w1_kept, w1_sinv, fwd1, x.dtype)
             grads[_X], grads[_GAMMA], grads[_BETA] = steps.norm_backward(
                 d_norm, x, mean, rsigma, gamma, call.normalization, call.eps)
         return tuple(grads)
-

@@ -152,8 +152,8 @@ class Linear(FP8ExtraState, torch.nn.Linear):
             return _linear_forward(state, input, weight, bias, fast)
         # A logged step: the same call also writes its casts' statistics,
         # from its own FP8 copies, into the recorder's buffer.
-        return _linear_forward(state, input, weight, bias, fast, None,
-                               inspect.linear_statistics("", input, weight))
+        statistics = inspect.linear_statistics("", input.numel() // weight.shape[1], weight)
+        return _linear_forward(state, input, weight, bias, fast, None, statistics)
 
     def _block_forward(self, recipe, input, weight, bias):
         if (_any_autocast() and isinstance(input, torch.Tensor)

@@ -79,8 +79,9 @@ def test_fp8_weights_the_layer_cannot_read_are_refused(kind):
     _, fp8 = _pair(kind, fp8_dtype="e5m2")
     layer = type(fp8).__name__
     first = GEMM_WEIGHTS[kind][0]
-    with pytest.raises(TypeError, match=f"fp8kit.torch.{layer}: {first} is a Float8Tensor in "
-                                        "e5m2 but the recipe's forward format is e4m3"):
+    with pytest.raises(TypeError, match=rf"fp8kit.torch.{layer} \({first}\): the FP8 weight's "
+                                        "rowwise data is torch.float8_e5m2 but the recipe's "
+                                        "forward format is torch.float8_e4m3fn"):
         _run(fp8, torch.randn(4, 32), CurrentScaling())
     # BlockScaling casts each weight per 128x128 block itself.
     with pytest.raises(TypeError, match=f"fp8kit.torch.{layer}: the weight is an fp8kit "
@@ -91,9 +92,9 @@ def test_fp8_weights_the_layer_cannot_read_are_refused(kind):
     _, fp8 = _pair(kind)
     quantizer = ft.Float8CurrentScalingQuantizer("e4m3", True, False)
     fp8._parameters[first] = quantizer(getattr(fp8, first).dequantize())
-    with pytest.raises(ValueError, match=f"fp8kit.torch.{layer}: {first} is a Float8Tensor "
-                                         "without its columnwise copy, which this call's GEMMs "
-                                         r"read on cpu; make it with update_usage\(columnwise"):
+    with pytest.raises(ValueError, match=rf"fp8kit.torch.{layer} \({first}\): the FP8 weight "
+                                         "has no columnwise data, which this call's GEMMs read "
+                                         r"on cpu; make it with weight.update_usage\(columnwise"):
         _run(fp8, torch.randn(4, 32), CurrentScaling())
 
 

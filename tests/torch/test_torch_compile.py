@@ -82,9 +82,9 @@ def test_linear_ops_opcheck(device, recipe):
     # has no FP8 kernel; the mutation the schemas declare is checked below.
     utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
     torch.library.opcheck(ops.linear_forward.default, fwd_args, test_utils=utils)
-    _, x_q, x_scalars, w_q, w_scalars = ops.linear_forward(*fwd_args)
+    _, x_q, x_scale_inv, w_q, w_scale_inv = ops.linear_forward(*fwd_args)
     dy = torch.randn(24, 16, device=dev)
-    bwd_args = (dy, x_q, x_scalars, w_q, w_scalars, *state, *_recipe_args(recipe), [24, 32],
+    bwd_args = (dy, x_q, x_scale_inv, w_q, w_scale_inv, *state, *_recipe_args(recipe), [24, 32],
                 True, True, True, True, True)
     torch.library.opcheck(ops.linear_backward.default, bwd_args, test_utils=utils)
 

@@ -17,7 +17,7 @@ import fp8kit.torch as ft
 from fp8kit.inspect import StatsLog, read_run
 from fp8kit.inspect import writer as stats_writer
 from fp8kit.recipe import BlockScaling, CurrentScaling, DelayedScaling, Format
-from fp8kit.torch import _cast_records
+from fp8kit.torch import _cast_records, _fused_steps
 from fp8kit.torch._traced_linear import traced_state
 from torch_reference import DEVICES, device_of
 
@@ -102,11 +102,10 @@ class _Spy:
         monkeypatch.setattr(_cast_records.LayerRecorder, "record", record)
 
 
-# The casts the layers run in Python (the per-tensor Linear's are in C++:
-# the next test).
+# The casts the layers run in Python: block scaling's (the per-tensor ones
+# are the C++ Linear's: the next tests).
 @pytest.mark.parametrize("kind, recipe", [
-    (k, r) for k in ("LayerNormLinear", "LayerNormMLP") for r in ("delayed", "current", "block")
-] + [("Linear", "block")])
+    (k, "block") for k in ("Linear", "LayerNormLinear", "LayerNormMLP")])
 @pytest.mark.parametrize("device", DEVICES)
 def test_python_recorded_casts_equal_cast_statistics(kind, recipe, device, monkeypatch, log):
     device = device_for(device, recipe)
@@ -137,6 +136,99 @@ def test_python_recorded_casts_equal_cast_statistics(kind, recipe, device, monke
         assert t.relative_error < 0.1
 
 
+def _recipe_args(state) -> tuple:
+    """A LinearState's recipe as the dispatcher ops take it."""
+    r = state.recipe
+    return (r["scaling"], r["forward_dtype"], r["backward_dtype"], r.get("margin", 0),
+            r.get("amax_reduction", "max"), r.get("amax_epsilon", 0.0),
+            r.get("power_2_scale", False))
+
+
+class _StepSpy:
+    """Wraps the fused layers' Linear steps (fp8kit.torch._fused_steps.EAGER,
+    the C++ Linear's forward and backward): for each inspected call, the
+    statistics the step must write, rebuilt from the casts it was given or
+    returned, and, for dy's cast inside linear_backward, by the same slot
+    cast on a copy of the state it started from."""
+
+    def __init__(self, monkeypatch):
+        self.wanted = []  # (statistics rows, slot, cast_statistics of the cast)
+        eager = _fused_steps.EAGER
+        forward, backward, cast_grad = (eager.linear_forward_cast_input, eager.linear_backward,
+                                        eager.linear_backward_cast_grad)
+
+        def spy_forward(st, name, x_data, x_sinv, weight, fp8_weight, bias, fast, record, dgrad,
+                        wgrad, statistics=None, values=None):
+            out = forward(st, name, x_data, x_sinv, weight, fp8_weight, bias, fast, record,
+                          dgrad, wgrad, statistics, values)
+            if statistics is not None:
+                _, w_kept, w_sinv = out  # the weight's columnwise copy on TN devices
+                self.wanted.append((statistics, 0, op_stats(values, x_data, x_sinv)))
+                self.wanted.append((statistics, 1, op_stats(
+                    weight, w_kept, w_sinv, columnwise=w_kept.shape != weight.shape)))
+            return out
+
+        def spy_backward(st, dy, *args):
+            statistics = args[-1]
+            if statistics is not None:
+                before = tuple(t.clone() for t in st.tensors)
+                data, _, sinv, _ = _ops.quantize_slot(dy, *before, *_recipe_args(st), 2, True,
+                                                      True, False, None)
+                self.wanted.append((statistics, 2, op_stats(dy, data, sinv)))
+            return backward(st, dy, *args)
+
+        def spy_cast_grad(st, data, columnwise, sinv, *args):
+            statistics, values = args[-2:]
+            if statistics is not None:
+                copy = data if data is not None else columnwise
+                self.wanted.append((statistics, 2, op_stats(values, copy, sinv,
+                                                            columnwise=data is None)))
+            return cast_grad(st, data, columnwise, sinv, *args)
+
+        for name, fn in (("linear_forward_cast_input", spy_forward),
+                         ("linear_backward", spy_backward),
+                         ("linear_backward_cast_grad", spy_cast_grad)):
+            monkeypatch.setattr(eager, name, staticmethod(fn))
+
+
+@pytest.mark.parametrize("kind", ["LayerNormLinear", "LayerNormMLP"])
+@pytest.mark.parametrize("recipe", ["delayed", "current"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_layer_statistics_equal_cast_statistics_of_their_casts(kind, recipe, device,
+                                                                    monkeypatch, log):
+    """The fused layers' GEMMs are the C++ Linear's steps on an input the
+    norm or activation kernel cast: each row they write equals
+    cast_statistics of that cast."""
+    device = device_of(device)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(layer(kind)).to(device)
+    spy = _StepSpy(monkeypatch)
+    with ft.inspect(model, every=1, log=log) as h:
+        for _ in range(2):  # the second step: delayed scaling's seeded scales
+            spy.wanted.clear()
+            run(model, torch.randn(2, 20, 64, device=device, requires_grad=True),
+                RECIPES[recipe])
+        h.flush()
+    gemms = 2 if kind == "LayerNormMLP" else 1
+    assert len(spy.wanted) == 3 * gemms
+    columns = {name: i for i, name in enumerate(ft._ext.ext.STATISTICS_COLUMNS)}
+    for rows, slot, want in spy.wanted:
+        row = rows[slot].cpu()
+        bits = row.view(torch.int32)
+        got = {"amax": row[columns["amax"]].item(), "error_sq": row[columns["error_sq"]].item(),
+               "norm_sq": row[columns["norm_sq"]].item(),
+               "underflow": bits[columns["underflow"]].item(),
+               "saturated": bits[columns["saturated"]].item()}
+        for f in FIELDS:
+            rel = 1e-5 if device.type == "cuda" and f.endswith("_sq") else 0
+            assert got[f] == pytest.approx(want[f], rel=rel, abs=0), (slot, f)
+        assert row[columns["recorded"]].item() == 1
+    got = stats_by_name(h.last)
+    assert all(t.numel == 40 * 64 for name, t in got.items() if name.endswith("/input")
+               and "fc2" not in name)
+    assert all(t.relative_error < 0.1 for t in got.values())
+
+
 @pytest.mark.parametrize("recipe", ["delayed", "current"])
 @pytest.mark.parametrize("tokens", [48, 20])
 @pytest.mark.parametrize("device", DEVICES)
@@ -165,12 +257,11 @@ def test_cxx_linear_statistics_equal_cast_statistics_of_its_copies(recipe, token
         y.backward(dy)
         h.flush()
     got = stats_by_name(h.last)
-    sinv = ft._ext.ext.SCALARS_SCALE_INV
-    for role, hp, q, sc in (("input", x, x_q, x_sc), ("weight", lin.weight, w_q, w_sc)):
+    for role, hp, q, sinv in (("input", x, x_q, x_sc), ("weight", lin.weight, w_q, w_sc)):
         cw = q.shape != hp.shape
-        want = op_stats(hp, q, sc[sinv:sinv + 1], "per_tensor", cw)
+        want = op_stats(hp, q, sinv, "per_tensor", cw)
         assert_equal_stats(got[f"0/{role}"], want, role, device)
-        assert got[f"0/{role}"].scale == 1.0 / sc[sinv].item()
+        assert got[f"0/{role}"].scale == 1.0 / sinv.item()
     # dy's cast: the same slot cast on the state the backward started from.
     data, _, dy_sinv, _ = _ops.quantize_slot(captured["dy"], *after_forward, *st.recipe, 2, True,
                                              True, False, None)

@@ -18,6 +18,7 @@ import torch._dynamo.testing
 import fp8kit.torch as ft
 from fp8kit.recipe import CurrentScaling, DelayedScaling
 from fp8kit.torch._ext import ext
+from fp8kit.torch._plan import kept, plan
 from compile_helpers import fresh_dynamo  # noqa: F401  (autouse fixture)
 from torch_reference import DEVICES, assert_bits_equal, device_of
 
@@ -146,14 +147,67 @@ def test_quantize_slot_op_equals_its_binding(device, recipe, slot, sums):
     assert_same_state(traced, bound)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_linear_step_ops_equal_their_bindings(device, recipe):
+    """The Linear's steps on a cast input (forward) and a cast dy
+    (backward), as the fused layers run them: op and binding give the same
+    bits and state updates."""
+    dev = device_of(device)
+    torch.manual_seed(3)
+    x, w, b = (torch.randn(24, 32, device=dev), torch.randn(48, 32, device=dev),
+               torch.randn(48, device=dev))
+    dy = torch.randn(24, 48, device=dev) * 1e-2
+    bound, traced = twin_states(RECIPES[recipe], dev)
+    p = plan(24, 32, 48, True, True, bound.non_tn)
+    # x as the norm kernel casts it, dy as the activation backward does.
+    x_casts = {st: ext.quantize_slot(st, x, INPUT, True, *p.input) for st in (bound, traced)}
+    dy_casts = {st: ext.quantize_slot(st, dy, GRAD_OUTPUT, True, *p.grad_output)
+                for st in (bound, traced)}
+    fwd = lambda st, cast: (x_casts[cast][0], x_casts[cast][2], w, b,  # noqa: E731
+                            *st.tensors, *recipe_args(st), False, True, True, True)
+    # opcheck runs the op several times: on a state of its own.
+    torch.library.opcheck(ops.linear_forward_cast_input.default,
+                          fwd(ext.LinearState(RECIPES[recipe], dev), bound), test_utils=_UTILS)
+    want = ext.linear_forward_cast_input(bound, "test", x_casts[bound][0], x_casts[bound][2], w,
+                                         None, b, False, True, True, True)
+    got = ops.linear_forward_cast_input(*fwd(traced, traced))
+    for g, wt in zip(got, want):
+        assert_bits_equal(g, wt)
+    assert_same_state(traced, bound)
+
+    def bwd(st, w_kept, w_sinv):
+        data, cw, sinv, _ = dy_casts[st]
+        x_data, x_cw, x_sinv, _ = x_casts[st]
+        return (_or_empty(data), _or_empty(cw), sinv, kept(p.saved_input, x_data, x_cw), x_sinv,
+                w_kept, w_sinv, *st.tensors, *recipe_args(st), [24, 32], 48, torch.float32,
+                True, True, True, True)
+    torch.library.opcheck(ops.linear_backward_cast_grad.default, bwd(bound, *want[1:]),
+                          test_utils=_UTILS)
+    data, cw, sinv, _ = dy_casts[bound]
+    x_data, x_cw, x_sinv, _ = x_casts[bound]
+    want = ext.linear_backward_cast_grad(bound, data, cw, sinv, kept(p.saved_input, x_data, x_cw),
+                                         x_sinv, *want[1:], [24, 32], 48, torch.float32, True,
+                                         True, True, True)
+    got = ops.linear_backward_cast_grad(*bwd(traced, *got[1:]))
+    for g, wt in zip(got, want):
+        assert_bits_equal(g, wt)
+    assert_same_state(traced, bound)
+
+
+def _or_empty(t):
+    return t if t is not None else torch.empty(0)
+
+
 def test_fused_op_schemas_declare_the_mutated_state():
     state = ["amax_history", "amax", "scale", "scale_inv", "counters", "seeded"]
     for op in (ops.norm_forward, ops.activation_forward, ops.activation_backward,
-               ops.quantize_slot):
+               ops.quantize_slot, ops.linear_forward_cast_input):
         schema = op.default._schema
         mutated = [a.name for a in schema.arguments if a.alias_info and a.alias_info.is_write]
         assert mutated == state, op
     assert not ops.norm_backward.default._schema.is_mutable
+    assert not ops.linear_backward_cast_grad.default._schema.is_mutable
 
 
 def test_fused_ops_name_a_bad_argument():

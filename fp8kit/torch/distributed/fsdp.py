@@ -15,7 +15,7 @@ and implements FSDP2's extension points for tensor subclasses. Before each
 all-gather, fsdp_pre_all_gather casts this rank's shard to FP8 with the
 scale every rank shares; after it, fsdp_post_all_gather makes the gathered
 bytes a Float8Tensor, which the layer's GEMMs read as they are
-(fp8kit.torch._fp8_weight, fp8kit.torch._fused_gemm.weight_copies). The
+(fp8kit.torch._fp8_weight, fp8kit.torch._fused_module.weight_args). The
 other parameters (biases, a norm's weight and bias) are gathered as they
 are.
 
