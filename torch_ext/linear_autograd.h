@@ -48,10 +48,13 @@ void check_statistics(const char* fn, const at::Tensor& statistics, const at::De
 
 // Writes row `slot` of `statistics`: the cast of contiguous `x` into
 // `data` (its rowwise copy, or with from_columnwise its columnwise one) in
-// format `fp8`, with scale_inv `scale_inv` (float32 [1]).
+// format `fp8`, with scales `scales`: per tensor its scale_inv (float32
+// [1]), which the row keeps; block-scaled (`mode`) that copy's block
+// scales, and NaN in the row's scale_inv (no one scale).
 void record_statistics(const at::Tensor& statistics, int slot, const at::Tensor& x,
                        fp8kit_dtype fp8, const at::Tensor& data, bool from_columnwise,
-                       const at::Tensor& scale_inv);
+                       const at::Tensor& scales,
+                       fp8kit_scaling_mode mode = FP8KIT_SCALING_PER_TENSOR);
 
 // The core's plan for `call`'s sizes, gradients and device (the weight is
 // torch's [out_features, in_features]).

@@ -1,6 +1,7 @@
 // The FP8 Linear's forward: quantize the input and the weight (or reuse the
 // cached FP8 weight), the FP8 GEMM with the bias epilogue, and, when a
 // gradient is wanted, the autograd node with the FP8 copies backward reads.
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -262,16 +263,20 @@ void check_statistics(const char* fn, const at::Tensor& statistics, const at::De
 
 void record_statistics(const at::Tensor& statistics, int slot, const at::Tensor& x,
                        fp8kit_dtype fp8, const at::Tensor& data, bool from_columnwise,
-                       const at::Tensor& scale_inv) {
+                       const at::Tensor& scales, fp8kit_scaling_mode mode) {
   const at::Tensor row = statistics.select(0, slot);
   float* r = row.data_ptr<float>();
   const fp8kit_cast_statistics out{r + kStatAmax,
                                    reinterpret_cast<unsigned int*>(r + kStatUnderflow),
                                    reinterpret_cast<unsigned int*>(r + kStatSaturated),
                                    r + kStatErrorSq, r + kStatNormSq};
-  cast_statistics_into(x, fp8, FP8KIT_SCALING_PER_TENSOR, data, from_columnwise,
-                       scale_inv.data_ptr<float>(), out);
-  row.narrow(0, kStatScaleInv, 1).copy_(scale_inv.reshape({1}));
+  cast_statistics_into(x, fp8, mode, data, from_columnwise, scales.data_ptr<float>(), out);
+  at::Tensor scale_inv = row.narrow(0, kStatScaleInv, 1);
+  if (mode == FP8KIT_SCALING_PER_TENSOR) {
+    scale_inv.copy_(scales.reshape({1}));
+  } else {
+    scale_inv.fill_(std::nanf(""));
+  }
   row.narrow(0, kStatRecorded, 1).fill_(1.0);
 }
 

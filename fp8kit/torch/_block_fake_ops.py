@@ -1,5 +1,6 @@
 """Fake (meta) kernels of the block-scaled dispatcher ops
-(torch_ext/block_dispatcher_ops.cc), as _fake_ops has those of the others:
+(torch_ext/block_dispatcher_ops.cc, block_linear.cc), as _fake_ops has
+those of the others:
 each gives its op's output shapes, dtypes and devices without computing
 anything, following the C++ kernels' rules (a copy not asked for is an
 empty [0] tensor; block scales have the shape ext.block_scale_inv_shape
@@ -64,3 +65,43 @@ def _gemm_block(a, a_block_scale_inv, a_columnwise, a_columnwise_block_scale_inv
                 b, b_block_scale_inv, b_columnwise, b_columnwise_block_scale_inv, b_scaling_mode,
                 trans_a, trans_b, out_dtype, bias=None):
     return gemm_output(a, a_columnwise, b, b_columnwise, trans_a, trans_b, out_dtype)
+
+
+def _gemm_rows(m, min_rows: int):
+    """torch_ext/block_linear.cc's gemm_rows for an int or a SymInt count,
+    without a guard on a symbolic one (torch.sym_max)."""
+    mult = ext.GEMM_DIM_MULTIPLE
+    rows = (m + mult - 1) // mult * mult
+    if not min_rows:
+        return rows
+    if isinstance(rows, torch.SymInt):
+        return torch.sym_max(rows, min_rows)
+    return max(rows, min_rows)
+
+
+def _kept_copy(like, kept: bool, shape, fp8_dtype, scaling_mode: str):
+    """A columnwise copy of a tensor of `shape` and its block scales, or the
+    empty stand-ins."""
+    if not kept:
+        return like.new_empty((0,), dtype=fp8_dtype), like.new_empty((0,), dtype=torch.float32)
+    return (like.new_empty(columnwise_shape(shape), dtype=fp8_dtype),
+            like.new_empty(block_scale_inv_shape(shape, scaling_mode, True),
+                           dtype=torch.float32))
+
+
+@torch.library.register_fake("fp8kit::block_linear_forward")
+def _block_linear_forward(x, weight, bias, forward_dtype, amax_epsilon, power_2_scale, dgrad,
+                          wgrad, min_rows, statistics=None):
+    rows = _gemm_rows(x.shape[0], min_rows)
+    x_cw = _kept_copy(x, wgrad, (rows, x.shape[1]), forward_dtype, "block_1x128")
+    w_cw = _kept_copy(x, dgrad, weight.shape, forward_dtype, "block_128x128")
+    return (x.new_empty((x.shape[0], weight.shape[0])), *x_cw, *w_cw)
+
+
+@torch.library.register_fake("fp8kit::block_linear_backward")
+def _block_linear_backward(grad_output, x_columnwise, x_columnwise_scale_inv, w_columnwise,
+                           w_columnwise_scale_inv, backward_dtype, amax_epsilon, power_2_scale,
+                           in_features, dgrad, wgrad, bgrad, min_rows, statistics=None):
+    m, n = grad_output.shape
+    grad = (lambda wanted, shape: grad_output.new_empty(shape if wanted else (0,)))
+    return grad(dgrad, (m, in_features)), grad(wgrad, (n, in_features)), grad(bgrad, (n,))

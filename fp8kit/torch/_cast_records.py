@@ -4,16 +4,11 @@ their device values become one step's TensorStats.
 A layer being inspected holds a LayerRecorder in `_fp8_inspect` (the
 layers' class attribute is None: not inspected). Its calls:
 
-    record(gemm, role, x, data, scale_inv, ...)
-        a cast the layer ran in Python (block scaling):
-        x the high-precision tensor, data the FP8 copy it wrote (or
-        columnwise_data, read from the columnwise layout), scale_inv its
-        scale_inv or block scales; torch.ops.fp8kit.cast_statistics runs on
-        them at once, on the device, asynchronously;
     linear_statistics(gemm, tokens, weight)
-        the buffer that the per-tensor Linear's C++ forward and backward
-        fill beside their own casts (ext.linear_forward's `statistics`,
-        also the fused layers' GEMMs');
+        the rows that one GEMM's C++ forward and backward fill beside their
+        own casts, on the device (every cast of every recipe runs in the
+        C++ Linear steps: ext.linear_forward's `statistics`, the fused
+        layers' steps', the block-scaled ops');
     refuse_tracing()
         the error of a layer asked to record while torch.compile traces.
 
@@ -35,7 +30,6 @@ from fp8kit.inspect.records import ROLES, TensorStats
 from fp8kit.torch._ext import ext
 from fp8kit.torch.autocast import STATE as _AUTOCAST
 
-_ops = torch.ops.fp8kit
 _COLUMNS = {name: i for i, name in enumerate(ext.STATISTICS_COLUMNS)}
 _ROLE_SLOTS = ((ROLES[0], ext.SLOT_INPUT), (ROLES[1], ext.SLOT_WEIGHT),
                (ROLES[2], ext.SLOT_GRAD_OUTPUT))
@@ -46,15 +40,6 @@ def refuse_tracing_error() -> RuntimeError:
         "fp8kit.torch.inspect: an inspected layer is being traced by torch.compile or "
         "torch.export; inspection runs eagerly only. Inspect the eager model (close the "
         "handle, or leave its `with` block, before compiling), or compile without inspection")
-
-
-class _Cast(NamedTuple):
-    """One cast's device values (cast_statistics' five, and its scale_inv)."""
-    name: str
-    role: str
-    numel: int
-    stats: tuple  # amax, underflow, saturated, error_sq, norm_sq (0-d tensors)
-    scale_inv: Optional[torch.Tensor]  # float32 [1]; None under block scaling
 
 
 class _LinearCall(NamedTuple):
@@ -71,7 +56,6 @@ class StepRecords:
         self.step = step
         self.roles = roles
         self.recipes: set = set()
-        self.casts: list = []
         self.linear_calls: list = []
         self.closed = False  # handed to the host: later records are dropped
 
@@ -80,36 +64,19 @@ class StepRecords:
         copy to the host; no wait."""
         self.closed = True
         by_device: dict = {}
-        for c in self.casts:
-            by_device.setdefault(c.stats[0].device, ([], []))[0].append(c)
         for call in self.linear_calls:
-            by_device.setdefault(call.rows.device, ([], []))[1].append(call)
-        parts = [_Packed(casts, calls) for casts, calls in by_device.values()]
+            by_device.setdefault(call.rows.device, []).append(call)
+        parts = [_Packed(calls) for calls in by_device.values()]
         return HostCopy(self.step, sorted(self.recipes), parts, self.roles)
 
 
 class _Packed:
-    """One device's values of a step in one float32 tensor, copied to the
-    host: each cast's amax, error_sq, norm_sq and scale_inv (NaN: none),
-    then the casts' int64 counts in float32 pairs, then the Linear rows."""
+    """One device's rows of a step in one float32 tensor, copied to the
+    host."""
 
-    def __init__(self, casts: list, calls: list):
-        self.casts, self.calls = casts, calls
-        pieces = []
-        if casts:
-            nan = None
-            floats = []
-            for c in casts:
-                amax, _, _, error_sq, norm_sq = c.stats
-                if c.scale_inv is None and nan is None:
-                    nan = torch.full((), float("nan"), device=amax.device)
-                floats += [amax, error_sq, norm_sq,
-                           c.scale_inv.reshape(()) if c.scale_inv is not None else nan]
-            counts = torch.stack([t for c in casts for t in (c.stats[1], c.stats[2])])
-            pieces += [torch.stack(floats), counts.view(torch.float32)]
-        if calls:
-            pieces.append(torch.stack([call.rows for call in calls]).view(-1))
-        packed = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+    def __init__(self, calls: list):
+        self.calls = calls
+        packed = torch.stack([call.rows for call in calls]).view(-1)
         self.event = None
         if packed.device.type == "cuda":
             with torch.cuda.device(packed.device):  # the event on that device's stream
@@ -128,14 +95,7 @@ class _Packed:
             self.event.synchronize()
         values = self.host.numpy()
         out = []
-        n = len(self.casts)
-        floats = values[:4 * n].reshape(n, 4)
-        counts = values[4 * n:8 * n].view(np.int64).reshape(n, 2)
-        for c, f, k in zip(self.casts, floats, counts):
-            scale = None if np.isnan(f[3]) else _scale(f[3])
-            out.append(TensorStats(c.name, c.role, float(f[0]), scale, c.numel, int(k[0]),
-                                   int(k[1]), float(f[1]), float(f[2])))
-        rows = values[8 * n:].reshape(len(self.calls), ext.NUM_SLOTS, len(_COLUMNS))
+        rows = values.reshape(len(self.calls), ext.NUM_SLOTS, len(_COLUMNS))
         for call, table in zip(self.calls, rows):
             for (role, slot), numel in zip(_ROLE_SLOTS, call.numels):
                 row = table[slot]
@@ -150,8 +110,11 @@ class _Packed:
         return out
 
 
-def _scale(scale_inv) -> float:
-    """The per-tensor scale a cast used: 1 / its float32 scale_inv."""
+def _scale(scale_inv) -> Optional[float]:
+    """The per-tensor scale a cast used: 1 / its float32 scale_inv; None
+    for a block-scaled cast (scale_inv NaN: no one scale)."""
+    if np.isnan(scale_inv):
+        return None
     return 1.0 / float(scale_inv) if scale_inv != 0 else float("inf")
 
 
@@ -208,24 +171,6 @@ class LayerRecorder:
         if _AUTOCAST.recipe is not None:
             r.recipes.add(type(_AUTOCAST.recipe).__name__)
         return name
-
-    def record(self, gemm: str, role: str, x: torch.Tensor, data, scale_inv: torch.Tensor,
-               scaling_mode: str = "per_tensor", columnwise_data=None,
-               numel: Optional[int] = None) -> None:
-        """The statistics of a cast of x: into `data` (its rowwise copy), or,
-        data None, into `columnwise_data`; scale_inv the copy's float32 [1]
-        scale_inv or its block scales (scaling_mode "block_1x128" /
-        "block_128x128"). numel: the elements to count (x's unless given:
-        x may hold padding rows of zeros, which add nothing)."""
-        name = self._open(gemm)
-        if name is None or role not in self._records.roles:
-            return
-        columnwise = data is None
-        stats = _ops.cast_statistics(x.detach(), columnwise_data if columnwise else data,
-                                     scale_inv, scaling_mode, columnwise)
-        per_tensor = scaling_mode == "per_tensor"
-        self._records.casts.append(_Cast(name, role, x.numel() if numel is None else numel,
-                                         tuple(stats), scale_inv if per_tensor else None))
 
     def linear_statistics(self, gemm: str, tokens: int,
                           weight: torch.Tensor) -> Optional[torch.Tensor]:

@@ -33,13 +33,11 @@ bfloat16 layer the value cast, rounded to bfloat16. A weight that is
 already FP8 (FSDP2's FP8 all-gather) had no cast in the layer and reports
 nothing.
 
-The per-tensor fp8kit.torch.Linear casts inside its one C++ call. At a
-logged step that same call also fills a small statistics buffer beside
-each of its casts, from the copies it wrote (ext.linear_forward's
-`statistics`; torch_ext/linear_autograd.h): the exact copies, and nothing
-else changes. Its traced path (the dispatcher ops) would show the input's
-and the weight's copies but not the output gradient's, which
-linear_backward casts internally there too.
+Every GEMM's casts run inside the C++ Linear steps (fp8kit.torch.Linear's
+one call, the fused layers' steps, the block-scaled ops). At a logged step
+those same calls also fill a small statistics buffer beside each of their
+casts, from the copies they wrote (ext.linear_forward's `statistics`;
+torch_ext/linear_autograd.h): the exact copies, and nothing else changes.
 
 Steps. A step is one forward of the root module (the model given) with
 gradients enabled; a forward pre-hook on it counts them from 0, and steps
@@ -255,7 +253,7 @@ class Inspection:
         records, self._records = self._records, None
         if records is None:
             return
-        if records.casts or records.linear_calls:
+        if records.linear_calls:
             self._copies.append(records.to_host())
         else:
             self._warn_empty(records.step)

@@ -49,10 +49,11 @@ extension's GEMM_DIM_MULTIPLE (cuBLASLt's FP8 alignment).
 
 Under BlockScaling (a scale per 1x128 tile of the input and the output
 gradient, per 128x128 block of the weight) forward and backward go through
-fp8kit.torch._block_linear instead: an autograd.Function over the
-block-scaled dispatcher ops, with no scaling state (each block's scale is
-its own amax's), so the layer's extra state gains nothing from it and the
-per-tensor path above is untouched. cache_fp8_weight does not apply there.
+fp8kit.torch._block_linear instead: an autograd.Function over the C++
+block-scaled Linear's two dispatcher ops (the fused layers' GEMMs run the
+same), with no scaling state (each block's scale is its own amax's), so
+the layer's extra state gains nothing from it. cache_fp8_weight does not
+apply there.
 
 A weight that is already a Float8Tensor (what FSDP2's FP8 all-gather of
 fp8kit.torch.distributed gives the layer) is read as it is: its FP8 copies

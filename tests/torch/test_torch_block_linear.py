@@ -300,3 +300,49 @@ def test_compiled_linear_is_one_graph_with_the_eager_bits(device):
     for name in ("x", "weight"):  # the FP8 ops' results
         assert torch.equal(gc[name], g[name]), name
     close(gc["bias"], g["bias"], 1e-6, "db")  # a float32 sum inductor may reorder
+
+
+# ---------------------------------------------------------------- the ops
+_FP8_INPUT_UTILS = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
+@pytest.mark.parametrize("tokens,min_rows", [(37, 0), (64, 0), (20, 144)])
+def test_block_linear_ops_opcheck_and_pad_inside(tokens, min_rows):
+    """The two ops' fake kernels agree with the real ones (opcheck, also
+    with a dynamic token count), and the token padding they do inside
+    changes no result: min_rows' extra zero rows give the same bits."""
+    torch.manual_seed(4)
+    ops = torch.ops.fp8kit
+    x, w, b = torch.randn(tokens, 64), torch.randn(32, 64), torch.randn(32)
+    e4m3, e5m2 = torch.float8_e4m3fn, torch.float8_e5m2
+    fwd = (x, w, b, e4m3, 0.0, True, True, True, min_rows)
+    # opcheck's test_schema compares FP8 outputs with allclose, which has
+    # no FP8 kernel.
+    torch.library.opcheck(ops.block_linear_forward.default, fwd, test_utils=_FP8_INPUT_UTILS)
+    y, *kept = ops.block_linear_forward(*fwd)
+    dy = torch.randn(tokens, 32)
+    bwd = (dy, *kept, e5m2, 0.0, True, 64, True, True, True, min_rows)
+    torch.library.opcheck(ops.block_linear_backward.default, bwd, test_utils=_FP8_INPUT_UTILS)
+    grads = ops.block_linear_backward(*bwd)
+    y0, *kept0 = ops.block_linear_forward(*fwd[:-1], 0)
+    grads0 = ops.block_linear_backward(dy, *kept0, *bwd[5:-1], 0)
+    for got, want in zip((y, *grads), (y0, *grads0)):
+        assert torch.equal(got, want)
+    assert torch.equal(grads[2], dy.sum(0))
+
+
+def test_block_linear_ops_name_a_bad_argument():
+    ops = torch.ops.fp8kit
+    x, w = torch.randn(16, 64), torch.randn(32, 64)
+    with pytest.raises(TypeError, match="fp8kit::block_linear_forward: forward_dtype is "
+                                        "torch.float32; use torch.float8_e4m3fn"):
+        ops.block_linear_forward(x, w, None, torch.float32, 0.0, True, True, True, 0)
+    with pytest.raises(ValueError, match=r"fp8kit::block_linear_forward: x has shape \[16, 48\] "
+                                         r"and weight \[32, 64\]; they must be \[M, K\]"):
+        ops.block_linear_forward(x[:, :48], w, None, torch.float8_e4m3fn, 0.0, True, True,
+                                 True, 0)
+    with pytest.raises(ValueError, match="fp8kit::block_linear_backward: grad_output has shape "
+                                         r"\[16\] and in_features is 64"):
+        empty = torch.empty(0)
+        ops.block_linear_backward(torch.randn(16), empty, empty, empty, empty,
+                                  torch.float8_e5m2, 0.0, True, 64, False, False, True, 0)

@@ -17,7 +17,7 @@ import fp8kit.torch as ft
 from fp8kit.inspect import StatsLog, read_run
 from fp8kit.inspect import writer as stats_writer
 from fp8kit.recipe import BlockScaling, CurrentScaling, DelayedScaling, Format
-from fp8kit.torch import _cast_records, _fused_steps
+from fp8kit.torch import _block_linear, _cast_records, _fused_steps
 from fp8kit.torch._traced_linear import traced_state
 from torch_reference import DEVICES, device_of
 
@@ -83,56 +83,70 @@ def op_stats(x, data, scale_inv, mode="per_tensor", columnwise=False) -> dict:
 # ---------------------------------------------------------------- (a) exact
 
 
-class _Spy:
-    """Wraps LayerRecorder.record: what the layers hand it, in order."""
-
-    def __init__(self, monkeypatch):
-        self.calls = []
-        real = _cast_records.LayerRecorder.record
-
-        def record(rec, gemm, role, x, data, scale_inv, scaling_mode="per_tensor",
-                   columnwise_data=None, numel=None):
-            name = rec._names.get(gemm)
-            if name is not None:
-                cw = data is None
-                copy = columnwise_data if cw else data
-                self.calls.append((name, role, x.detach().clone(), copy.clone(),
-                                   scale_inv.clone(), scaling_mode, cw))
-            real(rec, gemm, role, x, data, scale_inv, scaling_mode, columnwise_data, numel)
-        monkeypatch.setattr(_cast_records.LayerRecorder, "record", record)
+def assert_row_equals(rows, slot: int, want: dict, device, what):
+    """Row `slot` of an inspected call's statistics rows holds `want`."""
+    columns = {name: i for i, name in enumerate(ft._ext.ext.STATISTICS_COLUMNS)}
+    row = rows[slot].cpu()
+    bits = row.view(torch.int32)
+    got = {f: (bits if f in ("underflow", "saturated") else row)[columns[f]].item()
+           for f in FIELDS}
+    for f in FIELDS:
+        rel = 1e-5 if device.type == "cuda" and f.endswith("_sq") else 0
+        assert got[f] == pytest.approx(want[f], rel=rel, abs=0), (what, slot, f)
+    assert row[columns["recorded"]].item() == 1, (what, slot)
 
 
-# The casts the layers run in Python: block scaling's (the per-tensor ones
-# are the C++ Linear's: the next tests).
-@pytest.mark.parametrize("kind, recipe", [
-    (k, "block") for k in ("Linear", "LayerNormLinear", "LayerNormMLP")])
+class _BlockOps:
+    """Stands in for torch.ops.fp8kit in fp8kit.torch._block_linear: each
+    inspected call's statistics rows, slot, the tensor it cast and how."""
+
+    def __init__(self):
+        self.calls = []  # (rows, slot, tensor, scaling mode, FP8 dtype, eps, pow2)
+
+    def block_linear_forward(self, x, w, b, fwd, eps, pow2, dgrad, wgrad, min_rows, stats):
+        if stats is not None:
+            self.calls += [(stats, 0, x, "block_1x128", fwd, eps, pow2),
+                           (stats, 1, w, "block_128x128", fwd, eps, pow2)]
+        return _ops.block_linear_forward(x, w, b, fwd, eps, pow2, dgrad, wgrad, min_rows, stats)
+
+    def block_linear_backward(self, dy, *args):
+        bwd, eps, pow2, stats = args[4], args[5], args[6], args[-1]
+        if stats is not None:
+            self.calls.append((stats, 2, dy, "block_1x128", bwd, eps, pow2))
+        return _ops.block_linear_backward(dy, *args)
+
+
+# Block scaling: the C++ block-scaled Linear's rows equal cast_statistics
+# of the same tensors cast on their own (zero padding rows change no real
+# tile, and count nothing).
+@pytest.mark.parametrize("kind", ["Linear", "LayerNormLinear", "LayerNormMLP"])
 @pytest.mark.parametrize("device", DEVICES)
-def test_python_recorded_casts_equal_cast_statistics(kind, recipe, device, monkeypatch, log):
-    device = device_for(device, recipe)
+def test_block_statistics_equal_cast_statistics(kind, device, monkeypatch, log):
+    device = device_for(device, "block")
     torch.manual_seed(0)
     model = torch.nn.Sequential(layer(kind)).to(device)
-    spy = _Spy(monkeypatch)
+    spy = _BlockOps()
+    monkeypatch.setattr(_block_linear, "_ops", spy)
     with ft.inspect(model, every=1, log=log) as h:
-        for _ in range(2):  # the second step: delayed scaling's seeded scales
-            spy.calls.clear()
-            # 40 tokens: block scaling pads them to 48, which count nothing
-            run(model, torch.randn(2, 20, 64, device=device, requires_grad=True),
-                RECIPES[recipe])
+        # 40 tokens: block scaling pads them to 48, which count nothing
+        run(model, torch.randn(2, 20, 64, device=device, requires_grad=True), RECIPES["block"])
         h.flush()
     got = stats_by_name(h.last)
     gemms = ["0.fc1", "0.fc2"] if kind == "LayerNormMLP" else ["0"]
     assert set(got) == {f"{g}/{r}" for g in gemms for r in ("input", "weight", "grad_output")}
     assert len(spy.calls) == len(got)
-    for name, role, x, copy, scale_inv, mode, cw in spy.calls:
-        t = got[f"{name}/{role}"]
-        want = op_stats(x, copy, scale_inv, mode, cw)
-        assert_equal_stats(t, want, f"{name}/{role}", device)
-        if mode == "per_tensor":
-            assert t.scale == 1.0 / scale_inv.item()
-        else:
-            assert t.scale is None
+    for rows, slot, x, mode, fp8, eps, pow2 in spy.calls:
+        data, scales, _, _ = _ops.quantize_block(x, fp8, mode, True, False, eps, pow2)
+        assert_row_equals(rows, slot, op_stats(x, data, scales, mode), device, kind)
+    features = {"input": 64, "grad_output": 32}
+    if kind == "LayerNormMLP":
+        features = {"0.fc1/input": 64, "0.fc1/grad_output": 192, "0.fc2/input": 96,
+                    "0.fc2/grad_output": 64}
+    for name, t in got.items():
+        assert t.scale is None
+        role = name.split("/")[1]
         if role != "weight":
-            assert t.numel == 40 * x.shape[-1]
+            assert t.numel == 40 * features.get(name, features.get(role)), name
         assert t.relative_error < 0.1
 
 
@@ -211,18 +225,8 @@ def test_fused_layer_statistics_equal_cast_statistics_of_their_casts(kind, recip
         h.flush()
     gemms = 2 if kind == "LayerNormMLP" else 1
     assert len(spy.wanted) == 3 * gemms
-    columns = {name: i for i, name in enumerate(ft._ext.ext.STATISTICS_COLUMNS)}
     for rows, slot, want in spy.wanted:
-        row = rows[slot].cpu()
-        bits = row.view(torch.int32)
-        got = {"amax": row[columns["amax"]].item(), "error_sq": row[columns["error_sq"]].item(),
-               "norm_sq": row[columns["norm_sq"]].item(),
-               "underflow": bits[columns["underflow"]].item(),
-               "saturated": bits[columns["saturated"]].item()}
-        for f in FIELDS:
-            rel = 1e-5 if device.type == "cuda" and f.endswith("_sq") else 0
-            assert got[f] == pytest.approx(want[f], rel=rel, abs=0), (slot, f)
-        assert row[columns["recorded"]].item() == 1
+        assert_row_equals(rows, slot, want, device, kind)
     got = stats_by_name(h.last)
     assert all(t.numel == 40 * 64 for name, t in got.items() if name.endswith("/input")
                and "fc2" not in name)
