@@ -25,6 +25,15 @@ at::Tensor piece_of(const at::Tensor& buffer, const Piece& p, int64_t offset) {
 
 }  // namespace
 
+at::Tensor part_of(const at::Tensor& t, int64_t offset, at::IntArrayRef sizes) {
+  at::Tensor p = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(t.storage()), t.key_set(),
+                                                          t.dtype());
+  c10::TensorImpl* impl = p.unsafeGetTensorImpl();
+  impl->set_sizes_contiguous(sizes);
+  impl->set_storage_offset(t.storage_offset() + offset);
+  return p;
+}
+
 void carve(const at::Device& device, const Piece* pieces, int n, at::Tensor* out) {
   TORCH_CHECK(n >= 0 && n <= kMaxPieces, "fp8kit: carve takes at most ", kMaxPieces, " pieces");
   bool done[kMaxPieces] = {};

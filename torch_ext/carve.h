@@ -33,6 +33,12 @@ struct Piece {
 constexpr int kMaxPieces = 8;
 void carve(const at::Device& device, const Piece* pieces, int n, at::Tensor* out);
 
+// A contiguous tensor of `sizes` over t's storage from `offset` elements
+// past t's own start, in t's dtype: as a piece above, a tensor of its own
+// (no view, no dispatcher call: a narrow() costs a small layer's call
+// microseconds in backward).
+at::Tensor part_of(const at::Tensor& t, int64_t offset, at::IntArrayRef sizes);
+
 }  // namespace fp8kit_torch
 
 #endif  // FP8KIT_TORCH_EXT_CARVE_H_

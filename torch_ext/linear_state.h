@@ -9,6 +9,7 @@
 #include <mutex>
 #include <vector>
 
+#include "carve.h"
 #include "fp8kit/linear.h"
 #include "linear_recipe.h"
 #include "torch_includes.h"
@@ -28,10 +29,11 @@ constexpr int kScale = 0, kScaleInv = 4, kAmax = 8, kScalars = 12;
 inline float* scale_inv_of(const at::Tensor& scalars) {
   return scalars.data_ptr<float>() + kScaleInv;
 }
-// A scalars block's scale_inv as a float32 [1] tensor (a view of it): what
-// a cast gives its GEMMs, and what a forward keeps for backward.
+// A scalars block's scale_inv as a float32 [1] tensor over its storage:
+// what a cast gives its GEMMs, and what a forward keeps for backward.
 inline at::Tensor scale_inv_view(const at::Tensor& scalars) {
-  return scalars.narrow(0, kScaleInv, 1);
+  const int64_t one[1] = {1};
+  return part_of(scalars, kScaleInv, one);
 }
 
 // One quantization of a forward or backward: the layer's slot, the
