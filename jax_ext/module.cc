@@ -196,6 +196,12 @@ PYBIND11_MODULE(_jax_ext, m) {
   m.attr("FP8_MAX") = fp8_max;
   // K, N and every FP8 GEMM's inner dimension are multiples of this.
   m.attr("GEMM_DIM_MULTIPLE") = FP8KIT_GEMM_DIM_MULTIPLE;
+  // Each row of a GEMM's output is a multiple of this many bytes; a
+  // block-scaled GEMM's N (and M for a 1x128 A) a multiple of the next.
+  m.attr("GEMM_ROW_BYTES_MULTIPLE") = FP8KIT_GEMM_ROW_BYTES_MULTIPLE;
+  m.attr("BLOCK_GEMM_MN_MULTIPLE") = FP8KIT_BLOCK_GEMM_MN_MULTIPLE;
+  // Block scale arrays pad their inner dimension to a multiple of this.
+  m.attr("BLOCK_SCALE_INNER_MULTIPLE") = FP8KIT_BLOCK_SCALE_INNER_MULTIPLE;
   // Floats from one group's scale to the next in a grouped op's per-group
   // scales (fp8kit/grouped.h).
   m.attr("GROUP_SCALE_STRIDE") = FP8KIT_GROUP_SCALE_STRIDE;

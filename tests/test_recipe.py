@@ -262,3 +262,19 @@ def test_bounds_equal_the_extension_exports(framework, module):
     for name, want in (("MARGIN_MAX", MARGIN_MAX), ("AMAX_HISTORY_LEN_MAX", AMAX_HISTORY_LEN_MAX)):
         assert hasattr(ext, name), f"{module} must export {name} (the core's FP8KIT_{name})"
         assert getattr(ext, name) == want, f"{module}.{name}"
+
+
+@pytest.mark.parametrize("module", ["fp8kit._torch_ext", "fp8kit._jax_ext"])
+def test_layout_and_gemm_multiples_are_the_core_headers(module):
+    """What the front ends read instead of re-typing the core's rules."""
+    if not HEADER.is_file():
+        pytest.skip("the core's headers are not beside this test (not run from the source tree)")
+    try:
+        importlib.import_module(module.split("_")[1])  # torch / jax loaded first
+        ext = importlib.import_module(module)
+    except ImportError as e:
+        pytest.skip(f"{module} does not import here ({e})")
+    for name, header in (("GEMM_DIM_MULTIPLE", "linear.h"), ("GEMM_ROW_BYTES_MULTIPLE", "gemm.h"),
+                         ("BLOCK_GEMM_MN_MULTIPLE", "gemm.h"),
+                         ("BLOCK_SCALE_INNER_MULTIPLE", "block_scaling.h")):
+        assert getattr(ext, name) == _header_define(f"FP8KIT_{name}", header), (module, name)

@@ -292,6 +292,9 @@ void register_ops(py::module_& m) {
   for (fp8kit_dtype f : {FP8KIT_E4M3, FP8KIT_E5M2}) fp8_max[fp8_name(f)] = fp8kit_fp8_max(f);
   m.attr("FP8_MAX") = fp8_max;
   m.attr("GEMM_DIM_MULTIPLE") = FP8KIT_GEMM_DIM_MULTIPLE;
+  m.attr("GEMM_ROW_BYTES_MULTIPLE") = FP8KIT_GEMM_ROW_BYTES_MULTIPLE;
+  m.attr("BLOCK_GEMM_MN_MULTIPLE") = FP8KIT_BLOCK_GEMM_MN_MULTIPLE;
+  m.attr("BLOCK_SCALE_INNER_MULTIPLE") = FP8KIT_BLOCK_SCALE_INNER_MULTIPLE;
   // Floats from one group's scale to the next (fp8kit/grouped.h).
   m.attr("GROUP_SCALE_STRIDE") = FP8KIT_GROUP_SCALE_STRIDE;
   m.attr("MAX_GROUPS") = FP8KIT_MAX_GROUPS;

@@ -8,18 +8,23 @@
 #include <cstdint>
 
 #include "float_bits.h"
+#include "fp8kit/block_scaling.h"
 #include "fp8kit/tensor.h"
 
 namespace fp8kit {
 
-constexpr int64_t kBlockLen = 128;
+constexpr int64_t kBlockLen = FP8KIT_BLOCK_LEN;
 
 FP8KIT_HD bool is_block_scaling(fp8kit_scaling_mode mode) {
   return mode == FP8KIT_SCALING_BLOCK_1X128 || mode == FP8KIT_SCALING_BLOCK_128X128;
 }
 
 FP8KIT_HD int64_t blocks_along(int64_t n) { return (n + kBlockLen - 1) / kBlockLen; }
-FP8KIT_HD int64_t round_up4(int64_t n) { return (n + 3) / 4 * 4; }
+// n rounded up to the scale arrays' inner multiple.
+FP8KIT_HD int64_t padded_inner(int64_t n) {
+  constexpr int64_t m = FP8KIT_BLOCK_SCALE_INNER_MULTIPLE;
+  return (n + m - 1) / m * m;
+}
 
 // The scale array [outer, inner] of one stored copy [rows, cols] (rows and
 // cols of the copy as stored: [cols, rows] of the tensor for the columnwise
@@ -40,7 +45,7 @@ struct BlockScaleLayout {
       l.outer = blocks_along(rows);
       l.used_inner = blocks_along(cols);
     }
-    l.inner = round_up4(l.used_inner);
+    l.inner = padded_inner(l.used_inner);
     return l;
   }
 

@@ -63,12 +63,13 @@ void check_block_scaled_gemm(const fp8kit_tensor& a, const fp8kit_tensor& b,
   FP8KIT_CHECK(config.use_split_accumulator != 0,
                "gemm: config.use_split_accumulator is 0 but cuBLASLt's block-scaled FP8 GEMM "
                "has no fast-accumulation mode; set it to 1");
-  FP8KIT_CHECK(n % 8 == 0, "gemm: N is ", n,
+  constexpr int64_t mult = FP8KIT_BLOCK_GEMM_MN_MULTIPLE;
+  FP8KIT_CHECK(n % mult == 0, "gemm: N is ", n,
                " but a block-scaled FP8 GEMM needs N (the rows of op(B)^T, the output "
-               "columns) to be a multiple of 8; pad it");
-  FP8KIT_CHECK(a.scaling_mode != FP8KIT_SCALING_BLOCK_1X128 || m % 8 == 0, "gemm: M is ", m,
+               "columns) to be a multiple of ", mult, "; pad it");
+  FP8KIT_CHECK(a.scaling_mode != FP8KIT_SCALING_BLOCK_1X128 || m % mult == 0, "gemm: M is ", m,
                " but a block-scaled FP8 GEMM with a 1x128-scaled A needs M (the rows of "
-               "op(A), the output rows) to be a multiple of 8; pad it");
+               "op(A), the output rows) to be a multiple of ", mult, "; pad it");
 }
 
 const float* block_scales_of(const char* name, const fp8kit_tensor& t, bool from_columnwise) {

@@ -199,10 +199,11 @@ GemmProblem make_gemm_problem(const fp8kit_tensor* a, const fp8kit_tensor* b,
   FP8KIT_CHECK(dr == m && dc == n, "gemm: D has shape ", shape_string(*d), " but op(A) @ op(B) is ",
                m, "x", n, "; D must be [M, N] (leading dimensions may be split)");
   const int64_t d_row_bytes = n * int64_t(fp8kit_dtype_size(d->dtype));
-  FP8KIT_CHECK(d_row_bytes % 16 == 0, "gemm: D is ", m, "x", n, " ", fp8kit_dtype_name(d->dtype),
-               " but FP8 GEMM needs each row of D to be a multiple of 16 bytes (N a multiple of ",
-               16 / fp8kit_dtype_size(d->dtype), " for ", fp8kit_dtype_name(d->dtype),
-               "); pad N (the output features)");
+  constexpr int64_t row_bytes = FP8KIT_GEMM_ROW_BYTES_MULTIPLE;
+  FP8KIT_CHECK(d_row_bytes % row_bytes == 0, "gemm: D is ", m, "x", n, " ",
+               fp8kit_dtype_name(d->dtype), " but FP8 GEMM needs each row of D to be a multiple of ",
+               row_bytes, " bytes (N a multiple of ", row_bytes / fp8kit_dtype_size(d->dtype),
+               " for ", fp8kit_dtype_name(d->dtype), "); pad N (the output features)");
   if (d_fp8) {
     FP8KIT_CHECK(d->dtype == FP8KIT_E4M3 || a->dtype == FP8KIT_E5M2 || b->dtype == FP8KIT_E5M2,
                  "gemm: D is e5m2 but A and B are both e4m3; cuBLASLt writes e5m2 only from mixed "

@@ -5,6 +5,7 @@
 // over every group (common/cuda/quantize_block.cu).
 #include <cstring>
 
+#include "block_scale_layout.h"
 #include "error.h"
 #include "fp8kit/block_scaling.h"
 #include "fp8kit/grouped.h"
@@ -23,7 +24,6 @@ namespace {
 constexpr const char* kOp = "grouped_quantize_block";
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int64_t round4(int64_t a) { return (a + 3) / 4 * 4; }
 
 void zero(const fp8kit_tensor& like, void* p, int64_t bytes, void* stream) {
   if (p == nullptr || bytes <= 0) return;
@@ -73,15 +73,17 @@ extern "C" int64_t fp8kit_grouped_block_scales_floats(int64_t rows, int64_t grou
                                                       int64_t features, fp8kit_scaling_mode mode,
                                                       int columnwise) {
   using fp8kit::ceil_div;
-  using fp8kit::round4;
+  using fp8kit::padded_inner;
   // Each group is [p, features] with p a multiple of 16 and the p's summing
   // to at most rows: a bound on the sum over groups of their scale arrays.
   const int64_t blocks = (rows + (FP8KIT_BLOCK_LEN - 1) * groups) / FP8KIT_BLOCK_LEN;
   const int64_t feature_blocks = ceil_div(features, FP8KIT_BLOCK_LEN);
   if (mode == FP8KIT_SCALING_BLOCK_1X128) {
-    return columnwise ? round4(features) * blocks : feature_blocks * rows;
+    return columnwise ? padded_inner(features) * blocks : feature_blocks * rows;
   }
-  return columnwise ? feature_blocks * (blocks + 3 * groups) : round4(feature_blocks) * blocks;
+  // A group's columnwise scale rows are padded to the inner multiple.
+  const int64_t padded_blocks = blocks + (FP8KIT_BLOCK_SCALE_INNER_MULTIPLE - 1) * groups;
+  return columnwise ? feature_blocks * padded_blocks : padded_inner(feature_blocks) * blocks;
 }
 
 extern "C" fp8kit_status fp8kit_grouped_quantize_block(const fp8kit_tensor* input,

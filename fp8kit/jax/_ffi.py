@@ -50,6 +50,9 @@ MARGIN_MAX: int = int(ext.MARGIN_MAX)
 AMAX_HISTORY_LEN_MAX: int = int(ext.AMAX_HISTORY_LEN_MAX)
 SCALING_MODE_CODES: dict[str, int] = dict(ext.SCALING_MODE_CODES)
 BLOCK_LEN: int = int(ext.BLOCK_LEN)
+BLOCK_SCALE_INNER_MULTIPLE: int = int(ext.BLOCK_SCALE_INNER_MULTIPLE)
+GEMM_ROW_BYTES_MULTIPLE: int = int(ext.GEMM_ROW_BYTES_MULTIPLE)
+BLOCK_GEMM_MN_MULTIPLE: int = int(ext.BLOCK_GEMM_MN_MULTIPLE)
 
 
 def _register_all() -> tuple[str, ...]:

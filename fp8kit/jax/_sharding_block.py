@@ -41,15 +41,12 @@ from fp8kit.jax import _ffi
 from fp8kit.jax import _sharding as sh
 from fp8kit.jax import _sharding_quantize as shq
 
-# The scale layout pads the inner dimension of each scale array to this many
-# floats (16 bytes).
-SCALE_PADDING = 4
-
 
 def shard_multiples(scaling_mode: str, rowwise: bool, columnwise: bool) -> tuple[int, int]:
     """(rows, cols) of the 2-D view that each shard must hold a multiple of
     (the table above); rows are the stored rowwise copy's."""
-    block, pad = _ffi.BLOCK_LEN, SCALE_PADDING
+    # The scale layout pads each scale array's inner dimension to pad floats.
+    block, pad = _ffi.BLOCK_LEN, _ffi.BLOCK_SCALE_INNER_MULTIPLE
     rows, cols = 1, 1
     if scaling_mode == "block_1x128":
         needs = [(pad, block)] * rowwise + [(block, pad)] * columnwise
@@ -87,7 +84,7 @@ def check_shards(fn: str, arg: str, scaling_mode: str, rowwise: bool, columnwise
                 f"axes {axes} into {shards} shards of {per_shard} {what}, but {scaling_mode} "
                 f"quantization ({copies} copy) needs each device to hold a multiple of "
                 f"{multiple} {what}, or a {_ffi.BLOCK_LEN}-element block (or the scale "
-                f"layout's {SCALE_PADDING}-float padding) would be split across devices. Shard "
+                f"layout's {_ffi.BLOCK_SCALE_INNER_MULTIPLE}-float padding) would be split across devices. Shard "
                 f"dim {dim} over fewer devices, pad the {what} to a multiple of "
                 f"{multiple * shards}, or leave dim {dim} replicated.")
 

@@ -108,9 +108,10 @@ def _check_block_gemm(fn, a, b, trans_a, trans_b, out_dtype, use_split_accumulat
                          "GEMM has no fast-accumulation mode; pass True.")
     m = a.shape[1] if trans_a else a.shape[0]
     n = b.shape[0] if trans_b else b.shape[1]
-    if n % 8 or (a.scaling_mode == "block_1x128" and m % 8):
+    mult = _ffi.BLOCK_GEMM_MN_MULTIPLE
+    if n % mult or (a.scaling_mode == "block_1x128" and m % mult):
         raise ValueError(f"{fn}: M={m}, N={n}; a block-scaled FP8 GEMM needs N (and M when a "
-                         "is block_1x128) to be a multiple of 8. Pad them.")
+                         f"is block_1x128) to be a multiple of {mult}. Pad them.")
 
 
 def gemm(a: ScaledTensor, b: ScaledTensor, trans_a: bool = False, trans_b: bool = False,
@@ -177,10 +178,12 @@ def gemm(a: ScaledTensor, b: ScaledTensor, trans_a: bool = False, trans_b: bool 
     if k_a % multiple != 0 or k_a == 0:
         raise ValueError(f"{fn}: K={k_a} must be a positive multiple of {multiple} for FP8 "
                          "GEMMs; pad the reduction dimension with zeros.")
-    if (n * out_dtype.itemsize) % 16 != 0:
+    row_bytes = _ffi.GEMM_ROW_BYTES_MULTIPLE
+    if (n * out_dtype.itemsize) % row_bytes != 0:
         raise ValueError(f"{fn}: N={n} gives {out_dtype} output rows of "
-                         f"{n * out_dtype.itemsize} bytes; FP8 GEMMs need a multiple of 16 "
-                         f"bytes (N a multiple of {16 // out_dtype.itemsize}). Pad N.")
+                         f"{n * out_dtype.itemsize} bytes; FP8 GEMMs need a multiple of "
+                         f"{row_bytes} bytes (N a multiple of {row_bytes // out_dtype.itemsize}). "
+                         "Pad N.")
     if bias is not None:
         _checks.array(fn, "bias", bias)
         want = BIAS_DTYPE[out_dtype]

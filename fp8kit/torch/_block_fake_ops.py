@@ -36,7 +36,8 @@ def block_scale_inv_shape(shape, scaling_mode: str, columnwise: bool) -> tuple:
         raise ValueError(f"fp8kit::quantize_block: scaling_mode is {scaling_mode!r}; use "
                          "'block_1x128' (activations and gradients) or 'block_128x128' "
                          "(weights)")
-    return outer, (inner + 3) // 4 * 4
+    pad = ext.BLOCK_SCALE_INNER_MULTIPLE
+    return outer, (inner + pad - 1) // pad * pad
 
 
 @torch.library.register_fake("fp8kit::quantize_block")

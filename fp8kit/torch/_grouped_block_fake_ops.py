@@ -23,11 +23,12 @@ def block_scales_floats(rows, groups, features, scaling_mode: str, columnwise: b
     checks it against the core's."""
     blocks = (rows + (ext.BLOCK_LEN - 1) * groups) // ext.BLOCK_LEN
     feature_blocks = _ceil_div(features, ext.BLOCK_LEN)
+    pad = ext.BLOCK_SCALE_INNER_MULTIPLE
     if scaling_mode == "block_1x128":
-        return (features + 3) // 4 * 4 * blocks if columnwise else feature_blocks * rows
-    if columnwise:
-        return feature_blocks * (blocks + 3 * groups)
-    return (feature_blocks + 3) // 4 * 4 * blocks
+        return _ceil_div(features, pad) * pad * blocks if columnwise else feature_blocks * rows
+    if columnwise:  # a group's scale rows padded to the inner multiple
+        return feature_blocks * (blocks + (pad - 1) * groups)
+    return _ceil_div(feature_blocks, pad) * pad * blocks
 
 
 @torch.library.register_fake("fp8kit::grouped_quantize_block")

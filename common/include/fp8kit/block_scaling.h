@@ -72,6 +72,10 @@ extern "C" {
 /* Elements along a block side. */
 #define FP8KIT_BLOCK_LEN 128
 
+/* The inner dimension of a block scale array is padded to a multiple of
+ * this (see the layout above). */
+#define FP8KIT_BLOCK_SCALE_INNER_MULTIPLE 4
+
 /* shape[0], shape[1] = [outer, inner] of t's block_scale_inv (columnwise = 0)
  * or columnwise_block_scale_inv (columnwise = 1): see the layout above. Reads
  * t->scaling_mode (BLOCK_1X128 or BLOCK_128X128), rank and shape only. */

@@ -60,6 +60,11 @@
 extern "C" {
 #endif
 
+/* Each row of D is a multiple of this many bytes (see above). */
+#define FP8KIT_GEMM_ROW_BYTES_MULTIPLE 16
+/* A block-scaled GEMM's N, and M when A is 1x128, are multiples of this. */
+#define FP8KIT_BLOCK_GEMM_MN_MULTIPLE 8
+
 typedef enum fp8kit_epilogue {
   FP8KIT_EPILOGUE_DEFAULT = 0,
   FP8KIT_EPILOGUE_BIAS = 1,      /* D += bias[N] */
