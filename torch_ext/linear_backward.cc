@@ -54,11 +54,12 @@ variable_list linear_backward_below_autograd(const BackwardInfo& info, const Lin
   }
 
   if (p.dgrad || p.wgrad) {
-    at::Tensor dy_data, dy_columnwise, dy_scale_inv;
+    at::Tensor dy_data, dy_columnwise;
+    ScaleInv dy_scale_inv;
     if (cast_dy != nullptr) {
       dy_data = cast_dy->data;
       dy_columnwise = cast_dy->columnwise_data;
-      dy_scale_inv = cast_dy->scale_inv;
+      dy_scale_inv = ScaleInv{cast_dy->scale_inv, false};
     } else {
       const fp8kit_copies dy_cast = p.plan.quantize[kGrad];
       const at::ScalarType fp8 = torch_fp8_type(bwd);
@@ -82,7 +83,7 @@ variable_list linear_backward_below_autograd(const BackwardInfo& info, const Lin
       carve(dy.device(), pieces, 4, t);
       dy_data = t[0];
       dy_columnwise = t[1];
-      dy_scale_inv = scale_inv_view(t[2]);
+      dy_scale_inv = ScaleInv{t[2], true};
       if (sums_in_cast) db = at::empty({p.n}, opts.dtype(info.b_dtype));
       {
         // The delayed-scaling state and the column sums' tile counters are
@@ -102,7 +103,7 @@ variable_list linear_backward_below_autograd(const BackwardInfo& info, const Lin
       // An inspected call: whichever copy the cast wrote.
       const bool rowwise = dy_data.defined() && dy_data.numel() > 0;
       record_statistics(p.statistics, kGrad, dy_values, bwd, rowwise ? dy_data : dy_columnwise,
-                        !rowwise, dy_scale_inv);
+                        !rowwise, dy_scale_inv.tensor());
     }
     if (p.dgrad) {
       // dx[M, K] = dy[M, N] @ w[N, K]: w is read N-contiguous, from its
@@ -110,7 +111,7 @@ variable_list linear_backward_below_autograd(const BackwardInfo& info, const Lin
       dx = at::empty(info.x_sizes, opts.dtype(info.x_dtype));
       const bool w_rowwise = fwd_plan.saved_weight.rowwise != 0;
       const fp8kit_tensor a = gemm_operand(st.device, bwd, p.m, p.n, dy_data.data_ptr(), nullptr,
-                                           dy_scale_inv.data_ptr<float>());
+                                           dy_scale_inv.ptr());
       const fp8kit_tensor b = gemm_operand(st.device, fwd, p.n, p.k,
                                            w_rowwise ? w_q.data_ptr() : nullptr,
                                            w_rowwise ? nullptr : w_q.data_ptr(),
@@ -134,7 +135,7 @@ variable_list linear_backward_below_autograd(const BackwardInfo& info, const Lin
       void* dy_ptr = dy_w.data_ptr();
       void* x_ptr = x_w.data_ptr();
       const fp8kit_tensor a = gemm_operand(st.device, bwd, inner, p.n, cw ? nullptr : dy_ptr,
-                                           cw ? dy_ptr : nullptr, dy_scale_inv.data_ptr<float>());
+                                           cw ? dy_ptr : nullptr, dy_scale_inv.ptr());
       const fp8kit_tensor b = gemm_operand(st.device, fwd, inner, p.k, cw ? nullptr : x_ptr,
                                            cw ? x_ptr : nullptr, x_scale_inv.data_ptr<float>());
       fp8kit_tensor d = describe(dw, *high_precision_dtype(info.w_dtype), dev_type);

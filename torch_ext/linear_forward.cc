@@ -35,16 +35,16 @@ at::Tensor kept_copy(fp8kit_copies keep, const at::Tensor& rowwise,
 // the rowwise copies every plan writes for x and an [N, K] weight. y has
 // the layer's dtype (`options`', the weight's) and `sizes`.
 at::Tensor forward_gemm(const LinearState& st, const at::Tensor& x_data,
-                        const at::Tensor& x_scale_inv, const at::Tensor& w_data,
-                        const at::Tensor& w_scale_inv, const at::Tensor& b, const LinearCall& p,
+                        const ScaleInv& x_scale_inv, const at::Tensor& w_data,
+                        const ScaleInv& w_scale_inv, const at::Tensor& b, const LinearCall& p,
                         const std::vector<int64_t>& sizes, const at::TensorOptions& options) {
   const at::ScalarType out_dtype = options.dtype().toScalarType();
   at::Tensor y = at::empty(sizes, options);
   const fp8kit_dtype fwd = st.recipe.forward_dtype;
   const fp8kit_tensor a = gemm_operand(st.device, fwd, p.m, p.k, x_data.data_ptr(), nullptr,
-                                       x_scale_inv.data_ptr<float>());
+                                       x_scale_inv.ptr());
   const fp8kit_tensor bw = gemm_operand(st.device, fwd, p.n, p.k, w_data.data_ptr(), nullptr,
-                                        w_scale_inv.data_ptr<float>());
+                                        w_scale_inv.ptr());
   fp8kit_tensor d = describe(y, *high_precision_dtype(out_dtype),
                              st.device.is_cuda() ? FP8KIT_DEVICE_CUDA : FP8KIT_DEVICE_CPU);
   fp8kit_gemm_config cfg = fp8kit_gemm_config_default();
@@ -89,7 +89,8 @@ at::Tensor linear_forward_below_autograd(LinearState& st, const at::Tensor& x_in
   const bool save = saved != nullptr;
   const fp8kit_copies x_keep = save ? plan.saved_input : fp8kit_copies{0, 0};
   const fp8kit_copies w_keep = save ? plan.saved_weight : fp8kit_copies{0, 0};
-  at::Tensor x_data, x_columnwise, x_scale_inv, w, w_data, w_columnwise, w_scale_inv;
+  at::Tensor x_data, x_columnwise, w, w_data, w_columnwise;
+  ScaleInv x_scale_inv, w_scale_inv;
   {
     const auto lock = lock_state(st.mu);
     const bool requant = given == nullptr && !st.weight_cached(w_in, w_cast);
@@ -141,27 +142,27 @@ at::Tensor linear_forward_below_autograd(LinearState& st, const at::Tensor& x_in
     if (requant) {
       w_data = t[3];
       w_columnwise = t[4];
-      w_scale_inv = scale_inv_view(t[5]);
+      w_scale_inv = ScaleInv{t[5], true};
       jobs[n++] = SlotJob{kWeight, &w, w_data, w_columnwise, t[5].data_ptr<float>()};
       if (cache_w) st.keep_weight(w_in, w_data, w_columnwise, t[5]);
     } else if (given != nullptr) {
       w_data = given->data;
       w_columnwise = given->columnwise_data;
-      w_scale_inv = given->scale_inv;
+      w_scale_inv = ScaleInv{given->scale_inv, false};
     } else {
       w_data = st.w_data;
       w_columnwise = st.w_columnwise;
-      w_scale_inv = scale_inv_view(st.w_scalars);
+      w_scale_inv = ScaleInv{st.w_scalars, true};
     }
     if (cast_x_here) {
       x_data = t[0];
       x_columnwise = t[1];
-      x_scale_inv = scale_inv_view(t[2]);
+      x_scale_inv = ScaleInv{t[2], true};
       jobs[n++] = SlotJob{kInput, &x, x_data, x_columnwise, t[2].data_ptr<float>()};
     } else {
       x_data = cast_x->data;
       x_columnwise = cast_x->columnwise_data;
-      x_scale_inv = cast_x->scale_inv;
+      x_scale_inv = ScaleInv{cast_x->scale_inv, false};
     }
     if (n > 0) st.quantize_slots(jobs, n, /*record=*/save);
   }
@@ -169,11 +170,12 @@ at::Tensor linear_forward_below_autograd(LinearState& st, const at::Tensor& x_in
     const fp8kit_dtype fwd = st.recipe.forward_dtype;
     const at::Tensor& x_values = cast_x_here ? x : cast_x->values;
     if (x_values.defined()) {
-      record_statistics(p.statistics, kInput, x_values, fwd, x_data, false, x_scale_inv);
+      record_statistics(p.statistics, kInput, x_values, fwd, x_data, false,
+                        x_scale_inv.tensor());
     }
     if (given == nullptr) {  // a weight already in FP8 has no high-precision copy here
       record_statistics(p.statistics, kWeight, w.defined() ? w : w_in.contiguous(), fwd, w_data,
-                        false, w_scale_inv);
+                        false, w_scale_inv.tensor());
     }
   }
   at::Tensor y = forward_gemm(st, x_data, x_scale_inv, w_data, w_scale_inv, b, p,
@@ -181,9 +183,9 @@ at::Tensor linear_forward_below_autograd(LinearState& st, const at::Tensor& x_in
                               w_in.options());
   if (saved) {
     saved->x_q = kept_copy(x_keep, x_data, x_columnwise);
-    saved->x_scale_inv = x_scale_inv;
+    saved->x_scale_inv = x_scale_inv.tensor();
     saved->w_q = kept_copy(w_keep, w_data, w_columnwise);
-    saved->w_scale_inv = w_scale_inv;
+    saved->w_scale_inv = w_scale_inv.tensor();
   }
   return y;
 }

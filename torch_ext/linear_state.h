@@ -36,6 +36,17 @@ inline at::Tensor scale_inv_view(const at::Tensor& scalars) {
   return part_of(scalars, kScaleInv, one);
 }
 
+// One cast's scale_inv where a call uses it: in the cast's scalars block
+// (block: the float at kScaleInv) or a float32 [1] tensor (a cast made
+// elsewhere). The [1] tensor of a block is made only where one is kept or
+// recorded: even part_of costs a small layer's call time.
+struct ScaleInv {
+  at::Tensor owner;
+  bool block;
+  float* ptr() const { return owner.data_ptr<float>() + (block ? kScaleInv : 0); }
+  at::Tensor tensor() const { return block ? scale_inv_view(owner) : owner; }
+};
+
 // One quantization of a forward or backward: the layer's slot, the
 // contiguous input, its FP8 outputs (either may be undefined) and where its
 // scalars go (kScale / kScaleInv / kAmax floats from there).
