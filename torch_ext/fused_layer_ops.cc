@@ -1,8 +1,8 @@
-// The Linear pieces the fused layers (fp8kit/torch/layernorm_linear.py,
-// layernorm_mlp.py) use around the fused kernels: quantize_slot casts a
-// weight or an output gradient into a LinearState slot (as the Linear layer
-// casts its own), linear_plan returns the core's plan of which copies each
-// cast writes and which the forward keeps.
+// Two Linear pieces on their own: quantize_slot casts a tensor into a
+// LinearState slot, as the Linear's steps cast theirs (the tests rebuild a
+// layer's casts with it), and linear_plan returns the core's plan of which
+// copies each cast writes and which the forward keeps (the fused layers
+// ask their kernels for those copies).
 #include <optional>
 #include <string>
 

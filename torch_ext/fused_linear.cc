@@ -10,8 +10,9 @@
 //                               the forward kept
 //   linear_backward_cast_grad   the same GEMMs on a dy that the activation
 //                               backward has already cast
-// as pybind11 calls on a LinearState; their dispatcher ops, which
-// torch.compile traces, are in fused_dispatcher_ops.cc.
+// as pybind11 calls on a LinearState. Their dispatcher ops, which
+// torch.compile traces, are in fused_dispatcher_ops.cc (linear_backward's
+// is the Linear's own, in linear_dispatcher_ops.cc).
 #include <optional>
 #include <string>
 

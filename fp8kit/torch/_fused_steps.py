@@ -35,8 +35,9 @@ import torch
 from fp8kit.torch._ext import ext
 
 _ops = torch.ops.fp8kit
-# The slots of a LinearState (fp8kit_linear_slot), as the core numbers them.
-INPUT, WEIGHT, GRAD_OUTPUT = ext.SLOT_INPUT, ext.SLOT_WEIGHT, ext.SLOT_GRAD_OUTPUT
+# The slots of a LinearState (fp8kit_linear_slot) the fused kernels cast
+# into, as the core numbers them.
+INPUT, GRAD_OUTPUT = ext.SLOT_INPUT, ext.SLOT_GRAD_OUTPUT
 
 
 class EAGER:
