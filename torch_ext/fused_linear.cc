@@ -38,19 +38,16 @@ CastInputForwardOut linear_forward_cast_input(const char* fn, LinearState& st, c
   LinearCall p = linear_call(fn, st, x.data, w, b, dgrad, wgrad, /*bgrad=*/false,
                              fast_accumulation, /*x_cast=*/true);
   check_f32_scalar(fn, "input_scale_inv", x.scale_inv, "input", x.data);
-  if (statistics.defined()) {
-    check_statistics(fn, statistics, st.device);
-    p.statistics = statistics;
-  }
   DeviceScope scope(st.device);
   FP8Weight given;
-  if (fp8_weight != nullptr) given = checked_fp8_weight(fn, st, *fp8_weight, w, p.plan);
+  const FP8Weight* given_ptr =
+      check_forward_extras(fn, st, w, statistics, fp8_weight, &p, &given);
   LinearSaved saved;
   saved.own_buffers = own_buffers;
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   CastInputForwardOut out;
   out.y = linear_forward_below_autograd(st, x.data, w, b, p, record ? &saved : nullptr,
-                                        fp8_weight != nullptr ? &given : nullptr, &x);
+                                        given_ptr, &x);
   out.w_q = saved.w_q;
   out.w_scale_inv = saved.w_scale_inv;
   return out;

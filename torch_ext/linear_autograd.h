@@ -101,19 +101,24 @@ struct LinearSaved {
 // The forward below autograd for a checked `call`: y, and, when `saved` is
 // given, the copies backward reads (and the delayed-scaling amaxes
 // recorded); saved == nullptr: a forward that computes no gradient;
-// given: a checked weight already in FP8 (checked_fp8_weight), read
-// instead of quantizing w. cast_x: the input already cast (x then gives
-// only y's leading sizes and dtype); nullptr: x is quantized here.
+// given: a checked weight already in FP8 (check_forward_extras), read
+// instead of quantizing w. cast_x: the input already cast (x is then its
+// rowwise copy, read for nothing else, and y is [M, N]); nullptr: x is
+// quantized here. y has the weight's dtype (checked: the layer's).
 at::Tensor linear_forward_below_autograd(LinearState& st, const at::Tensor& x,
                                          const at::Tensor& w, const at::Tensor& b,
                                          const LinearCall& call, LinearSaved* saved,
                                          const FP8Weight* given = nullptr,
                                          const CastInput* cast_x = nullptr);
 
-// `fw` checked against the weight `w` stands for and the copies `plan`
-// reads (errors name `fn`), with a scale_inv of its own.
-FP8Weight checked_fp8_weight(const char* fn, const LinearState& st, const FP8Weight& fw,
-                             const at::Tensor& w, const fp8kit_linear_plan& plan);
+// A forward's optional inputs, checked (errors name `fn`): `statistics`
+// (when defined) attached to *p, and `fp8_weight` (when given) checked
+// against the weight `w` stands for and the copies p's plan reads, into
+// *given with a scale_inv of its own. Returns given, or nullptr.
+const FP8Weight* check_forward_extras(const char* fn, const LinearState& st,
+                                      const at::Tensor& w, const at::Tensor& statistics,
+                                      const FP8Weight* fp8_weight, LinearCall* p,
+                                      FP8Weight* given);
 
 // Everything backward needs besides the saved tensors.
 struct BackwardInfo {

@@ -217,8 +217,8 @@ at::Tensor forward_with_grad(LinearState& st, const at::Tensor& x, const at::Ten
   return y;
 }
 
-}  // namespace
-
+// `fw` checked against the weight `w` stands for and the copies `plan`
+// reads (errors name `fn`), with a scale_inv of its own.
 FP8Weight checked_fp8_weight(const char* fn, const LinearState& st, const FP8Weight& fw,
                              const at::Tensor& w, const fp8kit_linear_plan& plan) {
   const at::ScalarType fp8 = torch_fp8_type(st.recipe.forward_dtype);
@@ -250,6 +250,21 @@ FP8Weight checked_fp8_weight(const char* fn, const LinearState& st, const FP8Wei
   // A copy of scale_inv: FSDP2 rewrites the gathered weight's in place
   // (with the same value) when it gathers the weight again for backward.
   return FP8Weight{fw.data, fw.columnwise_data, fw.scale_inv.reshape({1}).clone()};
+}
+
+}  // namespace
+
+const FP8Weight* check_forward_extras(const char* fn, const LinearState& st,
+                                      const at::Tensor& w, const at::Tensor& statistics,
+                                      const FP8Weight* fp8_weight, LinearCall* p,
+                                      FP8Weight* given) {
+  if (statistics.defined()) {
+    check_statistics(fn, statistics, st.device);
+    p->statistics = statistics;
+  }
+  if (fp8_weight == nullptr) return nullptr;
+  *given = checked_fp8_weight(fn, st, *fp8_weight, w, p->plan);
+  return given;
 }
 
 void check_statistics(const char* fn, const at::Tensor& statistics, const at::Device& device) {
@@ -369,14 +384,10 @@ at::Tensor linear_forward(LinearState& st, const at::Tensor& x, const at::Tensor
   LinearCall p =
       linear_call(kFn, st, x, w, b, grad && x.requires_grad(), grad && w.requires_grad(),
                   grad && b.defined() && b.requires_grad(), fast_accumulation);
-  if (statistics.defined()) {
-    check_statistics(kFn, statistics, st.device);
-    p.statistics = statistics;
-  }
   DeviceScope scope(st.device);
   FP8Weight given;
-  if (fp8_weight != nullptr) given = checked_fp8_weight(kFn, st, *fp8_weight, w, p.plan);
-  const FP8Weight* given_ptr = fp8_weight != nullptr ? &given : nullptr;
+  const FP8Weight* given_ptr =
+      check_forward_extras(kFn, st, w, statistics, fp8_weight, &p, &given);
   if (!p.dgrad && !p.wgrad && !p.bgrad) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return linear_forward_below_autograd(st, x, w, b, p, nullptr, given_ptr);

@@ -26,25 +26,20 @@ constexpr int kInput = FP8KIT_SLOT_INPUT, kWeight = FP8KIT_SLOT_WEIGHT,
 // its next quantization). Delayed scaling writes only the scale_inv (scale
 // and amax live in the layer's state).
 constexpr int kScale = 0, kScaleInv = 4, kAmax = 8, kScalars = 12;
-inline float* scale_inv_of(const at::Tensor& scalars) {
-  return scalars.data_ptr<float>() + kScaleInv;
-}
-// A scalars block's scale_inv as a float32 [1] tensor over its storage:
-// what a cast gives its GEMMs, and what a forward keeps for backward.
-inline at::Tensor scale_inv_view(const at::Tensor& scalars) {
-  const int64_t one[1] = {1};
-  return part_of(scalars, kScaleInv, one);
-}
 
 // One cast's scale_inv where a call uses it: in the cast's scalars block
 // (block: the float at kScaleInv) or a float32 [1] tensor (a cast made
-// elsewhere). The [1] tensor of a block is made only where one is kept or
-// recorded: even part_of costs a small layer's call time.
+// elsewhere). The [1] tensor of a block (over its storage) is made only
+// where one is kept or recorded: even part_of costs a small layer's call
+// time.
 struct ScaleInv {
   at::Tensor owner;
   bool block;
   float* ptr() const { return owner.data_ptr<float>() + (block ? kScaleInv : 0); }
-  at::Tensor tensor() const { return block ? scale_inv_view(owner) : owner; }
+  at::Tensor tensor() const {
+    const int64_t one[1] = {1};
+    return block ? part_of(owner, kScaleInv, one) : owner;
+  }
 };
 
 // One quantization of a forward or backward: the layer's slot, the
