@@ -37,7 +37,8 @@ ffi::Error CastStatisticsImpl(const Device& device, ffi::AnyBuffer x, ffi::AnyBu
                               ffi::Result<ffi::Buffer<ffi::U32>> underflow,
                               ffi::Result<ffi::Buffer<ffi::U32>> saturated,
                               ffi::Result<ffi::Buffer<ffi::F32>> error_sq,
-                              ffi::Result<ffi::Buffer<ffi::F32>> norm_sq, bool from_columnwise,
+                              ffi::Result<ffi::Buffer<ffi::F32>> norm_sq,
+                              ffi::Result<ffi::Buffer<ffi::U8>> workspace, bool from_columnwise,
                               int32_t scaling_mode) {
   auto input = Describe(kOp, "x", x, device);
   if (input.has_error()) return input.error();
@@ -49,13 +50,16 @@ ffi::Error CastStatisticsImpl(const Device& device, ffi::AnyBuffer x, ffi::AnyBu
                    norm_sq->element_count()}) {
     if (n != 1) return Invalid(kOp, "each of the five results must hold exactly one value");
   }
+  if (workspace->element_count() != FP8KIT_CAST_STATISTICS_WORKSPACE_BYTES) {
+    return Invalid(kOp, "the workspace result must be uint8 [CAST_STATISTICS_WORKSPACE_BYTES]");
+  }
   // x's logical shape; the copy's bytes go to `data` or `columnwise_data`.
   auto quantized = DescribeFp8Copy(kOp, *input, fp8->dtype, data, scale_inv, from_columnwise,
                                    scaling_mode);
   if (quantized.has_error()) return quantized.error();
   const fp8kit_cast_statistics out{amax->typed_data(), underflow->typed_data(),
                                    saturated->typed_data(), error_sq->typed_data(),
-                                   norm_sq->typed_data()};
+                                   norm_sq->typed_data(), workspace->untyped_data()};
   return FromStatus(fp8kit_cast_statistics_of(&*input, &*quantized, from_columnwise ? 1 : 0, &out,
                                               device.stream));
 }
@@ -71,6 +75,7 @@ auto BindCastStatistics(Binding binding) {
       .template Ret<ffi::Buffer<ffi::U32>>()   // saturated: finite x cast to +-fp8_max
       .template Ret<ffi::Buffer<ffi::F32>>()   // error_sq: sum of (q * scale_inv - x)^2
       .template Ret<ffi::Buffer<ffi::F32>>()   // norm_sq: sum of x^2 (finite x)
+      .template Ret<ffi::Buffer<ffi::U8>>()    // workspace: the CUDA kernels' scratch
       .template Attr<bool>("from_columnwise")  // from_columnwise: `data` is the columnwise copy
       .template Attr<int32_t>("scaling_mode");  // scaling_mode: fp8kit_scaling_mode code
 }

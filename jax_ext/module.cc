@@ -202,6 +202,7 @@ PYBIND11_MODULE(_jax_ext, m) {
   m.attr("BLOCK_GEMM_MN_MULTIPLE") = FP8KIT_BLOCK_GEMM_MN_MULTIPLE;
   // Block scale arrays pad their inner dimension to a multiple of this.
   m.attr("BLOCK_SCALE_INNER_MULTIPLE") = FP8KIT_BLOCK_SCALE_INNER_MULTIPLE;
+  m.attr("CAST_STATISTICS_WORKSPACE_BYTES") = FP8KIT_CAST_STATISTICS_WORKSPACE_BYTES;
   // Floats from one group's scale to the next in a grouped op's per-group
   // scales (fp8kit/grouped.h).
   m.attr("GROUP_SCALE_STRIDE") = FP8KIT_GROUP_SCALE_STRIDE;

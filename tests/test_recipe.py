@@ -278,3 +278,6 @@ def test_layout_and_gemm_multiples_are_the_core_headers(module):
                          ("BLOCK_GEMM_MN_MULTIPLE", "gemm.h"),
                          ("BLOCK_SCALE_INNER_MULTIPLE", "block_scaling.h")):
         assert getattr(ext, name) == _header_define(f"FP8KIT_{name}", header), (module, name)
+    if module == "fp8kit._jax_ext":  # an FFI result's size (torch allocates it in C++)
+        assert ext.CAST_STATISTICS_WORKSPACE_BYTES == _header_define(
+            "FP8KIT_CAST_STATISTICS_WORKSPACE_BYTES", "statistics.h")

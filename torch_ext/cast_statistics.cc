@@ -71,7 +71,8 @@ Statistics cast_statistics_op(const at::Tensor& x_in, const at::Tensor& data,
   const fp8kit_cast_statistics out{amax.data_ptr<float>(),
                                    static_cast<unsigned int*>(underflow.data_ptr()),
                                    static_cast<unsigned int*>(saturated.data_ptr()),
-                                   error_sq.data_ptr<float>(), norm_sq.data_ptr<float>()};
+                                   error_sq.data_ptr<float>(), norm_sq.data_ptr<float>(),
+                                   /*workspace: cast_statistics_into's*/ nullptr};
   cast_statistics_into(x, fp8, mode, data, from_columnwise, scale_inv.data_ptr<float>(), out);
   // The core counts in 32 bits; torch does integer arithmetic (a count
   // over numel, say) in int64, on the same stream as the core's writes.

@@ -139,9 +139,17 @@ void cast_statistics_into(const at::Tensor& x, fp8kit_dtype fp8, fp8kit_scaling_
   } else {
     q.block_scale_inv = scales;
   }
+  // The CUDA kernels' scratch comes from the caching allocator, ordered on
+  // this stream like every tensor of the call.
+  fp8kit_cast_statistics outputs = out;
+  at::Tensor workspace;
+  if (dev != FP8KIT_DEVICE_CPU) {
+    workspace = at::empty({FP8KIT_CAST_STATISTICS_WORKSPACE_BYTES}, x.options().dtype(at::kByte));
+    outputs.workspace = workspace.data_ptr();
+  }
   void* stream = current_stream(x.device());
   check_status(call_core(dev == FP8KIT_DEVICE_CPU, [&] {
-    return fp8kit_cast_statistics_of(&in, &q, from_columnwise ? 1 : 0, &out, stream);
+    return fp8kit_cast_statistics_of(&in, &q, from_columnwise ? 1 : 0, &outputs, stream);
   }));
 }
 

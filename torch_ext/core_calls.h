@@ -54,7 +54,8 @@ void amax_into(const at::Tensor& x, float* amax);
 // The statistics of the cast of contiguous high-precision `x` into its FP8
 // copy `data` (x's shape, or columnwise_shape(x) with from_columnwise),
 // whose scale_inv (per tensor) or block scales (`mode` a block mode) are at
-// `scales`, written where `out` points (fp8kit_cast_statistics_of).
+// `scales`, written where `out` points (fp8kit_cast_statistics_of; the
+// CUDA workspace is taken here, out.workspace is not read).
 void cast_statistics_into(const at::Tensor& x, fp8kit_dtype fp8, fp8kit_scaling_mode mode,
                           const at::Tensor& data, bool from_columnwise, float* scales,
                           const fp8kit_cast_statistics& out);

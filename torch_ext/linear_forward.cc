@@ -286,7 +286,8 @@ void record_statistics(const at::Tensor& statistics, int slot, const at::Tensor&
   const fp8kit_cast_statistics out{r + kStatAmax,
                                    reinterpret_cast<unsigned int*>(r + kStatUnderflow),
                                    reinterpret_cast<unsigned int*>(r + kStatSaturated),
-                                   r + kStatErrorSq, r + kStatNormSq};
+                                   r + kStatErrorSq, r + kStatNormSq,
+                                   /*workspace: cast_statistics_into's*/ nullptr};
   cast_statistics_into(x, fp8, mode, data, from_columnwise, scales.data_ptr<float>(), out);
   at::Tensor scale_inv = row.narrow(0, kStatScaleInv, 1);
   if (mode == FP8KIT_SCALING_PER_TENSOR) {

@@ -5,7 +5,7 @@
 // sums is the same double. Each thread accumulates in double, each thread
 // block reduces in double; thread 0 of each block commits amax and the
 // counts with atomics (order-free: max and integer adds) and writes its two
-// double sums to its slot of a stream-ordered scratch array, which one
+// double sums to its slot of the caller's workspace, which one
 // thread then adds up in block order and rounds once to float32. So the
 // sums are the same bits run after run, which float atomics would not give.
 //
@@ -35,7 +35,9 @@ namespace {
 constexpr int kThreads = 1024;  // also one element per thread of a 32x32 tile
 constexpr int kWarps = kThreads / 32;
 constexpr int kTile = 32;
-constexpr int64_t kMaxBlocks = 128;  // the scratch's slots and the final sum's terms
+constexpr int64_t kMaxBlocks = 128;  // the workspace's slots and the final sum's terms
+static_assert(kMaxBlocks * 2 * sizeof(double) <= FP8KIT_CAST_STATISTICS_WORKSPACE_BYTES,
+              "the blocks' sums must fit the caller's workspace");
 
 using Partial = CastStatsPartial<double>;
 
@@ -164,25 +166,6 @@ int64_t grid_size(int64_t work_items, const char* op) {
   return blocks < 1 ? 1 : blocks;
 }
 
-// The blocks' sums live in stream-ordered scratch (at most kMaxBlocks x 2
-// doubles from the device's memory pool), freed behind the sums kernel.
-class BlockSums {
- public:
-  BlockSums(int64_t blocks, cudaStream_t stream, const char* op) : stream_(stream) {
-    const size_t bytes = size_t(blocks) * 2 * sizeof(double);
-    cuda_check(cudaMallocAsync(reinterpret_cast<void**>(&sums_), bytes, stream), op,
-               "cudaMallocAsync (the blocks' sums)");
-  }
-  ~BlockSums() { cudaFreeAsync(sums_, stream_); }
-  BlockSums(const BlockSums&) = delete;
-  BlockSums& operator=(const BlockSums&) = delete;
-  double* get() const { return sums_; }
-
- private:
-  double* sums_ = nullptr;
-  cudaStream_t stream_;
-};
-
 template <int kIn>
 void launch(const fp8kit_tensor& input, const fp8kit_tensor& quantized, bool from_columnwise,
             const fp8kit_cast_statistics& out, cudaStream_t stream, const char* op) {
@@ -196,21 +179,22 @@ void launch(const fp8kit_tensor& input, const fp8kit_tensor& quantized, bool fro
   const int64_t tiles_c = ceil_div(cols, kTile);
   const int64_t tiles = ceil_div(rows, kTile) * tiles_c;
   const int64_t blocks = grid_size(stored_order ? n : tiles * kThreads, op);
-  BlockSums sums(blocks, stream, op);
+  // Two doubles per block, in the caller's workspace (kMaxBlocks fit).
+  double* sums = static_cast<double*>(out.workspace);
   if (stored_order) {
     const uint8_t* q = static_cast<const uint8_t*>(from_columnwise ? quantized.columnwise_data
                                                                    : quantized.data);
     const int64_t stored_cols = from_columnwise ? rows : cols;
     stats_stored_order_kernel<kIn><<<unsigned(blocks), kThreads, 0, stream>>>(
-        input.data, q, n, stored_cols, scales, quantized.dtype, out, sums.get());
+        input.data, q, n, stored_cols, scales, quantized.dtype, out, sums);
     check_launch(op, "launching the cast statistics kernel");
   } else {
     stats_columnwise_kernel<kIn><<<unsigned(blocks), kThreads, 0, stream>>>(
         input.data, static_cast<const uint8_t*>(quantized.columnwise_data), rows, cols, tiles_c,
-        tiles, scales, quantized.dtype, out, sums.get());
+        tiles, scales, quantized.dtype, out, sums);
     check_launch(op, "launching the columnwise cast statistics kernel");
   }
-  sums_kernel<<<1, 1, 0, stream>>>(sums.get(), int(blocks), out);
+  sums_kernel<<<1, 1, 0, stream>>>(sums, int(blocks), out);
   check_launch(op, "launching the cast statistics sums kernel");
 }
 

@@ -18,7 +18,7 @@ namespace {
 
 constexpr const char* kOp = "cast_statistics_of";
 
-void check_outputs(const fp8kit_cast_statistics* out) {
+void check_outputs(const fp8kit_cast_statistics* out, fp8kit_device_type device) {
   FP8KIT_CHECK(out != nullptr, kOp,
                ": out is NULL; pass an fp8kit_cast_statistics with its five pointers set");
   const struct {
@@ -34,6 +34,12 @@ void check_outputs(const fp8kit_cast_statistics* out) {
                  " is NULL; every output is written, so pass one value's buffer on the input's "
                  "device for each");
   }
+  if (device == FP8KIT_DEVICE_CPU) return;
+  FP8KIT_CHECK(out->workspace != nullptr, kOp,
+               ": out->workspace is NULL; a CUDA call needs FP8KIT_CAST_STATISTICS_WORKSPACE_BYTES "
+               "bytes of scratch on the input's device");
+  FP8KIT_CHECK(reinterpret_cast<uintptr_t>(out->workspace) % alignof(double) == 0, kOp,
+               ": out->workspace is not 8-byte aligned; pass an allocation's start");
 }
 
 void check_quantized(const fp8kit_tensor& q, bool from_columnwise) {
@@ -80,7 +86,7 @@ void check_args(const fp8kit_tensor* input, const fp8kit_tensor* quantized, bool
                shape_string(*input), ") but the counts are 32-bit, so at most 2^32 - 1 "
                "elements are taken; compute the statistics of slices and add them up");
   check_quantized(*quantized, from_columnwise);
-  check_outputs(out);
+  check_outputs(out, input->device_type);
 }
 
 }  // namespace

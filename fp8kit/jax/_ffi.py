@@ -51,6 +51,7 @@ AMAX_HISTORY_LEN_MAX: int = int(ext.AMAX_HISTORY_LEN_MAX)
 SCALING_MODE_CODES: dict[str, int] = dict(ext.SCALING_MODE_CODES)
 BLOCK_LEN: int = int(ext.BLOCK_LEN)
 BLOCK_SCALE_INNER_MULTIPLE: int = int(ext.BLOCK_SCALE_INNER_MULTIPLE)
+CAST_STATISTICS_WORKSPACE_BYTES: int = int(ext.CAST_STATISTICS_WORKSPACE_BYTES)
 GEMM_ROW_BYTES_MULTIPLE: int = int(ext.GEMM_ROW_BYTES_MULTIPLE)
 BLOCK_GEMM_MN_MULTIPLE: int = int(ext.BLOCK_GEMM_MN_MULTIPLE)
 
@@ -177,13 +178,17 @@ def cast_statistics_call(x, data, scale_inv, from_columnwise: bool, scaling_mode
     """fp8kit_cast_statistics_of: (amax, underflow, saturated, error_sq,
     norm_sq) of the cast of x into `data` (its rowwise copy, or its
     columnwise one), read with scale_inv (one float32, or that copy's block
-    scales); scalars, the counts uint32."""
+    scales); scalars, the counts uint32. The CUDA kernels' scratch is one
+    more result, so that the call allocates nothing inside XLA's command
+    buffers."""
     u32 = jax.ShapeDtypeStruct((), jnp.uint32)
-    return jax.ffi.ffi_call("fp8kit_cast_statistics",
-                            (F32_SCALAR, u32, u32, F32_SCALAR, F32_SCALAR),
-                            vmap_method="sequential")(
+    workspace = jax.ShapeDtypeStruct((CAST_STATISTICS_WORKSPACE_BYTES,), jnp.uint8)
+    *statistics, _ = jax.ffi.ffi_call("fp8kit_cast_statistics",
+                                      (F32_SCALAR, u32, u32, F32_SCALAR, F32_SCALAR, workspace),
+                                      vmap_method="sequential")(
         x, data, scale_inv, from_columnwise=bool(from_columnwise),
         scaling_mode=np.int32(SCALING_MODE_CODES[scaling_mode]))
+    return tuple(statistics)
 
 
 # --- block scaling -----------------------------------------------------------------------

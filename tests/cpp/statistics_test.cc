@@ -219,7 +219,7 @@ class CastStatisticsErrors : public ::testing::Test {
     q = qtest::make_tensor(FP8KIT_DEVICE_CPU, FP8KIT_E4M3, {2, 4}, q_buf);
     q.scaling_mode = FP8KIT_SCALING_PER_TENSOR;
     q.scale_inv = &scale_inv;
-    out = {&amax, &underflow, &saturated, &error_sq, &norm_sq};
+    out = {&amax, &underflow, &saturated, &error_sq, &norm_sq, nullptr};
   }
   // The call fails with `status` and a message holding every one of `parts`.
   void expect_error(fp8kit_status status, const std::vector<std::string>& parts,
@@ -298,10 +298,11 @@ TEST_F(CastStatisticsErrors, DeviceMismatchOrMissingCuda) {
 
 // -------------------------------------------------------------- CUDA --
 
-void expect_gpu_matches_cpu(const Case& c, bool cw) {
-  const std::string what = c.name + (cw ? " columnwise" : " rowwise");
+void expect_gpu_matches_cpu(const Case& c, bool cw, bool in_child_graph = false) {
+  const std::string what = c.name + (cw ? " columnwise" : " rowwise") +
+                           (in_child_graph ? " in a child graph" : "");
   const Stats cpu = run_stats(FP8KIT_DEVICE_CPU, c, cw);
-  const Stats gpu = run_stats(FP8KIT_DEVICE_CUDA, c, cw);
+  const Stats gpu = run_stats(FP8KIT_DEVICE_CUDA, c, cw, in_child_graph);
   ASSERT_EQ(cpu.status, FP8KIT_OK) << what << ": " << cpu.error;
   ASSERT_EQ(gpu.status, FP8KIT_OK) << what << ": " << gpu.error;
   EXPECT_EQ(qtest::float_bits(gpu.amax), qtest::float_bits(cpu.amax)) << what;
@@ -350,6 +351,36 @@ TEST(CastStatisticsGpu, CraftedBlockCountsAndNaN) {
       for (bool cw : {false, true}) expect_gpu_matches_cpu(c, cw);
     }
   }
+}
+
+// XLA records a custom call into a command buffer by capturing it into a
+// graph that it nests into the step's graph: the op must allocate nothing
+// on the stream (its scratch is the caller's workspace), or CUDA refuses
+// the nesting.
+TEST(CastStatisticsGpu, RunsInsideANestedCudaGraph) {
+  QTEST_SKIP_WITHOUT_GPU();
+  const std::vector<float> x = mixed_values(size_t(300 * 260), 91, true);
+  for (fp8kit_scaling_mode mode : kModes) {
+    const Case c = make_case(FP8KIT_BFLOAT16, {300, 260}, x, FP8KIT_E4M3, mode, 28.0f);
+    for (bool cw : {false, true}) expect_gpu_matches_cpu(c, cw, /*in_child_graph=*/true);
+  }
+}
+
+TEST(CastStatisticsGpu, RefusesAMissingWorkspace) {
+  QTEST_SKIP_WITHOUT_GPU();
+  qtest::Buffer in(FP8KIT_DEVICE_CUDA, 32), q(FP8KIT_DEVICE_CUDA, 8), scale_inv(FP8KIT_DEVICE_CUDA, 4),
+      outs(FP8KIT_DEVICE_CUDA, 20);
+  scale_inv.set_float(1.0f);
+  const fp8kit_tensor ti = qtest::make_tensor(FP8KIT_DEVICE_CUDA, FP8KIT_FLOAT32, {2, 4}, in.ptr());
+  fp8kit_tensor tq = qtest::make_tensor(FP8KIT_DEVICE_CUDA, FP8KIT_E4M3, {2, 4}, q.ptr());
+  tq.scaling_mode = FP8KIT_SCALING_PER_TENSOR;
+  tq.scale_inv = scale_inv.fptr();
+  float* o = outs.fptr();
+  const fp8kit_cast_statistics out{o, reinterpret_cast<unsigned int*>(o + 1),
+                                   reinterpret_cast<unsigned int*>(o + 2), o + 3, o + 4, nullptr};
+  EXPECT_EQ(fp8kit_cast_statistics_of(&ti, &tq, 0, &out, nullptr), FP8KIT_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fp8kit_last_error()).find("out->workspace is NULL"), std::string::npos)
+      << fp8kit_last_error();
 }
 
 }  // namespace

@@ -97,9 +97,46 @@ struct Stats {
   float error_sq = 0.0f, norm_sq = 0.0f;
 };
 
+#ifdef FP8KIT_WITH_CUDA
+// Runs `call` (which launches on the stream it is given) as XLA's command
+// buffers do: captured from a stream into a graph, that graph nested as a
+// child node of another, which is instantiated and launched once. Returns
+// the call's status, or FP8KIT_CUDA_ERROR where CUDA refuses a step
+// (as it refuses a child graph holding a stream-ordered allocation).
+template <typename Call>
+fp8kit_status run_in_child_graph(const Call& call) {
+  cudaStream_t stream = nullptr;
+  cudaGraph_t child = nullptr, parent = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cudaGraphNode_t node = nullptr;
+  fp8kit_status status = FP8KIT_CUDA_ERROR;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess &&
+      cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
+    status = call(stream);
+    if (cudaStreamEndCapture(stream, &child) != cudaSuccess) status = FP8KIT_CUDA_ERROR;
+  }
+  if (status == FP8KIT_OK &&
+      (cudaGraphCreate(&parent, 0) != cudaSuccess ||
+       cudaGraphAddChildGraphNode(&node, parent, nullptr, 0, child) != cudaSuccess ||
+       cudaGraphInstantiate(&exec, parent, 0) != cudaSuccess ||
+       cudaGraphLaunch(exec, stream) != cudaSuccess ||
+       cudaStreamSynchronize(stream) != cudaSuccess)) {
+    status = FP8KIT_CUDA_ERROR;
+  }
+  cudaGetLastError();  // a refused step leaves its error; the status says it
+  if (exec) cudaGraphExecDestroy(exec);
+  if (parent) cudaGraphDestroy(parent);
+  if (child) cudaGraphDestroy(child);
+  if (stream) cudaStreamDestroy(stream);
+  return status;
+}
+#endif
+
 // Uploads the case to `dev`, runs the op with outputs prefilled with garbage
-// (so that an output left unwritten shows), downloads.
-inline Stats run_stats(fp8kit_device_type dev, const Case& c, bool from_columnwise) {
+// (so that an output left unwritten shows), downloads. `in_child_graph`
+// (CUDA only): the op runs inside a nested CUDA graph (run_in_child_graph).
+inline Stats run_stats(fp8kit_device_type dev, const Case& c, bool from_columnwise,
+                       bool in_child_graph = false) {
   using qtest::Buffer;
   const size_t n = size_t(qtest::numel(c.shape));
   Buffer in(dev, c.input.size()), data(dev, n), columnwise(dev, n), scale_inv(dev, 4),
@@ -120,12 +157,21 @@ inline Stats run_stats(fp8kit_device_type dev, const Case& c, bool from_columnwi
     tq.block_scale_inv = scales.fptr();
     tq.columnwise_block_scale_inv = cw_scales.fptr();
   }
-  Buffer amax(dev, 4), underflow(dev, 4), saturated(dev, 4), error_sq(dev, 4), norm_sq(dev, 4);
-  const fp8kit_cast_statistics out{amax.fptr(), static_cast<unsigned int*>(underflow.ptr()),
-                                   static_cast<unsigned int*>(saturated.ptr()), error_sq.fptr(),
-                                   norm_sq.fptr()};
+  Buffer amax(dev, 4), underflow(dev, 4), saturated(dev, 4), error_sq(dev, 4), norm_sq(dev, 4),
+      workspace(dev, FP8KIT_CAST_STATISTICS_WORKSPACE_BYTES);
+  const fp8kit_cast_statistics out{amax.fptr(),     static_cast<unsigned int*>(underflow.ptr()),
+                                   static_cast<unsigned int*>(saturated.ptr()),
+                                   error_sq.fptr(), norm_sq.fptr(),
+                                   workspace.ptr()};
   Stats s;
-  s.status = fp8kit_cast_statistics_of(&ti, &tq, from_columnwise ? 1 : 0, &out, nullptr);
+  const auto call = [&](void* stream) {
+    return fp8kit_cast_statistics_of(&ti, &tq, from_columnwise ? 1 : 0, &out, stream);
+  };
+#ifdef FP8KIT_WITH_CUDA
+  s.status = in_child_graph ? run_in_child_graph(call) : call(nullptr);
+#else
+  s.status = call(nullptr);
+#endif
   s.error = fp8kit_last_error();
   if (s.status != FP8KIT_OK) return s;
   s.amax = amax.get_float();

@@ -50,14 +50,25 @@
 extern "C" {
 #endif
 
-/* Where fp8kit_cast_statistics_of writes: each pointer one value on the
- * call's device (the input's), all required and all written. */
+/* Bytes of device scratch the CUDA statistics kernels take (the partial
+ * sums of their thread blocks). The caller gives it, as with every fp8kit
+ * workspace, so that a call allocates nothing: a call recorded into a CUDA
+ * graph (XLA's command buffers, torch's graph capture) stays a plain
+ * kernel node, where a stream-ordered allocation inside a graph that is
+ * nested into another is refused by CUDA. */
+#define FP8KIT_CAST_STATISTICS_WORKSPACE_BYTES 2048
+
+/* Where fp8kit_cast_statistics_of writes: each output pointer one value on
+ * the call's device (the input's), all required and all written. */
 typedef struct fp8kit_cast_statistics {
   float* amax;              /* max |x|, NaN-propagating */
   unsigned int* underflow;  /* finite x != 0 cast to +-0 */
   unsigned int* saturated;  /* finite x cast to +-fp8_max */
   float* error_sq;          /* sum over finite x of (q * scale_inv - x)^2 */
   float* norm_sq;           /* sum over finite x of x^2 */
+  void* workspace;          /* FP8KIT_CAST_STATISTICS_WORKSPACE_BYTES on the device,
+                             * 8-byte aligned, contents ignored and overwritten; a
+                             * CPU call ignores it (NULL allowed there) */
 } fp8kit_cast_statistics;
 
 /* The statistics of the cast of `input` into `quantized` (see above).
@@ -71,7 +82,7 @@ typedef struct fp8kit_cast_statistics {
  *              0, columnwise_data (the transpose, read back in the logical
  *              order as fp8kit_dequantize does) and
  *              columnwise_block_scale_inv.
- *   out:       the five outputs, all non-NULL.
+ *   out:       the five outputs, all non-NULL, and the workspace (CUDA).
  * One pass over the input: on CUDA, a zeroing of the outputs and one kernel
  * on `stream` (a cudaStream_t, NULL = default stream), asynchronous; on the
  * CPU, synchronous (`stream` ignored). */
