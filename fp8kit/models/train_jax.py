@@ -147,6 +147,9 @@ class JaxTrainer:
         self.step = 0
         # The load-balancing losses of the last train_step / train_steps call.
         self.aux_losses: list[float] = []
+        # The last logged step and its statistics rows, on the device until
+        # a later step is queued behind it (_write_statistics).
+        self._logged = None
 
     def _own(self, tree):
         """`tree` on the trainer's device, each leaf in a buffer of its own.
@@ -174,6 +177,7 @@ class JaxTrainer:
         """_step's results read to the host at once: the losses, returned,
         and the load-balancing losses, kept in aux_losses."""
         steps = jax.device_get(steps)
+        self._write_statistics()
         self.aux_losses = [float(a) for _, a in steps if a is not None]
         return [float(loss) for loss, _ in steps]
 
@@ -189,11 +193,24 @@ class JaxTrainer:
             self.params, self.fp8_states, self.opt_state, batch, lr, rows,
             model_cfg=self.model_cfg, train_cfg=self.train_cfg, recipe=self.recipe,
             layers=self.layers, attention_impl=self.attention_impl)
-        if rows is not None:  # a logged step: the one read of the device for it
-            log.write(self.step, self.framework, type(self.recipe).__name__,
-                      llama_jax.tensor_statistics(rows))
+        self._write_statistics()  # an earlier logged step's: this one is queued behind it
+        if rows is not None:
+            self._logged = (self.step, rows)
         self.step += 1
         return loss, aux
+
+    def _write_statistics(self) -> None:
+        """Writes the last logged step's statistics, if not yet written.
+        Reading them waits for that step to finish, so _step calls this only
+        once the next step is queued (the device stays busy while the host
+        waits and writes), and _read when it has waited for the device
+        anyway."""
+        if self._logged is None:
+            return
+        step, rows = self._logged
+        self._logged = None
+        self.statistics.write(step, self.framework, type(self.recipe).__name__,
+                              llama_jax.tensor_statistics(rows))
 
     def evaluate(self, batches) -> float:
         """Mean loss over NumPy batches [batch, seq_len + 1]; the FP8

@@ -48,3 +48,22 @@ def test_statistics_need_a_recipe_and_fp8kits_layers(tmp_path):
                                     llama_jax.FP8KIT_LAYERS.create_states)
         with pytest.raises(ValueError, match="fp8kit's FP8 layers"):
             JaxTrainer(SMALL, SMALL_TRAIN, DelayedScaling(), layers=other, statistics=log)
+
+
+def test_a_logged_step_is_read_once_the_next_one_is_queued(tmp_path):
+    """Reading a logged step's statistics waits for that step; the trainer
+    does it after queueing the next one (so the device is not left idle
+    while the host waits and writes), and before train_steps returns."""
+    class Recorded(StatsLog):
+        def write(self, step, *args):
+            queued.append((step, trainer.step))
+            return super().write(step, *args)
+
+    queued = []
+    with Recorded(tmp_path / "run.jsonl", every=2) as log:
+        trainer = JaxTrainer(SMALL, SMALL_TRAIN, DelayedScaling(), statistics=log)
+        trainer.train_steps(STEPS)
+        assert queued == [(0, 1), (2, 3), (4, 5)]  # step 4's by train_steps' own wait
+        trainer.train_step()  # step 5: not logged, nothing left to write
+        assert len(queued) == 3
+    assert [r["step"] for r in read_run(tmp_path / "run.jsonl")] == [0, 2, 4]
