@@ -89,10 +89,14 @@ struct CastInput {
   at::Tensor data, columnwise_data, scale_inv, values;
 };
 
-// The FP8 copies (and their scale_inv, float32 [1]) a forward keeps for
-// backward.
-struct LinearSaved {
+// What a forward keeps for backward: the FP8 copies its plan names (the
+// others undefined or empty) and their scale_inv (float32 [1]).
+struct SavedCopies {
   at::Tensor x_q, x_scale_inv, w_q, w_scale_inv;
+};
+
+// The copies a forward is about to keep, and how they are allocated.
+struct LinearSaved : SavedCopies {
   // Each in a buffer of its own, rather than all four in one (a dispatcher
   // op's outputs must not alias each other).
   bool own_buffers = false;
@@ -153,11 +157,6 @@ torch::autograd::variable_list linear_backward_below_autograd(
     const BackwardInfo& info, const LinearCall& call, const torch::autograd::variable_list& saved,
     const at::Tensor& dy, const CastInput* cast_dy = nullptr);
 
-// What a forward kept for backward: the FP8 copies its plan names (the
-// others undefined or empty) and their scale_inv (float32 [1]).
-struct SavedCopies {
-  at::Tensor x_q, x_scale_inv, w_q, w_scale_inv;
-};
 struct LinearGrads {
   at::Tensor dx, dw, db;
 };
