@@ -11,7 +11,8 @@
 // the column-sum group sums; the columnwise bytes go through the swizzled
 // shared-memory tile of cast_transpose.cuh to 16-byte stores; column sums
 // finish as in column_sums.cuh; the last block of a delayed cast updates
-// the state. The amax pass computes the values and their amax only.
+// the state. The amax pass computes the values and their amax only; the
+// values pass (no cast) writes the high-precision values alone.
 //
 // SwiGLU backward writes dh [rows, 2F] = [d_gate | d_up], and both halves
 // of a column need sigmoid(gate): a tile there holds 64 columns of each
@@ -184,14 +185,16 @@ __device__ __forceinline__ void store_columnwise_tile(const ActParams& p, int64_
 template <ActOp kOp>
 constexpr int kActMinBlocks = kOp == ActOp::kSwigluBackward ? 4 : 0;
 
-template <int kIn, bool kE4M3, ActOp kOp, bool kAmaxPass, bool kSums>
+template <int kIn, bool kE4M3, ActOp kOp, FusedPass kPass, bool kSums>
 __global__ void __launch_bounds__(TileShape<kOp>::kThreads, kActMinBlocks<kOp>)
     act_kernel(const ActParams p) {
+  static_assert(!kSums || kPass == FusedPass::kCast, "column sums come with the cast");
+  constexpr bool kCast = kPass == FusedPass::kCast;
   using Shape = TileShape<kOp>;
   constexpr int kMicroTiles = Shape::kMicroTiles;
   __shared__ __align__(16) uint4 tile_columnwise[kCtTile * 8];  // as cast_transpose_block's
   __shared__ uint32_t warp_max[Shape::kWarps];
-  if constexpr (kAmaxPass) {
+  if constexpr (kPass == FusedPass::kAmax) {
     if (fused_pass_skipped(p.cast)) return;
   }
   const int tid = threadIdx.x;
@@ -211,7 +214,7 @@ __global__ void __launch_bounds__(TileShape<kOp>::kThreads, kActMinBlocks<kOp>)
   const bool col_ok = output_col<kOp>(p, tile_c, cg * 8) < p.cols;  // cols % 8 == 0: whole groups
 
   float scale = 1.0f;
-  if constexpr (!kAmaxPass) scale = read_scale(p.cast.scale, tile == 0);
+  if constexpr (kCast) scale = read_scale(p.cast.scale, tile == 0);
   uint32_t amax_bits = 0;
   uint2 q[kMicroTiles][8];
   float sums[kMicroTiles][8] = {};
@@ -242,21 +245,23 @@ __global__ void __launch_bounds__(TileShape<kOp>::kThreads, kActMinBlocks<kOp>)
     act_values<kIn, kOp>(raw[k % kBatch], v);
 #pragma unroll
     for (int mt = 0; mt < kMicroTiles; ++mt) {
-      fold_amax8(v[mt], amax_bits);
-      if constexpr (!kAmaxPass) {
+      if constexpr (kPass != FusedPass::kValues) fold_amax8(v[mt], amax_bits);
+      if constexpr (kPass != FusedPass::kAmax) {
         const int64_t out = row * p.cols + output_col<kOp>(p, tile_c, (cg + 8 * mt) * 8);
         if (p.hp_out != nullptr) store8<kIn>(p.hp_out, out, v[mt]);
-        q[mt][k] = cast8_values<kE4M3>(v[mt], scale);
-        if (p.cast.out != nullptr) *reinterpret_cast<uint2*>(p.cast.out + out) = q[mt][k];
-        if constexpr (kSums) {
+        if constexpr (kCast) {
+          q[mt][k] = cast8_values<kE4M3>(v[mt], scale);
+          if (p.cast.out != nullptr) *reinterpret_cast<uint2*>(p.cast.out + out) = q[mt][k];
+          if constexpr (kSums) {
 #pragma unroll
-          for (int j = 0; j < 8; ++j) sums[mt][j] = add_rn(sums[mt][j], v[mt][j]);
+            for (int j = 0; j < 8; ++j) sums[mt][j] = add_rn(sums[mt][j], v[mt][j]);
+          }
         }
       }
     }
   }
 
-  if constexpr (!kAmaxPass) {
+  if constexpr (kCast) {
     if (p.cast.columnwise != nullptr) {
 #pragma unroll
       for (int mt = 0; mt < kMicroTiles; ++mt) {
@@ -285,7 +290,9 @@ __global__ void __launch_bounds__(TileShape<kOp>::kThreads, kActMinBlocks<kOp>)
       store_columnwise_tile<kOp>(p, tile_r0, tile_c, tile_columnwise);
     }
   }
-  fused_pass_finish<Shape::kWarps>(p.cast, amax_bits, warp_max);
+  if constexpr (kPass != FusedPass::kValues) {
+    fused_pass_finish<Shape::kWarps>(p.cast, amax_bits, warp_max);
+  }
 }
 
 template <int kIn, bool kE4M3, ActOp kOp, bool kSums>
@@ -295,16 +302,24 @@ void launch_passes(ActParams p, const FusedCastPasses& passes, cudaStream_t stre
   p.tiles_c = ceil_div(kOp == ActOp::kSwigluBackward ? p.f : p.cols, TileShape<kOp>::kCols);
   const int64_t tiles = ceil_div(p.rows, kCtTile) * p.tiles_c;
   const unsigned blocks = unsigned(tiles > 0 ? tiles : 1);  // an empty h: one block for the state
+  if (passes.values_only) {  // launch_op passes kE4M3 true (unused), kSums false
+    if constexpr (kE4M3 && !kSums) {
+      launch_fused_pass(act_kernel<kIn, kE4M3, kOp, FusedPass::kValues, false>, blocks, kThreads,
+                        p, false, stream, op, "launching the activation kernel");
+    }
+    return;
+  }
   if (passes.amax_pass) {
     p.cast = passes.amax;
-    launch_fused_pass(act_kernel<kIn, kE4M3, kOp, true, false>, blocks, kThreads, p, passes.pdl,
-                      stream, op, "launching the activation amax pass");
+    launch_fused_pass(act_kernel<kIn, kE4M3, kOp, FusedPass::kAmax, false>, blocks, kThreads, p,
+                      passes.pdl, stream, op, "launching the activation amax pass");
   }
   p.cast = passes.cast;
-  launch_fused_pass(act_kernel<kIn, kE4M3, kOp, false, kSums>, blocks, kThreads, p, passes.pdl,
-                    stream, op, "launching the activation kernel");
+  launch_fused_pass(act_kernel<kIn, kE4M3, kOp, FusedPass::kCast, kSums>, blocks, kThreads, p,
+                    passes.pdl, stream, op, "launching the activation kernel");
 }
 
+// fp8: the FP8 output's format, E4M3 when the op casts nothing.
 template <ActOp kOp, bool kSums>
 void launch_op(const ActParams& p, fp8kit_dtype in, fp8kit_dtype fp8,
                const FusedCastPasses& passes, cudaStream_t stream, const char* op) {
@@ -340,22 +355,24 @@ ActParams act_params(const fp8kit_tensor& h, void* hp_out, int64_t cols, int64_t
 }  // namespace
 
 void activation_forward(fp8kit_activation act, const fp8kit_tensor& h, fp8kit_tensor* a,
-                        fp8kit_tensor& a_fp8, const fp8kit_fused_cast& cast, void* stream_ptr) {
+                        fp8kit_tensor* a_fp8, const fp8kit_fused_cast* cast, void* stream_ptr) {
   const char* op = "activation_forward";
   ScopedDevice device(h.device_index, op);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  const int64_t f = a_fp8.shape[a_fp8.rank - 1];
+  const int64_t h_cols = h.shape[h.rank - 1];
+  const int64_t f = act == FP8KIT_SWIGLU ? h_cols / 2 : h_cols;
   const ActParams p = act_params(h, a != nullptr ? a->data : nullptr, f, f);
   const FusedCastPasses passes = prepare_fused_cast(a_fp8, cast, stream, op);
+  const fp8kit_dtype fp8 = a_fp8 != nullptr ? a_fp8->dtype : FP8KIT_E4M3;
   if (act == FP8KIT_SWIGLU) {
-    launch_op<ActOp::kSwigluForward, false>(p, h.dtype, a_fp8.dtype, passes, stream, op);
+    launch_op<ActOp::kSwigluForward, false>(p, h.dtype, fp8, passes, stream, op);
   } else {
-    launch_op<ActOp::kGeluForward, false>(p, h.dtype, a_fp8.dtype, passes, stream, op);
+    launch_op<ActOp::kGeluForward, false>(p, h.dtype, fp8, passes, stream, op);
   }
 }
 
 void activation_backward(fp8kit_activation act, const fp8kit_tensor& d_a, const fp8kit_tensor& h,
-                         fp8kit_tensor* dh, fp8kit_tensor& dh_fp8, const fp8kit_fused_cast& cast,
+                         fp8kit_tensor* dh, fp8kit_tensor* dh_fp8, const fp8kit_fused_cast* cast,
                          const fp8kit_column_sums* sums, void* stream_ptr) {
   const char* op = "activation_backward";
   ScopedDevice device(h.device_index, op);
@@ -366,14 +383,15 @@ void activation_backward(fp8kit_activation act, const fp8kit_tensor& d_a, const 
   p.d_a = d_a.data;
   if (sums != nullptr) p.sums = sums_job(*sums, p.rows);
   const FusedCastPasses passes = prepare_fused_cast(dh_fp8, cast, stream, op);
+  const fp8kit_dtype fp8 = dh_fp8 != nullptr ? dh_fp8->dtype : FP8KIT_E4M3;
   if (act == FP8KIT_SWIGLU) {
     sums != nullptr
-        ? launch_op<ActOp::kSwigluBackward, true>(p, h.dtype, dh_fp8.dtype, passes, stream, op)
-        : launch_op<ActOp::kSwigluBackward, false>(p, h.dtype, dh_fp8.dtype, passes, stream, op);
+        ? launch_op<ActOp::kSwigluBackward, true>(p, h.dtype, fp8, passes, stream, op)
+        : launch_op<ActOp::kSwigluBackward, false>(p, h.dtype, fp8, passes, stream, op);
   } else {
     sums != nullptr
-        ? launch_op<ActOp::kGeluBackward, true>(p, h.dtype, dh_fp8.dtype, passes, stream, op)
-        : launch_op<ActOp::kGeluBackward, false>(p, h.dtype, dh_fp8.dtype, passes, stream, op);
+        ? launch_op<ActOp::kGeluBackward, true>(p, h.dtype, fp8, passes, stream, op)
+        : launch_op<ActOp::kGeluBackward, false>(p, h.dtype, fp8, passes, stream, op);
   }
 }
 

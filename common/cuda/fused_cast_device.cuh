@@ -5,7 +5,8 @@
 //
 // A fused op runs its kernel in up to two passes (FusedCastPasses,
 // fused_cast_launch.cuh): an amax pass that computes the values and only
-// accumulates their amax, then the cast pass that writes everything.
+// accumulates their amax, then the cast pass that writes everything; or,
+// when the op casts nothing, one values pass.
 #ifndef FP8KIT_CUDA_FUSED_CAST_DEVICE_CUH_
 #define FP8KIT_CUDA_FUSED_CAST_DEVICE_CUH_
 
@@ -19,6 +20,13 @@
 
 namespace fp8kit {
 namespace cuda {
+
+// What one launch of a fused op's kernel does.
+enum class FusedPass {
+  kAmax,    // computes the values and accumulates their amax, stores nothing
+  kCast,    // writes the outputs: FP8 copies, high-precision values, amax, state
+  kValues,  // writes the high-precision values alone (the op casts nothing)
+};
 
 // One pass's view of the fused cast.
 struct FusedCast {

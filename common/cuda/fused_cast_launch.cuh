@@ -4,7 +4,8 @@
 //            once when the slot is seeded), then the cast pass;
 //   delayed, no flag (seeded):          the cast pass only;
 //   current: zero amax, amax pass, cast pass, each a programmatic
-//            dependent launch of the one before (pdl.cuh).
+//            dependent launch of the one before (pdl.cuh);
+//   no cast (the op's FP8 output NULL): one values pass.
 // The cast pass of delayed scaling accumulates the amax only when
 // recording, and its last block runs the update (fused_update_device.cuh);
 // the scale follows read_scale's rules, so the result is
@@ -23,16 +24,25 @@ namespace fp8kit {
 namespace cuda {
 
 struct FusedCastPasses {
+  bool values_only; // no cast: launch the op's kernel once, in its values mode
   bool amax_pass;   // launch the op's kernel in its amax mode first
   bool pdl;         // launch both passes with launch_pdl
   FusedCast amax;   // for the amax pass
   FusedCast cast;   // for the cast pass
 };
 
-// Launches the zeroing (current scaling) and returns the passes.
-inline FusedCastPasses prepare_fused_cast(const fp8kit_tensor& out, const fp8kit_fused_cast& cast,
-                                          cudaStream_t stream, const char* op) {
+// Launches the zeroing (current scaling) and returns the passes. `out`
+// and `cast` NULL: the op casts nothing.
+inline FusedCastPasses prepare_fused_cast(const fp8kit_tensor* out_ptr,
+                                          const fp8kit_fused_cast* cast_ptr, cudaStream_t stream,
+                                          const char* op) {
   FusedCastPasses p{};
+  if (out_ptr == nullptr) {
+    p.values_only = true;
+    return p;
+  }
+  const fp8kit_tensor& out = *out_ptr;
+  const fp8kit_fused_cast& cast = *cast_ptr;
   const float fp8_max = fp8kit_fp8_max(out.dtype);
   p.cast.out = static_cast<uint8_t*>(out.data);
   p.cast.columnwise = static_cast<uint8_t*>(out.columnwise_data);

@@ -19,7 +19,8 @@
 //   3. amax: warp max, one atomic per block; delayed scaling's last block
 //      updates the state (fused_update_device.cuh).
 // The amax pass (current scaling, a fresh delayed slot) runs 1 and 2
-// without any store.
+// without any store; the values pass (no cast) stores mean, rsigma and y
+// alone.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -99,12 +100,13 @@ __device__ __forceinline__ void row_stats(const NormForwardParams& p, int64_t ro
   rsigma = norm_rsigma(div_rn(warp_row_sum(acc), h), p.epsilon);
 }
 
-template <int kIn, bool kE4M3, bool kAmaxPass>
+template <int kIn, bool kE4M3, FusedPass kPass>
 __global__ void __launch_bounds__(kNormThreads) norm_forward_kernel(const NormForwardParams p) {
+  constexpr bool kCast = kPass == FusedPass::kCast;
   __shared__ float tile_mean[kNormTileRows], tile_rsigma[kNormTileRows];
   __shared__ __align__(16) uint8_t tile_fp8[kNormTileRows][kNormTileCols];
   __shared__ uint32_t warp_max[kNormWarps];
-  if constexpr (kAmaxPass) {
+  if constexpr (kPass == FusedPass::kAmax) {
     if (fused_pass_skipped(p.cast)) return;
   }
   const int tid = threadIdx.x;
@@ -120,7 +122,7 @@ __global__ void __launch_bounds__(kNormThreads) norm_forward_kernel(const NormFo
     if ((tid & 31) == 0) {
       tile_mean[tr] = mean;
       tile_rsigma[tr] = rsigma;
-      if (!kAmaxPass) {
+      if (kPass != FusedPass::kAmax) {
         if (p.mean != nullptr) store_rounded(p.mean, FP8KIT_FLOAT32, r0 + tr, mean);
         store_rounded(p.rsigma, FP8KIT_FLOAT32, r0 + tr, rsigma);
       }
@@ -130,7 +132,7 @@ __global__ void __launch_bounds__(kNormThreads) norm_forward_kernel(const NormFo
 
   // 2. Cast, 16 x 128 tiles along the rows.
   float scale = 1.0f;
-  if constexpr (!kAmaxPass) scale = read_scale(p.cast.scale, blockIdx.x == 0);
+  if constexpr (kCast) scale = read_scale(p.cast.scale, blockIdx.x == 0);
   const int tr = tid / (kNormTileCols / 8);  // row of the tile
   const int cg = tid % (kNormTileCols / 8);  // 8-column group
   const int64_t row = r0 + tr;
@@ -160,9 +162,11 @@ __global__ void __launch_bounds__(kNormThreads) norm_forward_kernel(const NormFo
       for (int j = 0; j < 8; ++j) {
         y[j] = norm_y(p.layernorm, norm_xhat(x[j], mean, rsigma), g[j], p.layernorm ? b[j] : 0.0f);
       }
-      fold_amax8(y, amax_bits);
-      if constexpr (!kAmaxPass) {
+      if constexpr (kPass != FusedPass::kValues) fold_amax8(y, amax_bits);
+      if constexpr (kPass != FusedPass::kAmax) {
         if (p.y != nullptr) store8<kIn>(p.y, row * p.hidden + col, y);
+      }
+      if constexpr (kCast) {
         const uint2 q = cast8_values<kE4M3>(y, scale);
         if (p.cast.out != nullptr) {
           *reinterpret_cast<uint2*>(p.cast.out + row * p.hidden + col) = q;
@@ -170,7 +174,7 @@ __global__ void __launch_bounds__(kNormThreads) norm_forward_kernel(const NormFo
         *reinterpret_cast<uint2*>(&tile_fp8[tr][cg * 8]) = q;
       }
     }
-    if constexpr (!kAmaxPass) {
+    if constexpr (kCast) {
       if (p.cast.columnwise != nullptr) {
         __syncthreads();
         if (tid < kNormTileCols && c0 + tid < p.hidden) {
@@ -190,28 +194,37 @@ __global__ void __launch_bounds__(kNormThreads) norm_forward_kernel(const NormFo
   }
 
   // 3. Amax, and the delayed-scaling update.
-  fused_pass_finish<kNormWarps>(p.cast, amax_bits, warp_max);
+  if constexpr (kPass != FusedPass::kValues) {
+    fused_pass_finish<kNormWarps>(p.cast, amax_bits, warp_max);
+  }
+}
+
+unsigned norm_blocks(const NormForwardParams& p) {
+  const int64_t tiles = ceil_div(p.rows, kNormTileRows);
+  return unsigned(tiles > 0 ? tiles : 1);  // an empty x: one block for the state
 }
 
 template <int kIn, bool kE4M3>
 void launch_typed(NormForwardParams p, const FusedCastPasses& passes, cudaStream_t stream,
                   const char* op) {
-  const int64_t tiles = ceil_div(p.rows, kNormTileRows);
-  const unsigned blocks = unsigned(tiles > 0 ? tiles : 1);  // an empty x: one block for the state
+  const unsigned blocks = norm_blocks(p);
   if (passes.amax_pass) {
     p.cast = passes.amax;
-    launch_fused_pass(norm_forward_kernel<kIn, kE4M3, true>, blocks, kNormThreads, p, passes.pdl,
-                      stream, op, "launching the normalization amax pass");
+    launch_fused_pass(norm_forward_kernel<kIn, kE4M3, FusedPass::kAmax>, blocks, kNormThreads, p,
+                      passes.pdl, stream, op, "launching the normalization amax pass");
   }
   p.cast = passes.cast;
-  launch_fused_pass(norm_forward_kernel<kIn, kE4M3, false>, blocks, kNormThreads, p, passes.pdl,
-                    stream, op, "launching the normalization kernel");
+  launch_fused_pass(norm_forward_kernel<kIn, kE4M3, FusedPass::kCast>, blocks, kNormThreads, p,
+                    passes.pdl, stream, op, "launching the normalization kernel");
 }
 
 template <int kIn>
 void launch_in(const NormForwardParams& p, fp8kit_dtype fp8, const FusedCastPasses& passes,
                cudaStream_t stream, const char* op) {
-  if (fp8 == FP8KIT_E4M3) {
+  if (passes.values_only) {  // no FP8 format: the kernel's kE4M3 is unused
+    launch_fused_pass(norm_forward_kernel<kIn, true, FusedPass::kValues>, norm_blocks(p),
+                      kNormThreads, p, false, stream, op, "launching the normalization kernel");
+  } else if (fp8 == FP8KIT_E4M3) {
     launch_typed<kIn, true>(p, passes, stream, op);
   } else {
     launch_typed<kIn, false>(p, passes, stream, op);
@@ -222,7 +235,7 @@ void launch_in(const NormForwardParams& p, fp8kit_dtype fp8, const FusedCastPass
 
 void norm_forward(const fp8kit_norm_config& config, const fp8kit_tensor& x,
                   const fp8kit_tensor& gamma, const fp8kit_tensor* beta, fp8kit_tensor* y,
-                  fp8kit_tensor& y_fp8, const fp8kit_fused_cast& cast, fp8kit_tensor* mean,
+                  fp8kit_tensor* y_fp8, const fp8kit_fused_cast* cast, fp8kit_tensor* mean,
                   fp8kit_tensor& rsigma, void* stream_ptr) {
   const char* op = "norm_forward";
   ScopedDevice device(x.device_index, op);
@@ -239,10 +252,11 @@ void norm_forward(const fp8kit_norm_config& config, const fp8kit_tensor& x,
   p.layernorm = config.type == FP8KIT_LAYERNORM;
   p.columnwise_align = p.rows % 16 == 0 ? 16 : p.rows % 8 == 0 ? 8 : 1;
   const FusedCastPasses passes = prepare_fused_cast(y_fp8, cast, stream, op);
+  const fp8kit_dtype fp8 = y_fp8 != nullptr ? y_fp8->dtype : FP8KIT_E4M3;
   switch (x.dtype) {
-    case FP8KIT_FLOAT32: launch_in<FP8KIT_FLOAT32>(p, y_fp8.dtype, passes, stream, op); break;
-    case FP8KIT_BFLOAT16: launch_in<FP8KIT_BFLOAT16>(p, y_fp8.dtype, passes, stream, op); break;
-    default: launch_in<FP8KIT_FLOAT16>(p, y_fp8.dtype, passes, stream, op); break;
+    case FP8KIT_FLOAT32: launch_in<FP8KIT_FLOAT32>(p, fp8, passes, stream, op); break;
+    case FP8KIT_BFLOAT16: launch_in<FP8KIT_BFLOAT16>(p, fp8, passes, stream, op); break;
+    default: launch_in<FP8KIT_FLOAT16>(p, fp8, passes, stream, op); break;
   }
 }
 

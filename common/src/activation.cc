@@ -55,12 +55,12 @@ extern "C" fp8kit_status fp8kit_activation_forward(fp8kit_activation act, const 
     const fp8kit_tensor a_like = check_h(op, act, h);
     const char* a_name = act == FP8KIT_SWIGLU ? "h with the last dimension halved" : "h";
     if (a != nullptr) check_like(op, "a", a, h->dtype, a_like, a_name);
-    check_fused_cast(op, "a_fp8", a_fp8, cast, nullptr, a_like, a_name);
+    check_optional_fused_cast(op, "a", a, "a_fp8", a_fp8, cast, nullptr, a_like, a_name);
     if (h->device_type == FP8KIT_DEVICE_CPU) {
-      activation_forward_cpu(act, *h, a, *a_fp8, *cast);
+      activation_forward_cpu(act, *h, a, a_fp8, cast);
     } else {
 #ifdef FP8KIT_WITH_CUDA
-      cuda::activation_forward(act, *h, a, *a_fp8, *cast, stream);
+      cuda::activation_forward(act, *h, a, a_fp8, cast, stream);
 #endif
     }
     (void)stream;
@@ -82,12 +82,12 @@ extern "C" fp8kit_status fp8kit_activation_backward(fp8kit_activation act,
     check_like(op, "d_a", d_a, h->dtype, a_like, a_name);
     if (dh != nullptr) check_like(op, "dh", dh, h->dtype, *h, "h");
     if (sums != nullptr && sums->sums == nullptr) sums = nullptr;
-    check_fused_cast(op, "dh_fp8", dh_fp8, cast, sums, *h, "h");
+    check_optional_fused_cast(op, "dh", dh, "dh_fp8", dh_fp8, cast, sums, *h, "h");
     if (h->device_type == FP8KIT_DEVICE_CPU) {
-      activation_backward_cpu(act, *d_a, *h, dh, *dh_fp8, *cast, sums);
+      activation_backward_cpu(act, *d_a, *h, dh, dh_fp8, cast, sums);
     } else {
 #ifdef FP8KIT_WITH_CUDA
-      cuda::activation_backward(act, *d_a, *h, dh, *dh_fp8, *cast, sums, stream);
+      cuda::activation_backward(act, *d_a, *h, dh, dh_fp8, cast, sums, stream);
 #endif
     }
     (void)stream;

@@ -12,10 +12,10 @@
 namespace fp8kit {
 
 void activation_forward_cpu(fp8kit_activation act, const fp8kit_tensor& h, fp8kit_tensor* a,
-                            fp8kit_tensor& a_fp8, const fp8kit_fused_cast& cast) {
-  int64_t rows = 0, f = 0;
-  flatten_2d(a_fp8, &rows, &f);
-  const int64_t h_cols = act == FP8KIT_SWIGLU ? 2 * f : f;
+                            fp8kit_tensor* a_fp8, const fp8kit_fused_cast* cast) {
+  int64_t rows = 0, h_cols = 0;
+  flatten_2d(h, &rows, &h_cols);
+  const int64_t f = act == FP8KIT_SWIGLU ? h_cols / 2 : h_cols;
   std::vector<float> v(static_cast<size_t>(rows * f));
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < f; ++c) {
@@ -28,12 +28,12 @@ void activation_forward_cpu(fp8kit_activation act, const fp8kit_tensor& h, fp8ki
       if (a != nullptr) store_rounded(a->data, a->dtype, r * f + c, out);
     }
   }
-  fused_cast_cpu(v.data(), rows, f, a_fp8, cast, nullptr);
+  if (a_fp8 != nullptr) fused_cast_cpu(v.data(), rows, f, *a_fp8, *cast, nullptr);
 }
 
 void activation_backward_cpu(fp8kit_activation act, const fp8kit_tensor& d_a,
-                             const fp8kit_tensor& h, fp8kit_tensor* dh, fp8kit_tensor& dh_fp8,
-                             const fp8kit_fused_cast& cast, const fp8kit_column_sums* sums) {
+                             const fp8kit_tensor& h, fp8kit_tensor* dh, fp8kit_tensor* dh_fp8,
+                             const fp8kit_fused_cast* cast, const fp8kit_column_sums* sums) {
   int64_t rows = 0, h_cols = 0;
   flatten_2d(h, &rows, &h_cols);
   const int64_t f = act == FP8KIT_SWIGLU ? h_cols / 2 : h_cols;
@@ -55,7 +55,7 @@ void activation_backward_cpu(fp8kit_activation act, const fp8kit_tensor& d_a,
   if (dh != nullptr) {
     for (int64_t i = 0; i < rows * h_cols; ++i) store_rounded(dh->data, dh->dtype, i, v[size_t(i)]);
   }
-  fused_cast_cpu(v.data(), rows, h_cols, dh_fp8, cast, sums);
+  if (dh_fp8 != nullptr) fused_cast_cpu(v.data(), rows, h_cols, *dh_fp8, *cast, sums);
 }
 
 }  // namespace fp8kit

@@ -76,16 +76,16 @@ void quantize_delayed_update(const fp8kit_tensor* inputs, fp8kit_tensor* outputs
 // tensors are NULL.
 void norm_forward(const fp8kit_norm_config& config, const fp8kit_tensor& x,
                   const fp8kit_tensor& gamma, const fp8kit_tensor* beta, fp8kit_tensor* y,
-                  fp8kit_tensor& y_fp8, const fp8kit_fused_cast& cast, fp8kit_tensor* mean,
+                  fp8kit_tensor* y_fp8, const fp8kit_fused_cast* cast, fp8kit_tensor* mean,
                   fp8kit_tensor& rsigma, void* stream);
 void norm_backward(const fp8kit_norm_config& config, const fp8kit_tensor& dy,
                    const fp8kit_tensor& x, const fp8kit_tensor* mean, const fp8kit_tensor& rsigma,
                    const fp8kit_tensor& gamma, fp8kit_tensor& dx, fp8kit_tensor& dgamma,
                    fp8kit_tensor* dbeta, float* workspace, void* stream);
 void activation_forward(fp8kit_activation act, const fp8kit_tensor& h, fp8kit_tensor* a,
-                        fp8kit_tensor& a_fp8, const fp8kit_fused_cast& cast, void* stream);
+                        fp8kit_tensor* a_fp8, const fp8kit_fused_cast* cast, void* stream);
 void activation_backward(fp8kit_activation act, const fp8kit_tensor& d_a, const fp8kit_tensor& h,
-                         fp8kit_tensor* dh, fp8kit_tensor& dh_fp8, const fp8kit_fused_cast& cast,
+                         fp8kit_tensor* dh, fp8kit_tensor* dh_fp8, const fp8kit_fused_cast* cast,
                          const fp8kit_column_sums* sums, void* stream);
 
 // Per-group quantization of a token-grouped tensor (common/cuda/

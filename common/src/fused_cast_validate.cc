@@ -75,4 +75,21 @@ void check_fused_cast(const char* op, const char* out_arg, const fp8kit_tensor* 
   }
 }
 
+bool check_optional_fused_cast(const char* op, const char* hp_arg, const fp8kit_tensor* hp,
+                               const char* out_arg, const fp8kit_tensor* out,
+                               const fp8kit_fused_cast* cast, const fp8kit_column_sums* sums,
+                               const fp8kit_tensor& values, const char* values_arg) {
+  if (out != nullptr) {
+    check_fused_cast(op, out_arg, out, cast, sums, values, values_arg);
+    return true;
+  }
+  FP8KIT_CHECK(hp != nullptr, op, ": ", hp_arg, " and ", out_arg, " are both NULL; pass ",
+               hp_arg, " for the high-precision output, ", out_arg, " for the FP8 one, or both");
+  FP8KIT_CHECK(cast == nullptr, op, ": cast is given but ", out_arg, " is NULL; pass ", out_arg,
+               " to cast, or cast = NULL for the high-precision output alone");
+  FP8KIT_CHECK(sums == nullptr, op, ": sums are asked for but ", out_arg, " is NULL; the column "
+               "sums come with the cast (pass ", out_arg, " with columnwise_data)");
+  return false;
+}
+
 }  // namespace fp8kit

@@ -38,6 +38,15 @@ void check_fused_cast(const char* op, const char* out_arg, const fp8kit_tensor* 
                       const fp8kit_fused_cast* cast, const fp8kit_column_sums* sums,
                       const fp8kit_tensor& values, const char* values_arg);
 
+// The outputs of a fused op that may skip its cast: with `out` NULL the op
+// writes only its high-precision output `hp` (which must then be given,
+// `cast` and `sums` NULL); otherwise check_fused_cast. Returns whether the
+// op casts.
+bool check_optional_fused_cast(const char* op, const char* hp_arg, const fp8kit_tensor* hp,
+                               const char* out_arg, const fp8kit_tensor* out,
+                               const fp8kit_fused_cast* cast, const fp8kit_column_sums* sums,
+                               const fp8kit_tensor& values, const char* values_arg);
+
 }  // namespace fp8kit
 
 #endif  // FP8KIT_SRC_FUSED_CAST_VALIDATE_H_

@@ -98,13 +98,13 @@ extern "C" fp8kit_status fp8kit_norm_forward(const fp8kit_norm_config* config,
     check_norm_inputs(op, config, x, gamma, &rows, &hidden);
     check_beta(op, *config, beta, hidden, *x);
     if (y != nullptr) check_like(op, "y", y, x->dtype, *x, "x");
-    check_fused_cast(op, "y_fp8", y_fp8, cast, nullptr, *x, "x");
+    check_optional_fused_cast(op, "y", y, "y_fp8", y_fp8, cast, nullptr, *x, "x");
     check_norm_stats(op, *config, mean, rsigma, rows, *x);
     if (x->device_type == FP8KIT_DEVICE_CPU) {
-      norm_forward_cpu(*config, *x, *gamma, beta, y, *y_fp8, *cast, mean, *rsigma);
+      norm_forward_cpu(*config, *x, *gamma, beta, y, y_fp8, cast, mean, *rsigma);
     } else {
 #ifdef FP8KIT_WITH_CUDA
-      cuda::norm_forward(*config, *x, *gamma, beta, y, *y_fp8, *cast, mean, *rsigma, stream);
+      cuda::norm_forward(*config, *x, *gamma, beta, y, y_fp8, cast, mean, *rsigma, stream);
 #endif
     }
     (void)stream;

@@ -23,7 +23,7 @@ std::vector<float> load_all(const fp8kit_tensor& t, int64_t n) {
 
 void norm_forward_cpu(const fp8kit_norm_config& config, const fp8kit_tensor& x,
                       const fp8kit_tensor& gamma, const fp8kit_tensor* beta, fp8kit_tensor* y,
-                      fp8kit_tensor& y_fp8, const fp8kit_fused_cast& cast, fp8kit_tensor* mean,
+                      fp8kit_tensor* y_fp8, const fp8kit_fused_cast* cast, fp8kit_tensor* mean,
                       fp8kit_tensor& rsigma) {
   const bool layernorm = config.type == FP8KIT_LAYERNORM;
   int64_t rows = 0, hidden = 0;
@@ -57,7 +57,7 @@ void norm_forward_cpu(const fp8kit_norm_config& config, const fp8kit_tensor& x,
       if (y != nullptr) store_rounded(y->data, y->dtype, r * hidden + c, yv);
     }
   }
-  fused_cast_cpu(v.data(), rows, hidden, y_fp8, cast, nullptr);
+  if (y_fp8 != nullptr) fused_cast_cpu(v.data(), rows, hidden, *y_fp8, *cast, nullptr);
 }
 
 void norm_backward_cpu(const fp8kit_norm_config& config, const fp8kit_tensor& dy,

@@ -6,10 +6,10 @@
 
 namespace fp8kit {
 
-// beta, y, mean: NULL when absent.
+// beta, y, mean: NULL when absent; y_fp8 and cast NULL: no cast.
 void norm_forward_cpu(const fp8kit_norm_config& config, const fp8kit_tensor& x,
                       const fp8kit_tensor& gamma, const fp8kit_tensor* beta, fp8kit_tensor* y,
-                      fp8kit_tensor& y_fp8, const fp8kit_fused_cast& cast, fp8kit_tensor* mean,
+                      fp8kit_tensor* y_fp8, const fp8kit_fused_cast* cast, fp8kit_tensor* mean,
                       fp8kit_tensor& rsigma);
 
 // mean, dbeta: NULL when absent (RMSNorm).

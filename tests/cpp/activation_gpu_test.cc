@@ -184,6 +184,35 @@ TEST(ActivationGpu, WithinBoundOfCpu) {
             << " of |v| (|v| >= amax / 16), " << seen.to_amax << " of amax\n";
 }
 
+// Without a cast the values pass writes the high-precision output alone:
+// the bits the casting kernel writes beside its FP8 copies.
+TEST(ActivationGpu, WithoutCastEqualsTheCastingKernel) {
+  QTEST_SKIP_WITHOUT_GPU();
+  uint32_t seed = 700;
+  for (fp8kit_activation act : {FP8KIT_GELU, FP8KIT_SWIGLU}) {
+    for (bool backward : {false, true}) {
+      for (fp8kit_dtype dtype : {FP8KIT_FLOAT32, FP8KIT_BFLOAT16, FP8KIT_FLOAT16}) {
+        for (const auto& shape : kGpuShapes) {
+          const uint32_t case_seed = seed++;
+          const acttest::ActInputs in = acttest::make_inputs(act, dtype, shape, case_seed,
+                                                             /*specials=*/case_seed % 3 == 0);
+          const std::string what = std::string(act == FP8KIT_GELU ? "GELU " : "SwiGLU ") +
+                                   (backward ? "backward " : "forward ") +
+                                   fp8kit_dtype_name(dtype) + " numel " +
+                                   std::to_string(qtest::numel(shape));
+          const fusedtest::CastSpec spec;
+          const acttest::ActResult cast = acttest::run(FP8KIT_DEVICE_CUDA, in, backward, spec);
+          const acttest::ActResult plain =
+              acttest::run(FP8KIT_DEVICE_CUDA, in, backward, spec, 1, /*cast_output=*/false);
+          ASSERT_EQ(cast.status, FP8KIT_OK) << what << ": " << cast.error;
+          ASSERT_EQ(plain.status, FP8KIT_OK) << what << ": " << plain.error;
+          EXPECT_EQ(plain.hp, cast.hp) << what;
+        }
+      }
+    }
+  }
+}
+
 TEST(ActivationGpu, CastOfGpuValuesIsExact) {
   QTEST_SKIP_WITHOUT_GPU();
   uint32_t seed = 900;

@@ -175,6 +175,24 @@ TEST(Activation, ZeroRows) {
   }
 }
 
+// Without the FP8 output and cast, a (forward) or dh (backward) alone:
+// the same bits as an activation that casts.
+TEST(Activation, WithoutCastWritesTheSameValues) {
+  uint32_t seed = 60;
+  for (fp8kit_activation act : {FP8KIT_GELU, FP8KIT_SWIGLU}) {
+    for (fp8kit_dtype dtype : {FP8KIT_FLOAT32, FP8KIT_BFLOAT16, FP8KIT_FLOAT16}) {
+      for (bool backward : {false, true}) {
+        const ActInputs in = acttest::make_inputs(act, dtype, {3, 5, 32}, seed++, true);
+        const acttest::ActResult cast = acttest::run(FP8KIT_DEVICE_CPU, in, backward, CastSpec());
+        const acttest::ActResult plain =
+            acttest::run(FP8KIT_DEVICE_CPU, in, backward, CastSpec(), 1, /*cast_output=*/false);
+        ASSERT_EQ(plain.status, FP8KIT_OK) << plain.error;
+        EXPECT_EQ(plain.hp, cast.hp) << (backward ? "backward" : "forward");
+      }
+    }
+  }
+}
+
 TEST(Activation, ErrorsNameTheArgument) {
   const fp8kit_device_type cpu = FP8KIT_DEVICE_CPU;
   alignas(16) static uint16_t h[4 * 64], a[4 * 32], da[4 * 32], dh[4 * 64];
@@ -217,6 +235,17 @@ TEST(Activation, ErrorsNameTheArgument) {
                "a_fp8 shape");
   expect_names(fp8kit_activation_forward(FP8KIT_SWIGLU, &th, &ta, &qa, nullptr, nullptr), "cast",
                "cast NULL");
+  expect_names(fp8kit_activation_forward(FP8KIT_SWIGLU, &th, &ta, nullptr, &ca, nullptr), "cast",
+               "cast without a_fp8");
+  expect_names(fp8kit_activation_forward(FP8KIT_SWIGLU, &th, nullptr, nullptr, nullptr, nullptr),
+               "a_fp8", "neither a nor a_fp8");
+  expect_names(fp8kit_activation_backward(FP8KIT_SWIGLU, &tda, &th, &tdh, nullptr, nullptr, &cs,
+                                          nullptr),
+               "sums", "sums without dh_fp8");
+  ASSERT_EQ(fp8kit_activation_backward(FP8KIT_SWIGLU, &tda, &th, &tdh, nullptr, nullptr, nullptr,
+                                       nullptr),
+            FP8KIT_OK)
+      << fp8kit_last_error();
   bad = tda;
   bad.shape[0] = 3;
   expect_names(fp8kit_activation_backward(FP8KIT_SWIGLU, &bad, &th, &tdh, &qb, &cb, &cs, nullptr),

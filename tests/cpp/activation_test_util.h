@@ -43,9 +43,10 @@ struct ActResult {
   fusedtest::CastResult cast;
 };
 
-// `calls` calls in a row on one state (the last one's outputs).
+// `calls` calls in a row on one state (the last one's outputs); without
+// `cast_output`, the FP8 output, cast and sums are NULL (a or dh alone).
 inline ActResult run(fp8kit_device_type dev, const ActInputs& in, bool backward,
-                     const fusedtest::CastSpec& spec, int calls = 1) {
+                     const fusedtest::CastSpec& spec, int calls = 1, bool cast_output = true) {
   const std::vector<int64_t>& out_shape = backward ? in.h_shape : in.a_shape;
   const size_t out_bytes = size_t(qtest::numel(out_shape)) * fp8kit_dtype_size(in.dtype);
   qtest::Buffer h(dev, in.h.size()), d_a(dev, in.d_a.size()), hp(dev, out_bytes);
@@ -57,16 +58,18 @@ inline ActResult run(fp8kit_device_type dev, const ActInputs& in, bool backward,
   fp8kit_tensor thp = qtest::make_tensor(dev, in.dtype, out_shape, hp.ptr());
   fp8kit_tensor out = cast.out();
   const fp8kit_fused_cast c = cast.cast();
+  fp8kit_tensor* out_arg = cast_output ? &out : nullptr;
+  const fp8kit_fused_cast* c_arg = cast_output ? &c : nullptr;
   ActResult r;
   for (int i = 0; i < calls; ++i) {
-    r.status = backward ? fp8kit_activation_backward(in.act, &tda, &th, &thp, &out, &c,
-                                                     cast.sums(), nullptr)
-                        : fp8kit_activation_forward(in.act, &th, &thp, &out, &c, nullptr);
+    r.status = backward ? fp8kit_activation_backward(in.act, &tda, &th, &thp, out_arg, c_arg,
+                                                     cast_output ? cast.sums() : nullptr, nullptr)
+                        : fp8kit_activation_forward(in.act, &th, &thp, out_arg, c_arg, nullptr);
     r.error = fp8kit_last_error();
     if (r.status != FP8KIT_OK) return r;
   }
   r.hp = hp.download(out_bytes);
-  r.cast = cast.result();
+  if (cast_output) r.cast = cast.result();
   return r;
 }
 

@@ -51,9 +51,11 @@ struct ForwardResult {
   fusedtest::CastResult cast;
 };
 
-// `calls` forward calls in a row on the same state (the last one's outputs).
+// `calls` forward calls in a row on the same state (the last one's outputs);
+// without `cast_output`, y_fp8 and cast are NULL (y, mean and rsigma alone).
 inline ForwardResult run_forward(fp8kit_device_type dev, const NormInputs& in,
-                                 const fusedtest::CastSpec& spec, int calls = 1) {
+                                 const fusedtest::CastSpec& spec, int calls = 1,
+                                 bool cast_output = true) {
   const auto [rows, hidden] = qtest::flat2d(in.shape);
   const bool ln = in.config.type == FP8KIT_LAYERNORM;
   const size_t es = fp8kit_dtype_size(in.dtype);
@@ -74,7 +76,8 @@ inline ForwardResult run_forward(fp8kit_device_type dev, const NormInputs& in,
   const fp8kit_fused_cast c = cast.cast();
   ForwardResult r;
   for (int i = 0; i < calls; ++i) {
-    r.status = fp8kit_norm_forward(&in.config, &tx, &tg, ln ? &tb : nullptr, &ty, &out, &c,
+    r.status = fp8kit_norm_forward(&in.config, &tx, &tg, ln ? &tb : nullptr, &ty,
+                                   cast_output ? &out : nullptr, cast_output ? &c : nullptr,
                                    ln ? &tm : nullptr, &tr, nullptr);
     r.error = fp8kit_last_error();
     if (r.status != FP8KIT_OK) return r;
@@ -82,7 +85,7 @@ inline ForwardResult run_forward(fp8kit_device_type dev, const NormInputs& in,
   r.y = y.download(size_t(rows * hidden) * es);
   if (ln) r.mean = mean.download(size_t(rows) * 4);
   r.rsigma = rsigma.download(size_t(rows) * 4);
-  r.cast = cast.result();
+  if (cast_output) r.cast = cast.result();
   return r;
 }
 

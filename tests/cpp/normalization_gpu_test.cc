@@ -53,6 +53,33 @@ TEST(NormGpu, ForwardAndBackwardEqualCpu) {
   }
 }
 
+// Without a cast (y_fp8 and cast NULL) the kernel's values pass writes y,
+// mean and rsigma alone: the CPU's bits.
+TEST(NormGpu, WithoutCastEqualsCpu) {
+  QTEST_SKIP_WITHOUT_GPU();
+  uint32_t seed = 500;
+  for (fp8kit_norm_type type : {FP8KIT_LAYERNORM, FP8KIT_RMSNORM}) {
+    for (fp8kit_dtype dtype : {FP8KIT_FLOAT32, FP8KIT_BFLOAT16, FP8KIT_FLOAT16}) {
+      for (const auto& shape : kGpuShapes) {
+        const normtest::NormInputs in = normtest::make_inputs(type, dtype, shape, seed++);
+        const std::string what = std::string(type == FP8KIT_LAYERNORM ? "LayerNorm " : "RMSNorm ") +
+                                 fp8kit_dtype_name(dtype) + " numel " +
+                                 std::to_string(qtest::numel(shape));
+        const fusedtest::CastSpec spec;
+        const normtest::ForwardResult cpu =
+            normtest::run_forward(FP8KIT_DEVICE_CPU, in, spec, 1, /*cast_output=*/false);
+        const normtest::ForwardResult gpu =
+            normtest::run_forward(FP8KIT_DEVICE_CUDA, in, spec, 1, /*cast_output=*/false);
+        ASSERT_EQ(cpu.status, FP8KIT_OK) << what << ": " << cpu.error;
+        ASSERT_EQ(gpu.status, FP8KIT_OK) << what << ": " << gpu.error;
+        EXPECT_EQ(cpu.mean, gpu.mean) << what << ": mean";
+        EXPECT_EQ(cpu.rsigma, gpu.rsigma) << what << ": rsigma";
+        EXPECT_EQ(cpu.y, gpu.y) << what << ": y";
+      }
+    }
+  }
+}
+
 // Inputs with NaN and inf: NaN statistics and outputs come out with the
 // same bits on both sides (canonical NaN), and the scale policy applies.
 TEST(NormGpu, NonFiniteInputsEqualCpu) {

@@ -207,6 +207,28 @@ TEST(Norm, ZeroRows) {
   }
 }
 
+// Without y_fp8 and cast the forward writes y, mean and rsigma alone, the
+// same bits as a forward that casts.
+TEST(NormForward, WithoutCastWritesTheSameValues) {
+  uint32_t seed = 40;
+  for (fp8kit_norm_type type : {FP8KIT_LAYERNORM, FP8KIT_RMSNORM}) {
+    for (fp8kit_dtype dtype : {FP8KIT_FLOAT32, FP8KIT_BFLOAT16, FP8KIT_FLOAT16}) {
+      for (const std::vector<int64_t>& shape : {std::vector<int64_t>{3, 5, 64},
+                                                std::vector<int64_t>{0, 32}}) {
+        const NormInputs in = normtest::make_inputs(type, dtype, shape, seed++);
+        const normtest::ForwardResult cast =
+            normtest::run_forward(FP8KIT_DEVICE_CPU, in, CastSpec());
+        const normtest::ForwardResult plain =
+            normtest::run_forward(FP8KIT_DEVICE_CPU, in, CastSpec(), 1, /*cast_output=*/false);
+        ASSERT_EQ(plain.status, FP8KIT_OK) << plain.error;
+        EXPECT_EQ(plain.y, cast.y);
+        EXPECT_EQ(plain.mean, cast.mean);
+        EXPECT_EQ(plain.rsigma, cast.rsigma);
+      }
+    }
+  }
+}
+
 // Each bad argument is refused with a message naming it; nothing is written.
 TEST(Norm, ErrorsNameTheArgument) {
   const fp8kit_device_type cpu = FP8KIT_DEVICE_CPU;
@@ -264,6 +286,11 @@ TEST(Norm, ErrorsNameTheArgument) {
   bad.data = q + 8;
   expect_names(fwd(cfg, &tx, &tg, &tb, &ty, &bad, &c, &tm, &tr), "y_fp8->data", "misaligned fp8");
   expect_names(fwd(cfg, &tx, &tg, &tb, &ty, &tq, nullptr, &tm, &tr), "cast", "cast NULL");
+  ASSERT_EQ(fwd(cfg, &tx, &tg, &tb, &ty, nullptr, nullptr, &tm, &tr), FP8KIT_OK)
+      << fp8kit_last_error();
+  expect_names(fwd(cfg, &tx, &tg, &tb, &ty, nullptr, &c, &tm, &tr), "cast", "cast without y_fp8");
+  expect_names(fwd(cfg, &tx, &tg, &tb, nullptr, nullptr, nullptr, &tm, &tr), "y_fp8",
+               "neither y nor y_fp8");
   fp8kit_fused_cast bc = c;
   bc.state.counter = nullptr;
   expect_names(fwd(cfg, &tx, &tg, &tb, &ty, &tq, &bc, &tm, &tr), "cast->state", "no counter");

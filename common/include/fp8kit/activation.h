@@ -52,6 +52,10 @@ typedef enum fp8kit_activation {
   FP8KIT_SWIGLU = 1 /* silu(gate) * up */
 } fp8kit_activation;
 
+/* Without a cast: the FP8 output and `cast` NULL (and `sums` NULL), the
+ * high-precision output then required. Block scaling's layers take that
+ * output to their own block cast. */
+
 /* Forward: a = act(h).
  *   a:     NULL, or h's dtype, [rows, F]: the high-precision output.
  *   a_fp8: [rows, F], written by `cast` (fp8kit/fused_cast.h): rowwise for

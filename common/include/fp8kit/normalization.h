@@ -67,7 +67,9 @@ typedef struct fp8kit_norm_config {
  *   x, gamma, beta (LayerNorm only; NULL for RMSNorm): inputs as above.
  *   y:      NULL, or x's dtype and shape: the high-precision output.
  *   y_fp8:  the FP8 output (x's shape), written by `cast` as
- *           fp8kit/fused_cast.h describes.
+ *           fp8kit/fused_cast.h describes; or NULL with `cast` NULL: no
+ *           cast, y (then required), mean and rsigma alone (the input of
+ *           a cast that needs more than one scale, block scaling's).
  *   mean:   LayerNorm: float32 [rows], written; RMSNorm: NULL.
  *   rsigma: float32 [rows], written.
  * One pass over x for delayed scaling with a seeded slot; an amax pass
