@@ -5,12 +5,13 @@ layernorm_mlp gives bit-identical outputs and gradients, step after step, on
 the CPU, for delayed and current scaling (test_layer_protocol.py does the
 same for the plain Linear).
 
-Under block scaling the fused layers do not share the core's norm and
-activation kernels yet: each front end computes them with its own ops
-(torch's in the layer's dtype, fp8kit.jax's jnp in float32) before the
-block cast. In float32 the two then differ only by their summation orders
-(and an FP8 rounding such a difference may flip); a bfloat16 layer's
-norm output is rounded to bfloat16 before the cast in torch, not in JAX."""
+Under block scaling the two front ends do not share the norm and
+activation kernels yet: PyTorch runs the core's kernels without their cast
+(fp8kit/torch/_block_fused.py), fp8kit.jax the same formulas in float32
+jnp (fp8kit/jax/_fused_block_steps.py), each before the block cast. In
+float32 the two then differ only by their summation orders (and an FP8
+rounding such a difference may flip); a bfloat16 layer's norm output is
+rounded to bfloat16 before the cast in torch, not in JAX."""
 
 import numpy as np
 import pytest

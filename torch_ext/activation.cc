@@ -106,6 +106,40 @@ ActivationForwardOut activation_forward(const char* fn, const at::Tensor& h_in,
   return out;
 }
 
+at::Tensor activation_forward_values(const char* fn, const at::Tensor& h_in,
+                                     const std::string& activation) {
+  const fp8kit_activation act = activation_of(fn, activation);
+  const at::Tensor h = fused_input(fn, "h", h_in);
+  const at::Tensor a = at::empty(output_shape(fn, act, h), h.options());
+  const fp8kit_device_type dev = device_type_of(h, fn, "h");
+  const fp8kit_tensor hd = describe(h, *high_precision_dtype(h.scalar_type()), dev);
+  fp8kit_tensor ad = describe(a, hd.dtype, dev);
+  DeviceScope scope(h.device());
+  void* stream = current_stream(h.device());
+  check_status(call_core(dev == FP8KIT_DEVICE_CPU, [&] {
+    return fp8kit_activation_forward(act, &hd, &ad, nullptr, nullptr, stream);
+  }));
+  return a;
+}
+
+at::Tensor activation_backward_values(const char* fn, const at::Tensor& d_a_in,
+                                      const at::Tensor& h_in, const std::string& activation) {
+  const fp8kit_activation act = activation_of(fn, activation);
+  const at::Tensor h = fused_input(fn, "h", h_in);
+  const at::Tensor d_a = fused_like(fn, "d_a", d_a_in, h, "h", output_shape(fn, act, h));
+  const at::Tensor dh = at::empty_like(h);
+  const fp8kit_device_type dev = device_type_of(h, fn, "h");
+  const fp8kit_tensor hd = describe(h, *high_precision_dtype(h.scalar_type()), dev);
+  const fp8kit_tensor dad = describe(d_a, hd.dtype, dev);
+  fp8kit_tensor dhd = describe(dh, hd.dtype, dev);
+  DeviceScope scope(h.device());
+  void* stream = current_stream(h.device());
+  check_status(call_core(dev == FP8KIT_DEVICE_CPU, [&] {
+    return fp8kit_activation_backward(act, &dad, &hd, &dhd, nullptr, nullptr, nullptr, stream);
+  }));
+  return dh;
+}
+
 ActivationBackwardOut activation_backward(const char* fn, const at::Tensor& d_a_in,
                                           const at::Tensor& h_in, const std::string& activation,
                                           const CastArgs& cast,

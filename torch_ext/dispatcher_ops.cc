@@ -13,8 +13,8 @@
 // linear_forward and linear_backward, the FP8 Linear's two steps, have their
 // kernels in linear_dispatcher_ops.cc, and the fused layers' steps
 // (norm_forward, norm_backward, activation_forward, activation_backward,
-// quantize_slot) theirs in fused_dispatcher_ops.cc (each file says what its
-// ops take).
+// quantize_slot, and the *_values ops that cast nothing) theirs in
+// fused_dispatcher_ops.cc (each file says what its ops take).
 // The fake (meta) kernels are in fp8kit/torch/_fake_ops.py, the module named
 // by set_python_module below.
 #include <torch/library.h>
@@ -164,6 +164,11 @@ TORCH_LIBRARY(fp8kit, m) {
   m.def(
       "norm_backward(Tensor dy, Tensor x, Tensor? mean, Tensor rsigma, Tensor gamma, str "
       "normalization, float epsilon) -> (Tensor dx, Tensor dgamma, Tensor dbeta)");
+  // Without a cast (BlockScaling's layers): mean is empty for RMSNorm.
+  m.def("norm_forward_values(Tensor x, Tensor gamma, Tensor? beta, str normalization, float "
+        "epsilon) -> (Tensor y, Tensor mean, Tensor rsigma)");
+  m.def("activation_forward_values(Tensor h, str activation) -> Tensor");
+  m.def("activation_backward_values(Tensor d_a, Tensor h, str activation) -> Tensor");
   m.def("activation_forward(Tensor h, str activation, " FP8KIT_STATE_SCHEMA_ARGS
         ", int slot, bool record, bool rowwise, bool columnwise) -> (Tensor data, Tensor "
         "columnwise_data, Tensor scale_inv)");

@@ -1,6 +1,8 @@
 // The kernels of the fused layers' steps as dispatcher ops (schemas in
 // dispatcher_ops.cc): torch.ops.fp8kit.norm_forward, norm_backward,
-// activation_forward, activation_backward, quantize_slot and the Linear's
+// activation_forward, activation_backward, quantize_slot, the same
+// kernels without a cast (norm_forward_values, activation_forward_values,
+// activation_backward_values: BlockScaling's layers) and the Linear's
 // steps on a cast input or gradient (linear_forward_cast_input,
 // linear_backward_cast_grad; linear_backward is the Linear's), which is what
 // torch.compile traces of fp8kit.torch.LayerNormLinear and LayerNormMLP
@@ -103,6 +105,24 @@ std::tuple<Tensor, Tensor, Tensor> norm_backward_op(const Tensor& dy, const Tens
   return {dx, dgamma, or_empty(dbeta, dgamma.options())};
 }
 
+std::tuple<Tensor, Tensor, Tensor> norm_forward_values_op(const Tensor& x, const Tensor& gamma,
+                                                          const std::optional<Tensor>& beta,
+                                                          const std::string& normalization,
+                                                          double epsilon) {
+  auto [y, mean, rsigma] = norm_forward_values("fp8kit::norm_forward_values", x, gamma,
+                                               beta ? *beta : Tensor(), normalization, epsilon);
+  return {y, or_empty(mean, rsigma.options()), rsigma};
+}
+
+Tensor activation_forward_values_op(const Tensor& h, const std::string& activation) {
+  return activation_forward_values("fp8kit::activation_forward_values", h, activation);
+}
+
+Tensor activation_backward_values_op(const Tensor& d_a, const Tensor& h,
+                                     const std::string& activation) {
+  return activation_backward_values("fp8kit::activation_backward_values", d_a, h, activation);
+}
+
 std::tuple<Tensor, Tensor, Tensor> activation_forward_op(const Tensor& h,
                                                          const std::string& activation,
                                                          FP8KIT_STATE_PARAMS, int64_t slot,
@@ -184,6 +204,9 @@ std::tuple<Tensor, Tensor> linear_backward_cast_grad_op(
 void register_fused_kernels(torch::Library& m) {
   m.impl("norm_forward", &norm_forward_op);
   m.impl("norm_backward", &norm_backward_op);
+  m.impl("norm_forward_values", &norm_forward_values_op);
+  m.impl("activation_forward_values", &activation_forward_values_op);
+  m.impl("activation_backward_values", &activation_backward_values_op);
   m.impl("activation_forward", &activation_forward_op);
   m.impl("activation_backward", &activation_backward_op);
   m.impl("quantize_slot", &quantize_slot_op);

@@ -36,6 +36,11 @@ struct NormForwardOut {
 NormForwardOut norm_forward(const char* fn, const at::Tensor& x, const at::Tensor& gamma,
                             const at::Tensor& beta, const std::string& normalization,
                             double epsilon, const CastArgs& cast, bool want_y);
+// The norm without a cast (BlockScaling's layers cast its output per block
+// themselves): (y in x's dtype, mean (undefined for RMSNorm), rsigma).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_forward_values(
+    const char* fn, const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta,
+    const std::string& normalization, double epsilon);
 // (dx, dgamma, dbeta); dbeta undefined for RMSNorm, as `mean` must be.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_backward(
     const char* fn, const at::Tensor& dy, const at::Tensor& x, const at::Tensor& mean,
@@ -49,6 +54,11 @@ struct ActivationForwardOut {
 ActivationForwardOut activation_forward(const char* fn, const at::Tensor& h,
                                         const std::string& activation, const CastArgs& cast,
                                         bool want_a);
+// The activation and its gradient without a cast: a, and dh, in h's dtype.
+at::Tensor activation_forward_values(const char* fn, const at::Tensor& h,
+                                     const std::string& activation);
+at::Tensor activation_backward_values(const char* fn, const at::Tensor& d_a, const at::Tensor& h,
+                                      const std::string& activation);
 struct ActivationBackwardOut {
   FusedCastOut cast;
   at::Tensor sums, dh;

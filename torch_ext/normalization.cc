@@ -135,6 +135,32 @@ NormForwardOut norm_forward(const char* fn, const at::Tensor& x_in, const at::Te
   return out;
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_forward_values(
+    const char* fn, const at::Tensor& x_in, const at::Tensor& gamma, const at::Tensor& beta,
+    const std::string& normalization, double epsilon) {
+  const fp8kit_norm_config config = norm_config(fn, normalization, epsilon);
+  const at::Tensor x = fused_input(fn, "x", x_in);
+  check_norm_params(fn, config.type, x, gamma, beta);
+  const int64_t rows = x.numel() / x.size(-1);
+  const auto f32 = x.options().dtype(at::kFloat);
+  const at::Tensor y = at::empty_like(x), rsigma = at::empty({rows}, f32);
+  const at::Tensor mean = config.type == FP8KIT_LAYERNORM ? at::empty({rows}, f32) : at::Tensor();
+
+  const fp8kit_device_type dev = device_type_of(x, fn, "x");
+  const fp8kit_tensor xd = describe(x, *high_precision_dtype(x.scalar_type()), dev);
+  const fp8kit_tensor gd = describe(gamma, xd.dtype, dev);
+  const fp8kit_tensor bd = beta.defined() ? describe(beta, xd.dtype, dev) : fp8kit_tensor{};
+  fp8kit_tensor yd = describe(y, xd.dtype, dev), rd = describe(rsigma, FP8KIT_FLOAT32, dev);
+  fp8kit_tensor md = mean.defined() ? describe(mean, FP8KIT_FLOAT32, dev) : fp8kit_tensor{};
+  DeviceScope scope(x.device());
+  void* stream = current_stream(x.device());
+  check_status(call_core(dev == FP8KIT_DEVICE_CPU, [&] {
+    return fp8kit_norm_forward(&config, &xd, &gd, beta.defined() ? &bd : nullptr, &yd, nullptr,
+                               nullptr, mean.defined() ? &md : nullptr, &rd, stream);
+  }));
+  return {y, mean, rsigma};
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_backward(
     const char* fn, const at::Tensor& dy_in, const at::Tensor& x_in, const at::Tensor& mean_in,
     const at::Tensor& rsigma_in, const at::Tensor& gamma, const std::string& normalization,

@@ -229,6 +229,23 @@ def _activation_forward(h, activation, amax_history, amax, scale, scale_inv, cou
                          _activation_output_shape(h, activation), rowwise, columnwise)
 
 
+@torch.library.register_fake("fp8kit::norm_forward_values")
+def _norm_forward_values(x, gamma, beta, normalization, epsilon):
+    rows = x.numel() // x.shape[-1]
+    mean = _f32_empty(x, rows if normalization == "LayerNorm" else 0)
+    return x.new_empty(x.shape), mean, _f32_empty(x, rows)
+
+
+@torch.library.register_fake("fp8kit::activation_forward_values")
+def _activation_forward_values(h, activation):
+    return h.new_empty(_activation_output_shape(h, activation))
+
+
+@torch.library.register_fake("fp8kit::activation_backward_values")
+def _activation_backward_values(d_a, h, activation):
+    return h.new_empty(h.shape)
+
+
 @torch.library.register_fake("fp8kit::activation_backward")
 def _activation_backward(d_a, h, activation, amax_history, amax, scale, scale_inv, counters,
                          seeded, scaling, forward_dtype, backward_dtype, margin, amax_reduction,

@@ -140,12 +140,10 @@ class FusedLayer(FP8ExtraState, torch.nn.Module):
         inputs, the ones the FP8 path takes)."""
         return _FLOAT32_EPS if self.eps is None else self.eps
 
-    def _norm(self, x: torch.Tensor, gamma=None, beta=None) -> torch.Tensor:
-        """The normalization in high precision (outside fp8kit autocast, and
-        under BlockScaling), with the layer's parameters unless given."""
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        """torch's normalization, outside fp8kit autocast."""
         shape = (x.shape[-1],)
-        if gamma is None:
-            gamma, beta = self.layer_norm_weight, self.layer_norm_bias
+        gamma, beta = self.layer_norm_weight, self.layer_norm_bias
         if self.normalization == "LayerNorm":
             return F.layer_norm(x, shape, gamma, beta, self.eps)
         return F.rms_norm(x, shape, gamma, self.eps)

@@ -13,9 +13,10 @@ and wgrad FP8 GEMMs, then the normalization backward gives dx,
 d(layer_norm_weight) and d(layer_norm_bias). Outside autocast it computes
 exactly torch's norm followed by F.linear.
 
-Under BlockScaling the normalization runs in high precision (torch's) and
-its output goes through the block-scaled Linear (fp8kit.torch._block_linear),
-whose own block quantization casts it; that recipe keeps no state.
+Under BlockScaling the normalization is the core's kernel without its cast
+(fp8kit.torch._block_fused), in the input's dtype, and its output goes
+through the block-scaled Linear (fp8kit.torch._block_linear), whose own
+block quantization casts it; that recipe keeps no state.
 
 Under torch.compile and torch.export each step is a dispatcher op instead
 of a pybind11 call (fp8kit.torch._fused_steps): the same bits, traced
@@ -49,6 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from fp8kit.recipe import BlockScaling
+from fp8kit.torch._block_fused import block_norm
 from fp8kit.torch._block_linear import block_linear
 from fp8kit.torch._fused_module import (FusedLayer, check_features, check_normalization,
                                         init_linear, read_norm, weight_args)
@@ -114,8 +116,9 @@ class LayerNormLinear(FusedLayer):
         params = [p["layer_norm_weight"], p["layer_norm_bias"], p["weight"], p["bias"]]
         x, (gamma, beta, weight, bias) = self._fp8_inputs(input, params)
         if type(recipe) is BlockScaling:
-            y = block_linear("LayerNormLinear", recipe, self._norm(x, gamma, beta), weight, bias,
-                             self._fp8_inspect)
+            y = block_linear("LayerNormLinear", recipe,
+                             block_norm(x, gamma, beta, self.normalization, self._fp8_eps),
+                             weight, bias, self._fp8_inspect)
             return layer_output(y, input, self.out_features)
         steps, (state,), fast = self._select_states(recipe, (weight,))
         call = _Call(steps, state, fast, self.normalization, self._fp8_eps, self._fp8_inspect)

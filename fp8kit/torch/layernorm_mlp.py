@@ -20,10 +20,11 @@ dh to FP8 (its column sums are fc1's bias gradient); fc1's dgrad and wgrad
 on that cast dh; the normalization backward last. Outside autocast it
 computes exactly torch's norm, F.linear and activation.
 
-Under BlockScaling the normalization and the activation run in high
-precision (torch's) and fc1 and fc2 are block-scaled Linears
-(fp8kit.torch._block_linear), whose own block quantization casts their
-inputs; that recipe keeps no state.
+Under BlockScaling the normalization and the activation are the core's
+kernels without their cast (fp8kit.torch._block_fused), in the input's
+dtype, and fc1 and fc2 are block-scaled Linears (fp8kit.torch._block_linear),
+whose own block quantization casts their inputs; that recipe keeps no
+state.
 
 Under torch.compile and torch.export each step is a dispatcher op instead
 of a pybind11 call (fp8kit.torch._fused_steps): the same bits, traced
@@ -58,6 +59,7 @@ import torch
 import torch.nn.functional as F
 
 from fp8kit.recipe import BlockScaling
+from fp8kit.torch._block_fused import block_activation, block_norm
 from fp8kit.torch._block_linear import block_linear
 from fp8kit.torch._fused_module import (FusedLayer, check_features, check_normalization,
                                         init_linear, read_norm, weight_args)
@@ -153,9 +155,10 @@ class LayerNormMLP(FusedLayer):
         if type(recipe) is BlockScaling:
             gamma, beta, w1, b1, w2, b2 = params
             inspect = self._fp8_inspect
-            h = block_linear("LayerNormMLP", recipe, self._norm(x, gamma, beta), w1, b1, inspect,
-                             "fc1")
-            y = block_linear("LayerNormMLP", recipe, self._act(h), w2, b2, inspect, "fc2")
+            ln = block_norm(x, gamma, beta, self.normalization, self._fp8_eps)
+            h = block_linear("LayerNormMLP", recipe, ln, w1, b1, inspect, "fc1")
+            a = block_activation(h, self.activation)
+            y = block_linear("LayerNormMLP", recipe, a, w2, b2, inspect, "fc2")
             return layer_output(y, input, self.hidden_size)
         steps, states, fast = self._select_states(recipe, (params[2], params[4]))
         call = _Call(steps, states, fast, self.normalization, self._fp8_eps, self.activation,
