@@ -80,9 +80,10 @@ are no cycles; tests/jax/test_jax_imports.py checks it):
     dense_layer, statistics  it exports (fp8kit.jax.gemm is the function)
     _linear, _mlp_fc1,       the steps of one Linear, of layernorm_mlp's fc1
     _fused_steps,            (SwiGLU's paired halves), and the fused norm and
-    _fused_block_steps       activation casts (under BlockScaling: float32
-                             norm and activation, then a block cast), which
-                             the layers share
+    _fused_block_steps       activation casts (under BlockScaling: the core's
+                             norm and activation without their cast, then a
+                             block cast), which the layers share
+    _sharding_fused_values   the sharding of those uncast calls
     fused_dense_layer,       layernorm_dense and layernorm_mlp
     fused_mlp_layer
     grouped_delayed_scaling  GroupedDelayedScalingState and its grouped cast

@@ -204,3 +204,37 @@ def activation_backward_call(cast: FusedCast, state: Optional[DelayedState], d_a
                            dict(activation=np.int32(ACTIVATION_CODES[activation]),
                                 sums=cast.sums_dtype is not None), True)
     return result
+
+
+# --- without a cast (block scaling's layers) --------------------------------------------
+
+def norm_forward_values_call(x, gamma, beta, norm: str, epsilon: float):
+    """fp8kit_norm_forward_values on x [rows, hidden]: (y in x's dtype,
+    mean [rows] (LayerNorm; else a placeholder), rsigma [rows])."""
+    rows = x.shape[0]
+    layernorm = norm == "layernorm"
+    return tuple(jax.ffi.ffi_call(
+        "fp8kit_norm_forward_values",
+        (jax.ShapeDtypeStruct(x.shape, x.dtype),
+         jax.ShapeDtypeStruct((rows,) if layernorm else _ffi.PLACEHOLDER, F32),
+         jax.ShapeDtypeStruct((rows,), F32)),
+        vmap_method="sequential",
+    )(x, gamma, beta if layernorm else _ffi.placeholder(x.dtype),
+      norm_type=np.int32(NORM_CODES[norm]), epsilon=np.float32(epsilon)))
+
+
+def activation_forward_values_call(h, activation: str):
+    """fp8kit_activation_forward_values: a = act(h) in h's dtype."""
+    return jax.ffi.ffi_call(
+        "fp8kit_activation_forward_values",
+        jax.ShapeDtypeStruct(activated_shape(h.shape, activation), h.dtype),
+        vmap_method="sequential",
+    )(h, activation=np.int32(ACTIVATION_CODES[activation]))
+
+
+def activation_backward_values_call(d_a, h, activation: str):
+    """fp8kit_activation_backward_values: dh = d_a * act'(h) in h's dtype."""
+    return jax.ffi.ffi_call(
+        "fp8kit_activation_backward_values", jax.ShapeDtypeStruct(h.shape, h.dtype),
+        vmap_method="sequential",
+    )(d_a, h, activation=np.int32(ACTIVATION_CODES[activation]))

@@ -6,7 +6,7 @@ for). Each returns what fp8kit.jax.dense's casts return: the state (as
 passed when not recording or under current scaling), ScaledTensors, and
 column sums; the custom calls are partitioned when a mesh is in context
 (_sharding_fused.py). Under BlockScaling the norm and the activation run
-in float32 with a block cast of their own (_fused_block_steps.py), and the
+without their cast, followed by a block cast (_fused_block_steps.py), and the
 cast operands are padded to the block GEMM's token rows.
 
 With high_precision (a layer recording its casts' statistics) each also

@@ -56,13 +56,13 @@ from fp8kit.jax import _sharding as sh
 F32 = jnp.float32
 
 
-def _row_axes(mesh, arg_shape) -> tuple[str, ...]:
+def row_axes(mesh, arg_shape) -> tuple[str, ...]:
     """The mesh axes of the rows of a [rows, cols] argument, when they split
     the rows evenly (else (): replicate)."""
     return sh.even(mesh, arg_shape.shape[0], sh.spec(arg_shape)[0])
 
 
-def _rows(mesh, axes, ndim: int = 2) -> NamedSharding:
+def rows_sharding(mesh, axes, ndim: int = 2) -> NamedSharding:
     """Rows on `axes`, every other dim replicated."""
     return sh.named(mesh, [axes] + [()] * (ndim - 1))
 
@@ -157,7 +157,7 @@ def _norm_forward_plain(cast, state, x, gamma, beta, norm, epsilon, amax=None):
 
 
 def _norm_forward_partition(cast, norm, epsilon, mesh, arg_shapes, result_shape):
-    axes = _row_axes(mesh, arg_shapes[3])
+    axes = row_axes(mesh, arg_shapes[3])
 
     @sh.per_shard
     def lower(history, scale, seeded, x, gamma, beta):
@@ -170,15 +170,15 @@ def _norm_forward_partition(cast, norm, epsilon, mesh, arg_shapes, result_shape)
         return _flat(result, extras)
 
     rep = sh.replicated(mesh)
-    stats = _rows(mesh, axes, 1) if norm == "layernorm" else NamedSharding(mesh, P(None))
-    out = (*_cast_out_shardings(mesh, cast, [axes, ()]), stats, _rows(mesh, axes, 1))
-    return mesh, lower, out, (rep, rep, rep, _rows(mesh, axes), rep, rep)
+    stats = rows_sharding(mesh, axes, 1) if norm == "layernorm" else NamedSharding(mesh, P(None))
+    out = (*_cast_out_shardings(mesh, cast, [axes, ()]), stats, rows_sharding(mesh, axes, 1))
+    return mesh, lower, out, (rep, rep, rep, rows_sharding(mesh, axes), rep, rep)
 
 
 def _norm_forward_infer(cast, norm, epsilon, mesh, arg_shapes, result_shape):
-    axes = _row_axes(mesh, arg_shapes[3])
-    stats = _rows(mesh, axes, 1) if norm == "layernorm" else NamedSharding(mesh, P(None))
-    return (*_cast_out_shardings(mesh, cast, [axes, ()]), stats, _rows(mesh, axes, 1))
+    axes = row_axes(mesh, arg_shapes[3])
+    stats = rows_sharding(mesh, axes, 1) if norm == "layernorm" else NamedSharding(mesh, P(None))
+    return (*_cast_out_shardings(mesh, cast, [axes, ()]), stats, rows_sharding(mesh, axes, 1))
 
 
 def _norm_forward_rule(cast, norm, epsilon, mesh, operand_types, result_types):
@@ -213,7 +213,7 @@ def norm_forward(cast: fused.FusedCast, state, x, gamma, beta, norm: str, epsilo
 # --- norm backward -----------------------------------------------------------------------
 
 def _norm_backward_partition(norm, epsilon, param_dtype, mesh, arg_shapes, result_shape):
-    axes = _row_axes(mesh, arg_shapes[1])
+    axes = row_axes(mesh, arg_shapes[1])
     layernorm = norm == "layernorm"
 
     @sh.per_shard
@@ -228,14 +228,14 @@ def _norm_backward_partition(norm, epsilon, param_dtype, mesh, arg_shapes, resul
         return dx, dgamma, dbeta if layernorm else _ffi.placeholder(param_dtype)
 
     rep = sh.replicated(mesh)
-    stats = _rows(mesh, axes, 1) if layernorm else NamedSharding(mesh, P(None))
-    return (mesh, lower, (_rows(mesh, axes), rep, rep),
-            (_rows(mesh, axes), _rows(mesh, axes), stats, _rows(mesh, axes, 1), rep))
+    stats = rows_sharding(mesh, axes, 1) if layernorm else NamedSharding(mesh, P(None))
+    return (mesh, lower, (rows_sharding(mesh, axes), rep, rep),
+            (rows_sharding(mesh, axes), rows_sharding(mesh, axes), stats, rows_sharding(mesh, axes, 1), rep))
 
 
 def _norm_backward_infer(norm, epsilon, param_dtype, mesh, arg_shapes, result_shape):
     rep = sh.replicated(mesh)
-    return _rows(mesh, _row_axes(mesh, arg_shapes[1])), rep, rep
+    return rows_sharding(mesh, row_axes(mesh, arg_shapes[1])), rep, rep
 
 
 def _norm_backward_rule(norm, epsilon, param_dtype, mesh, operand_types, result_types):
@@ -280,7 +280,7 @@ def unpaired_swiglu_message(axes) -> str:
             "dimension; or leave kernel_1's columns replicated.")
 
 
-def _paired(h_shape) -> bool:
+def paired(h_shape) -> bool:
     """Is h SwiGLU's paired [rows, 2, F] (else [rows, F] or [rows, 2F])?"""
     return len(h_shape) == 3
 
@@ -293,7 +293,7 @@ def _activation_call(backward: bool, cast, state, tensors, activation: str, amax
     dh [rows, 2, F], columnwise_data [2, F, rows], sums [2, F]."""
     *d_a, h = tensors
     call = fused.activation_backward_call if backward else fused.activation_forward_call
-    if not _paired(h.shape):
+    if not paired(h.shape):
         return call(cast, state, *d_a, h, activation, amax)
     rows, _, f = h.shape
     result = call(cast, state, *d_a, sh.rows_view(h), activation, amax)
@@ -309,22 +309,22 @@ def _activation_call(backward: bool, cast, state, tensors, activation: str, amax
                         else None))
 
 
-def _activation_dims(backward: bool, activation: str, mesh, h):
+def activation_dims(backward: bool, activation: str, mesh, h):
     """(row axes, feature axes, mesh axes per dim of h, of v (the cast
     values: a forward, dh backward)). The features are split when h's last
     dim is, evenly, into multiples of the GEMM alignment (the next GEMM's
     K); an unpaired SwiGLU h split along its columns is refused."""
-    rows = _row_axes(mesh, h)
+    rows = row_axes(mesh, h)
     split = sh.spec(h)[-1]
-    if split and activation == "swiglu" and not _paired(h.shape):
+    if split and activation == "swiglu" and not paired(h.shape):
         raise ValueError(unpaired_swiglu_message(split))
     features = sh.even(mesh, h.shape[-1], split, _ffi.GEMM_DIM_MULTIPLE)
-    h_dims = [rows, (), features] if _paired(h.shape) else [rows, features]
+    h_dims = [rows, (), features] if paired(h.shape) else [rows, features]
     return rows, features, h_dims, h_dims if backward else [rows, features]
 
 
 def _activation_partition(backward, cast, activation, mesh, arg_shapes, result_shape):
-    rows, features, h_dims, v_dims = _activation_dims(backward, activation, mesh, arg_shapes[-1])
+    rows, features, h_dims, v_dims = activation_dims(backward, activation, mesh, arg_shapes[-1])
     amax_axes = rows + features
     local = cast
     if rows and cast.sums_dtype is not None:  # float32 partial sums, rounded after the psum
@@ -350,7 +350,7 @@ def _activation_partition(backward, cast, activation, mesh, arg_shapes, result_s
 
 
 def _activation_infer(backward, cast, activation, mesh, arg_shapes, result_shape):
-    *_, v_dims = _activation_dims(backward, activation, mesh, arg_shapes[-1])
+    *_, v_dims = activation_dims(backward, activation, mesh, arg_shapes[-1])
     return _cast_out_shardings(mesh, cast, v_dims)
 
 
@@ -361,7 +361,7 @@ def _activation_rule(backward, cast, activation, mesh, operand_types, result_typ
     if activation == "gelu":
         h = "f"
     else:
-        h = "two f" if _paired(operand_types[-1].shape) else "g"
+        h = "two f" if paired(operand_types[-1].shape) else "g"
     prefix = f"s l, s, s, r f, r {h}" if backward else f"s l, s, s, r {h}"
     return _cast_rule(prefix, h if backward else "f", cast)
 

@@ -11,8 +11,8 @@ The forward keeps x, mean, rsigma and the FP8 copies of ln and the kernel
 the plan keeps; the high-precision norm output is written only when the
 call records its statistics (then read at once, not kept).
 
-BlockScaling: the norm runs in float32 and ln is cast 1x128 by a block
-quantization of its own (fp8kit/jax/_fused_block_steps.py), the kernel
+BlockScaling: the norm is the core's kernel without its cast, in x's
+dtype, and ln is cast 1x128 by a block quantization of its own (fp8kit/jax/_fused_block_steps.py), the kernel
 128x128 and dy 1x128, as fp8kit.jax.dense does; no state. The GEMMs see
 the tokens padded with zero rows to a multiple of 16 (_linear.py says why
 that changes nothing), y and d_ln are sliced back. Sharded over the

@@ -19,9 +19,10 @@ it) and the FP8 copies the plans keep of ln, a and the kernels. The
 high-precision norm and activation outputs and dh are written only when
 the call records its statistics (then read at once, not kept).
 
-BlockScaling: the norm, the activation and its backward run in float32
-and ln, a and dh are cast 1x128 by block quantizations of their own
-(fp8kit/jax/_fused_block_steps.py; db_1 is summed from the float32 dh),
+BlockScaling: the norm, the activation and its backward are the core's
+kernels without their cast, in x's dtype (as fp8kit.torch's layers run
+them), and ln, a and dh are cast 1x128 by block quantizations of their own
+(fp8kit/jax/_fused_block_steps.py; db_1 is dh's float32 column sum),
 the kernels 128x128 and dy 1x128, as fp8kit.jax.dense does; no state.
 The GEMMs see the tokens padded with zero rows to a multiple of 16
 (_linear.py says why that changes nothing); h, y and the GEMMs' input

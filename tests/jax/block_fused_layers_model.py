@@ -7,8 +7,9 @@ The norm output, the activation, dy and dh are quantized 1x128, each GEMM
 reading its own copy (rowwise tiles for the forward and the dgrad,
 columnwise tiles, i.e. 128 tokens of one feature, for the wgrad); the
 kernels 128x128 (both copies share the blocks, so one value each). What the
-layer stores rounds to x's dtype where the layer's does (h, the GEMMs'
-y, d_a, d_ln and the norm backward's dx; dgamma and dbeta to gamma's); the
+layer stores rounds to x's dtype where the layer's does (the norm output,
+h, the activation and its gradient dh, the GEMMs' y, d_a, d_ln and the norm
+backward's dx; dgamma and dbeta to gamma's); the
 bias is added in x's dtype for bfloat16 (the GEMM epilogue's), else in
 float32. `quantized=False` gives the same layer
 without any quantization (the precision reference).
@@ -65,7 +66,7 @@ def layernorm_dense(x, gamma, beta, k, bias, dy, kind, eps, q: Quantizer, dtype,
     """y and the gradients (dx, dgamma, dbeta, dk, db); x 2-D, dtype x's
     (the layer's), param_dtype gamma's."""
     y_ln, xhat, rs = ref.norm(x, gamma, beta, kind, eps)
-    ln_r, ln_c = q.tiles(y_ln, q.fwd)
+    ln_r, ln_c = q.tiles(ref.rounded(y_ln, dtype), q.fwd)
     k_q = q.kernel(k)
     y = ref.rounded(ln_r @ k_q + _bias(bias, dtype), dtype)
     dq_r, dq_c = q.tiles(dy, q.bwd)
@@ -79,14 +80,14 @@ def layernorm_mlp(x, gamma, beta, k1, b1, k2, b2, dy, kind, act, eps, q: Quantiz
     """y and the gradients (dx, dgamma, dbeta, dk1, db1, dk2, db2); x 2-D,
     dtype x's (the layer's), param_dtype gamma's."""
     y_ln, xhat, rs = ref.norm(x, gamma, beta, kind, eps)
-    ln_r, ln_c = q.tiles(y_ln, q.fwd)
+    ln_r, ln_c = q.tiles(ref.rounded(y_ln, dtype), q.fwd)
     k1_q, k2_q = q.kernel(k1), q.kernel(k2)
     h = ref.rounded(ln_r @ k1_q + _bias(b1, dtype), dtype)
-    a_r, a_c = q.tiles(ref.activation(h, act), q.fwd)
+    a_r, a_c = q.tiles(ref.rounded(ref.activation(h, act), dtype), q.fwd)
     y = ref.rounded(a_r @ k2_q + _bias(b2, dtype), dtype)
     dq_r, dq_c = q.tiles(dy, q.bwd)
     d_a = ref.rounded(dq_r @ k2_q.T, dtype)
-    dh = ref.activation_backward(d_a, h, act)
+    dh = ref.rounded(ref.activation_backward(d_a, h, act), dtype)
     dh_r, dh_c = q.tiles(dh, q.bwd)
     d_ln = ref.rounded(dh_r @ k1_q.T, dtype)
     dx, dgamma, dbeta = _norm_backward(d_ln, xhat, rs, gamma, kind, dtype, param_dtype)
