@@ -273,8 +273,9 @@ def test_fused_rows(suite):
     assert any("LayerNormMLP" in g and "gelu" in g for g in groups)
     assert any("LayerNormLinear" in g for g in groups)
     variants = {r["case"].split(" ", 1)[1] for r in rows}
-    assert variants == {"unfused delayed", "unfused current", "fused delayed", "fused current",
-                        "fused delayed, fast fwd acc", "fused current, fast fwd acc"}
+    assert variants == {"unfused delayed", "unfused current", "unfused block", "fused delayed",
+                        "fused current", "fused block", "fused delayed, fast fwd acc",
+                        "fused current, fast fwd acc"}
     for r in rows:
         assert r["error"] is None and r["check"].startswith("rel err"), r
         assert r["fp8kit_s"] > 0 and r["anchor_s"] > 0

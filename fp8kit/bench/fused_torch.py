@@ -11,8 +11,9 @@ and out, eager:
     TE       TransformerEngine's LayerNormMLP / LayerNormLinear, when it is
              installed (a peer; te_peer.py)
 
-each FP8 variant under delayed and current scaling (the fused layers also
-with the forward GEMM's fast accumulation, TE's own choice), with the same
+each FP8 variant under delayed, current and block scaling (TE's
+Float8BlockScaling for block; the fused layers also with the forward
+GEMM's fast accumulation, TE's own choice for the per-tensor recipes), with the same
 weights and inputs, checked against bf16 before it is timed, all in one measure()
 (interleaved rounds). With TE present, a second group gives fp8kit's fused
 layer against TE's directly (target P7 for the Llama-3-8B SwiGLU MLP; the
@@ -51,8 +52,8 @@ FAST = ", fast fwd acc"
 
 
 def _recipes():
-    from fp8kit.recipe import CurrentScaling, DelayedScaling
-    return {"delayed": DelayedScaling(), "current": CurrentScaling(),
+    from fp8kit.recipe import BlockScaling, CurrentScaling, DelayedScaling
+    return {"delayed": DelayedScaling(), "current": CurrentScaling(), "block": BlockScaling(),
             "delayed" + FAST: DelayedScaling(forward_fast_accumulation=True),
             "current" + FAST: CurrentScaling(forward_fast_accumulation=True)}
 
@@ -126,13 +127,13 @@ def _check(got, want) -> str:
 
 
 def _add_te(layers, data, want, fns, around, found, errors) -> str:
-    """Adds the TE variants ('TE delayed', 'TE current') to fns; returns a
-    note when TE is missing."""
+    """Adds the TE variants ('TE delayed', 'TE current', 'TE block': its
+    Float8BlockScaling) to fns; returns a note when TE is missing."""
     te, missing = te_peer.torch_module()
     if te is None:
         return missing
     b = layers["bf16"]
-    for rname in ("delayed", "current"):
+    for rname in ("delayed", "current", "block"):
         name = f"TE {rname}"
         try:
             fn = te_peer.per_call_autocast(
@@ -201,7 +202,7 @@ def memory_rows(layer: str, case_size: str, peaks: dict) -> list:
         if name != "bf16" and not name.startswith("TE "):
             add(f"PyTorch {layer} fwd+bwd, extra peak memory, fp8kit vs bf16",
                 "bf16 torch modules", name, "bf16")
-    for rname in ("delayed", "current"):
+    for rname in ("delayed", "current", "block"):
         add(f"PyTorch {layer} fwd+bwd, extra peak memory, fp8kit fused vs TransformerEngine",
             f"TransformerEngine {rname}", f"fused {rname}", f"TE {rname}")
     return rows
