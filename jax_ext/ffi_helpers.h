@@ -4,6 +4,7 @@
 #ifndef FP8KIT_JAX_EXT_FFI_HELPERS_H_
 #define FP8KIT_JAX_EXT_FFI_HELPERS_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <string>
@@ -52,6 +53,28 @@ ffi::Error Invalid(const char* op, const std::string& message);
 // map to an fp8kit dtype. `arg` names the operand in the error message.
 ffi::ErrorOr<fp8kit_tensor> Describe(const char* op, const char* arg, const ffi::AnyBuffer& buffer,
                                      const Device& device);
+
+// An operand or result by name, and whether this call uses it (an unused
+// one is a placeholder: RMSNorm's beta, mean, dbeta).
+struct UsedBuffer {
+  const char* arg;
+  ffi::AnyBuffer* buffer;
+  bool used;
+};
+
+// Describe() of each used buffer into out[i]; out[i] of an unused one is
+// left as it is. The first error is returned.
+template <size_t N>
+ffi::Error DescribeAll(const char* op, const Device& device, const UsedBuffer (&buffers)[N],
+                       fp8kit_tensor (&out)[N]) {
+  for (size_t i = 0; i < N; ++i) {
+    if (!buffers[i].used) continue;
+    auto d = Describe(op, buffers[i].arg, *buffers[i].buffer, device);
+    if (d.has_error()) return d.error();
+    out[i] = *d;
+  }
+  return ffi::Error::Success();
+}
 
 // The FP8 output descriptor of a quantization of `input`: the rowwise
 // result `data` (input's shape) and/or the columnwise result (2-D [last,

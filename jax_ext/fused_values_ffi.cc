@@ -7,7 +7,6 @@
 //   fp8kit_activation_backward_values d_a, h -> dh
 // Outputs are in the input's dtype. Operands RMSNorm does not use (beta,
 // mean) are (0,) placeholders, as in normalization_ffi.cc.
-#include <tuple>
 #include <utility>
 
 #include "ffi_helpers.h"
@@ -20,28 +19,13 @@ constexpr char kNorm[] = "fp8kit_norm_forward_values";
 constexpr char kForward[] = "fp8kit_activation_forward_values";
 constexpr char kBackward[] = "fp8kit_activation_backward_values";
 
-// Describes each (arg, buffer) that is used into `out`, in order.
-template <size_t N>
-ffi::Error DescribeAll(const char* op, const Device& device,
-                       const std::tuple<const char*, ffi::AnyBuffer*, bool> (&buffers)[N],
-                       fp8kit_tensor (&out)[N]) {
-  for (size_t i = 0; i < N; ++i) {
-    auto [arg, buffer, used] = buffers[i];
-    if (!used) continue;
-    auto d = Describe(op, arg, *buffer, device);
-    if (d.has_error()) return d.error();
-    out[i] = *d;
-  }
-  return ffi::Error::Success();
-}
-
 ffi::Error NormImpl(const Device& device, ffi::AnyBuffer x, ffi::AnyBuffer gamma,
                     ffi::AnyBuffer beta, ffi::Result<ffi::AnyBuffer> y,
                     ffi::Result<ffi::AnyBuffer> mean, ffi::Result<ffi::AnyBuffer> rsigma,
                     int32_t type, float epsilon) {
   const bool ln = type == FP8KIT_LAYERNORM;
   fp8kit_tensor t[6] = {};
-  const std::tuple<const char*, ffi::AnyBuffer*, bool> buffers[6] = {
+  const UsedBuffer buffers[6] = {
       {"x", &x, true},   {"gamma", &gamma, true}, {"beta", &beta, ln},
       {"y", &*y, true},  {"mean", &*mean, ln},    {"rsigma", &*rsigma, true}};
   if (auto err = DescribeAll(kNorm, device, buffers, t); err.failure()) return err;
@@ -54,8 +38,7 @@ ffi::Error NormImpl(const Device& device, ffi::AnyBuffer x, ffi::AnyBuffer gamma
 ffi::Error ForwardImpl(const Device& device, ffi::AnyBuffer h, ffi::Result<ffi::AnyBuffer> a,
                        int32_t activation) {
   fp8kit_tensor t[2] = {};
-  const std::tuple<const char*, ffi::AnyBuffer*, bool> buffers[2] = {{"h", &h, true},
-                                                                      {"a", &*a, true}};
+  const UsedBuffer buffers[2] = {{"h", &h, true}, {"a", &*a, true}};
   if (auto err = DescribeAll(kForward, device, buffers, t); err.failure()) return err;
   return FromStatus(fp8kit_activation_forward(static_cast<fp8kit_activation>(activation), &t[0],
                                               &t[1], nullptr, nullptr, device.stream));
@@ -64,7 +47,7 @@ ffi::Error ForwardImpl(const Device& device, ffi::AnyBuffer h, ffi::Result<ffi::
 ffi::Error BackwardImpl(const Device& device, ffi::AnyBuffer d_a, ffi::AnyBuffer h,
                         ffi::Result<ffi::AnyBuffer> dh, int32_t activation) {
   fp8kit_tensor t[3] = {};
-  const std::tuple<const char*, ffi::AnyBuffer*, bool> buffers[3] = {
+  const UsedBuffer buffers[3] = {
       {"d_a", &d_a, true}, {"h", &h, true}, {"dh", &*dh, true}};
   if (auto err = DescribeAll(kBackward, device, buffers, t); err.failure()) return err;
   return FromStatus(fp8kit_activation_backward(static_cast<fp8kit_activation>(activation), &t[0],

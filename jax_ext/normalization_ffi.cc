@@ -222,17 +222,11 @@ ffi::Error BackwardImpl(const Device& device, ffi::AnyBuffer dy, ffi::AnyBuffer 
   const char* op = kBackward;
   const bool ln = type == FP8KIT_LAYERNORM;
   fp8kit_tensor t[8] = {};
-  const std::tuple<const char*, ffi::AnyBuffer*, bool> buffers[] = {
+  const UsedBuffer buffers[8] = {
       {"dy", &dy, true},          {"x", &x, true},          {"mean", &mean, ln},
       {"rsigma", &rsigma, true},  {"gamma", &gamma, true},  {"dx", &*dx, true},
       {"dgamma", &*dgamma, true}, {"dbeta", &*dbeta, ln}};
-  for (int i = 0; i < 8; ++i) {
-    auto [arg, buffer, used] = buffers[i];
-    if (!used) continue;
-    auto d = Describe(op, arg, *buffer, device);
-    if (d.has_error()) return d.error();
-    t[i] = *d;
-  }
+  if (auto err = DescribeAll(op, device, buffers, t); err.failure()) return err;
   int64_t rows = 0, hidden = 0;
   View2d(x.dimensions(), &rows, &hidden);
   const int64_t floats = fp8kit_norm_backward_workspace(rows, hidden);
