@@ -28,6 +28,6 @@ def report(paths) -> str:
         records = read_run(path)
         if not records:
             continue
-        png = plot_run(records, path.with_suffix(".png"), source=str(path))
+        png = plot_run(records, path.with_suffix(".png"), source=path.name)
         parts.append(f"{summary_text(records, top=3, source=path.name)}\nplot: {png.resolve()}")
     return "\n\n".join(parts)
