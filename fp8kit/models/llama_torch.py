@@ -375,10 +375,11 @@ GROUPED = "grouped"
 def fp8_linear_names(model: Llama) -> dict:
     """{the name fp8kit.torch.inspect gives an FP8 Linear (its module's
     qualified name, ".fc1" / ".fc2" for the MLP's): its checkpoint.FP8_LINEARS
-    name}, which fp8kit.jax's statistics use too."""
+    name (MOE_FP8_LINEARS' for the experts' GroupedLinears)}, which
+    fp8kit.jax's statistics use too."""
     qualified = {id(m): n for n, m in model.named_modules()}
-    return {qualified[id(layer)] + ("" if gemm == "linear" else f".{gemm}"): name
-            for name, (layer, gemm) in _fp8_linears(model).items() if gemm != GROUPED}
+    return {qualified[id(layer)] + ("" if gemm in ("linear", GROUPED) else f".{gemm}"): name
+            for name, (layer, gemm) in _fp8_linears(model).items()}
 
 
 def fp8_state_arrays(model: Llama, recipe) -> dict:

@@ -8,7 +8,9 @@ layers' class attribute is None: not inspected). Its calls:
         the rows that one GEMM's C++ forward and backward fill beside their
         own casts, on the device (every cast of every recipe runs in the
         C++ Linear steps: ext.linear_forward's `statistics`, the fused
-        layers' steps', the block-scaled ops');
+        layers' steps', the block-scaled ops'), or, for GroupedLinear
+        (weight [E, out, in]), that its grouped casts fill, merged over
+        the experts (fp8kit/torch/_grouped_statistics.py);
     refuse_tracing()
         the error of a layer asked to record while torch.compile traces.
 
@@ -181,7 +183,7 @@ class LayerRecorder:
             return None
         rows = torch.zeros((ext.NUM_SLOTS, len(_COLUMNS)), dtype=torch.float32,
                            device=weight.device)
-        out_features, in_features = weight.shape
+        out_features, in_features = weight.shape[-2:]
         self._records.linear_calls.append(_LinearCall(
             name, (tokens * in_features, weight.numel(), tokens * out_features), rows))
         return rows

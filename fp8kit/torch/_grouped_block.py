@@ -25,6 +25,7 @@ from typing import NamedTuple
 import torch
 
 from fp8kit.torch import _checks
+from fp8kit.torch import _grouped_statistics as grouped_statistics
 from fp8kit.torch._ext import ext
 
 _ops = torch.ops.fp8kit
@@ -93,23 +94,24 @@ def _gemm_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
 
 
-def grouped_block_linear(recipe, x, weight, bias, sizes) -> torch.Tensor:
-    """y [T, N] = each expert's tokens of x [T, K] @ its weight^T (+ bias)."""
+def grouped_block_linear(recipe, x, weight, bias, sizes, stats=None) -> torch.Tensor:
+    """y [T, N] = each expert's tokens of x [T, K] @ its weight^T (+ bias);
+    stats: the inspection rows the casts fill at a logged step, or None."""
     grad = torch.is_grad_enabled()
     dgrad, wgrad = grad and x.requires_grad, grad and weight.requires_grad
     fmt = recipe.fp8_format
     cfg = (_checks.TORCH_FP8[fmt.forward_dtype], _checks.TORCH_FP8[fmt.backward_dtype],
            float(recipe.amax_epsilon), bool(recipe.power_2_scale), dgrad, wgrad)
     if dgrad or wgrad or (grad and bias is not None and bias.requires_grad):
-        return _GroupedBlockFunction.apply(x, weight, bias, sizes, cfg)
-    return _forward(None, x, weight, bias, sizes, cfg)
+        return _GroupedBlockFunction.apply(x, weight, bias, sizes, cfg, stats)
+    return _forward(None, x, weight, bias, sizes, cfg, stats)
 
 
 class _GroupedBlockFunction(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, x, weight, bias, sizes, cfg):
-        return _forward(ctx, x, weight, bias, sizes, cfg)
+    def forward(ctx, x, weight, bias, sizes, cfg, stats):
+        return _forward(ctx, x, weight, bias, sizes, cfg, stats)
 
     @staticmethod
     def backward(ctx, dy):
@@ -122,8 +124,8 @@ class _GroupedBlockFunction(torch.autograd.Function):
         gemm_dtype = _gemm_dtype(dy.dtype)
         if dgrad or wgrad:
             dy_p = to_padded(dy.contiguous(), layout)
-            dy_d, dy_s, dy_cw, dy_cws = _ops.grouped_quantize_block(dy_p, sizes, bwd, ROW, dgrad,
-                                                                    wgrad, eps, pow2)
+            dy_d, dy_s, dy_cw, dy_cws = _quantize(dy_p, sizes, bwd, ROW, dgrad, wgrad, eps, pow2,
+                                                  ctx.stats, ext.SLOT_GRAD_OUTPUT)
             if dgrad:
                 dx = _ops.grouped_gemm_block_tokens(dy_d, dy_s, None, None, w_cw, w_cws, sizes,
                                                     gemm_dtype)[layout.rows_of].to(dy.dtype)
@@ -135,10 +137,22 @@ class _GroupedBlockFunction(torch.autograd.Function):
             db = torch.zeros((sizes.shape[0], dy.shape[1]), dtype=torch.float32,
                              device=dy.device).index_add_(0, experts, dy.float())
             db = db.to(ctx.bias_dtype)
-        return dx, dw, db, None, None
+        return dx, dw, db, None, None, None
 
 
-def _forward(ctx, x, weight, bias, sizes, cfg):
+def _quantize(t, sizes, fp8, mode, rowwise, columnwise, eps, pow2, stats, slot):
+    """grouped_quantize_block's copies of t in the padded row layout; with
+    `stats` (a logged step of fp8kit.torch.inspect) the rowwise copy is
+    made in any case and the cast's statistics fill stats[slot]."""
+    data, scales, cw, cw_scales = _ops.grouped_quantize_block(
+        t, sizes, fp8, mode, rowwise or stats is not None, columnwise, eps, pow2)
+    if stats is not None:
+        parts = grouped_statistics.block_parts(t, data, scales, sizes.tolist(), mode)
+        grouped_statistics.record(stats, slot, parts, mode)
+    return data, scales, cw, cw_scales
+
+
+def _forward(ctx, x, weight, bias, sizes, cfg, stats):
     """The forward GEMM over the padded rows; with ctx (a pass computing
     gradients) it saves the columnwise copies backward reads."""
     fwd, _, eps, pow2, dgrad, wgrad = cfg
@@ -146,19 +160,19 @@ def _forward(ctx, x, weight, bias, sizes, cfg):
     tokens = x.shape[0]
     layout = padded_layout(sizes, tokens, x.device)
     x_p = to_padded(x, layout)
-    x_d, x_s, x_cw, x_cws = _ops.grouped_quantize_block(x_p, sizes, fwd, ROW, True, wgrad, eps,
-                                                        pow2)
+    x_d, x_s, x_cw, x_cws = _quantize(x_p, sizes, fwd, ROW, True, wgrad, eps, pow2, stats,
+                                      ext.SLOT_INPUT)
     # The weights as E groups of n rows (n a multiple of 16: no padding):
     # each expert's 128x128 blocks, and its transposed copy [k, n] for dgrad.
     w_sizes = torch.full((experts,), n, dtype=torch.int64)
-    w_d, w_s, w_cw, w_cws = _ops.grouped_quantize_block(weight.reshape(experts * n, k), w_sizes,
-                                                        fwd, BLOCK, True, dgrad, eps, pow2)
+    w_d, w_s, w_cw, w_cws = _quantize(weight.reshape(experts * n, k), w_sizes, fwd, BLOCK, True,
+                                      dgrad, eps, pow2, stats, ext.SLOT_WEIGHT)
     y = _ops.grouped_gemm_block_tokens(x_d, x_s, w_d.view(experts, n, k), w_s, None, None,
                                        sizes, _gemm_dtype(x.dtype))[layout.rows_of].to(x.dtype)
     if bias is not None:
         y = y + bias[token_experts(sizes, tokens, x.device)]
     if ctx is not None:
-        ctx.cfg, ctx.rows = cfg, layout.rows
+        ctx.cfg, ctx.rows, ctx.stats = cfg, layout.rows, stats
         ctx.bias_dtype = None if bias is None else bias.dtype
         w_kept = w_cw.view(experts, k, n) if dgrad else None
         ctx.save_for_backward(x_cw if wgrad else None, x_cws if wgrad else None, w_kept,

@@ -65,6 +65,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from fp8kit.recipe import CurrentScaling, DelayedScaling
 from fp8kit.torch import _checks
+from fp8kit.torch import _grouped_statistics as grouped_statistics
 from fp8kit.torch._ext import ext
 from fp8kit.torch._grouped_block import grouped_block_linear, sizes_on, token_experts
 from fp8kit.torch.autocast import STATE as _AUTOCAST
@@ -82,6 +83,9 @@ def _positive_int(name: str, value) -> int:
 
 class GroupedLinear(torch.nn.Module):
     """num_experts Linear layers over the groups of a token-sorted input."""
+
+    # A recorder at a logged step of fp8kit.torch.inspect, else None.
+    _fp8_inspect = None
 
     def __init__(self, num_experts: int, in_features: int, out_features: int, bias: bool = True,
                  device=None, dtype=None) -> None:
@@ -123,15 +127,20 @@ class GroupedLinear(torch.nn.Module):
             x, weight = x.to(dtype), weight.to(dtype)
             bias = None if bias is None else bias.to(dtype)
         recipe = _AUTOCAST.recipe
+        inspect = self._fp8_inspect
+        # At a logged step the casts also fill the recorder's rows.
+        stats = None if recipe is None or inspect is None else \
+            inspect.linear_statistics("", x.shape[0], weight)
         if recipe is None:
             y = _high_precision(x, weight, bias, sizes)
         elif type(recipe) is CurrentScaling:
-            y = _fp8(recipe, x, weight, bias, sizes, None)
+            y = _fp8(recipe, x, weight, bias, sizes, None, stats)
         elif type(recipe) is DelayedScaling:
-            y = _fp8(recipe, x, weight, bias, sizes, self._delayed_state(recipe))
+            y = _fp8(recipe, x, weight, bias, sizes, self._delayed_state(recipe), stats)
         else:  # BlockScaling (autocast takes no other recipe)
             _check_fp8_operands(x, weight, bias)
-            y = grouped_block_linear(recipe, x.contiguous(), weight.contiguous(), bias, sizes)
+            y = grouped_block_linear(recipe, x.contiguous(), weight.contiguous(), bias, sizes,
+                                     stats)
         return y.reshape(*input.shape[:-1], self.out_features)
 
     def fp8_state_arrays(self, recipe) -> dict:
@@ -273,7 +282,7 @@ def _check_fp8_operands(x, weight, bias) -> None:
                              "fp8kit.torch.autocast")
 
 
-def _fp8(recipe, x, weight, bias, sizes, state: Optional[tuple]) -> torch.Tensor:
+def _fp8(recipe, x, weight, bias, sizes, state: Optional[tuple], stats) -> torch.Tensor:
     _check_fp8_operands(x, weight, bias)
     grad = torch.is_grad_enabled()
     dgrad = grad and x.requires_grad
@@ -288,15 +297,28 @@ def _fp8(recipe, x, weight, bias, sizes, state: Optional[tuple]) -> torch.Tensor
                   recipe.amax_reduction.value if delayed else "max")
     x = x.contiguous()
     if dgrad or wgrad or (grad and bias is not None and bias.requires_grad):
-        return _GroupedLinearFunction.apply(x, weight.contiguous(), bias, sizes, cfg, state)
-    return _forward(None, x, weight.contiguous(), bias, sizes, cfg, state)
+        return _GroupedLinearFunction.apply(x, weight.contiguous(), bias, sizes, cfg, state,
+                                            stats)
+    return _forward(None, x, weight.contiguous(), bias, sizes, cfg, state, stats)
 
 
-def _quantize(x, sizes, fp8, rowwise, columnwise, cfg, state, slot, record, skip_empty=False):
+def _quantize(x, sizes, fp8, rowwise, columnwise, cfg, state, slot, record, stats,
+              skip_empty=False):
     """(data, columnwise copy, scale_inv) of the token-grouped x: current
     scaling (state None), or delayed with row `slot` of the state, whose
     buffers receive the new state when `record`, except the rows of groups
-    with no tokens when `skip_empty`."""
+    with no tokens when `skip_empty`. With `stats` (a logged step of
+    fp8kit.torch.inspect) the rowwise copy is made in any case and the
+    cast's statistics fill stats[slot]."""
+    data, cw, scale_inv = _cast(x, sizes, fp8, rowwise or stats is not None, columnwise, cfg,
+                                state, slot, record, skip_empty)
+    if stats is not None:
+        parts = grouped_statistics.per_tensor_parts(x, data, scale_inv, sizes.tolist())
+        grouped_statistics.record(stats, slot, parts, "per_tensor")
+    return data, cw, scale_inv
+
+
+def _cast(x, sizes, fp8, rowwise, columnwise, cfg, state, slot, record, skip_empty):
     if state is None:
         data, cw, _, scale_inv, _ = _ops.grouped_quantize(x, sizes, fp8, rowwise, columnwise,
                                                           None, cfg.amax_epsilon,
@@ -319,8 +341,8 @@ def _quantize(x, sizes, fp8, rowwise, columnwise, cfg, state, slot, record, skip
 class _GroupedLinearFunction(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, x, weight, bias, sizes, cfg, state):
-        return _forward(ctx, x, weight, bias, sizes, cfg, state)
+    def forward(ctx, x, weight, bias, sizes, cfg, state, stats):
+        return _forward(ctx, x, weight, bias, sizes, cfg, state, stats)
 
     @staticmethod
     def backward(ctx, dy):
@@ -334,7 +356,8 @@ class _GroupedLinearFunction(torch.autograd.Function):
             # An expert with no tokens records nothing here, as a Linear
             # given no tokens casts no output gradient.
             dy_d, dy_cw, dy_sinv = _quantize(dy, sizes, cfg.bwd, dgrad, wgrad, cfg, ctx.state,
-                                             ext.SLOT_GRAD_OUTPUT, True, skip_empty=True)
+                                             ext.SLOT_GRAD_OUTPUT, True, ctx.stats,
+                                             skip_empty=True)
             if dgrad:
                 dx = _ops.grouped_gemm_tokens(dy_d, dy_sinv, None, w_cw, w_sinv, sizes, False,
                                               dy.dtype)
@@ -346,23 +369,23 @@ class _GroupedLinearFunction(torch.autograd.Function):
             db = torch.zeros((sizes.shape[0], dy.shape[1]), dtype=torch.float32,
                              device=dy.device).index_add_(0, experts, dy.float())
             db = db.to(ctx.bias_dtype)
-        return dx, dw, db, None, None, None
+        return dx, dw, db, None, None, None, None
 
 
-def _forward(ctx, x, weight, bias, sizes, cfg, state):
+def _forward(ctx, x, weight, bias, sizes, cfg, state, stats):
     """y = x_e @ w_e^T (+ b_e) per expert e; with ctx (a pass computing
     gradients, which records the casts' amaxes under delayed scaling) it
     saves the FP8 copies backward reads."""
     experts, n, k = weight.shape
     record = ctx is not None
     x_d, x_cw, x_sinv = _quantize(x, sizes, cfg.fwd, True, cfg.wgrad, cfg, state,
-                                  ext.SLOT_INPUT, record)
+                                  ext.SLOT_INPUT, record, stats)
     # The weights as E groups of n rows: the grouped columnwise copy then
     # begins with each expert's transpose [k, n], back to back (n is a
     # multiple of 16, so no block is padded).
     w_sizes = torch.full((experts,), n, dtype=torch.int64)
     w_d, w_cw, w_sinv = _quantize(weight.reshape(experts * n, k), w_sizes, cfg.fwd, True,
-                                  cfg.dgrad, cfg, state, ext.SLOT_WEIGHT, record)
+                                  cfg.dgrad, cfg, state, ext.SLOT_WEIGHT, record, stats)
     # The bias epilogue takes a bias in D's dtype for 16-bit outputs and
     # would round a float32 bias to bfloat16 for a float32 output.
     fused_bias = bias if bias is not None and x.dtype != torch.float32 else None
@@ -373,7 +396,7 @@ def _forward(ctx, x, weight, bias, sizes, cfg, state):
     if ctx is not None:
         ctx.cfg = cfg
         # The state is not saved: the backward's cast updates the buffers.
-        ctx.state = state
+        ctx.state, ctx.stats = state, stats
         ctx.bias_dtype = None if bias is None else bias.dtype
         w_kept = w_cw[:experts * k * n].view(experts, k, n) if cfg.dgrad else None
         ctx.save_for_backward(x_cw if cfg.wgrad else None, x_sinv, w_kept, w_sinv, sizes)

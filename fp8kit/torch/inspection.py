@@ -16,16 +16,19 @@ summary fp8_stats.jsonl` ranks the casts that lose most, `... plot` draws
 them; `log` may also be a StatsLog of your own (TensorBoard scalars too).
 
 What is recorded. Every FP8 GEMM of the model's fp8kit layers
-(fp8kit.torch.Linear and LayerNormLinear: one; LayerNormMLP: fc1 and fc2)
-casts three operands: its input and its weight in the forward, its output
-gradient in the backward (roles "input", "weight", "grad_output"). At a
-logged step each cast reports the statistics of
+(fp8kit.torch.Linear, LayerNormLinear and GroupedLinear: one; LayerNormMLP:
+fc1 and fc2) casts three operands: its input and its weight in the
+forward, its output gradient in the backward (roles "input", "weight",
+"grad_output"). At a logged step each cast reports the statistics of
 fp8kit.torch.cast_statistics, computed from the high-precision tensor and
 the FP8 copy the layer's own cast wrote (nothing is quantized again), on
 the device and without waiting for it, for delayed, current and block
 scaling alike; the scale the cast used (1 / its scale_inv; None under block
-scaling, whose scales are per block); and the element count (without the
-zero rows block scaling pads the tokens with). Where the high-precision
+scaling, whose scales are per block, and for GroupedLinear, whose experts
+each have their own: its row merges the experts' casts, amax the largest,
+counts and sums added); and the element count (without the zero rows block
+scaling pads the tokens with). GroupedLinear reads counts that are on the
+GPU back to the host at a logged step (a wait), to find each expert's rows. Where the high-precision
 operand of a fused cast (the normalization's output, the activation's, the
 activation's gradient) is not otherwise kept, the kernel writes it beside
 the FP8 copy in the same pass at a logged step, in the layer's dtype: in a
@@ -88,6 +91,7 @@ from fp8kit.inspect.records import ROLES
 from fp8kit.inspect.writer import StatsLog
 from fp8kit.torch._cast_records import LayerRecorder, StepRecords, refuse_tracing_error
 from fp8kit.torch._fused_module import FusedLayer
+from fp8kit.torch.grouped_linear import GroupedLinear
 from fp8kit.torch.linear import Linear
 
 _FN = "fp8kit.torch.inspect"
@@ -306,15 +310,16 @@ def _targets(model: torch.nn.Module, layers, names) -> list:
     layers `layers` picks, in named_modules() order."""
     found = []
     for name, m in model.named_modules():
-        if isinstance(m, Linear) or (isinstance(m, FusedLayer) and len(m._GEMMS) == 1):
+        if isinstance(m, (Linear, GroupedLinear)) or (isinstance(m, FusedLayer)
+                                                     and len(m._GEMMS) == 1):
             found.append((m, name, {"": name or type(m).__name__}))
         elif isinstance(m, FusedLayer):
             base = f"{name}." if name else f"{type(m).__name__}."
             found.append((m, name, {g: base + g for g in m._GEMMS}))
     if not found:
         raise ValueError(f"{_FN}: {type(model).__name__} holds no fp8kit FP8 layer "
-                         "(fp8kit.torch.Linear, LayerNormLinear or LayerNormMLP), so there is "
-                         "nothing to inspect; build the model with fp8kit's layers")
+                         "(fp8kit.torch.Linear, LayerNormLinear, LayerNormMLP or GroupedLinear), "
+                         "so there is nothing to inspect; build the model with fp8kit's layers")
     picked = [(m, gemms) for m, _, gemms in found] if layers is None else \
         _pick(found, layers)
     if names is None:
