@@ -24,12 +24,34 @@ constexpr const char* kFn = "fp8kit::cast_statistics";
 
 using Statistics = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
+// "per_row" is a per-tensor copy read with one scale_inv per row (a grouped
+// copy's rows, each its group's scale: fp8kit_cast_statistics_of_rows).
+constexpr const char* kPerRow = "per_row";
+
 fp8kit_scaling_mode parse_scaling_mode(const std::string& name) {
-  if (name == "per_tensor") return FP8KIT_SCALING_PER_TENSOR;
+  if (name == "per_tensor" || name == kPerRow) return FP8KIT_SCALING_PER_TENSOR;
   FP8KIT_VALUE_CHECK(name == "block_1x128" || name == "block_128x128", kFn, ": scaling_mode is '",
                      name, "'; use 'per_tensor' (a Float8Tensor's), 'block_1x128' or "
-                     "'block_128x128' (a Float8BlockTensor's)");
+                     "'block_128x128' (a Float8BlockTensor's), or 'per_row' (a grouped copy's "
+                     "rows, scale_inv one per row)");
   return parse_block_mode(name, kFn, "scaling_mode");
+}
+
+// scale_inv under "per_row": float32, one per row of x's [prod(leading),
+// last] view, contiguous, on x's device; the rowwise copy read.
+void check_row_scales(const at::Tensor& scale_inv, const at::Tensor& x, bool from_columnwise) {
+  FP8KIT_VALUE_CHECK(!from_columnwise, kFn, ": scaling_mode 'per_row' reads the rowwise copy; "
+                     "pass it with from_columnwise=False");
+  FP8KIT_TYPE_CHECK(scale_inv.scalar_type() == at::kFloat, kFn, ": scale_inv has dtype ",
+                    scale_inv.scalar_type(), "; pass float32 (one scale_inv per row)");
+  check_same_device(kFn, "scale_inv", scale_inv, "x", x);
+  int64_t rows = 1;
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.size(d);
+  FP8KIT_VALUE_CHECK(scale_inv.numel() == rows, kFn,
+                     ": scale_inv has ", scale_inv.numel(), " elements but x (shape ",
+                     shape_str(x.sizes()), ") has ", rows, " rows; under 'per_row' pass one "
+                     "scale_inv per row");
+  check_contiguous(kFn, "scale_inv", scale_inv);
 }
 
 // `data` is x's FP8 copy in the layout read (the core describes the copy
@@ -55,7 +77,10 @@ Statistics cast_statistics_op(const at::Tensor& x_in, const at::Tensor& data,
   const at::Tensor x = contiguous_high_precision(kFn, "x", x_in);
   device_type_of(x, kFn, "x");  // a CPU or CUDA tensor
   const fp8kit_dtype fp8 = check_copy_of(data, x, from_columnwise);
-  if (mode == FP8KIT_SCALING_PER_TENSOR) {
+  const bool per_row = scaling_mode == kPerRow;
+  if (per_row) {
+    check_row_scales(scale_inv, x, from_columnwise);
+  } else if (mode == FP8KIT_SCALING_PER_TENSOR) {
     check_f32_scalar(kFn, "scale_inv", scale_inv, "x", x);
     check_contiguous(kFn, "scale_inv", scale_inv);
   } else {
@@ -73,7 +98,8 @@ Statistics cast_statistics_op(const at::Tensor& x_in, const at::Tensor& data,
                                    static_cast<unsigned int*>(saturated.data_ptr()),
                                    error_sq.data_ptr<float>(), norm_sq.data_ptr<float>(),
                                    /*workspace: cast_statistics_into's*/ nullptr};
-  cast_statistics_into(x, fp8, mode, data, from_columnwise, scale_inv.data_ptr<float>(), out);
+  cast_statistics_into(x, fp8, mode, data, from_columnwise, scale_inv.data_ptr<float>(), out,
+                       per_row ? &scale_inv : nullptr);
   // The core counts in 32 bits; torch does integer arithmetic (a count
   // over numel, say) in int64, on the same stream as the core's writes.
   return {amax, underflow.to(at::kLong), saturated.to(at::kLong), error_sq, norm_sq};

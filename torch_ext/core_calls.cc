@@ -123,7 +123,7 @@ void amax_into(const at::Tensor& x, float* amax) {
 
 void cast_statistics_into(const at::Tensor& x, fp8kit_dtype fp8, fp8kit_scaling_mode mode,
                           const at::Tensor& data, bool from_columnwise, float* scales,
-                          const fp8kit_cast_statistics& out) {
+                          const fp8kit_cast_statistics& out, const at::Tensor* row_scale_inv) {
   FP8KIT_PROFILE_SCOPE("fp8kit::cast_statistics");
   const fp8kit_device_type dev = fp8kit_device(x.device());
   const fp8kit_tensor in = describe(x, *high_precision_dtype(x.scalar_type()), dev);
@@ -148,6 +148,13 @@ void cast_statistics_into(const at::Tensor& x, fp8kit_dtype fp8, fp8kit_scaling_
     outputs.workspace = workspace.data_ptr();
   }
   void* stream = current_stream(x.device());
+  if (row_scale_inv != nullptr) {
+    const fp8kit_tensor rows = describe(*row_scale_inv, FP8KIT_FLOAT32, dev);
+    check_status(call_core(dev == FP8KIT_DEVICE_CPU, [&] {
+      return fp8kit_cast_statistics_of_rows(&in, &q, &rows, &outputs, stream);
+    }));
+    return;
+  }
   check_status(call_core(dev == FP8KIT_DEVICE_CPU, [&] {
     return fp8kit_cast_statistics_of(&in, &q, from_columnwise ? 1 : 0, &outputs, stream);
   }));

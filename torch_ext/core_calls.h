@@ -55,10 +55,14 @@ void amax_into(const at::Tensor& x, float* amax);
 // copy `data` (x's shape, or columnwise_shape(x) with from_columnwise),
 // whose scale_inv (per tensor) or block scales (`mode` a block mode) are at
 // `scales`, written where `out` points (fp8kit_cast_statistics_of; the
-// CUDA workspace is taken here, out.workspace is not read).
+// CUDA workspace is taken here, out.workspace is not read). With
+// row_scale_inv (float32, one per row of the rowwise copy `data`, per
+// tensor) the copy is read with those instead
+// (fp8kit_cast_statistics_of_rows).
 void cast_statistics_into(const at::Tensor& x, fp8kit_dtype fp8, fp8kit_scaling_mode mode,
                           const at::Tensor& data, bool from_columnwise, float* scales,
-                          const fp8kit_cast_statistics& out);
+                          const fp8kit_cast_statistics& out,
+                          const at::Tensor* row_scale_inv = nullptr);
 
 // One fp8kit_delayed_scaling_update call on `device`.
 void delayed_update(const fp8kit_delayed_scaling_state* states, int count,

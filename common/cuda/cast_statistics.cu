@@ -114,15 +114,24 @@ __global__ void sums_kernel(const double* __restrict__ block_sums, int blocks,
 
 // A copy whose stored order is the input's: the rowwise copy, or a
 // columnwise copy of one row or one column. `stored_cols`: the row length
-// of the copy as stored (block scaling only). With `vectors`, the first
-// n / 8 * 8 elements go 8 at a time (vector_loads_fit says when).
+// of the copy as stored (block scaling and row scales only). row_scales:
+// NULL, or the rowwise copy's scale_inv per row, which then replaces the
+// copy's own. With `vectors`, the first n / 8 * 8 elements go 8 at a time
+// (vector_loads_fit says when).
 template <int kIn>
 __global__ void __launch_bounds__(kThreads)
     stats_stored_order_kernel(const void* __restrict__ input, const uint8_t* __restrict__ q,
                               int64_t n, int64_t stored_cols, bool vectors,
-                              const DequantScales scales, fp8kit_dtype fp8_dtype,
-                              const fp8kit_cast_statistics out, double* block_sums) {
-  const float per_tensor = scales.block ? 0.0f : *scales.scale_inv;
+                              const DequantScales scales, const float* __restrict__ row_scales,
+                              fp8kit_dtype fp8_dtype, const fp8kit_cast_statistics out,
+                              double* block_sums) {
+  // The copy's own scale_inv is not read under row scales (nor a valid
+  // device pointer then).
+  const float per_tensor = scales.block || row_scales != nullptr ? 0.0f : *scales.scale_inv;
+  const auto scale_of = [&](int64_t i) {
+    if (row_scales != nullptr) return row_scales[i / stored_cols];
+    return scales.block ? scales.at(i / stored_cols, i % stored_cols, 0.0f) : per_tensor;
+  };
   Partial p;
   const int64_t stride = int64_t(gridDim.x) * kThreads;
   const int64_t first = int64_t(blockIdx.x) * kThreads + threadIdx.x;
@@ -131,7 +140,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t k = first; k < chunks; k += stride) {
     const int64_t i = k * kVec;
     // The 8 elements share one stored row and one block of it.
-    const float s = scales.block ? scales.at(i / stored_cols, i % stored_cols, 0.0f) : per_tensor;
+    const float s = scale_of(i);
     Raw8<kIn> x;
     load_raw8<kIn>(input, i, x);
     const uint2 codes = __ldg(reinterpret_cast<const uint2*>(q + i));
@@ -142,19 +151,20 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   for (int64_t i = chunks * kVec + first; i < n; i += stride) {
-    const float s = scales.block ? scales.at(i / stored_cols, i % stored_cols, 0.0f) : per_tensor;
-    p.add(load_input<kIn>(input, i), q[i], fp8_dtype, s);
+    p.add(load_input<kIn>(input, i), q[i], fp8_dtype, scale_of(i));
   }
   block_commit(p, out, block_sums);
 }
 
 // Whether the stored-order kernel may read 8 elements at a time: the input
-// 16-byte aligned (load_raw8), the copy 8-byte aligned, and under block
-// scaling the stored rows a multiple of 8 long, so that no 8 elements
-// straddle a row or a 128-wide block.
-bool vector_loads_fit(const void* input, const uint8_t* q, int64_t stored_cols, bool block) {
+// 16-byte aligned (load_raw8), the copy 8-byte aligned, and where the scale
+// varies within the tensor (block scaling, row scales) the stored rows a
+// multiple of 8 long, so that no 8 elements straddle a row or a 128-wide
+// block.
+bool vector_loads_fit(const void* input, const uint8_t* q, int64_t stored_cols,
+                      bool scale_varies) {
   return reinterpret_cast<uintptr_t>(input) % 16 == 0 && reinterpret_cast<uintptr_t>(q) % 8 == 0 &&
-         (!block || stored_cols % kVec == 0);
+         (!scale_varies || stored_cols % kVec == 0);
 }
 
 // The columnwise copy: row-major [cols, rows]; the input row-major [rows,
@@ -198,7 +208,8 @@ int64_t grid_size(int64_t work_items, const char* op) {
 
 template <int kIn>
 void launch(const fp8kit_tensor& input, const fp8kit_tensor& quantized, bool from_columnwise,
-            const fp8kit_cast_statistics& out, cudaStream_t stream, const char* op) {
+            const float* row_scale_inv, const fp8kit_cast_statistics& out, cudaStream_t stream,
+            const char* op) {
   int64_t rows = 0, cols = 0;
   flatten_2d(input, &rows, &cols);
   const int64_t n = rows * cols;
@@ -215,9 +226,11 @@ void launch(const fp8kit_tensor& input, const fp8kit_tensor& quantized, bool fro
     const uint8_t* q = static_cast<const uint8_t*>(from_columnwise ? quantized.columnwise_data
                                                                    : quantized.data);
     const int64_t stored_cols = from_columnwise ? rows : cols;
-    const bool vectors = vector_loads_fit(input.data, q, stored_cols, scales.block);
+    const bool vectors =
+        vector_loads_fit(input.data, q, stored_cols, scales.block || row_scale_inv != nullptr);
     stats_stored_order_kernel<kIn><<<unsigned(blocks), kThreads, 0, stream>>>(
-        input.data, q, n, stored_cols, vectors, scales, quantized.dtype, out, sums);
+        input.data, q, n, stored_cols, vectors, scales, row_scale_inv, quantized.dtype, out,
+        sums);
     check_launch(op, "launching the cast statistics kernel");
   } else {
     stats_columnwise_kernel<kIn><<<unsigned(blocks), kThreads, 0, stream>>>(
@@ -232,7 +245,8 @@ void launch(const fp8kit_tensor& input, const fp8kit_tensor& quantized, bool fro
 }  // namespace
 
 void cast_statistics(const fp8kit_tensor& input, const fp8kit_tensor& quantized,
-                     bool from_columnwise, const fp8kit_cast_statistics& out, void* stream_ptr) {
+                     bool from_columnwise, const float* row_scale_inv,
+                     const fp8kit_cast_statistics& out, void* stream_ptr) {
   const char* op = "cast_statistics_of";
   ScopedDevice device(input.device_index, op);
   // The kernels accumulate amax and the counts into the outputs and write
@@ -246,13 +260,13 @@ void cast_statistics(const fp8kit_tensor& input, const fp8kit_tensor& quantized,
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   switch (input.dtype) {
     case FP8KIT_FLOAT32:
-      launch<FP8KIT_FLOAT32>(input, quantized, from_columnwise, out, stream, op);
+      launch<FP8KIT_FLOAT32>(input, quantized, from_columnwise, row_scale_inv, out, stream, op);
       break;
     case FP8KIT_BFLOAT16:
-      launch<FP8KIT_BFLOAT16>(input, quantized, from_columnwise, out, stream, op);
+      launch<FP8KIT_BFLOAT16>(input, quantized, from_columnwise, row_scale_inv, out, stream, op);
       break;
     default:
-      launch<FP8KIT_FLOAT16>(input, quantized, from_columnwise, out, stream, op);
+      launch<FP8KIT_FLOAT16>(input, quantized, from_columnwise, row_scale_inv, out, stream, op);
       break;
   }
 }

@@ -54,9 +54,12 @@ FP8KIT_HD float amax_from_bits(uint32_t amax_bits) {
   return bits_to_float(amax_bits > 0x7f800000u ? 0x7fc00000u : amax_bits);
 }
 
-// CPU reference; arguments validated, outputs host pointers.
+// CPU reference; arguments validated, outputs host pointers. row_scale_inv:
+// NULL, or one scale_inv per row of the rowwise copy
+// (fp8kit_cast_statistics_of_rows), which then replaces the tensor's.
 void cast_statistics_cpu(const fp8kit_tensor& input, const fp8kit_tensor& quantized,
-                         bool from_columnwise, const fp8kit_cast_statistics& out);
+                         bool from_columnwise, const float* row_scale_inv,
+                         const fp8kit_cast_statistics& out);
 
 }  // namespace fp8kit
 

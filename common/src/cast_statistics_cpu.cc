@@ -13,7 +13,8 @@ namespace {
 // One loop per input dtype, so the load is not a switch per element.
 template <typename Load>
 CastStatsPartial<double> accumulate(const fp8kit_tensor& input, const fp8kit_tensor& quantized,
-                                    bool from_columnwise, int64_t rows, int64_t cols) {
+                                    bool from_columnwise, const float* row_scale_inv,
+                                    int64_t rows, int64_t cols) {
   const uint8_t* q =
       static_cast<const uint8_t*>(from_columnwise ? quantized.columnwise_data : quantized.data);
   const bool block = is_block_scaling(quantized.scaling_mode);
@@ -30,7 +31,9 @@ CastStatsPartial<double> accumulate(const fp8kit_tensor& input, const fp8kit_ten
     for (int64_t c = 0; c < cols; ++c) {
       const uint8_t code = from_columnwise ? q[c * rows + r] : q[r * cols + c];
       const float scale_inv =
-          !block ? *scales : scales[from_columnwise ? layout.index(c, r) : layout.index(r, c)];
+          row_scale_inv != nullptr ? row_scale_inv[r]
+          : !block                 ? *scales
+                                   : scales[from_columnwise ? layout.index(c, r) : layout.index(r, c)];
       acc.add(Load::load(input.data, r * cols + c), code, quantized.dtype, scale_inv);
     }
   }
@@ -40,20 +43,24 @@ CastStatsPartial<double> accumulate(const fp8kit_tensor& input, const fp8kit_ten
 }  // namespace
 
 void cast_statistics_cpu(const fp8kit_tensor& input, const fp8kit_tensor& quantized,
-                         bool from_columnwise, const fp8kit_cast_statistics& out) {
+                         bool from_columnwise, const float* row_scale_inv,
+                         const fp8kit_cast_statistics& out) {
   int64_t rows = 0, cols = 0;
   flatten_2d(input, &rows, &cols);
   CastStatsPartial<double> acc;
   if (rows > 0 && cols > 0) {
     switch (input.dtype) {
       case FP8KIT_FLOAT32:
-        acc = accumulate<LoadF32>(input, quantized, from_columnwise, rows, cols);
+        acc = accumulate<LoadF32>(input, quantized, from_columnwise, row_scale_inv, rows,
+                                  cols);
         break;
       case FP8KIT_BFLOAT16:
-        acc = accumulate<LoadBF16>(input, quantized, from_columnwise, rows, cols);
+        acc = accumulate<LoadBF16>(input, quantized, from_columnwise, row_scale_inv, rows,
+                                  cols);
         break;
       default:
-        acc = accumulate<LoadF16>(input, quantized, from_columnwise, rows, cols);
+        acc = accumulate<LoadF16>(input, quantized, from_columnwise, row_scale_inv, rows,
+                                  cols);
         break;
     }
   }

@@ -99,9 +99,11 @@ void grouped_quantize_delayed_update(const fp8kit_tensor& input, const GroupLayo
                                      const fp8kit_delayed_scaling_config& config, bool record,
                                      void* stream);
 
-// Statistics of a cast (common/cuda/cast_statistics.cu).
+// Statistics of a cast (common/cuda/cast_statistics.cu); row_scale_inv as
+// cast_statistics_cpu's, a device pointer.
 void cast_statistics(const fp8kit_tensor& input, const fp8kit_tensor& quantized,
-                     bool from_columnwise, const fp8kit_cast_statistics& out, void* stream);
+                     bool from_columnwise, const float* row_scale_inv,
+                     const fp8kit_cast_statistics& out, void* stream);
 
 // cuBLASLt GEMM (common/cuda/gemm_cublaslt.cc). Takes the problem that
 // make_gemm_problem (common/src/gemm_problem.h) validated and canonicalized.

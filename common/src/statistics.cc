@@ -89,8 +89,54 @@ void check_args(const fp8kit_tensor* input, const fp8kit_tensor* quantized, bool
   check_outputs(out, input->device_type);
 }
 
+// row_scale_inv of fp8kit_cast_statistics_of_rows: float32, one per row of
+// input's [rows, cols] view, on its device; a per-tensor copy.
+void check_row_scales(const fp8kit_tensor& input, const fp8kit_tensor* row_scale_inv) {
+  int64_t rows = 0, cols = 0;
+  flatten_2d(input, &rows, &cols);
+  check_tensor(kOp, "row_scale_inv", row_scale_inv, /*allow_null_data=*/rows * cols == 0);
+  FP8KIT_CHECK(row_scale_inv->dtype == FP8KIT_FLOAT32, kOp,
+               ": row_scale_inv must be FP8KIT_FLOAT32 (one scale_inv per row of input)");
+  check_same_device(kOp, "input", input, "row_scale_inv", *row_scale_inv);
+  FP8KIT_CHECK(fp8kit_tensor_numel(row_scale_inv) == rows, kOp, ": row_scale_inv has ",
+               fp8kit_tensor_numel(row_scale_inv), " elements but input (shape ",
+               shape_string(input), ") has ", rows,
+               " rows; pass one scale_inv per row (for a grouped copy, each row's group's)");
+}
+
 }  // namespace
 }  // namespace fp8kit
+
+extern "C" fp8kit_status fp8kit_cast_statistics_of_rows(const fp8kit_tensor* input,
+                                                        const fp8kit_tensor* quantized,
+                                                        const fp8kit_tensor* row_scale_inv,
+                                                        const fp8kit_cast_statistics* out,
+                                                        void* stream) {
+  return fp8kit::guard([&] {
+    fp8kit::check_tensor(fp8kit::kOp, "row_scale_inv", row_scale_inv, /*allow_null_data=*/true);
+    FP8KIT_CHECK(quantized == nullptr || quantized->scaling_mode == FP8KIT_SCALING_PER_TENSOR,
+                 fp8kit::kOp, ": quantized has ",
+                 fp8kit::scaling_mode_name(quantized->scaling_mode),
+                 "; a copy read with a scale per row is a per-tensor (or grouped per-tensor) "
+                 "copy: use FP8KIT_SCALING_PER_TENSOR");
+    // The per-tensor checks ask for quantized->scale_inv, which is not read
+    // here: a stand-in keeps them from refusing a NULL one.
+    static float unread_scale_inv = 1.0f;
+    fp8kit_tensor copy = quantized != nullptr ? *quantized : fp8kit_tensor{};
+    if (copy.scale_inv == nullptr) copy.scale_inv = &unread_scale_inv;
+    fp8kit::check_args(input, quantized != nullptr ? &copy : nullptr, false, out);
+    fp8kit::check_row_scales(*input, row_scale_inv);
+    const float* rows = static_cast<const float*>(row_scale_inv->data);
+    if (input->device_type == FP8KIT_DEVICE_CPU) {
+      fp8kit::cast_statistics_cpu(*input, copy, false, rows, *out);
+    } else {
+#ifdef FP8KIT_WITH_CUDA
+      fp8kit::cuda::cast_statistics(*input, copy, false, rows, *out, stream);
+#endif
+    }
+    (void)stream;
+  });
+}
 
 extern "C" fp8kit_status fp8kit_cast_statistics_of(const fp8kit_tensor* input,
                                                    const fp8kit_tensor* quantized,
@@ -100,10 +146,11 @@ extern "C" fp8kit_status fp8kit_cast_statistics_of(const fp8kit_tensor* input,
   return fp8kit::guard([&] {
     fp8kit::check_args(input, quantized, from_columnwise != 0, out);
     if (input->device_type == FP8KIT_DEVICE_CPU) {
-      fp8kit::cast_statistics_cpu(*input, *quantized, from_columnwise != 0, *out);
+      fp8kit::cast_statistics_cpu(*input, *quantized, from_columnwise != 0, nullptr, *out);
     } else {
 #ifdef FP8KIT_WITH_CUDA
-      fp8kit::cuda::cast_statistics(*input, *quantized, from_columnwise != 0, *out, stream);
+      fp8kit::cuda::cast_statistics(*input, *quantized, from_columnwise != 0, nullptr, *out,
+                                    stream);
 #endif
     }
     (void)stream;

@@ -1,17 +1,19 @@
 """GroupedLinear's cast statistics at a logged step of fp8kit.torch.inspect.
 
-Each expert's share of a grouped cast is read by the core's statistics op
-(torch.ops.fp8kit.cast_statistics, as for a single tensor) with that
-expert's own scale or block scales, and the experts' results are merged
-on the device into the layer's row of the recorder's buffer (the row
-fp8kit.torch.Linear's C++ call fills, fp8kit/torch/_cast_records.py):
-amax the largest expert's (NaN if any is NaN), the counts and the sums
-added. A grouped cast has a scale per expert, so the row holds no one
-scale (scale_inv NaN, as under block scaling). An expert with no tokens
-adds nothing.
+A grouped cast is read by the core's statistics op
+(torch.ops.fp8kit.cast_statistics) with each expert's own scale: under
+per-tensor scaling in one call, each row read with its expert's scale_inv
+(scaling mode "per_row"); under block scaling one call per expert with
+its block scales, the results merged on the device. Either way the layer's
+row of the recorder's buffer (the row fp8kit.torch.Linear's C++ call fills,
+fp8kit/torch/_cast_records.py) holds amax the largest expert's (NaN if any
+is NaN), the counts and the sums over all experts. A grouped cast has a
+scale per expert, so the row holds no one scale (scale_inv NaN, as under
+block scaling). An expert with no tokens adds nothing.
 
-The experts' rows are found from the counts on the host: counts on the
-GPU are read back here, which waits for the stream, at logged steps only.
+Block scaling finds each expert's rows and scales from the counts on the
+host: counts on the GPU are read back there, which waits for the stream,
+at logged steps only.
 """
 
 from __future__ import annotations
@@ -32,15 +34,12 @@ def _padded(m: int) -> int:
     return (m + step - 1) // step * step
 
 
-def per_tensor_parts(x, data, scale_inv, counts) -> list:
-    """[(x_e, data_e, scale_inv_e)] of the experts with rows: x [T, F] and
-    its rowwise copy in the contiguous layout, scale_inv [E, STRIDE]."""
-    parts, start = [], 0
-    for e, m in enumerate(counts):
-        if m:
-            parts.append((x[start:start + m], data[start:start + m], scale_inv[e, :1]))
-        start += m
-    return parts
+def per_tensor_parts(x, data, scale_inv, row_experts) -> list:
+    """The one part of a per-tensor grouped cast: x [T, F] and its rowwise
+    copy in the contiguous layout, read with each row's expert's scale_inv
+    (scale_inv [E, STRIDE], row_experts [T] on the device; scaling mode
+    "per_row"), gathered there without a host read of the counts."""
+    return [(x, data, scale_inv[:, 0].index_select(0, row_experts).contiguous())]
 
 
 def block_parts(x, data, scales, counts, mode: str) -> list:
@@ -64,8 +63,9 @@ def block_parts(x, data, scales, counts, mode: str) -> list:
 
 
 def record(rows, slot: int, parts: list, mode: str) -> None:
-    """Writes the merged statistics of `parts` (per_tensor_parts' or
-    block_parts') into rows[slot]; nothing when no expert had rows."""
+    """Writes the merged statistics of `parts` (per_tensor_parts' with mode
+    "per_row", or block_parts') into rows[slot]; nothing when there are no
+    parts (no expert had rows)."""
     if not parts:
         return
     stats = [_ops.cast_statistics(x.detach(), d, s, mode, False) for x, d, s in parts]

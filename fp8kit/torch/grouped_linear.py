@@ -313,8 +313,9 @@ def _quantize(x, sizes, fp8, rowwise, columnwise, cfg, state, slot, record, stat
     data, cw, scale_inv = _cast(x, sizes, fp8, rowwise or stats is not None, columnwise, cfg,
                                 state, slot, record, skip_empty)
     if stats is not None:
-        parts = grouped_statistics.per_tensor_parts(x, data, scale_inv, sizes.tolist())
-        grouped_statistics.record(stats, slot, parts, "per_tensor")
+        parts = grouped_statistics.per_tensor_parts(
+            x, data, scale_inv, token_experts(sizes, x.shape[0], x.device))
+        grouped_statistics.record(stats, slot, parts, "per_row")
     return data, cw, scale_inv
 
 

@@ -27,8 +27,9 @@ scaling alike; the scale the cast used (1 / its scale_inv; None under block
 scaling, whose scales are per block, and for GroupedLinear, whose experts
 each have their own: its row merges the experts' casts, amax the largest,
 counts and sums added); and the element count (without the zero rows block
-scaling pads the tokens with). GroupedLinear reads counts that are on the
-GPU back to the host at a logged step (a wait), to find each expert's rows. Where the high-precision
+scaling pads the tokens with). Under block scaling GroupedLinear reads
+counts that are on the GPU back to the host at a logged step (a wait), to
+find each expert's rows and block scales. Where the high-precision
 operand of a fused cast (the normalization's output, the activation's, the
 activation's gradient) is not otherwise kept, the kernel writes it beside
 the FP8 copy in the same pass at a logged step, in the layer's dtype: in a

@@ -15,7 +15,9 @@ torch.compile alike (fake kernel in fp8kit.torch._fake_ops):
 where data is one stored FP8 copy of x (rowwise, or with from_columnwise
 the [x.shape[-1], prod(x.shape[:-1])] one), scale_inv its float32[1]
 scale_inv or, for scaling_mode "block_1x128" / "block_128x128", that
-copy's block scales; the counts are int64, the rest float32.
+copy's block scales, or for "per_row" (a grouped copy's rows, each cast
+with its expert's scale; the rowwise copy) one float32 scale_inv per row;
+the counts are int64, the rest float32.
 """
 
 from __future__ import annotations

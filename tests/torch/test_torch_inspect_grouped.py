@@ -170,3 +170,20 @@ def test_moe_decoder_trainer_logs_its_experts_and_is_bit_identical(tmp_path):
              for r in ("input", "weight", "grad_output")}
     assert set(records[0]["tensors"]) == names
     assert records[0]["tensors"]["layers.0.experts.down/weight"]["scale"] is None
+
+
+def test_per_row_statistics_refuse_bad_row_scales():
+    x = torch.randn(6, 16)
+    scale_inv = torch.full((6,), 0.5)
+    stats = torch.ops.fp8kit.cast_statistics
+    q = (x * 2).to(torch.float8_e4m3fn)
+    amax, *_ = stats(x, q, scale_inv, "per_row", False)
+    assert amax.item() == x.abs().max().item()
+    with pytest.raises(ValueError, match="one scale_inv per row"):
+        stats(x, q, scale_inv[:5], "per_row", False)
+    with pytest.raises(TypeError, match="float32"):
+        stats(x, q, scale_inv.double(), "per_row", False)
+    with pytest.raises(ValueError, match="from_columnwise=False"):
+        stats(x, q.t().contiguous(), scale_inv, "per_row", True)
+    with pytest.raises(ValueError, match="'per_row'"):
+        stats(x, q, scale_inv, "per_rows", False)

@@ -92,6 +92,24 @@ FP8KIT_API fp8kit_status fp8kit_cast_statistics_of(const fp8kit_tensor* input,
                                                    const fp8kit_cast_statistics* out,
                                                    void* stream);
 
+/* fp8kit_cast_statistics_of for a copy cast with a scale per row: row r of
+ * `input` (its [prod(leading), last] view) was cast into the rowwise copy
+ * quantized->data with the scale whose inverse is row_scale_inv[r]. A
+ * grouped tensor's per-tensor copy (fp8kit/grouped.h: each group's rows
+ * share that group's scale) is read as one this way, with each row's
+ * group's scale_inv gathered into row_scale_inv: one pass for all the
+ * groups, and no group sizes needed on the host.
+ *   quantized:     PER_TENSOR, input's shape and device; data read, its
+ *                  scale_inv not.
+ *   row_scale_inv: FP8KIT_FLOAT32, one element per row ([rows] or any shape
+ *                  of rows elements), contiguous, on input's device.
+ * Otherwise as fp8kit_cast_statistics_of (from_columnwise = 0). */
+FP8KIT_API fp8kit_status fp8kit_cast_statistics_of_rows(const fp8kit_tensor* input,
+                                                        const fp8kit_tensor* quantized,
+                                                        const fp8kit_tensor* row_scale_inv,
+                                                        const fp8kit_cast_statistics* out,
+                                                        void* stream);
+
 #ifdef __cplusplus
 }  /* extern "C" */
 #endif
