@@ -72,21 +72,9 @@ Stats run_rows(fp8kit_device_type dev, const Grouped& g, int64_t scale_count = -
   fp8kit_tensor tq = qtest::make_tensor(dev, g.groups[0].fp8, {g.rows, g.cols}, data.ptr());
   tq.scaling_mode = mode;
   const fp8kit_tensor ts = qtest::make_tensor(dev, scale_dtype, {n_scales}, scales.ptr());
-  qtest::Buffer amax(dev, 4), underflow(dev, 4), saturated(dev, 4), error_sq(dev, 4),
-      norm_sq(dev, 4), workspace(dev, FP8KIT_CAST_STATISTICS_WORKSPACE_BYTES);
-  const fp8kit_cast_statistics out{amax.fptr(), static_cast<unsigned int*>(underflow.ptr()),
-                                   static_cast<unsigned int*>(saturated.ptr()), error_sq.fptr(),
-                                   norm_sq.fptr(), workspace.ptr()};
-  Stats s;
-  s.status = fp8kit_cast_statistics_of_rows(&ti, &tq, null_scales ? nullptr : &ts, &out, nullptr);
-  s.error = fp8kit_last_error();
-  if (s.status != FP8KIT_OK) return s;
-  s.amax = amax.get_float();
-  std::memcpy(&s.underflow, underflow.download(4).data(), 4);
-  std::memcpy(&s.saturated, saturated.download(4).data(), 4);
-  s.error_sq = error_sq.get_float();
-  s.norm_sq = norm_sq.get_float();
-  return s;
+  stattest::Outputs outputs(dev);
+  return outputs.read(fp8kit_cast_statistics_of_rows(&ti, &tq, null_scales ? nullptr : &ts,
+                                                     &outputs.out, nullptr));
 }
 
 const std::vector<int64_t> kSizes = {5, 0, 37, 16, 1};

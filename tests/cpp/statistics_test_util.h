@@ -132,6 +132,34 @@ fp8kit_status run_in_child_graph(const Call& call) {
 }
 #endif
 
+// The five outputs and the workspace of one call on `dev`, and the Stats
+// read back from them after it.
+struct Outputs {
+  qtest::Buffer amax, underflow, saturated, error_sq, norm_sq, workspace;
+  fp8kit_cast_statistics out;
+
+  explicit Outputs(fp8kit_device_type dev)
+      : amax(dev, 4), underflow(dev, 4), saturated(dev, 4), error_sq(dev, 4), norm_sq(dev, 4),
+        workspace(dev, FP8KIT_CAST_STATISTICS_WORKSPACE_BYTES),
+        out{amax.fptr(),     static_cast<unsigned int*>(underflow.ptr()),
+            static_cast<unsigned int*>(saturated.ptr()),
+            error_sq.fptr(), norm_sq.fptr(),
+            workspace.ptr()} {}
+
+  Stats read(fp8kit_status status) {
+    Stats s;
+    s.status = status;
+    s.error = fp8kit_last_error();
+    if (s.status != FP8KIT_OK) return s;
+    s.amax = amax.get_float();
+    std::memcpy(&s.underflow, underflow.download(4).data(), 4);
+    std::memcpy(&s.saturated, saturated.download(4).data(), 4);
+    s.error_sq = error_sq.get_float();
+    s.norm_sq = norm_sq.get_float();
+    return s;
+  }
+};
+
 // Uploads the case to `dev`, runs the op with outputs prefilled with garbage
 // (so that an output left unwritten shows), downloads. `in_child_graph`
 // (CUDA only): the op runs inside a nested CUDA graph (run_in_child_graph).
@@ -157,29 +185,16 @@ inline Stats run_stats(fp8kit_device_type dev, const Case& c, bool from_columnwi
     tq.block_scale_inv = scales.fptr();
     tq.columnwise_block_scale_inv = cw_scales.fptr();
   }
-  Buffer amax(dev, 4), underflow(dev, 4), saturated(dev, 4), error_sq(dev, 4), norm_sq(dev, 4),
-      workspace(dev, FP8KIT_CAST_STATISTICS_WORKSPACE_BYTES);
-  const fp8kit_cast_statistics out{amax.fptr(),     static_cast<unsigned int*>(underflow.ptr()),
-                                   static_cast<unsigned int*>(saturated.ptr()),
-                                   error_sq.fptr(), norm_sq.fptr(),
-                                   workspace.ptr()};
-  Stats s;
+  Outputs outputs(dev);
   const auto call = [&](void* stream) {
-    return fp8kit_cast_statistics_of(&ti, &tq, from_columnwise ? 1 : 0, &out, stream);
+    return fp8kit_cast_statistics_of(&ti, &tq, from_columnwise ? 1 : 0, &outputs.out, stream);
   };
 #ifdef FP8KIT_WITH_CUDA
-  s.status = in_child_graph ? run_in_child_graph(call) : call(nullptr);
+  return outputs.read(in_child_graph ? run_in_child_graph(call) : call(nullptr));
 #else
-  s.status = call(nullptr);
+  (void)in_child_graph;
+  return outputs.read(call(nullptr));
 #endif
-  s.error = fp8kit_last_error();
-  if (s.status != FP8KIT_OK) return s;
-  s.amax = amax.get_float();
-  std::memcpy(&s.underflow, underflow.download(4).data(), 4);
-  std::memcpy(&s.saturated, saturated.download(4).data(), 4);
-  s.error_sq = error_sq.get_float();
-  s.norm_sq = norm_sq.get_float();
-  return s;
 }
 
 struct Reference {
