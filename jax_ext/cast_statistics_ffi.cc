@@ -1,7 +1,9 @@
 // FFI handler for fp8kit_cast_statistics_of: what the cast of x into one
 // FP8 copy of it lost (amax, underflow and saturation counts, sums of
 // squared error and of x^2; fp8kit/statistics.h). The copy is read with
-// one scale_inv (per-tensor) or with that copy's block scales.
+// one scale_inv (per-tensor) or with that copy's block scales; with
+// per_row, a per-tensor rowwise copy with one scale_inv per row (a grouped
+// copy's: fp8kit_cast_statistics_of_rows).
 #include <string>
 #include <utility>
 
@@ -39,7 +41,7 @@ ffi::Error CastStatisticsImpl(const Device& device, ffi::AnyBuffer x, ffi::AnyBu
                               ffi::Result<ffi::Buffer<ffi::F32>> error_sq,
                               ffi::Result<ffi::Buffer<ffi::F32>> norm_sq,
                               ffi::Result<ffi::Buffer<ffi::U8>> workspace, bool from_columnwise,
-                              int32_t scaling_mode) {
+                              int32_t scaling_mode, bool per_row) {
   auto input = Describe(kOp, "x", x, device);
   if (input.has_error()) return input.error();
   auto fp8 = Describe(kOp, "data", data, device);
@@ -53,13 +55,26 @@ ffi::Error CastStatisticsImpl(const Device& device, ffi::AnyBuffer x, ffi::AnyBu
   if (workspace->element_count() != FP8KIT_CAST_STATISTICS_WORKSPACE_BYTES) {
     return Invalid(kOp, "the workspace result must be uint8 [CAST_STATISTICS_WORKSPACE_BYTES]");
   }
+  const fp8kit_cast_statistics out{amax->typed_data(), underflow->typed_data(),
+                                   saturated->typed_data(), error_sq->typed_data(),
+                                   norm_sq->typed_data(), workspace->untyped_data()};
+  if (per_row) {
+    if (from_columnwise || scaling_mode != FP8KIT_SCALING_PER_TENSOR) {
+      return Invalid(kOp, "per_row reads a per-tensor rowwise copy");
+    }
+    auto rows = Describe(kOp, "scale_inv", scale_inv, device);
+    if (rows.has_error()) return rows.error();
+    fp8kit_tensor quantized = *input;  // x's logical shape, the copy's bytes
+    quantized.dtype = fp8->dtype;
+    quantized.scaling_mode = FP8KIT_SCALING_PER_TENSOR;
+    quantized.data = data.untyped_data();
+    return FromStatus(fp8kit_cast_statistics_of_rows(&*input, &quantized, &*rows, &out,
+                                                     device.stream));
+  }
   // x's logical shape; the copy's bytes go to `data` or `columnwise_data`.
   auto quantized = DescribeFp8Copy(kOp, *input, fp8->dtype, data, scale_inv, from_columnwise,
                                    scaling_mode);
   if (quantized.has_error()) return quantized.error();
-  const fp8kit_cast_statistics out{amax->typed_data(), underflow->typed_data(),
-                                   saturated->typed_data(), error_sq->typed_data(),
-                                   norm_sq->typed_data(), workspace->untyped_data()};
   return FromStatus(fp8kit_cast_statistics_of(&*input, &*quantized, from_columnwise ? 1 : 0, &out,
                                               device.stream));
 }
@@ -69,7 +84,8 @@ auto BindCastStatistics(Binding binding) {
   return std::move(binding)
       .template Arg<ffi::AnyBuffer>()          // x: float32/bfloat16/float16, any shape
       .template Arg<ffi::AnyBuffer>()          // data: x's FP8 copy, rowwise or columnwise (2-D)
-      .template Arg<ffi::AnyBuffer>()          // scale_inv: float32, one or the copy's block scales
+      .template Arg<ffi::AnyBuffer>()          // scale_inv: float32, one, one per row (per_row)
+                                               // or the copy's block scales
       .template Ret<ffi::Buffer<ffi::F32>>()   // amax: max |x| (NaN if any NaN), scalar
       .template Ret<ffi::Buffer<ffi::U32>>()   // underflow: finite x != 0 cast to +-0
       .template Ret<ffi::Buffer<ffi::U32>>()   // saturated: finite x cast to +-fp8_max
@@ -77,7 +93,8 @@ auto BindCastStatistics(Binding binding) {
       .template Ret<ffi::Buffer<ffi::F32>>()   // norm_sq: sum of x^2 (finite x)
       .template Ret<ffi::Buffer<ffi::U8>>()    // workspace: the CUDA kernels' scratch
       .template Attr<bool>("from_columnwise")  // from_columnwise: `data` is the columnwise copy
-      .template Attr<int32_t>("scaling_mode");  // scaling_mode: fp8kit_scaling_mode code
+      .template Attr<int32_t>("scaling_mode")  // scaling_mode: fp8kit_scaling_mode code
+      .template Attr<bool>("per_row");         // per_row: scale_inv holds one per row of x
 }
 
 }  // namespace

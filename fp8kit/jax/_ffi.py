@@ -178,16 +178,20 @@ def cast_statistics_call(x, data, scale_inv, from_columnwise: bool, scaling_mode
     """fp8kit_cast_statistics_of: (amax, underflow, saturated, error_sq,
     norm_sq) of the cast of x into `data` (its rowwise copy, or its
     columnwise one), read with scale_inv (one float32, or that copy's block
-    scales); scalars, the counts uint32. The CUDA kernels' scratch is one
-    more result, so that the call allocates nothing inside XLA's command
+    scales; scaling_mode "per_row": one float32 per row of x's [prod(leading),
+    last] view, a grouped copy's rows, fp8kit_cast_statistics_of_rows);
+    scalars, the counts uint32. The CUDA kernels' scratch is one more
+    result, so that the call allocates nothing inside XLA's command
     buffers."""
+    per_row = scaling_mode == "per_row"
     u32 = jax.ShapeDtypeStruct((), jnp.uint32)
     workspace = jax.ShapeDtypeStruct((CAST_STATISTICS_WORKSPACE_BYTES,), jnp.uint8)
     *statistics, _ = jax.ffi.ffi_call("fp8kit_cast_statistics",
                                       (F32_SCALAR, u32, u32, F32_SCALAR, F32_SCALAR, workspace),
                                       vmap_method="sequential")(
         x, data, scale_inv, from_columnwise=bool(from_columnwise),
-        scaling_mode=np.int32(SCALING_MODE_CODES[scaling_mode]))
+        scaling_mode=np.int32(SCALING_MODE_CODES["per_tensor" if per_row else scaling_mode]),
+        per_row=per_row)
     return tuple(statistics)
 
 

@@ -30,7 +30,9 @@ import math
 import jax.numpy as jnp
 
 from fp8kit.jax import _ffi, _ffi_grouped
+from fp8kit.jax import _grouped_statistics as gstats
 from fp8kit.jax import _sharding_grouped as shg
+from fp8kit.jax.delayed_scaling import GRAD_OUTPUT, INPUT, WEIGHT
 
 _ROWS = "block_1x128"       # x and dy
 _KERNEL = "block_128x128"   # the kernels
@@ -69,17 +71,23 @@ def _cast(recipe, t, sizes, fmt: str, rowwise: bool, columnwise: bool, mode: str
                                       recipe.amax_epsilon, recipe.power_2_scale)
 
 
-def forward(cfg, x, kernels, bias, group_sizes, experts, grads: bool):
-    """y [T, N] in x's dtype, and what backward reads (None without
-    grads). experts: each token's expert [T] (for a float32 bias)."""
+def forward(cfg, x, kernels, bias, group_sizes, experts, grads: bool, stats=None):
+    """(y [T, N] in x's dtype, what backward reads (None without grads),
+    stats with the rows of x and the kernels set). experts: each token's
+    expert [T] (for a float32 bias); stats: statistics rows or None (then
+    the kernels' rowwise copy is made, which grads makes too)."""
     (t, k), (e, _, n) = x.shape, kernels.shape
     recipe, fmt = cfg.recipe, cfg.recipe.fp8_format.forward_dtype
     rows, dest = padded_rows(group_sizes, t)
     sizes = _ffi_grouped.sizes_operand(group_sizes)
-    x_d, x_cw, x_s, x_cws = _cast(recipe, _pad(x, dest, rows), sizes, fmt, True, grads, _ROWS)
+    x_p = _pad(x, dest, rows)
+    x_d, x_cw, x_s, x_cws = _cast(recipe, x_p, sizes, fmt, True, grads, _ROWS)
+    stats = gstats.block_tokens(stats, INPUT, x_p, x_d, x_s, group_sizes, t * k)
     kernel_sizes = _ffi_grouped.sizes_operand(jnp.full((e,), k, jnp.int32))
-    k_d, k_cw, k_s, k_cws = _cast(recipe, kernels.reshape(e * k, n), kernel_sizes, fmt, grads,
+    k_2d = kernels.reshape(e * k, n)
+    k_d, k_cw, k_s, k_cws = _cast(recipe, k_2d, kernel_sizes, fmt, grads or stats is not None,
                                   True, _KERNEL)
+    stats = gstats.block_kernels(stats, WEIGHT, k_2d, k_d, k_s, e)
     out = _gemm_dtype(cfg.x_dtype)
     # The GEMM epilogue adds a bias of its output's 16-bit type; a float32
     # output gets its bias added outside, in float32, as dense does.
@@ -93,18 +101,22 @@ def forward(cfg, x, kernels, bias, group_sizes, experts, grads: bool):
     saved = None
     if grads:
         saved = (x_cw, x_cws, k_d.reshape(e, k, n), k_s[:e * _matrix_scales((k, n), False)], dest)
-    return y.astype(cfg.x_dtype), saved
+    return y.astype(cfg.x_dtype), saved, stats
 
 
-def backward(cfg, saved, group_sizes, dy):
-    """(dx, dk) from forward's saved copies."""
+def backward(cfg, saved, group_sizes, dy, stats=None):
+    """(dx, dk, stats with the output gradient's row set) from forward's
+    saved copies."""
     x_cw, x_cws, k_d, k_s, dest = saved
     rows = x_cw.shape[1]
     sizes = _ffi_grouped.sizes_operand(group_sizes)
-    dq_d, dq_cw, dq_s, dq_cws = _cast(cfg.recipe, _pad(dy, dest, rows), sizes,
+    dy_p = _pad(dy, dest, rows)
+    dq_d, dq_cw, dq_s, dq_cws = _cast(cfg.recipe, dy_p, sizes,
                                       cfg.recipe.fp8_format.backward_dtype, True, True, _ROWS)
+    stats = gstats.block_tokens(stats, GRAD_OUTPUT, dy_p, dq_d, dq_s, group_sizes,
+                                math.prod(dy.shape))
     dx = shg.grouped_gemm_block_tokens(dq_d, dq_s, _ROWS, k_d, k_s, _KERNEL, sizes, True, False,
                                        _gemm_dtype(cfg.x_dtype), True)[dest]
     dk = shg.grouped_gemm_block_contract(x_cw, x_cws, _ROWS, dq_cw, dq_cws, _ROWS, sizes,
                                          _gemm_dtype(cfg.kernel_dtype), True)
-    return dx.astype(cfg.x_dtype), dk.astype(cfg.kernel_dtype)
+    return dx.astype(cfg.x_dtype), dk.astype(cfg.kernel_dtype), stats

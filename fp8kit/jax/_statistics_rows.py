@@ -50,11 +50,27 @@ def record(rows, row: int, x, scaled: ScaledTensor, numel: int):
     else:
         scales = jnp.reshape(jnp.asarray(scaled.scale_inv, jnp.float32), ())
         scale = 1.0 / scales
-    amax, underflow, saturated, error_sq, norm_sq = _ffi.cast_statistics_call(
-        x, data, scales, columnwise, scaled.scaling_mode)
-    values = jnp.stack([amax, scale, *_halves(underflow), *_halves(saturated), error_sq,
-                        norm_sq, *_halves(np.uint32(numel))])
-    return rows.at[row].set(values)
+    stats = _ffi.cast_statistics_call(x, data, scales, columnwise, scaled.scaling_mode)
+    return rows.at[row].set(_values(stats, scale, numel))
+
+
+def record_parts(rows, row: int, parts, scaling_mode: str, numel: int):
+    """rows with row `row` set to the statistics of one cast made of
+    `parts`, [(x, rowwise copy, scales)] each read with `scaling_mode`
+    ("per_row" or a block mode): a grouped cast, merged over its parts
+    (amax the largest, NaN if any is; counts and sums added). Its experts
+    each have their own scale, so the row holds none (NaN)."""
+    stats = [_ffi.cast_statistics_call(x, d, s, False, scaling_mode) for x, d, s in parts]
+    amax, underflow, saturated, error_sq, norm_sq = (jnp.stack(c) for c in zip(*stats))
+    merged = (jnp.max(amax), jnp.sum(underflow, dtype=jnp.uint32),
+              jnp.sum(saturated, dtype=jnp.uint32), jnp.sum(error_sq), jnp.sum(norm_sq))
+    return rows.at[row].set(_values(merged, jnp.float32(jnp.nan), numel))
+
+
+def _values(stats, scale, numel: int):
+    amax, underflow, saturated, error_sq, norm_sq = stats
+    return jnp.stack([amax, scale, *_halves(underflow), *_halves(saturated), error_sq, norm_sq,
+                      *_halves(np.uint32(numel))])
 
 
 def read(rows) -> list[dict]:

@@ -58,7 +58,9 @@ from jax.sharding import PartitionSpec as P
 
 from fp8kit import recipe as recipe_lib
 from fp8kit.jax import _checks, _ffi, _ffi_grouped, _grouped_block
+from fp8kit.jax import _grouped_statistics as gstats
 from fp8kit.jax import _sharding as sh
+from fp8kit.jax import _statistics_rows as stats_rows
 from fp8kit.jax import _sharding_grouped as shg
 from fp8kit.jax import grouped_delayed_scaling as gds
 from fp8kit.jax.delayed_scaling import GRAD_OUTPUT, INPUT, WEIGHT, note_use
@@ -129,26 +131,32 @@ def _token_experts(group_sizes, tokens: int):
     return jnp.repeat(experts, group_sizes, total_repeat_length=tokens)
 
 
-def _forward(cfg: _Config, x, kernels, bias, group_sizes, state, grads: bool):
-    """(y, state, what backward reads); differentiating, a delayed state
-    records x and the kernels."""
+def _forward(cfg: _Config, x, kernels, bias, group_sizes, state, grads: bool, stats=None):
+    """(y, state, what backward reads, stats); differentiating, a delayed
+    state records x and the kernels, and statistics rows (stats) their
+    casts' statistics."""
     (t, k), (e, _, n) = x.shape, kernels.shape
     if t == 0 and not cfg.delayed:  # no tokens: nothing to cast (x is empty)
-        return jnp.zeros((0, n), cfg.x_dtype), state, (x,)
+        return jnp.zeros((0, n), cfg.x_dtype), state, (x,), stats
     if cfg.block:
         if cfg.types is not None:  # scattered into the padded rows, which the calls see whole
             x = sh.retype(x, P())
-        y, saved = _grouped_block.forward(cfg, x, kernels, bias, group_sizes,
-                                          _token_experts(group_sizes, t), grads)
-        return cfg.retype((y, 3))[0], state, saved
+        y, saved, stats = _grouped_block.forward(cfg, x, kernels, bias, group_sizes,
+                                                 _token_experts(group_sizes, t), grads, stats)
+        return cfg.retype((y, 3))[0], state, saved, stats
     fmt = cfg.recipe.fp8_format.forward_dtype
     sizes = _ffi_grouped.sizes_operand(group_sizes)
     state, x_d, x_cw, x_sinv = cfg.quantize(x, sizes, fmt, (True, grads), state, INPUT, grads)
+    stats = gstats.per_tensor(stats, INPUT, x, x_d, x_sinv, _token_experts(group_sizes, t), t * k)
     kernel_sizes = _ffi_grouped.sizes_operand(jnp.full((e,), k, jnp.int32))
-    state, k_d, k_cw, k_sinv = cfg.quantize(kernels.reshape(e * k, n), kernel_sizes, fmt,
-                                            (grads, True), state, WEIGHT, grads)
+    k_2d = kernels.reshape(e * k, n)
+    state, k_d, k_cw, k_sinv = cfg.quantize(k_2d, kernel_sizes, fmt,
+                                            (grads or stats is not None, True), state, WEIGHT,
+                                            grads)
+    stats = gstats.per_tensor(stats, WEIGHT, k_2d, k_d, k_sinv,
+                              jnp.repeat(jnp.arange(e, dtype=jnp.int32), k), e * k * n)
     if t == 0:  # delayed: the casts above recorded, nothing to multiply
-        return jnp.zeros((0, n), cfg.x_dtype), state, (x,)
+        return jnp.zeros((0, n), cfg.x_dtype), state, (x,), stats
     # The GEMM epilogue adds a bias of the output's 16-bit type; a float32
     # output gets its bias added outside, in float32, as dense does.
     out = cfg.x_dtype
@@ -159,31 +167,32 @@ def _forward(cfg: _Config, x, kernels, bias, group_sizes, state, grads: bool):
     if bias is not None and not fused:
         y = y + bias.astype(out)[_token_experts(group_sizes, t)]
     saved = (x_cw, x_sinv, k_d.reshape(e, k, n), k_sinv) if grads else None
-    return cfg.retype((y, 3))[0], state, saved
+    return cfg.retype((y, 3))[0], state, saved, stats
 
 
-def _primal(cfg: _Config, x, kernels, bias, group_sizes, state):
+def _primal(cfg: _Config, x, kernels, bias, group_sizes, state, stats):
     return _forward(cfg, x, kernels, bias, group_sizes, state, grads=False)[0]
 
 
-def _fwd(cfg: _Config, x, kernels, bias, group_sizes, state):
-    y, state, saved = _forward(cfg, x, kernels, bias, group_sizes, state, grads=True)
-    # The forward's updated state travels to the backward, which records dy.
-    return y, (saved, group_sizes, state)
+def _fwd(cfg: _Config, x, kernels, bias, group_sizes, state, stats):
+    y, state, saved, stats = _forward(cfg, x, kernels, bias, group_sizes, state, True, stats)
+    # The forward's updated state (and statistics) travel to the backward,
+    # which records dy; both leave as their cotangents.
+    return y, (saved, group_sizes, state, stats)
 
 
 def _bwd(cfg: _Config, res, dy):
-    saved, group_sizes, state = res
+    saved, group_sizes, state, stats = res
     (t, n), e = dy.shape, group_sizes.shape[0]
     if t == 0:  # zero gradients; no expert casts an output gradient
         k = saved[0].shape[1]
         db = None if cfg.bias_dtype is None else jnp.zeros((e, n), cfg.bias_dtype)
         dx, dk = jnp.zeros((0, k), cfg.x_dtype), jnp.zeros((e, k, n), cfg.kernel_dtype)
-        return (*cfg.retype((dx, 0), (dk, 1), (db, 2)), None, cfg.retype_state(state))
+        return (*cfg.retype((dx, 0), (dk, 1), (db, 2)), None, cfg.retype_state(state), stats)
     if cfg.types is not None:  # typed as y; the grouped calls and the bias sums see all of it
         dy = sh.retype(dy, P())
     if cfg.block:
-        dx, dk = _grouped_block.backward(cfg, saved, group_sizes, dy)
+        dx, dk, stats = _grouped_block.backward(cfg, saved, group_sizes, dy, stats)
     else:
         x_cw, x_sinv, k_d, k_sinv = saved
         k = k_d.shape[1]
@@ -193,6 +202,8 @@ def _bwd(cfg: _Config, res, dy):
         state, dq_d, dq_cw, dq_sinv = cfg.quantize(dy, sizes, cfg.recipe.fp8_format.backward_dtype,
                                                    (True, True), state, GRAD_OUTPUT, True,
                                                    used=group_sizes > 0)
+        stats = gstats.per_tensor(stats, GRAD_OUTPUT, dy, dq_d, dq_sinv,
+                                  _token_experts(group_sizes, t), t * n)
         dx = shg.grouped_gemm_tokens(dq_d, dq_sinv, k_d, k_sinv, sizes, True, False, cfg.x_dtype,
                                      True)
         dk = shg.grouped_gemm_contract(x_cw, x_sinv, dq_cw, dq_sinv, sizes, t, k, n,
@@ -201,7 +212,7 @@ def _bwd(cfg: _Config, res, dy):
     if cfg.bias_dtype is not None:
         db = jax.ops.segment_sum(dy.astype(jnp.float32), _token_experts(group_sizes, t),
                                  num_segments=e).astype(cfg.bias_dtype)
-    return (*cfg.retype((dx, 0), (dk, 1), (db, 2)), None, cfg.retype_state(state))
+    return (*cfg.retype((dx, 0), (dk, 1), (db, 2)), None, cfg.retype_state(state), stats)
 
 
 _grouped_dense = jax.custom_vjp(_primal, nondiff_argnums=(0,))
@@ -209,7 +220,8 @@ _grouped_dense.defvjp(_fwd, _bwd)
 
 
 def grouped_dense(x, kernels, group_sizes, bias=None, *,
-                  state: Optional[gds.GroupedDelayedScalingState] = None, recipe):
+                  state: Optional[gds.GroupedDelayedScalingState] = None, recipe,
+                  statistics=None):
     """FP8 expert layer (see the module doc): y [T, N] in x's dtype,
     differentiable with respect to x, kernels and bias; jit- and vmap-able.
 
@@ -222,6 +234,12 @@ def grouped_dense(x, kernels, group_sizes, bias=None, *,
                  is required: a GroupedDelayedScalingState.create(recipe, E),
                  updated through its cotangent) or BlockScaling (no state;
                  block-scaled GEMMs need supports_block_scaled_fp8_gemm).
+    statistics:  None, or fp8kit.jax.statistics_rows(1): then the gradient
+                 with respect to it is the cast statistics of x, the kernels
+                 and the output gradient, each merged over the experts (amax
+                 the largest, counts and sums added; no one scale, NaN), as
+                 dense's (fp8kit.jax.tensor_statistics reads them). Not
+                 under a mesh yet.
     """
     _check_recipe(recipe, state)
     x, kernels = (_array(a, v) for a, v in (("x", x), ("kernels", kernels)))
@@ -264,11 +282,16 @@ def grouped_dense(x, kernels, group_sizes, bias=None, *,
     x_axes, k_axes = sh.varying_axes(x), sh.varying_axes(kernels)
     varying = (x_axes, k_axes, sh.varying_axes(bias), x_axes | k_axes,
                tuple(map(sh.varying_axes, jax.tree_util.tree_leaves(state))))
+    statistics = stats_rows.check(_FN, statistics, 1)
+    if statistics is not None and (types is not None or any(varying[:4])):
+        raise ValueError(f"{_FN}: statistics are not collected under a mesh (sharded operands or "
+                         "inside shard_map) yet; pass statistics=None there, or collect them "
+                         "from an unsharded step")
     cfg = _Config(recipe=recipe, x_dtype=jnp.dtype(x.dtype), kernel_dtype=jnp.dtype(kernels.dtype),
                   bias_dtype=None if bias is None else jnp.dtype(bias.dtype), types=types,
                   varying=varying)
     note_use(_FN, state)
-    return _grouped_dense(cfg, x, kernels, bias, group_sizes, state)
+    return _grouped_dense(cfg, x, kernels, bias, group_sizes, state, statistics)
 
 
 def _check_recipe(recipe, state) -> None:

@@ -88,8 +88,8 @@ _ROW_TENSORS = {
 
 def statistics_rows(num_linears: int = 1):
     """Zeroed statistics rows for one layer call: pass them as the layer's
-    `statistics` argument (dense and layernorm_dense: num_linears=1;
-    layernorm_mlp: 2) and differentiate with respect to them; the
+    `statistics` argument (dense, layernorm_dense and grouped_dense:
+    num_linears=1; layernorm_mlp: 2) and differentiate with respect to them; the
     gradient is the filled rows (fp8kit/jax/_statistics_rows.py), which
     tensor_statistics reads."""
     if num_linears not in (1, 2):

@@ -213,6 +213,9 @@ def _fp8_kwargs(states, statistics, name):
 # The FP8 calls of a decoder layer and their Linears, in the layout of
 # fp8kit.models.checkpoint.FP8_LINEARS ("mlp" is layernorm_mlp's two).
 _FP8_CALLS = {"qkv": 1, "wo": 1, "mlp": 2}
+# A mixture-of-experts layer's: its MLP is two grouped calls, named as its
+# checkpoint names them (checkpoint.MOE_FP8_LINEARS).
+_MOE_FP8_CALLS = {"qkv": 1, "wo": 1, "experts.gate_up": 1, "experts.down": 1}
 
 
 def records_statistics(layers: JaxLayers) -> bool:
@@ -223,9 +226,12 @@ def records_statistics(layers: JaxLayers) -> bool:
 
 def create_statistics_rows(cfg: LlamaConfig):
     """Zeroed statistics rows of every FP8 call (fp8kit.jax.statistics_rows),
-    {"layers": [{"qkv", "wo", "mlp": rows}]}: pass them to forward and
-    differentiate with respect to them to collect the casts' statistics."""
-    return {"layers": [{name: fj.statistics_rows(n) for name, n in _FP8_CALLS.items()}
+    {"layers": [{"qkv", "wo", "mlp": rows}]} ("experts.gate_up" and
+    "experts.down" for "mlp" in a mixture-of-experts config): pass them to
+    forward and differentiate with respect to them to collect the casts'
+    statistics."""
+    calls = _MOE_FP8_CALLS if cfg.experts else _FP8_CALLS
+    return {"layers": [{name: fj.statistics_rows(n) for name, n in calls.items()}
                        for _ in range(cfg.layers)]}
 
 
@@ -233,7 +239,8 @@ def tensor_statistics(statistics) -> list:
     """The filled rows of create_statistics_rows' pytree as fp8kit.inspect
     TensorStats named as the checkpoint names the Linears (layers.<i>.qkv,
     layers.<i>.mlp.fc1, ...); reads the device."""
-    return [s for i, layer in enumerate(statistics["layers"]) for name in _FP8_CALLS
+    order = list({**_FP8_CALLS, **_MOE_FP8_CALLS})  # the model's order, not sorted keys
+    return [s for i, layer in enumerate(statistics["layers"]) for name in order if name in layer
             for s in fj.tensor_statistics(layer[name], f"layers.{i}.{name}")]
 
 
@@ -287,8 +294,10 @@ def norm_mlp(p, states, x, cfg: LlamaConfig, recipe, layers: JaxLayers, statisti
     A mixture-of-experts config: RMSNorm, then moe_jax.moe_mlp, which
     returns (bf16 output, load-balancing loss)."""
     if cfg.experts:
+        rows = None if statistics is None else {
+            "gate_up": statistics["experts.gate_up"], "down": statistics["experts.down"]}
         return moe_mlp(p, rms_norm(x, p["mlp_norm"], cfg.norm_eps), cfg, recipe,
-                       _state(states, "experts"))
+                       _state(states, "experts"), statistics=rows)
     if recipe is None:
         h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
         gate, up = project(h, p["w_gate"], {}, None), project(h, p["w_up"], {}, None)

@@ -61,22 +61,25 @@ def load_balancing_loss(scores, counts, top_k: int, axis_name=None):
     return jnp.sum(f * p) * experts
 
 
-def _experts(x, kernel, counts, recipe, state=None):
-    """x [pairs, in] @ each expert's kernel [E, in, out] over its pairs."""
+def _experts(x, kernel, counts, recipe, state=None, statistics=None):
+    """x [pairs, in] @ each expert's kernel [E, in, out] over its pairs;
+    statistics: the call's statistics rows, or None."""
     kernel = kernel.astype(BF16)
     if recipe is None:
         return jax.lax.ragged_dot(x, kernel, counts)
-    if state is None:
-        return fj.grouped_dense(x, kernel, counts, recipe=recipe)
-    return fj.grouped_dense(x, kernel, counts, state=state, recipe=recipe)
+    return fj.grouped_dense(x, kernel, counts, state=state, recipe=recipe, statistics=statistics)
 
 
-def moe_mlp(p, h, cfg: LlamaConfig, recipe, states=None, expert_axis=None, capacity=None):
+def moe_mlp(p, h, cfg: LlamaConfig, recipe, states=None, expert_axis=None, capacity=None,
+            statistics=None):
     """(the experts' output for the normalized input h (bf16 [..., hidden]),
     bf16 in h's shape; the block's load_balancing_loss, float32). p: the
     layer's params (model_params' layout: "w_gate_up" fused with a recipe,
     "w_gate" and "w_up" without); states: under DelayedScaling {"gate_up",
-    "down": GroupedDelayedScalingState}, else None.
+    "down": GroupedDelayedScalingState}, else None; statistics: None, or
+    {"gate_up", "down": fp8kit.jax.statistics_rows(1)}, whose cotangents
+    are then the two grouped layers' cast statistics (not with
+    expert_axis).
 
     expert_axis: run expert parallel inside jax.shard_map over that mesh
     axis (fp8kit.jax.expert_parallel): h is this device's share of the
@@ -102,12 +105,17 @@ def moe_mlp(p, h, cfg: LlamaConfig, recipe, states=None, expert_axis=None, capac
         gate = _experts(pairs, p["w_gate"], counts, None).astype(F32)
         up = _experts(pairs, p["w_up"], counts, None).astype(F32)
     else:
-        state = None if states is None else states["gate_up"]
-        gate_up = _experts(pairs, p["w_gate_up"], counts, recipe, state).astype(F32)
+        gate_up = _experts(pairs, p["w_gate_up"], counts, recipe, _of(states, "gate_up"),
+                           _of(statistics, "gate_up")).astype(F32)
         gate, up = jnp.split(gate_up, 2, axis=-1)
     out = _experts((jax.nn.silu(gate) * up).astype(BF16), p["w_down"], counts, recipe,
-                   None if states is None else states["down"])
+                   _of(states, "down"), _of(statistics, "down"))
     if plan is not None:
         out = fj.expert_parallel.combine(out, plan)
     y = jnp.zeros(h.shape, F32).at[token].add(out.astype(F32) * weight[:, None])
     return y.astype(BF16).reshape(shape), aux
+
+
+def _of(tree, name):
+    """tree[name], or None for no tree."""
+    return None if tree is None else tree[name]

@@ -67,3 +67,20 @@ def test_a_logged_step_is_read_once_the_next_one_is_queued(tmp_path):
         trainer.train_step()  # step 5: not logged, nothing left to write
         assert len(queued) == 3
     assert [r["step"] for r in read_run(tmp_path / "run.jsonl")] == [0, 2, 4]
+
+
+@pytest.mark.parametrize("recipe", [DelayedScaling(), BlockScaling()], ids=["delayed", "block"])
+def test_a_mixture_of_experts_logs_its_grouped_layers(tmp_path, recipe):
+    import dataclasses
+    cfg = dataclasses.replace(SMALL, experts=4, top_k=2)
+    path = tmp_path / "moe.jsonl"
+    with StatsLog(path, every=2) as log:
+        inspected = JaxTrainer(cfg, SMALL_TRAIN, recipe, statistics=log).train_steps(3)
+    assert inspected == JaxTrainer(cfg, SMALL_TRAIN, recipe).train_steps(3)
+    records = read_run(path)
+    names = [f"layers.{i}.{gemm}/{role}" for i in range(cfg.layers)
+             for gemm in ("qkv", "wo", "experts.gate_up", "experts.down")
+             for role in ("input", "weight", "grad_output")]
+    for r in records:
+        assert list(r["tensors"]) == names  # the model's order
+        assert r["tensors"]["layers.0.experts.down/weight"]["scale"] is None
