@@ -5,7 +5,9 @@ element numbers added, sums added up to float32 rounding), with an expert
 given no tokens and counts that are not multiples of 16, under current,
 delayed (a fresh state's first step casts as current scaling does) and
 block scaling, with counts traced under jit; the rows change no result;
-bad rows and a mesh are refused."""
+bad rows and a mesh are refused; on a GPU (pytest -m gpu) the rows are the
+CPU's (amax and counts bit for bit, sums within the statistics header's
+1e-5)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +15,7 @@ import pytest
 
 import fp8kit.jax as fj
 from fp8kit.recipe import BlockScaling, CurrentScaling, DelayedScaling
+from jax_gpus import gpus
 
 COUNTS = [5, 0, 27, 16]
 E, K, N = len(COUNTS), 256, 32
@@ -63,21 +66,29 @@ def _expected(recipe, x, kernels, dy):
                                     for a, b in tokens])}
 
 
-@pytest.mark.parametrize("recipe", list(RECIPES), ids=list(RECIPES))
-def test_rows_are_the_experts_casts_merged(recipe):
-    recipe = RECIPES[recipe]
-    x, kernels, dy = _arrays()
+def _rows(recipe, x, kernels, dy, device=None):
+    """The filled rows of one jitted step on `device` (default: the CPU),
+    the counts traced."""
     state = _state(recipe)
+    device = device or jax.devices("cpu")[0]
 
     @jax.jit
-    def rows_of(x, kernels, counts, rows):  # counts traced
+    def rows_of(x, kernels, dy, counts, state, rows):
         def f(x, kernels, rows):
             return fj.grouped_dense(x, kernels, counts, state=state, recipe=recipe,
                                     statistics=rows)
         _, vjp = jax.vjp(f, x, kernels, rows)
         return vjp(dy)[2]
 
-    rows = rows_of(x, kernels, jnp.asarray(COUNTS, jnp.int32), fj.statistics_rows(1))
+    args = (x, kernels, dy, jnp.asarray(COUNTS, jnp.int32), state, fj.statistics_rows(1))
+    return rows_of(*jax.device_put(args, device))
+
+
+@pytest.mark.parametrize("recipe", list(RECIPES), ids=list(RECIPES))
+def test_rows_are_the_experts_casts_merged(recipe):
+    recipe = RECIPES[recipe]
+    x, kernels, dy = _arrays()
+    rows = _rows(recipe, x, kernels, dy)
     got = {s.role: s for s in fj.tensor_statistics(rows, "experts")}
     for role, want in _expected(recipe, x, kernels, dy).items():
         g = got[role]
@@ -134,3 +145,19 @@ def test_bad_rows_and_a_mesh_are_refused():
         with pytest.raises(ValueError, match="under a mesh"):
             fj.grouped_dense(xs, kernels, counts, recipe=CurrentScaling(),
                              statistics=fj.statistics_rows(1))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpus(), reason="needs a CUDA GPU and fp8kit built with CUDA")
+@pytest.mark.parametrize("recipe", list(RECIPES), ids=list(RECIPES))
+def test_gpu_rows_are_the_cpus(recipe):
+    recipe = RECIPES[recipe]
+    if isinstance(recipe, BlockScaling) and not fj.supports_block_scaled_fp8_gemm(gpus()[0]):
+        pytest.skip("this GPU runs no block-scaled FP8 GEMM")
+    arrays = _arrays()
+    cpu = fj.tensor_statistics(_rows(recipe, *arrays), "experts")
+    gpu = fj.tensor_statistics(_rows(recipe, *arrays, gpus()[0]), "experts")
+    for c, g in zip(cpu, gpu):
+        assert (g.role, g.amax, g.underflow, g.saturated, g.numel) == \
+            (c.role, c.amax, c.underflow, c.saturated, c.numel)
+        np.testing.assert_allclose([g.error_sq, g.norm_sq], [c.error_sq, c.norm_sq], rtol=1e-5)
