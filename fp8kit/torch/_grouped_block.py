@@ -52,6 +52,14 @@ def token_experts(sizes: torch.Tensor, tokens, device) -> torch.Tensor:
     return torch.repeat_interleave(experts, sizes, output_size=tokens)
 
 
+def bias_grad(dy: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+    """Each expert's sum of its rows of dy [T, N], float32 [E, N] (zero for
+    an expert with none). A segment reduction over the contiguous layout:
+    each sum is taken in one thread's order, so the result is the same bits
+    on every run, which an index_add_ (float atomics on CUDA) is not."""
+    return torch.segment_reduce(dy.float(), "sum", lengths=sizes_on(sizes, dy.device), axis=0)
+
+
 def padded_rows(sizes: torch.Tensor, tokens, device) -> torch.Tensor:
     """Each token's row in the padded row layout: its own row shifted by
     the padding of the experts before its own."""
@@ -133,10 +141,7 @@ class _GroupedBlockFunction(torch.autograd.Function):
                 dw = _ops.grouped_gemm_block_contract(dy_cw, dy_cws, x_cw, x_cws, sizes,
                                                       layout.rows, gemm_dtype).to(dy.dtype)
         if need_b:
-            experts = token_experts(sizes, dy.shape[0], dy.device)
-            db = torch.zeros((sizes.shape[0], dy.shape[1]), dtype=torch.float32,
-                             device=dy.device).index_add_(0, experts, dy.float())
-            db = db.to(ctx.bias_dtype)
+            db = bias_grad(dy, sizes).to(ctx.bias_dtype)
         return dx, dw, db, None, None, None
 
 

@@ -67,7 +67,7 @@ from fp8kit.recipe import CurrentScaling, DelayedScaling
 from fp8kit.torch import _checks
 from fp8kit.torch import _grouped_statistics as grouped_statistics
 from fp8kit.torch._ext import ext
-from fp8kit.torch._grouped_block import grouped_block_linear, sizes_on, token_experts
+from fp8kit.torch._grouped_block import bias_grad, grouped_block_linear, sizes_on, token_experts
 from fp8kit.torch.autocast import STATE as _AUTOCAST
 
 _ops = torch.ops.fp8kit
@@ -366,10 +366,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
                 dw = _ops.grouped_gemm_contract(dy_cw, dy_sinv, x_cw, x_sinv, sizes,
                                                 dy.shape[0], dy.dtype)
         if need_b:
-            experts = token_experts(sizes, dy.shape[0], dy.device)
-            db = torch.zeros((sizes.shape[0], dy.shape[1]), dtype=torch.float32,
-                             device=dy.device).index_add_(0, experts, dy.float())
-            db = db.to(ctx.bias_dtype)
+            db = bias_grad(dy, sizes).to(ctx.bias_dtype)
         return dx, dw, db, None, None, None, None
 
 
