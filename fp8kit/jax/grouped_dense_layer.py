@@ -29,7 +29,8 @@ Backward: dx_e = Q(dy_e) @ Q(kernel_e)^T        grouped GEMM over tokens
           dk_e = Q(x_e)^T @ Q(dy_e)             grouped GEMM contracting each
                                                 expert's tokens (zero for an
                                                 expert with none)
-          db_e = the sum of dy_e, in float32    (jax.ops.segment_sum)
+          db_e = the sum of dy_e, in float32    (_bias_grad: a GEMM with the
+                                                tokens' one-hot experts)
 
 The kernels are cast as one token-grouped [E * K, N] tensor of E groups of
 K rows: its rowwise copy is [E, K, N] (what dgrad reads) and its grouped
@@ -131,6 +132,18 @@ def _token_experts(group_sizes, tokens: int):
     return jnp.repeat(experts, group_sizes, total_repeat_length=tokens)
 
 
+def _bias_grad(dy, group_sizes, tokens: int):
+    """Each expert's float32 sum of its rows of dy [T, N], [E, N]: a GEMM of
+    the tokens' one-hot experts (exact in dy's dtype) with dy, accumulated
+    in float32, which gives the same bits on every run; jax.ops.segment_sum
+    is a scatter-add, with float atomics on a GPU."""
+    experts = jax.nn.one_hot(_token_experts(group_sizes, tokens), group_sizes.shape[0],
+                             dtype=dy.dtype)
+    return jax.lax.dot_general(experts, dy, (((0,), (0,)), ((), ())),
+                               precision=jax.lax.Precision.HIGHEST,
+                               preferred_element_type=jnp.float32)
+
+
 def _forward(cfg: _Config, x, kernels, bias, group_sizes, state, grads: bool, stats=None):
     """(y, state, what backward reads, stats); differentiating, a delayed
     state records x and the kernels, and statistics rows (stats) their
@@ -210,8 +223,7 @@ def _bwd(cfg: _Config, res, dy):
                                        cfg.kernel_dtype, True)
     db = None
     if cfg.bias_dtype is not None:
-        db = jax.ops.segment_sum(dy.astype(jnp.float32), _token_experts(group_sizes, t),
-                                 num_segments=e).astype(cfg.bias_dtype)
+        db = _bias_grad(dy, group_sizes, t).astype(cfg.bias_dtype)
     return (*cfg.retype((dx, 0), (dk, 1), (db, 2)), None, cfg.retype_state(state), stats)
 
 

@@ -1,7 +1,8 @@
 """fp8kit.jax.grouped_dense against fp8kit.jax.dense run on each expert's
 tokens alone (bit for bit: the same per-expert casts and GEMMs), against
 jax.lax.ragged_dot in high precision, and its argument checks; the grouped
-custom calls themselves; the Flax module; sharded on two CPU devices."""
+custom calls themselves; the Flax module; sharded on two CPU devices; on a
+GPU (pytest -m gpu) the bias gradient is the same bits on every run."""
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +14,7 @@ from fp8kit.jax import _ffi_grouped
 from fp8kit.recipe import BlockScaling, CurrentScaling, DelayedScaling, Format
 
 import two_cpu_devices
+from jax_gpus import gpus
 
 RECIPE = CurrentScaling()
 K, N = 32, 48
@@ -61,8 +63,8 @@ def _assert_matches_dense(got, want):
     np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(want[0], np.float32))
     np.testing.assert_array_equal(np.asarray(dx, np.float32), np.asarray(want[1], np.float32))
     np.testing.assert_array_equal(np.asarray(dk, np.float32), np.asarray(want[2], np.float32))
-    # dense sums the bias gradient in its cast, grouped_dense with
-    # segment_sum: float32 sums in another order, rounded to bias's dtype.
+    # dense sums the bias gradient in its cast, grouped_dense in a one-hot
+    # GEMM: float32 sums in another order, rounded to bias's dtype.
     tol = 1e-5 if db.dtype == jnp.float32 else 1e-2
     np.testing.assert_allclose(np.asarray(db, np.float32), np.asarray(want[3], np.float32),
                                rtol=tol, atol=tol * 10)
@@ -287,3 +289,16 @@ def test_sharded_matches_unsharded_on_two_cpu_devices():
     """)
     lines = out.strip().splitlines()
     assert len(lines) == 4 and all(line.endswith(" same") for line in lines), out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpus(), reason="needs a CUDA GPU and fp8kit built with CUDA")
+def test_the_bias_gradient_is_the_same_bits_on_every_run():
+    # Thousands of rows per expert: a scatter-add's float atomics would
+    # add them in a different order from run to run.
+    x, kernels, bias, sizes, dy = _operands([3000, 0, 7000, 24], seed=9)
+    step = jax.jit(lambda *a: _grouped_vjp(*a)[3])
+    args = jax.device_put((x, kernels, bias, sizes, dy), gpus()[0])
+    first = np.asarray(step(*args), np.float32)
+    for _ in range(3):
+        np.testing.assert_array_equal(np.asarray(step(*args), np.float32), first)

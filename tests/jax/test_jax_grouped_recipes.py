@@ -212,8 +212,8 @@ def _assert_block_matches(got, want):
     for name, g, w in zip(("y", "dx", "dk"), got, want):
         assert g.dtype == w.dtype, name
         _assert_same(g, w, name)
-    # dense sums the bias gradient over its tokens, grouped_dense with
-    # segment_sum: float32 sums in another order.
+    # dense sums the bias gradient over its tokens, grouped_dense in a
+    # one-hot GEMM: float32 sums in another order.
     np.testing.assert_allclose(_bits(got[3]), _bits(want[3]), rtol=1e-2, atol=1e-1)
 
 
