@@ -250,8 +250,9 @@ def grouped_dense(x, kernels, group_sizes, bias=None, *,
                  with respect to it is the cast statistics of x, the kernels
                  and the output gradient, each merged over the experts (amax
                  the largest, counts and sums added; no one scale, NaN), as
-                 dense's (fp8kit.jax.tensor_statistics reads them). Not
-                 under a mesh yet.
+                 dense's (fp8kit.jax.tensor_statistics reads them). Under a
+                 mesh they are the whole layer's (the statistics calls read
+                 gathered operands); not inside jax.shard_map yet.
     """
     _check_recipe(recipe, state)
     x, kernels = (_array(a, v) for a, v in (("x", x), ("kernels", kernels)))
@@ -295,10 +296,11 @@ def grouped_dense(x, kernels, group_sizes, bias=None, *,
     varying = (x_axes, k_axes, sh.varying_axes(bias), x_axes | k_axes,
                tuple(map(sh.varying_axes, jax.tree_util.tree_leaves(state))))
     statistics = stats_rows.check(_FN, statistics, 1)
-    if statistics is not None and (types is not None or any(varying[:4])):
-        raise ValueError(f"{_FN}: statistics are not collected under a mesh (sharded operands or "
-                         "inside shard_map) yet; pass statistics=None there, or collect them "
-                         "from an unsharded step")
+    if statistics is not None and any(varying[:4]):
+        raise ValueError(f"{_FN}: statistics are not collected inside jax.shard_map (each "
+                         "device would see its own experts' casts only) yet; pass "
+                         "statistics=None there, or collect them from a step sharded by a mesh "
+                         "outside shard_map, where they are the whole layer's")
     cfg = _Config(recipe=recipe, x_dtype=jnp.dtype(x.dtype), kernel_dtype=jnp.dtype(kernels.dtype),
                   bias_dtype=None if bias is None else jnp.dtype(bias.dtype), types=types,
                   varying=varying)

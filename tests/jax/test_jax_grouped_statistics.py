@@ -5,13 +5,17 @@ element numbers added, sums added up to float32 rounding), with an expert
 given no tokens and counts that are not multiples of 16, under current,
 delayed (a fresh state's first step casts as current scaling does) and
 block scaling, with counts traced under jit; the rows change no result;
-bad rows and a mesh are refused; on a GPU (pytest -m gpu) the rows are the
-CPU's (amax and counts bit for bit, sums within the statistics header's
-1e-5)."""
+under a mesh (tokens or experts sharded) they are the unsharded call's;
+bad rows and a call inside shard_map are refused; on a GPU (pytest -m gpu)
+the rows are the CPU's (amax and counts bit for bit, sums within the
+statistics header's 1e-5)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+import two_cpu_devices
+from jax.sharding import PartitionSpec as P
 
 import fp8kit.jax as fj
 from fp8kit.recipe import BlockScaling, CurrentScaling, DelayedScaling
@@ -133,18 +137,53 @@ def test_kernels_whose_k_is_no_multiple_of_128_are_read_per_expert():
     np.testing.assert_allclose([got.error_sq, got.norm_sq], [want[3], want[4]], rtol=1e-5)
 
 
-def test_bad_rows_and_a_mesh_are_refused():
+def test_rows_under_a_mesh_are_the_unsharded_calls():
+    # Tokens or experts split over two devices, Auto and Explicit axes: the
+    # rows are the whole layer's. XLA's host device count is fixed when jax
+    # starts: a child process.
+    out = two_cpu_devices.run("""
+        import jax, jax.numpy as jnp, numpy as np
+        from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+        import fp8kit.jax as fj
+        from fp8kit.recipe import BlockScaling, CurrentScaling, DelayedScaling
+        rng = np.random.default_rng(0)
+        x = jnp.asarray(rng.standard_normal((64, 128)), jnp.bfloat16)
+        w = jnp.asarray(rng.standard_normal((4, 128, 48)) * 0.05, jnp.bfloat16)
+        sizes = jnp.asarray([10, 25, 0, 29], jnp.int32)  # groups straddle the shards
+        for recipe in (CurrentScaling(), DelayedScaling(), BlockScaling()):
+            state = (fj.GroupedDelayedScalingState.create(recipe, 4)
+                     if isinstance(recipe, DelayedScaling) else None)
+            def rows(x, w):
+                def loss(x, w, rows):
+                    y = fj.grouped_dense(x, w, sizes, state=state, recipe=recipe,
+                                         statistics=rows)
+                    return jnp.sum(y.astype(jnp.float32) ** 2)
+                return jax.jit(jax.grad(loss, argnums=2))(x, w, fj.statistics_rows(1))
+            want = np.asarray(rows(x, w))
+            for axes in (AxisType.Auto, AxisType.Explicit):
+                mesh = jax.make_mesh((2,), ("d",), axis_types=(axes,))
+                for xs, ws in ((P("d", None), P()), (P(), P("d", None, None))):
+                    with jax.set_mesh(mesh):
+                        got = rows(jax.device_put(x, NamedSharding(mesh, xs)),
+                                   jax.device_put(w, NamedSharding(mesh, ws)))
+                    print(np.array_equal(np.asarray(got), want, equal_nan=True))
+        """)
+    assert out.split() == ["True"] * 12, out
+
+
+def test_bad_rows_and_shard_map_are_refused():
     x, kernels, _ = _arrays()
     counts = jnp.asarray(COUNTS, jnp.int32)
     with pytest.raises(ValueError, match=r"statistics_rows\(1\)"):
         fj.grouped_dense(x, kernels, counts, recipe=CurrentScaling(),
                          statistics=fj.statistics_rows(2))
-    mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
-    with jax.set_mesh(mesh):
-        xs = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.P("data")))
-        with pytest.raises(ValueError, match="under a mesh"):
-            fj.grouped_dense(xs, kernels, counts, recipe=CurrentScaling(),
-                             statistics=fj.statistics_rows(1))
+    mesh = jax.make_mesh((1,), ("e",))
+    local = jax.shard_map(
+        lambda x: fj.grouped_dense(x, kernels, counts, recipe=CurrentScaling(),
+                                   statistics=fj.statistics_rows(1)),
+        mesh=mesh, in_specs=P("e"), out_specs=P("e"))
+    with pytest.raises(ValueError, match="inside jax.shard_map"):
+        local(jax.device_put(x, jax.sharding.NamedSharding(mesh, P("e"))))
 
 
 @pytest.mark.gpu
