@@ -1,0 +1,85 @@
+"""The compiled JAX training step moves no FP8 array and no scaling state
+around: in its optimized program every FP8 array comes straight out of
+fp8kit's custom calls (no copy, convert, slice or fusion makes one) and
+no array shaped as a delayed-scaling history is copied or converted (the
+donated state is updated in place), for every recipe and for a mixture of experts (one move found
+there, marked below). On the CPU here; on a GPU (pytest -m gpu) the GPU's
+program, which XLA compiles otherwise."""
+import dataclasses
+import re
+
+import jax
+import numpy as np
+import pytest
+from small_config import SMALL, SMALL_TRAIN
+
+from fp8kit.models.train_jax import JaxTrainer, _train_step
+from fp8kit.recipe import BlockScaling, CurrentScaling, DelayedScaling
+
+RECIPES = {"delayed": DelayedScaling(), "current": CurrentScaling(), "block": BlockScaling()}
+# "%name = TYPE[SHAPE]{layout} OP(": an instruction's result and its opcode.
+_INSTRUCTION = re.compile(r"= (\w+)\[([\d,]*)\]\S* ([\w-]+)\(")
+# How an FP8 array may arise without moving FP8 data: a custom call's
+# result, its reinterpretation, a parameter of a fused computation (which
+# the fusion itself is checked as), a placeholder constant.
+_FP8_SOURCES = {"custom-call", "get-tuple-element", "tuple", "bitcast", "parameter", "constant"}
+
+
+def _gpu():
+    import fp8kit.jax as fj
+    if not fj.BUILT_WITH_CUDA:
+        return None
+    try:
+        return jax.devices("gpu")[0]
+    except RuntimeError:
+        return None
+
+
+def _moves(recipe, cfg, device) -> list:
+    """The instructions of the compiled step on `device` that move FP8 data
+    or a history-shaped array."""
+    trainer = JaxTrainer(cfg, SMALL_TRAIN, recipe, device=device)
+    histories = {tuple(leaf.shape) for leaf in jax.tree.leaves(trainer.fp8_states)
+                 if leaf.ndim == 2}
+    batch = jax.device_put(trainer.sampler.next(), device)
+    program = _train_step.lower(
+        trainer.params, trainer.fp8_states, trainer.opt_state, batch, np.float32(1e-3), None,
+        model_cfg=trainer.model_cfg, train_cfg=trainer.train_cfg, recipe=trainer.recipe,
+        layers=trainer.layers, attention_impl=trainer.attention_impl).compile().as_text()
+    moves = []
+    for line in program.splitlines():
+        m = _INSTRUCTION.search(line)
+        if m is None:
+            continue
+        dtype, op = m.group(1), m.group(3)
+        shape = tuple(int(d) for d in m.group(2).split(",") if d)
+        if (dtype.startswith("f8") and op not in _FP8_SOURCES) or \
+                (dtype == "f32" and shape in histories and op in ("copy", "convert")):
+            moves.append(line.strip())
+    return moves
+
+
+# A move found, not yet removed: under per-tensor scaling grouped_dense
+# slices the kernels' grouped columnwise copy to its E * N * K elements for
+# the forward GEMM (the buffer also holds room for padding that expert
+# weights never need), which XLA materializes as a new FP8 array. Taking
+# the copy whole needs the core's grouped GEMM to accept a larger buffer.
+_SLICED = pytest.mark.xfail(strict=True, reason="the MoE kernels' FP8 columnwise copy is sliced")
+CASES = [pytest.param(name, experts, marks=_SLICED if experts and name != "block" else ())
+         for name in RECIPES for experts in (0, 4)]
+
+
+@pytest.mark.parametrize("recipe,experts", CASES)
+def test_the_step_moves_no_fp8_array_or_scaling_state(recipe, experts):
+    cfg = dataclasses.replace(SMALL, experts=experts, top_k=2 if experts else SMALL.top_k)
+    assert _moves(RECIPES[recipe], cfg, jax.devices("cpu")[0]) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe,experts", CASES)
+def test_the_gpu_step_moves_no_fp8_array_or_scaling_state(recipe, experts):
+    gpu = _gpu()
+    if gpu is None:
+        pytest.skip("needs a CUDA GPU and fp8kit built with CUDA")
+    cfg = dataclasses.replace(SMALL, experts=experts, top_k=2 if experts else SMALL.top_k)
+    assert _moves(RECIPES[recipe], cfg, gpu) == []
