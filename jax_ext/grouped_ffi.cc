@@ -198,7 +198,7 @@ ffi::Error GroupedGemmTokensImpl(const Device& device, ffi::AnyBuffer a, ffi::An
                                  ffi::AnyBuffer b, ffi::AnyBuffer b_scale_inv, ffi::AnyBuffer bias,
                                  ffi::AnyBuffer group_sizes, ffi::Result<ffi::AnyBuffer> d,
                                  bool trans_b, bool b_columnwise, bool has_bias,
-                                 bool use_split_accumulator) {
+                                 bool use_split_accumulator, int64_t b_rows, int64_t b_cols) {
   int64_t groups = 0;
   auto sizes = DescribeGroupSizes(kTokens, group_sizes, device, &groups);
   if (sizes.has_error()) return sizes.error();
@@ -208,16 +208,28 @@ ffi::Error GroupedGemmTokensImpl(const Device& device, ffi::AnyBuffer a, ffi::An
   if (bt.has_error()) return bt.error();
   const auto ad = a.dimensions(), bd = b.dimensions();
   if (ad.size() != 2) return Invalid(kTokens, "a must be 2-D [tokens, K]");
-  if (bd.size() != 3) return Invalid(kTokens, "b must be 3-D, one matrix per group");
+  // b's logical shape is [E, R, C] (b_rows, b_cols); its columnwise copy is
+  // [E, C, R], which may also come as the flat grouped columnwise buffer it
+  // was written to (its first E * C * R elements read), so that no slice of
+  // it is made.
+  const bool flat = bd.size() == 1 && b_columnwise;
+  if (!flat && (bd.size() != 3 || bd[0] != groups ||
+                bd[1] != (b_columnwise ? b_cols : b_rows) ||
+                bd[2] != (b_columnwise ? b_rows : b_cols))) {
+    return Invalid(kTokens, "b must be [E, b_rows, b_cols], or its columnwise copy [E, b_cols, "
+                            "b_rows] (also flat, holding at least that many elements)");
+  }
+  if (flat && bd[0] < groups * b_rows * b_cols) {
+    return Invalid(kTokens, "the flat columnwise b holds fewer than E * b_rows * b_cols elements");
+  }
   at->rank = 2;
   at->shape[0] = ad[0];
   at->shape[1] = ad[1];
   at->data = a.untyped_data();
-  // b's logical shape is [E, R, C]; its columnwise copy is [E, C, R].
   bt->rank = 3;
-  bt->shape[0] = bd[0];
-  bt->shape[1] = b_columnwise ? bd[2] : bd[1];
-  bt->shape[2] = b_columnwise ? bd[1] : bd[2];
+  bt->shape[0] = groups;
+  bt->shape[1] = b_rows;
+  bt->shape[2] = b_cols;
   (b_columnwise ? bt->columnwise_data : bt->data) = b.untyped_data();
   auto out = Describe(kTokens, "d", *d, device);
   if (out.has_error()) return out.error();
@@ -242,7 +254,8 @@ auto BindGroupedGemmTokens(Binding binding) {
   return std::move(binding)
       .template Arg<ffi::AnyBuffer>()          // a: FP8 [T, K] rowwise, token-grouped
       .template Arg<ffi::AnyBuffer>()          // a_scale_inv: float32 [E, 4]
-      .template Arg<ffi::AnyBuffer>()          // b: FP8 [E, R, C], or its columnwise copy [E, C, R]
+      .template Arg<ffi::AnyBuffer>()          // b: FP8 [E, R, C], or its columnwise copy
+                                               // [E, C, R] (or flat, at least E * C * R)
       .template Arg<ffi::AnyBuffer>()          // b_scale_inv: float32 [E, 4]
       .template Arg<ffi::AnyBuffer>()          // bias: [E, N] (or (0,) without bias)
       .template Arg<ffi::AnyBuffer>()          // group_sizes: int64 [E] or int32 [E, 2]
@@ -250,7 +263,9 @@ auto BindGroupedGemmTokens(Binding binding) {
       .template Attr<bool>("trans_b")          // trans_b: op(B_g) = B_g^T (B [E, N, K])
       .template Attr<bool>("b_columnwise")     // b_columnwise: `b` is the columnwise copy
       .template Attr<bool>("has_bias")         // has_bias: add bias row g to group g's rows
-      .template Attr<bool>("use_split_accumulator");  // use_split_accumulator: FP32 promotion
+      .template Attr<bool>("use_split_accumulator")  // use_split_accumulator: FP32 promotion
+      .template Attr<int64_t>("b_rows")        // b_rows: R of each group's matrix
+      .template Attr<int64_t>("b_cols");       // b_cols: C of each group's matrix
 }
 
 constexpr char kContract[] = "fp8kit_grouped_gemm_contract";

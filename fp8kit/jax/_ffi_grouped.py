@@ -69,19 +69,21 @@ def grouped_quantize_call(x, sizes, fmt: str, rowwise: bool, columnwise: bool,
 
 def grouped_gemm_tokens_call(a, a_scale_inv, b, b_scale_inv, sizes, trans_b: bool,
                              b_columnwise: bool, out_dtype, use_split_accumulator: bool,
-                             bias=None):
+                             b_matrix: tuple[int, int], bias=None):
     """D [T, N], D_g = A_g @ op(B_g) for each group g: a [T, K] rowwise; b
-    [E, R, C], or with b_columnwise its columnwise copy [E, C, R]; op(B_g)
-    = B_g^T with trans_b. bias: [E, N] in the core's bias dtype for
-    out_dtype, row g added to group g's rows."""
-    rows, cols = (b.shape[2], b.shape[1]) if b_columnwise else (b.shape[1], b.shape[2])
+    [E, R, C] (b_matrix = (R, C)), or with b_columnwise its columnwise copy
+    [E, C, R], which may be the flat grouped columnwise buffer holding it
+    (read without a slice); op(B_g) = B_g^T with trans_b. bias: [E, N] in
+    the core's bias dtype for out_dtype, row g added to group g's rows."""
+    rows, cols = b_matrix
     n = rows if trans_b else cols
     out = jax.ShapeDtypeStruct((a.shape[0], n), out_dtype)
     bias_arg = bias if bias is not None else _ffi.placeholder(_ffi.BIAS_DTYPE[jnp.dtype(out_dtype)])
     return jax.ffi.ffi_call("fp8kit_grouped_gemm_tokens", out, vmap_method="sequential")(
         a, a_scale_inv, b, b_scale_inv, bias_arg, sizes, trans_b=bool(trans_b),
         b_columnwise=bool(b_columnwise), has_bias=bias is not None,
-        use_split_accumulator=bool(use_split_accumulator))
+        use_split_accumulator=bool(use_split_accumulator), b_rows=np.int64(rows),
+        b_cols=np.int64(cols))
 
 
 def grouped_gemm_contract_call(a_columnwise, a_scale_inv, b_columnwise, b_scale_inv, sizes,

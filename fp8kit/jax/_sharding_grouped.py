@@ -111,9 +111,11 @@ def grouped_quantize(x, sizes, fmt: str, rowwise: bool, columnwise: bool, amax_e
 
 
 def grouped_gemm_tokens(a, a_scale_inv, b, b_scale_inv, sizes, trans_b: bool,
-                        b_columnwise: bool, out_dtype, use_split_accumulator: bool, bias=None):
+                        b_columnwise: bool, out_dtype, use_split_accumulator: bool,
+                        b_matrix: tuple[int, int], bias=None):
     """grouped_gemm_tokens_call; gathered under a mesh."""
-    static = (bool(trans_b), bool(b_columnwise), out_dtype, bool(use_split_accumulator))
+    static = (bool(trans_b), bool(b_columnwise), out_dtype, bool(use_split_accumulator),
+              tuple(int(d) for d in b_matrix))
     args = (a, a_scale_inv, b, b_scale_inv, sizes) + (() if bias is None else (bias,))
     return _dispatch(_tokens_p, _tokens, static, *args)
 

@@ -36,7 +36,8 @@ The kernels are cast as one token-grouped [E * K, N] tensor of E groups of
 K rows: its rowwise copy is [E, K, N] (what dgrad reads) and its grouped
 columnwise copy begins with each expert's transpose [N, K] back to back (K
 is a multiple of 16, so no group is padded), which the forward GEMM reads
-K-contiguous. Backward keeps x and the kernels in FP8 only.
+K-contiguous, from the flat buffer as it is (a slice of it would be a copy).
+Backward keeps x and the kernels in FP8 only.
 
 The core reads the group sizes on the host (on a GPU: a copy and a wait
 for the stream per grouped call), so these calls are never captured into
@@ -174,8 +175,10 @@ def _forward(cfg: _Config, x, kernels, bias, group_sizes, state, grads: bool, st
     # output gets its bias added outside, in float32, as dense does.
     out = cfg.x_dtype
     fused = bias is not None and out != jnp.float32
-    y = shg.grouped_gemm_tokens(x_d, x_sinv, k_cw[:e * n * k].reshape(e, n, k), k_sinv, sizes,
-                                False, True, out, not cfg.recipe.forward_fast_accumulation,
+    # The kernels' flat grouped columnwise copy is read whole: a slice of
+    # it would be an FP8 copy of every kernel in the program.
+    y = shg.grouped_gemm_tokens(x_d, x_sinv, k_cw, k_sinv, sizes, False, True, out,
+                                not cfg.recipe.forward_fast_accumulation, (k, n),
                                 bias.astype(out) if fused else None)
     if bias is not None and not fused:
         y = y + bias.astype(out)[_token_experts(group_sizes, t)]
@@ -218,7 +221,7 @@ def _bwd(cfg: _Config, res, dy):
         stats = gstats.per_tensor(stats, GRAD_OUTPUT, dy, dq_d, dq_sinv,
                                   _token_experts(group_sizes, t), t * n)
         dx = shg.grouped_gemm_tokens(dq_d, dq_sinv, k_d, k_sinv, sizes, True, False, cfg.x_dtype,
-                                     True)
+                                     True, (k, n))
         dk = shg.grouped_gemm_contract(x_cw, x_sinv, dq_cw, dq_sinv, sizes, t, k, n,
                                        cfg.kernel_dtype, True)
     db = None
