@@ -13,6 +13,7 @@ import re
 import jax
 import numpy as np
 import pytest
+from jax_gpu import jax_gpu
 from small_config import SMALL, SMALL_TRAIN
 
 from fp8kit.models.train_jax import JaxTrainer, _train_step
@@ -25,16 +26,6 @@ _INSTRUCTION = re.compile(r"= (\w+)\[([\d,]*)\]\S* ([\w-]+)\(")
 # result, its reinterpretation, a parameter of a fused computation (which
 # the fusion itself is checked as), a placeholder constant.
 _FP8_SOURCES = {"custom-call", "get-tuple-element", "tuple", "bitcast", "parameter", "constant"}
-
-
-def _gpu():
-    import fp8kit.jax as fj
-    if not fj.BUILT_WITH_CUDA:
-        return None
-    try:
-        return jax.devices("gpu")[0]
-    except RuntimeError:
-        return None
 
 
 def _moves(recipe, cfg, device) -> list:
@@ -83,7 +74,7 @@ def test_the_step_moves_no_fp8_array_or_scaling_state(recipe, experts):
 @pytest.mark.gpu
 @pytest.mark.parametrize("recipe,experts", CASES)
 def test_the_gpu_step_moves_no_fp8_array_or_scaling_state(recipe, experts):
-    gpu = _gpu()
+    gpu = jax_gpu()
     if gpu is None:
         pytest.skip("needs a CUDA GPU and fp8kit built with CUDA")
     cfg = dataclasses.replace(SMALL, experts=experts, top_k=2 if experts else SMALL.top_k)

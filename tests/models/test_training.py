@@ -18,6 +18,7 @@ from fp8kit.models.train_jax import JaxTrainer, _adamw, _clip_by_global_norm
 from fp8kit.models.train_torch import TorchTrainer
 from fp8kit.recipe import BlockScaling, DelayedScaling
 
+from jax_gpu import jax_gpu
 from small_config import SMALL, SMALL_TRAIN
 from snapshots import assert_identical, snapshot
 
@@ -127,21 +128,11 @@ def test_jax_attention_is_cudnns_on_a_gpu_and_xlas_elsewhere():
     assert llama_jax.attention_implementation(cpu) is None
 
 
-def _jax_gpu():
-    import fp8kit.jax as fj
-    if not fj.BUILT_WITH_CUDA:
-        return None
-    try:
-        return jax.devices("gpu")[0]
-    except RuntimeError:
-        return None
-
-
 @pytest.mark.gpu
 def test_jax_decoder_on_a_gpu_runs_cudnns_attention_and_trains_as_with_xlas():
     """On a GPU the step's attention is cuDNN's fused kernel (no [heads,
     seq, seq] scores in memory), and training follows XLA's attention."""
-    gpu = _jax_gpu()
+    gpu = jax_gpu()
     if gpu is None:
         pytest.skip("needs a CUDA build of fp8kit and a GPU")
     from fp8kit.models import train_jax
