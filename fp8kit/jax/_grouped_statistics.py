@@ -41,7 +41,7 @@ def block_tokens(rows, row: int, padded, data, scales, group_sizes, numel: int):
     if rows is None:
         return None
     n_rows, features = padded.shape
-    tiles = -(-features // _TILE)
+    tiles, inner = _ffi.block_scale_inv_shape("block_1x128", (n_rows, features), False)
     sizes = group_sizes.astype(jnp.int32)
     multiple = _ffi.GEMM_DIM_MULTIPLE
     p = (sizes + multiple - 1) // multiple * multiple
@@ -55,7 +55,6 @@ def block_tokens(rows, row: int, padded, data, scales, group_sizes, numel: int):
     j = jnp.arange(tiles, dtype=jnp.int32)[:, None]
     at = tiles * starts[group][None, :] + j * p[group][None, :] + (r - starts[group])[None, :]
     plain = jnp.where(inside[None, :], scales[at], 0.0)  # [tiles, rows]: rows zero there
-    inner = -(-n_rows // 4) * 4
     plain = jnp.pad(plain, ((0, 0), (0, inner - n_rows)))
     return rows_lib.record_parts(rows, row, [(padded, data, plain)], "block_1x128", numel)
 

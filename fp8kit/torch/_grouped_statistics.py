@@ -47,14 +47,10 @@ def block_parts(x, data, scales, counts, mode: str) -> list:
     its rowwise copy in the padded row layout, each expert's block scales
     (block_scaling.h's layout for a tensor [p_e, F]) one after another."""
     features = x.shape[1]
-    tiles = math.ceil(features / 128)
     parts, row, at = [], 0, 0
     for m in counts:
         p = _padded(m)
-        if mode == "block_1x128":
-            shape = (tiles, p)  # p is a multiple of 16: no inner padding
-        else:
-            shape = (math.ceil(p / 128), -(-tiles // 4) * 4)
+        shape = ext.block_scale_inv_shape((p, features), mode)
         size = shape[0] * shape[1]
         if m:
             parts.append((x[row:row + p], data[row:row + p], scales[at:at + size].view(shape)))
