@@ -56,8 +56,12 @@ def bias_grad(dy: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
     """Each expert's sum of its rows of dy [T, N], float32 [E, N] (zero for
     an expert with none). A segment reduction over the contiguous layout:
     each sum is taken in one thread's order, so the result is the same bits
-    on every run, which an index_add_ (float atomics on CUDA) is not."""
-    return torch.segment_reduce(dy.float(), "sum", lengths=sizes_on(sizes, dy.device), axis=0)
+    on every run, which an index_add_ (float atomics on CUDA) is not.
+    unsafe=True leaves out segment_reduce's own checks of the counts (the
+    forward checked them), which read them back to the host and so waited
+    for the GPU on every call."""
+    return torch.segment_reduce(dy.float(), "sum", lengths=sizes_on(sizes, dy.device), axis=0,
+                                unsafe=True)
 
 
 def padded_rows(sizes: torch.Tensor, tokens, device) -> torch.Tensor:
