@@ -30,7 +30,8 @@ PY_DEPS := torch==2.13.0 jax flax ml_dtypes numpy safetensors pybind11 scikit-bu
 
 # The tests run against the installed wheel (the rest run under Bazel).
 WHEEL_TESTS := tests/models tests/test_bench.py tests/test_demo.py \
-               tests/test_compare_bench.py tests/test_docs_examples.py tests/test_results_table.py
+               tests/test_ab_bench.py tests/test_compare_bench.py tests/test_docs_examples.py \
+               tests/test_results_table.py
 # What the wheel is built from, and what its tests read: a change to any
 # of these files runs the install, or the tests, again.
 # (wildcard: a tracked file deleted in the working tree is no input.)

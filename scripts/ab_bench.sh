@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# A change measured against the tree before it on one GPU machine, in one
+# call: the two builds and their benchmarks interleaved (base, change, base,
+# change, ...), so both see the same card, clocks and power state, and the
+# rows compared by compare_bench.py.
+#
+#   scripts/ab_bench.sh prepare REV
+#       (here, in the repo root) copies every file the working tree changed
+#       since REV, as it was at REV, into .ab/base (git-ignored), and lists
+#       the paths in .ab/paths;
+#   scripts/ab_bench.sh run OUTDIR [ROUNDS]
+#       (on the GPU machine, with .ab carried there) builds and measures the
+#       base, then the change, ROUNDS times (default 1): OUTDIR/base<i>,
+#       OUTDIR/change<i>, each the bench's --out folder, then compares each
+#       round's two bench.json. BENCH_SECTIONS picks the bench's sections
+#       (default: all); AB_COMMAND replaces the bench (run with $AB_OUT set
+#       to the folder it writes to);
+#   scripts/ab_bench.sh base | change
+#       puts the base's files in the tree (the change's kept in .ab/change),
+#       or the change's back: to build or test either by hand.
+# Each build is the pip path of gpu_check.sh into one build folder, so the
+# second and later builds recompile only what the swap touched.
+set -uo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+cd "$REPO" || exit 1
+AB=.ab
+
+prepare() {
+  local rev=$1 path
+  if [ -e "$AB/on_base" ]; then
+    echo "ab_bench.sh: the tree holds the base; run 'change' first" >&2; exit 1
+  fi
+  rm -rf "$AB" && mkdir -p "$AB/base"
+  git diff --name-only "$rev" -- >"$AB/paths"
+  git ls-files --others --exclude-standard -- . ":!$AB" >>"$AB/paths"
+  while read -r path; do
+    if git cat-file -e "$rev:$path" 2>/dev/null; then
+      mkdir -p "$AB/base/$(dirname "$path")"
+      git show "$rev:$path" >"$AB/base/$path"
+    fi
+  done <"$AB/paths"
+  echo "$(wc -l <"$AB/paths") paths differ from $rev; carry [\"$AB\"] to the GPU machine"
+}
+
+# Puts the base's version of every changed path in the tree (the change's
+# kept in .ab/change), or back. Touched, so the build sees them as new.
+# .ab/on_base says the tree holds the base: each direction runs only from
+# the other, so that the change's files are never overwritten.
+swap() {  # to_base | to_change
+  local path
+  if [ "$1" = to_base ] && [ -e "$AB/on_base" ]; then
+    echo "ab_bench.sh: the tree holds the base already" >&2; return 1
+  fi
+  if [ "$1" = to_change ] && [ ! -e "$AB/on_base" ]; then return 0; fi
+  while read -r path; do
+    if [ "$1" = to_base ]; then
+      if [ -e "$path" ]; then
+        mkdir -p "$AB/change/$(dirname "$path")"
+        mv "$path" "$AB/change/$path"
+      fi
+      if [ -e "$AB/base/$path" ]; then cp "$AB/base/$path" "$path"; fi
+    else
+      rm -f "$path"
+      if [ -e "$AB/change/$path" ]; then mv "$AB/change/$path" "$path"; fi
+    fi
+    [ -e "$path" ] && touch "$path"
+  done <"$AB/paths"
+  if [ "$1" = to_base ]; then : >"$AB/on_base"; else rm -rf "$AB/on_base" "$AB/change"; fi
+}
+
+build() {
+  if [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
+  python3 -m pip install -q --no-build-isolation --no-deps --force-reinstall \
+    -Ccmake.define.FP8KIT_CUDA=ON -Ccmake.define.FP8KIT_CUDA_ARCHITECTURES=90 \
+    -Cbuild-dir=build/gpu-pip-sysgcc . >"$1/build.log" 2>&1
+}
+
+measure() {  # out dir
+  local sections=()
+  [ -n "${BENCH_SECTIONS:-}" ] && sections=(--sections "$BENCH_SECTIONS")
+  if [ -n "${AB_COMMAND:-}" ]; then
+    (cd /tmp && AB_OUT=$1 bash -c "$AB_COMMAND") >"$1/measure.log" 2>&1
+  else
+    (cd /tmp && python3 -m fp8kit.bench --full --out "$1" --plain-progress "${sections[@]}") \
+      >"$1/measure.log" 2>&1
+  fi
+}
+
+run() {
+  local out=$1 rounds=${2:-1} i side
+  for i in $(seq 1 "$rounds"); do
+    for side in base change; do
+      mkdir -p "$out/$side$i"
+      if [ "$side" = base ]; then swap to_base || exit 1; fi
+      build "$out/$side$i"
+      local built=$?
+      [ "$side" = base ] && swap to_change  # the tree is the change's again
+      if [ "$built" != 0 ]; then
+        echo "ab_bench.sh: the $side build failed:"
+        tail -30 "$out/$side$i/build.log"
+        exit 1
+      fi
+      measure "$out/$side$i" || echo "ab_bench.sh: the $side measurement failed:" \
+        "$out/$side$i/measure.log"
+      echo "round $i: $side measured"
+    done
+    if [ -z "${AB_COMMAND:-}" ]; then
+      python3 scripts/compare_bench.py "$out/base$i/bench.json" "$out/change$i/bench.json"
+    fi
+  done
+}
+
+prepared() {
+  [ -f "$AB/paths" ] || { echo "ab_bench.sh: no $AB/paths; run 'prepare REV' first" >&2; exit 2; }
+}
+
+case "${1:-}" in
+  prepare) prepare "${2:?prepare REV}" ;;
+  run) prepared; run "${2:?run OUTDIR [ROUNDS]}" "${3:-1}" ;;
+  base) prepared; swap to_base ;;
+  change) prepared; swap to_change ;;
+  *) echo "usage: scripts/ab_bench.sh prepare REV | run OUTDIR [ROUNDS] | base | change" >&2
+     exit 2 ;;
+esac

@@ -1,0 +1,91 @@
+"""scripts/ab_bench.sh: `prepare REV` keeps what the change touched as it
+was at REV, `base` puts exactly that in the tree (modified files back,
+deleted ones restored, added ones out), `change` puts the change back, and
+neither ever overwrites the change's files (the tree's state is kept in
+.ab/on_base)."""
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "ab_bench.sh"
+
+if not SCRIPT.is_file():
+    pytest.skip("scripts/ is not next to the tests (a copy of tests/ alone)",
+                allow_module_level=True)
+if shutil.which("git") is None or shutil.which("bash") is None:
+    pytest.skip("needs git and bash", allow_module_level=True)
+
+
+def _run(repo, *args, check=True):
+    return subprocess.run(list(args), cwd=repo, check=check, capture_output=True, text=True)
+
+
+def _ab(repo, *args, check=True):
+    return _run(repo, "bash", "scripts/ab_bench.sh", *args, check=check)
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A repository at REV (a.txt, b.txt, sub/c.txt, the script), then a
+    change: a.txt edited, b.txt deleted, d.txt and sub/e.txt added (one
+    untracked, one staged)."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(SCRIPT, tmp_path / "scripts" / "ab_bench.sh")
+    (tmp_path / "a.txt").write_text("a at REV\n")
+    (tmp_path / "b.txt").write_text("b at REV\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "c.txt").write_text("c, unchanged\n")
+    _run(tmp_path, "git", "init", "-q")
+    _run(tmp_path, "git", "add", "-A")
+    _run(tmp_path, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "REV")
+    (tmp_path / "a.txt").write_text("a, changed\n")
+    (tmp_path / "b.txt").unlink()
+    (tmp_path / "d.txt").write_text("d, added\n")
+    (tmp_path / "sub" / "e.txt").write_text("e, added\n")
+    _run(tmp_path, "git", "add", "sub/e.txt")
+    return tmp_path
+
+
+def _tree(repo):
+    return {str(p.relative_to(repo)): p.read_text() for p in sorted(repo.rglob("*.txt"))
+            if ".git" not in p.parts and ".ab" not in p.parts}
+
+
+CHANGE = {"a.txt": "a, changed\n", "d.txt": "d, added\n", "sub/c.txt": "c, unchanged\n",
+          "sub/e.txt": "e, added\n"}
+BASE = {"a.txt": "a at REV\n", "b.txt": "b at REV\n", "sub/c.txt": "c, unchanged\n"}
+
+
+def test_base_and_change_swap_exactly_the_changed_files(repo):
+    _ab(repo, "prepare", "HEAD")
+    assert sorted((repo / ".ab" / "paths").read_text().split()) == [
+        "a.txt", "b.txt", "d.txt", "sub/e.txt"]
+    assert _tree(repo) == CHANGE
+    _ab(repo, "base")
+    assert _tree(repo) == BASE
+    _ab(repo, "change")
+    assert _tree(repo) == CHANGE
+    _ab(repo, "base")
+    assert _tree(repo) == BASE, "a second round swaps the same way"
+    _ab(repo, "change")
+    assert _tree(repo) == CHANGE
+
+
+def test_the_change_is_never_overwritten(repo):
+    _ab(repo, "prepare", "HEAD")
+    _ab(repo, "change")                      # already the change's: nothing to do
+    assert _tree(repo) == CHANGE
+    _ab(repo, "base")
+    assert _ab(repo, "base", check=False).returncode != 0
+    assert _ab(repo, "prepare", "HEAD", check=False).returncode != 0
+    _ab(repo, "change")
+    assert _tree(repo) == CHANGE
+
+
+def test_run_and_swaps_need_prepare_first(repo):
+    for args in (["run", "out"], ["base"], ["change"]):
+        result = _ab(repo, *args, check=False)
+        assert result.returncode == 2 and "prepare REV" in result.stderr
+    assert _tree(repo) == CHANGE
