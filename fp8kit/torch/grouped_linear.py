@@ -126,6 +126,7 @@ class GroupedLinear(torch.nn.Module):
             dtype = torch.get_autocast_dtype(x.device.type)
             x, weight = x.to(dtype), weight.to(dtype)
             bias = None if bias is None else bias.to(dtype)
+        _check_dtypes(x, weight, bias)
         recipe = _AUTOCAST.recipe
         inspect = self._fp8_inspect
         # At a logged step the casts also fill the recorder's rows.
@@ -138,7 +139,7 @@ class GroupedLinear(torch.nn.Module):
         elif type(recipe) is DelayedScaling:
             y = _fp8(recipe, x, weight, bias, sizes, self._delayed_state(recipe), stats)
         else:  # BlockScaling (autocast takes no other recipe)
-            _check_fp8_operands(x, weight, bias)
+            _check_fp8_dims(weight)
             y = grouped_block_linear(recipe, x.contiguous(), weight.contiguous(), bias, sizes,
                                      stats)
         return y.reshape(*input.shape[:-1], self.out_features)
@@ -238,7 +239,25 @@ def _group_sizes(group_sizes, num_experts: int, x: torch.Tensor) -> torch.Tensor
     if group_sizes.device.type != "cpu" and group_sizes.device != x.device:
         raise ValueError(f"{_NAME}: group_sizes is on {group_sizes.device} but input is on "
                          f"{x.device}; pass the counts on the CPU or on {x.device}")
+    if group_sizes.device.type == "cpu" and not torch.compiler.is_compiling():
+        _check_counts(group_sizes.tolist(), x.shape[0])
     return group_sizes.to(torch.int64).contiguous()
+
+
+def _check_counts(counts: list, tokens: int) -> None:
+    """Counts on the host, checked here for every recipe (the core checks
+    them only for the FP8 casts, and the high-precision and block-scaled
+    paths met them first in PyTorch ops with errors of their own); counts
+    on the GPU are the core's to check, where reading them costs nothing
+    more."""
+    for e, count in enumerate(counts):
+        if not 0 <= count <= tokens:
+            raise ValueError(f"{_NAME}: group_sizes[{e}] is {count}; every count must be in "
+                             f"[0, {tokens}] (the input's rows)")
+    if sum(counts) != tokens:
+        raise ValueError(f"{_NAME}: group_sizes sum to {sum(counts)} but the input has {tokens} "
+                         "rows; the counts must sum to the rows exactly (sort the tokens by "
+                         "expert and count every one)")
 
 
 def _high_precision(x, weight, bias, sizes) -> torch.Tensor:
@@ -269,12 +288,15 @@ class _Config(NamedTuple):
     amax_reduction: str    # DelayedScaling
 
 
-def _check_fp8_operands(x, weight, bias) -> None:
+def _check_dtypes(x, weight, bias) -> None:
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and t.dtype != x.dtype:
             raise RuntimeError(f"{_NAME}: input has dtype {x.dtype} but {name} has dtype "
                                f"{t.dtype}; they must match (convert one, or run under "
                                "torch.autocast)")
+
+
+def _check_fp8_dims(weight) -> None:
     for name, v in (("in_features", weight.shape[2]), ("out_features", weight.shape[1])):
         if v % ext.GEMM_DIM_MULTIPLE:
             raise ValueError(f"{_NAME}: {name} is {v}, but FP8 GEMMs need it to be a multiple "
@@ -283,7 +305,7 @@ def _check_fp8_operands(x, weight, bias) -> None:
 
 
 def _fp8(recipe, x, weight, bias, sizes, state: Optional[tuple], stats) -> torch.Tensor:
-    _check_fp8_operands(x, weight, bias)
+    _check_fp8_dims(weight)
     grad = torch.is_grad_enabled()
     dgrad = grad and x.requires_grad
     wgrad = grad and weight.requires_grad

@@ -142,14 +142,27 @@ def test_inference_keeps_no_graph():
     assert y.grad_fn is None
 
 
+@pytest.mark.parametrize("recipe", [None, DelayedScaling(), CurrentScaling(), BlockScaling()],
+                         ids=["bf16", "delayed", "current", "block"])
 @pytest.mark.parametrize("sizes, match", [
     ([3, 4], "sum to 7 but the input has 8 rows"),
+    ([5, 5], "sum to 10 but the input has 8 rows"),
     ([-1, 9], "group_sizes\\[0\\] is -1"),
 ])
-def test_counts_that_do_not_fit_the_tokens_are_refused(sizes, match):
+def test_counts_that_do_not_fit_the_tokens_are_refused(recipe, sizes, match):
+    # The same ValueError under every recipe and outside autocast, before
+    # any PyTorch op meets the counts.
     layer = make(2, 16, 16)
-    with autocast(recipe=RECIPE), pytest.raises(ValueError, match=match):
+    with autocast(enabled=recipe is not None, recipe=recipe), \
+            pytest.raises(ValueError, match=match):
         layer(torch.randn(8, 16), sizes)
+
+
+def test_an_input_of_another_dtype_than_the_weight_is_refused_outside_autocast_too():
+    layer = make(2, 16, 16)
+    with pytest.raises(RuntimeError, match="input has dtype torch.bfloat16 but weight has dtype "
+                                           "torch.float32"):
+        layer(torch.randn(8, 16, dtype=torch.bfloat16), [4, 4])
 
 
 @pytest.mark.parametrize("sizes, error, match", [
