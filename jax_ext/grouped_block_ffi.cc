@@ -79,13 +79,19 @@ ffi::Error GroupedQuantizeBlockImpl(const Device& device, ffi::AnyBuffer x,
                                     ffi::Result<ffi::AnyBuffer> block_scale_inv,
                                     ffi::Result<ffi::AnyBuffer> columnwise_block_scale_inv,
                                     bool rowwise, bool want_columnwise, int32_t scaling_mode,
-                                    float amax_epsilon, bool power_2_scale) {
+                                    float amax_epsilon, bool power_2_scale, int64_t tokens) {
   auto input = Describe(kQuantize, "x", x, device);
   if (input.has_error()) return input.error();
   if (input->rank != 2) return Invalid(kQuantize, "x must be 2-D [rows, features]");
   int64_t groups = 0;
   auto sizes = DescribeGroupSizes(kQuantize, group_sizes, device, &groups);
   if (sizes.has_error()) return sizes.error();
+  // The padded layout cannot tell a wrong count: the sizes against the
+  // real rows first.
+  if (auto err = FromStatus(fp8kit_grouped_check_sizes(&*sizes, tokens, device.stream));
+      err.failure()) {
+    return err;
+  }
   // The columnwise result is [F, rows] by its shape only: group g's copy
   // [F, p_g] starts at element F * P_g (fp8kit/grouped.h).
   auto output = DescribeFp8Output(kQuantize, *input, *data, *columnwise, rowwise, want_columnwise);
@@ -125,7 +131,8 @@ auto BindGroupedQuantizeBlock(Binding binding) {
       .template Attr<bool>("columnwise")     // columnwise: write the columnwise copy and scales
       .template Attr<int32_t>("scaling_mode")  // scaling_mode: BLOCK_1X128 or BLOCK_128X128 code
       .template Attr<float>("amax_epsilon")  // amax_epsilon: lower bound on each block's amax
-      .template Attr<bool>("power_2_scale");  // power_2_scale: round each scale down to 2^k
+      .template Attr<bool>("power_2_scale")  // power_2_scale: round each scale down to 2^k
+      .template Attr<int64_t>("tokens");     // tokens: the real rows, the sizes' sum
 }
 
 constexpr char kTokens[] = "fp8kit_grouped_gemm_block_tokens";

@@ -1,9 +1,9 @@
-// torch.ops.fp8kit.grouped_quantize_block, grouped_gemm_block_tokens and
-// grouped_gemm_block_contract: the block-scaled grouped ops of the core
-// (fp8kit/grouped.h, the padded row layout) as dispatcher ops of the
-// fp8kit library, one kernel for CPU and CUDA each, for
-// fp8kit.torch.GroupedLinear under BlockScaling. Fake kernels:
-// fp8kit/torch/_grouped_fake_ops.py.
+// torch.ops.fp8kit.grouped_check_sizes, grouped_quantize_block,
+// grouped_gemm_block_tokens and grouped_gemm_block_contract: the
+// block-scaled grouped ops of the core (fp8kit/grouped.h, the padded row
+// layout) as dispatcher ops of the fp8kit library, one kernel for CPU and
+// CUDA each, for fp8kit.torch.GroupedLinear under BlockScaling. Fake
+// kernels: fp8kit/torch/_grouped_block_fake_ops.py.
 //
 // Shapes: the input and every token-grouped tensor hold `rows` rows in the
 // padded layout; a copy's block scales are a flat float32 tensor of
@@ -45,6 +45,22 @@ fp8kit_tensor describe_fp8(const char* fn, const char* arg, const at::Tensor& t,
   fp8kit_tensor d = describe(t, f, device_type_of(t, fn, arg));
   d.scaling_mode = mode;
   return d;
+}
+
+// fp8kit_grouped_check_sizes: the counts against the real tokens, before
+// the layer pads them (the padded ops cannot tell a wrong count). Returns
+// a copy of the counts, for the padding to read: so it runs after the
+// check, which a compiled graph then cannot drop.
+at::Tensor grouped_check_sizes_op(const at::Tensor& group_sizes, int64_t tokens) {
+  constexpr const char* fn = "fp8kit::grouped_check_sizes";
+  check_group_sizes(fn, group_sizes, group_sizes);
+  DeviceScope scope(group_sizes.device());
+  const fp8kit_tensor sizes = describe_group_sizes(group_sizes);
+  void* stream = group_sizes.is_cuda() ? current_stream(group_sizes.device()) : nullptr;
+  check_status(call_core(!group_sizes.is_cuda(), [&] {
+    return fp8kit_grouped_check_sizes(&sizes, tokens, stream);
+  }));
+  return group_sizes.clone();
 }
 
 Quantized grouped_quantize_block_op(const at::Tensor& x_in, const at::Tensor& group_sizes,
@@ -214,6 +230,7 @@ at::Tensor grouped_gemm_block_contract_op(const at::Tensor& a_columnwise,
 }
 
 void register_kernels(torch::Library& m) {
+  m.impl("grouped_check_sizes", &grouped_check_sizes_op);
   m.impl("grouped_quantize_block", &grouped_quantize_block_op);
   m.impl("grouped_gemm_block_tokens", &grouped_gemm_block_tokens_op);
   m.impl("grouped_gemm_block_contract", &grouped_gemm_block_contract_op);
@@ -223,6 +240,7 @@ void register_kernels(torch::Library& m) {
 }  // namespace fp8kit_torch
 
 TORCH_LIBRARY_FRAGMENT(fp8kit, m) {
+  m.def("grouped_check_sizes(Tensor group_sizes, int tokens) -> Tensor");
   m.def(
       "grouped_quantize_block(Tensor x, Tensor group_sizes, ScalarType fp8_dtype, str "
       "scaling_mode, bool rowwise, bool columnwise, float amax_epsilon=0., bool "

@@ -13,6 +13,17 @@ extern "C" int64_t fp8kit_grouped_columnwise_tokens(int64_t tokens, int64_t grou
   return tokens + (FP8KIT_GEMM_DIM_MULTIPLE - 1) * groups;
 }
 
+extern "C" fp8kit_status fp8kit_grouped_check_sizes(const fp8kit_tensor* group_sizes,
+                                                    int64_t tokens, void* stream) {
+  return fp8kit::guard([&] {
+    constexpr const char* kOp = "grouped_check_sizes";
+    FP8KIT_CHECK(group_sizes != nullptr, kOp, ": group_sizes is NULL");
+    FP8KIT_CHECK(tokens >= 0, kOp, ": tokens is ", tokens, "; it must be >= 0");
+    fp8kit::read_group_layout(kOp, group_sizes, tokens, group_sizes->device_type,
+                              group_sizes->device_index, stream);
+  });
+}
+
 namespace fp8kit {
 
 GroupLayout read_group_layout(const char* op, const fp8kit_tensor* group_sizes, int64_t rows,

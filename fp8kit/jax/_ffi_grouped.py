@@ -130,10 +130,13 @@ def block_scales_floats(rows: int, groups: int, features: int, scaling_mode: str
 
 
 def grouped_quantize_block_call(x, sizes, fmt: str, rowwise: bool, columnwise: bool,
-                                scaling_mode: str, amax_epsilon: float, power_2_scale: bool):
+                                scaling_mode: str, amax_epsilon: float, power_2_scale: bool,
+                                tokens: int):
     """fp8kit_grouped_quantize_block of x [rows, F] in the padded row layout:
     (data [rows, F], columnwise copy [F, rows], block scales of each),
-    placeholders for a copy not asked for."""
+    placeholders for a copy not asked for. The sizes are first checked to
+    sum to `tokens`, the real rows (fp8kit_grouped_check_sizes): the
+    padded layout alone cannot tell a wrong count."""
     rows, features = x.shape
     groups = sizes.shape[0]
     dt = _checks.FP8_DTYPES[fmt]
@@ -148,7 +151,8 @@ def grouped_quantize_block_call(x, sizes, fmt: str, rowwise: bool, columnwise: b
     return jax.ffi.ffi_call("fp8kit_grouped_quantize_block", results, vmap_method="sequential")(
         x, sizes, rowwise=bool(rowwise), columnwise=bool(columnwise),
         scaling_mode=np.int32(_ffi.SCALING_MODE_CODES[scaling_mode]),
-        amax_epsilon=np.float32(amax_epsilon), power_2_scale=bool(power_2_scale))
+        amax_epsilon=np.float32(amax_epsilon), power_2_scale=bool(power_2_scale),
+        tokens=np.int64(tokens))
 
 
 def grouped_gemm_block_tokens_call(a, a_scales, a_mode: str, b, b_scales, b_mode: str, sizes,

@@ -66,9 +66,11 @@ def _matrix_scales(shape, columnwise: bool) -> int:
     return math.prod(_ffi.block_scale_inv_shape(_KERNEL, shape, columnwise))
 
 
-def _cast(recipe, t, sizes, fmt: str, rowwise: bool, columnwise: bool, mode: str):
+def _cast(recipe, t, sizes, tokens: int, fmt: str, rowwise: bool, columnwise: bool, mode: str):
+    """The cast of t, padded from `tokens` real rows (the sizes' sum, which
+    the call checks)."""
     return shg.grouped_quantize_block(t, sizes, fmt, rowwise, columnwise, mode,
-                                      recipe.amax_epsilon, recipe.power_2_scale)
+                                      recipe.amax_epsilon, recipe.power_2_scale, tokens)
 
 
 def forward(cfg, x, kernels, bias, group_sizes, experts, grads: bool, stats=None):
@@ -81,12 +83,12 @@ def forward(cfg, x, kernels, bias, group_sizes, experts, grads: bool, stats=None
     rows, dest = padded_rows(group_sizes, t)
     sizes = _ffi_grouped.sizes_operand(group_sizes)
     x_p = _pad(x, dest, rows)
-    x_d, x_cw, x_s, x_cws = _cast(recipe, x_p, sizes, fmt, True, grads, _ROWS)
+    x_d, x_cw, x_s, x_cws = _cast(recipe, x_p, sizes, t, fmt, True, grads, _ROWS)
     stats = gstats.block_tokens(stats, INPUT, x_p, x_d, x_s, group_sizes, t * k)
     kernel_sizes = _ffi_grouped.sizes_operand(jnp.full((e,), k, jnp.int32))
     k_2d = kernels.reshape(e * k, n)
-    k_d, k_cw, k_s, k_cws = _cast(recipe, k_2d, kernel_sizes, fmt, grads or stats is not None,
-                                  True, _KERNEL)
+    k_d, k_cw, k_s, k_cws = _cast(recipe, k_2d, kernel_sizes, e * k, fmt,
+                                  grads or stats is not None, True, _KERNEL)
     stats = gstats.block_kernels(stats, WEIGHT, k_2d, k_d, k_s, e)
     out = _gemm_dtype(cfg.x_dtype)
     # The GEMM epilogue adds a bias of its output's 16-bit type; a float32
@@ -111,7 +113,7 @@ def backward(cfg, saved, group_sizes, dy, stats=None):
     rows = x_cw.shape[1]
     sizes = _ffi_grouped.sizes_operand(group_sizes)
     dy_p = _pad(dy, dest, rows)
-    dq_d, dq_cw, dq_s, dq_cws = _cast(cfg.recipe, dy_p, sizes,
+    dq_d, dq_cw, dq_s, dq_cws = _cast(cfg.recipe, dy_p, sizes, dy.shape[0],
                                       cfg.recipe.fp8_format.backward_dtype, True, True, _ROWS)
     stats = gstats.block_tokens(stats, GRAD_OUTPUT, dy_p, dq_d, dq_s, group_sizes,
                                 math.prod(dy.shape))

@@ -137,10 +137,11 @@ def grouped_quantize_delayed(x, sizes, fmt: str, rowwise: bool, columnwise: bool
 
 
 def grouped_quantize_block(x, sizes, fmt: str, rowwise: bool, columnwise: bool,
-                           scaling_mode: str, amax_epsilon: float, power_2_scale: bool):
+                           scaling_mode: str, amax_epsilon: float, power_2_scale: bool,
+                           tokens: int):
     """grouped_quantize_block_call; gathered under a mesh."""
     static = (fmt, bool(rowwise), bool(columnwise), scaling_mode, float(amax_epsilon),
-              bool(power_2_scale))
+              bool(power_2_scale), int(tokens))
     return _dispatch(_quantize_block_p, _quantize_block, static, x, sizes)
 
 

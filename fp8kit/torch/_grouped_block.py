@@ -108,7 +108,11 @@ def _gemm_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def grouped_block_linear(recipe, x, weight, bias, sizes, stats=None) -> torch.Tensor:
     """y [T, N] = each expert's tokens of x [T, K] @ its weight^T (+ bias);
-    stats: the inspection rows the casts fill at a logged step, or None."""
+    stats: the inspection rows the casts fill at a logged step, or None.
+    Counts on the GPU are checked against T first (the layer checked those
+    on the host): padding wrong counts would read and write out of range."""
+    if sizes.device.type != "cpu":
+        sizes = _ops.grouped_check_sizes(sizes, x.shape[0])
     grad = torch.is_grad_enabled()
     dgrad, wgrad = grad and x.requires_grad, grad and weight.requires_grad
     fmt = recipe.fp8_format

@@ -31,6 +31,11 @@ def block_scales_floats(rows, groups, features, scaling_mode: str, columnwise: b
     return _ceil_div(feature_blocks, pad) * pad * blocks
 
 
+@torch.library.register_fake("fp8kit::grouped_check_sizes")
+def _grouped_check_sizes(group_sizes, tokens):
+    return group_sizes.new_empty(group_sizes.shape)
+
+
 @torch.library.register_fake("fp8kit::grouped_quantize_block")
 def _grouped_quantize_block(x, group_sizes, fp8_dtype, scaling_mode, rowwise, columnwise,
                             amax_epsilon=0.0, power_2_scale=True):

@@ -212,6 +212,29 @@ TEST(GroupedQuantize, RejectsSizesThatDoNotSumToTheRows) {
   EXPECT_NE(std::string(fp8kit_last_error()).find("int64"), std::string::npos);
 }
 
+// fp8kit_grouped_check_sizes: the token-grouped ops' rule against a token
+// count given apart from any tensor (what the padded block-scaled ops need).
+TEST(GroupedCheckSizes, AcceptsSizesThatSumToTheTokensAndNamesAnyOther) {
+  const int64_t e_shape[1] = {3};
+  auto check = [&](std::vector<int64_t> sizes, int64_t tokens) {
+    const fp8kit_tensor gs =
+        fp8kit_tensor_make(FP8KIT_DEVICE_CPU, 0, FP8KIT_INT64, 1, e_shape, sizes.data());
+    return fp8kit_grouped_check_sizes(&gs, tokens, nullptr);
+  };
+  EXPECT_EQ(check({3, 0, 4}, 7), FP8KIT_OK) << fp8kit_last_error();
+  EXPECT_EQ(check({0, 0, 0}, 0), FP8KIT_OK) << fp8kit_last_error();
+  EXPECT_EQ(check({3, 0, 3}, 7), FP8KIT_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fp8kit_last_error()).find("sum to 6 but the input has 7 rows"),
+            std::string::npos)
+      << fp8kit_last_error();
+  EXPECT_EQ(check({3, 5, 0}, 7), FP8KIT_INVALID_ARGUMENT);
+  EXPECT_EQ(check({3, -1, 5}, 7), FP8KIT_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fp8kit_last_error()).find("group_sizes[1] is -1"), std::string::npos)
+      << fp8kit_last_error();
+  EXPECT_EQ(check({3, 0, 4}, -1), FP8KIT_INVALID_ARGUMENT);
+  EXPECT_EQ(fp8kit_grouped_check_sizes(nullptr, 7, nullptr), FP8KIT_INVALID_ARGUMENT);
+}
+
 // ------------------------------------------------------------- GEMMs --
 
 // A token-grouped FP8 operand and an expert-stacked one, made by the CPU

@@ -268,12 +268,30 @@ def test_block_quantize_call_checks_its_scales():
     xp = jnp.zeros((rows, K), x.dtype)
     operand = _ffi_grouped.sizes_operand(sizes)
     data, cw, s, cs = _ffi_grouped.grouped_quantize_block_call(
-        xp, operand, "e4m3", True, True, "block_1x128", 0.0, True)
+        xp, operand, "e4m3", True, True, "block_1x128", 0.0, True, 16)
     assert data.shape == (rows, K) and cw.shape == (K, rows)
     assert s.size == _ffi_grouped.block_scales_floats(rows, 2, K, "block_1x128", False)
     with pytest.raises(Exception, match="scaling_mode must be a block mode"):
         _ffi_grouped.grouped_quantize_block_call(xp, operand, "e4m3", True, True, "per_tensor",
-                                                 0.0, True)
+                                                 0.0, True, 16)
+    # The padded rows fit sizes summing to 17 too: only the real rows tell.
+    with pytest.raises(Exception, match="group_sizes sum to 16 but the input has 17 rows"):
+        _ffi_grouped.grouped_quantize_block_call(xp, operand, "e4m3", True, True, "block_1x128",
+                                                 0.0, True, 17)
+
+
+@pytest.mark.parametrize("recipe", [CurrentScaling(), BlockScaling(), DelayedScaling()],
+                         ids=["current", "block", "delayed"])
+def test_traced_counts_that_do_not_sum_to_the_tokens_are_refused(recipe):
+    # Under jit the counts are traced, so the Python check cannot see them:
+    # each recipe's first custom call refuses them (block scaling's pads the
+    # tokens first, and the padded rows fit wrong counts as well).
+    x, kernels, _, _, _ = _operands([5, 11])
+    state = fj.GroupedDelayedScalingState.create(recipe, 2) \
+        if isinstance(recipe, DelayedScaling) else None
+    step = jax.jit(lambda sizes: fj.grouped_dense(x, kernels, sizes, recipe=recipe, state=state))
+    with pytest.raises(Exception, match="group_sizes sum to 15 but the input has 16 rows"):
+        jax.block_until_ready(step(jnp.asarray([5, 10], jnp.int32)))
 
 
 # --- Flax ----------------------------------------------------------------------------------

@@ -124,6 +124,29 @@ def test_block_ops_pass_opcheck():
             (cw, cws, cw, cws, sizes, x.shape[0], torch.float32))
 
 
+def test_check_sizes_op_refuses_counts_that_do_not_sum_to_the_tokens():
+    # What the block-scaled path runs on counts on the GPU before it pads
+    # them; here on the CPU, where the core's check is the same.
+    ops = torch.ops.fp8kit
+    sizes = torch.tensor([5, 0, 11])
+    opcheck(ops.grouped_check_sizes.default, (sizes, 16))
+    assert ops.grouped_check_sizes(sizes, 16).tolist() == [5, 0, 11]
+    with pytest.raises(ValueError, match="group_sizes sum to 16 but the input has 17 rows"):
+        ops.grouped_check_sizes(sizes, 17)
+    with pytest.raises(ValueError, match="group_sizes\\[1\\] is -2"):
+        ops.grouped_check_sizes(torch.tensor([5, -2, 13]), 16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sizes", [[5, 0, 10], [5, 0, 12], [5, -1, 12]])
+def test_counts_on_the_gpu_that_do_not_fit_the_tokens_are_refused(sizes):
+    dev = device_of("cuda")
+    layer = make(3, 128, 32, device=dev)
+    with autocast(recipe=RECIPE), pytest.raises(ValueError, match="group_sizes"):
+        layer(torch.randn(16, 128, device=dev), torch.tensor(sizes, device=dev))
+    torch.cuda.synchronize()  # and nothing out of range ran on the device
+
+
 def test_compiles_with_no_graph_break():
     sizes = torch.tensor([5, 0, 27])
     layer = make(3, 128, 32)

@@ -75,6 +75,16 @@ extern "C" {
  * * groups, the most the padded blocks can take whatever the sizes. */
 FP8KIT_API int64_t fp8kit_grouped_columnwise_tokens(int64_t tokens, int64_t groups);
 
+/* Checks `group_sizes` (int64 [E], on the CPU or a CUDA device: then read
+ * to the host, a wait on `stream`) as the token-grouped ops check them
+ * against their input: every size in [0, tokens], their sum exactly
+ * `tokens`. The block-scaled ops take their tensors in the padded row
+ * layout, whose rows are no token count, and check only that the padded
+ * groups fit: a front end checks the sizes against its real tokens with
+ * this before it pads them. */
+FP8KIT_API fp8kit_status fp8kit_grouped_check_sizes(const fp8kit_tensor* group_sizes,
+                                                    int64_t tokens, void* stream);
+
 /* Per-group per-tensor quantization of a token-grouped input in one pass
  * over it (current scaling: an amax pass first).
  *   input:       [T, F] float32/bfloat16/float16, F a positive multiple of
