@@ -334,7 +334,10 @@ def _array(arg: str, value):
 def _check_group_sizes(group_sizes, experts: int, tokens: int):
     """int32/int64 [E]; when concrete (not traced), >= 0 and summing to T."""
     dtype = getattr(group_sizes, "dtype", None)
-    if dtype is None or jnp.dtype(dtype) not in (jnp.dtype(jnp.int32), jnp.dtype(jnp.int64)):
+    if dtype is None:
+        raise TypeError(f"{_FN}: group_sizes is a {type(group_sizes).__name__}; pass the counts "
+                        "as an int32 or int64 array, e.g. jnp.asarray(counts, jnp.int32)")
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.int32), jnp.dtype(jnp.int64)):
         raise TypeError(f"{_FN}: group_sizes has dtype {dtype}; pass the counts as an int32 or "
                         "int64 array")
     group_sizes = jnp.asarray(group_sizes)

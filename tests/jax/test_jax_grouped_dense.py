@@ -196,7 +196,7 @@ def test_argument_checks():
         (ValueError, "N=40 must be a positive multiple of 16", dict(kernels=kernels[..., :40])),
         (TypeError, "x has dtype int32", dict(x=x.astype(jnp.int32))),
         (TypeError, "group_sizes has dtype float32", dict(group_sizes=sizes.astype(jnp.float32))),
-        (TypeError, "group_sizes has dtype None", dict(group_sizes=[8, 8])),
+        (TypeError, "group_sizes is a list; pass the counts", dict(group_sizes=[8, 8])),
         (ValueError, "group_sizes has shape \\(3,\\) but kernels holds 2 experts",
          dict(group_sizes=jnp.asarray([8, 8, 0], jnp.int32))),
         (ValueError, "bias has shape \\(48,\\)", dict(bias=bias[0])),
