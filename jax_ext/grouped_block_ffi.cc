@@ -87,10 +87,12 @@ ffi::Error GroupedQuantizeBlockImpl(const Device& device, ffi::AnyBuffer x,
   auto sizes = DescribeGroupSizes(kQuantize, group_sizes, device, &groups);
   if (sizes.has_error()) return sizes.error();
   // The padded layout cannot tell a wrong count: the sizes against the
-  // real rows first.
-  if (auto err = FromStatus(fp8kit_grouped_check_sizes(&*sizes, tokens, device.stream));
-      err.failure()) {
-    return err;
+  // real rows first (tokens < 0: sizes the layer made itself, not checked).
+  if (tokens >= 0) {
+    if (auto err = FromStatus(fp8kit_grouped_check_sizes(&*sizes, tokens, device.stream));
+        err.failure()) {
+      return err;
+    }
   }
   // The columnwise result is [F, rows] by its shape only: group g's copy
   // [F, p_g] starts at element F * P_g (fp8kit/grouped.h).
@@ -132,7 +134,7 @@ auto BindGroupedQuantizeBlock(Binding binding) {
       .template Attr<int32_t>("scaling_mode")  // scaling_mode: BLOCK_1X128 or BLOCK_128X128 code
       .template Attr<float>("amax_epsilon")  // amax_epsilon: lower bound on each block's amax
       .template Attr<bool>("power_2_scale")  // power_2_scale: round each scale down to 2^k
-      .template Attr<int64_t>("tokens");     // tokens: the real rows, the sizes' sum
+      .template Attr<int64_t>("tokens");     // tokens: the real rows, the sizes' sum (or -1)
 }
 
 constexpr char kTokens[] = "fp8kit_grouped_gemm_block_tokens";

@@ -136,7 +136,8 @@ def grouped_quantize_block_call(x, sizes, fmt: str, rowwise: bool, columnwise: b
     (data [rows, F], columnwise copy [F, rows], block scales of each),
     placeholders for a copy not asked for. The sizes are first checked to
     sum to `tokens`, the real rows (fp8kit_grouped_check_sizes): the
-    padded layout alone cannot tell a wrong count."""
+    padded layout alone cannot tell a wrong count. tokens=-1 skips that
+    (a read of the sizes) for sizes the caller made itself."""
     rows, features = x.shape
     groups = sizes.shape[0]
     dt = _checks.FP8_DTYPES[fmt]

@@ -68,7 +68,7 @@ def _matrix_scales(shape, columnwise: bool) -> int:
 
 def _cast(recipe, t, sizes, tokens: int, fmt: str, rowwise: bool, columnwise: bool, mode: str):
     """The cast of t, padded from `tokens` real rows (the sizes' sum, which
-    the call checks)."""
+    the call checks; -1 for the kernels' own sizes)."""
     return shg.grouped_quantize_block(t, sizes, fmt, rowwise, columnwise, mode,
                                       recipe.amax_epsilon, recipe.power_2_scale, tokens)
 
@@ -87,7 +87,7 @@ def forward(cfg, x, kernels, bias, group_sizes, experts, grads: bool, stats=None
     stats = gstats.block_tokens(stats, INPUT, x_p, x_d, x_s, group_sizes, t * k)
     kernel_sizes = _ffi_grouped.sizes_operand(jnp.full((e,), k, jnp.int32))
     k_2d = kernels.reshape(e * k, n)
-    k_d, k_cw, k_s, k_cws = _cast(recipe, k_2d, kernel_sizes, e * k, fmt,
+    k_d, k_cw, k_s, k_cws = _cast(recipe, k_2d, kernel_sizes, -1, fmt,
                                   grads or stats is not None, True, _KERNEL)
     stats = gstats.block_kernels(stats, WEIGHT, k_2d, k_d, k_s, e)
     out = _gemm_dtype(cfg.x_dtype)

@@ -128,6 +128,8 @@ class GroupedLinear(torch.nn.Module):
             bias = None if bias is None else bias.to(dtype)
         _check_dtypes(x, weight, bias)
         recipe = _AUTOCAST.recipe
+        if recipe is not None:
+            _check_fp8_dims(weight)
         inspect = self._fp8_inspect
         # At a logged step the casts also fill the recorder's rows.
         stats = None if recipe is None or inspect is None else \
@@ -139,7 +141,6 @@ class GroupedLinear(torch.nn.Module):
         elif type(recipe) is DelayedScaling:
             y = _fp8(recipe, x, weight, bias, sizes, self._delayed_state(recipe), stats)
         else:  # BlockScaling (autocast takes no other recipe)
-            _check_fp8_dims(weight)
             y = grouped_block_linear(recipe, x.contiguous(), weight.contiguous(), bias, sizes,
                                      stats)
         return y.reshape(*input.shape[:-1], self.out_features)
@@ -245,11 +246,11 @@ def _group_sizes(group_sizes, num_experts: int, x: torch.Tensor) -> torch.Tensor
 
 
 def _check_counts(counts: list, tokens: int) -> None:
-    """Counts on the host, checked here for every recipe (the core checks
-    them only for the FP8 casts, and the high-precision and block-scaled
-    paths met them first in PyTorch ops with errors of their own); counts
-    on the GPU are the core's to check, where reading them costs nothing
-    more."""
+    """Counts on the host, checked here for every recipe: the high-precision
+    and block-scaled paths would meet them first in PyTorch ops with errors
+    of their own. Counts on the GPU are checked where they are read anyway
+    (the FP8 casts; grouped_block_linear before it pads), not outside
+    autocast."""
     for e, count in enumerate(counts):
         if not 0 <= count <= tokens:
             raise ValueError(f"{_NAME}: group_sizes[{e}] is {count}; every count must be in "
@@ -305,7 +306,6 @@ def _check_fp8_dims(weight) -> None:
 
 
 def _fp8(recipe, x, weight, bias, sizes, state: Optional[tuple], stats) -> torch.Tensor:
-    _check_fp8_dims(weight)
     grad = torch.is_grad_enabled()
     dgrad = grad and x.requires_grad
     wgrad = grad and weight.requires_grad
