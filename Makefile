@@ -75,7 +75,7 @@ system-deps:
 install: $(INSTALLED)
 $(INSTALLED): $(VENV)/.deps-stamp $(WHEEL_SOURCES)
 	@mkdir -p build/pip
-	@echo "install: compiling fp8kit's core and its two extensions (about 2 minutes on 2 cores)"
+	@echo "install: compiling fp8kit's core and its two extensions (about 1.5 minutes on 2 cores)"
 	@$(PIP) install -v --no-build-isolation --force-reinstall --no-deps \
 	  -Ccmake.define.FP8KIT_CUDA=OFF -Cbuild-dir=build/pip . 2>&1 \
 	  | tee build/pip-install.log \

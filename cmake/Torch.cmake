@@ -17,8 +17,11 @@ file(GLOB FP8KIT_TORCH_SRCS CONFIGURE_DEPENDS torch_ext/*.cc)
 pybind11_add_module(_torch_ext MODULE ${FP8KIT_TORCH_SRCS})
 target_include_directories(_torch_ext SYSTEM PRIVATE ${FP8KIT_TORCH_INCLUDE_DIRS})
 target_include_directories(_torch_ext PRIVATE torch_ext)
-# torch's and pybind11's headers dominate compile time: precompile them once.
+# torch's and pybind11's headers dominate compile time: precompile them once,
+# and compile the sources as unity files of nine (bazel/unity.bzl groups
+# them alike), which also instantiates torch's templates once per group.
 target_precompile_headers(_torch_ext PRIVATE torch_ext/torch_includes.h)
+set_target_properties(_torch_ext PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 9)
 target_compile_definitions(_torch_ext PRIVATE _GLIBCXX_USE_CXX11_ABI=${FP8KIT_TORCH_CXX11_ABI}
                                               TORCH_EXTENSION_NAME=_torch_ext)
 set(_libs torch torch_cpu torch_python c10)

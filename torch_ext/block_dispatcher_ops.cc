@@ -17,10 +17,6 @@
 namespace fp8kit_torch {
 namespace {
 
-at::Tensor or_empty(const OptTensor& t, const at::Tensor& x, at::ScalarType dtype) {
-  return t ? *t : at::empty({0}, x.options().dtype(dtype));
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_block_op(
     const at::Tensor& x, at::ScalarType fp8_dtype, const std::string& scaling_mode, bool rowwise,
     bool columnwise, double amax_epsilon, bool power_2_scale) {
@@ -31,8 +27,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_block_op(
   auto [data, sinv, cw, cw_sinv] =
       quantize_block(fn, x, *f, parse_block_mode(scaling_mode, fn, "scaling_mode"), rowwise,
                      columnwise, amax_epsilon, power_2_scale);
-  return {or_empty(data, x, fp8_dtype), or_empty(sinv, x, at::kFloat),
-          or_empty(cw, x, fp8_dtype), or_empty(cw_sinv, x, at::kFloat)};
+  const at::TensorOptions fp8 = x.options().dtype(fp8_dtype), f32 = x.options().dtype(at::kFloat);
+  return {or_empty(data, fp8), or_empty(sinv, f32), or_empty(cw, fp8), or_empty(cw_sinv, f32)};
 }
 
 at::Tensor dequantize_block_op(const at::Tensor& data, const at::Tensor& block_scale_inv,

@@ -97,10 +97,6 @@ void record(const Tensor& statistics, int slot, const Tensor& x, fp8kit_dtype fp
                     rowwise ? b.block_scale_inv : b.columnwise_block_scale_inv, mode);
 }
 
-Tensor or_empty(const Tensor& t, const at::TensorOptions& opts) {
-  return t.defined() ? t : at::empty({0}, opts);
-}
-
 OptTensor opt(const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
 
 fp8kit_dtype fp8_of(const char* fn, const char* arg, at::ScalarType t) {

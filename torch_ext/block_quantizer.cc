@@ -24,12 +24,6 @@ Float8BlockQuantizer& self_of(py::handle self) {
   return initialised<Float8BlockQuantizer>(self, kHint);
 }
 
-void check_usage(const char* fn, bool rowwise, bool columnwise) {
-  FP8KIT_VALUE_CHECK(rowwise || columnwise, fn,
-                     ": rowwise and columnwise are both False; a quantizer must produce at least "
-                     "one copy");
-}
-
 Float8BlockQuantizer* make(const char* fn, py::handle fp8_dtype, py::handle scaling_mode,
                            py::handle rowwise, py::handle columnwise, py::handle amax_epsilon,
                            py::handle power_2_scale) {
@@ -40,7 +34,7 @@ Float8BlockQuantizer* make(const char* fn, py::handle fp8_dtype, py::handle scal
       read_bool(rowwise, where("rowwise")), read_bool(columnwise, where("columnwise")),
       read_epsilon(amax_epsilon, where("amax_epsilon")),
       read_bool(power_2_scale, where("power_2_scale"))};
-  check_usage(fn, q.rowwise, q.columnwise);
+  check_quantizer_usage(fn, q.rowwise, q.columnwise);
   return new Float8BlockQuantizer(q);
 }
 
@@ -129,7 +123,7 @@ void register_block_quantizer(py::module_& m) {
           [](py::handle self, std::optional<bool> rowwise, std::optional<bool> columnwise) {
             Float8BlockQuantizer& q = self_of(self);
             const bool r = rowwise.value_or(q.rowwise), c = columnwise.value_or(q.columnwise);
-            check_usage("fp8kit Float8BlockQuantizer.set_usage", r, c);
+            check_quantizer_usage("fp8kit Float8BlockQuantizer.set_usage", r, c);
             q.rowwise = r;
             q.columnwise = c;
           },

@@ -20,7 +20,7 @@
 namespace fp8kit_torch {
 namespace {
 
-constexpr const char* kFn = "fp8kit::cast_statistics";
+constexpr const char* kStatsFn = "fp8kit::cast_statistics";
 
 using Statistics = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
@@ -30,42 +30,43 @@ constexpr const char* kPerRow = "per_row";
 
 fp8kit_scaling_mode parse_scaling_mode(const std::string& name) {
   if (name == "per_tensor" || name == kPerRow) return FP8KIT_SCALING_PER_TENSOR;
-  FP8KIT_VALUE_CHECK(name == "block_1x128" || name == "block_128x128", kFn, ": scaling_mode is '",
-                     name, "'; use 'per_tensor' (a Float8Tensor's), 'block_1x128' or "
-                     "'block_128x128' (a Float8BlockTensor's), or 'per_row' (a grouped copy's "
-                     "rows, scale_inv one per row)");
-  return parse_block_mode(name, kFn, "scaling_mode");
+  FP8KIT_VALUE_CHECK(name == "block_1x128" || name == "block_128x128", kStatsFn,
+                     ": scaling_mode is '", name, "'; use 'per_tensor' (a Float8Tensor's), "
+                     "'block_1x128' or 'block_128x128' (a Float8BlockTensor's), or 'per_row' (a "
+                     "grouped copy's rows, scale_inv one per row)");
+  return parse_block_mode(name, kStatsFn, "scaling_mode");
 }
 
 // scale_inv under "per_row": float32, one per row of x's [prod(leading),
 // last] view, contiguous, on x's device; the rowwise copy read.
 void check_row_scales(const at::Tensor& scale_inv, const at::Tensor& x, bool from_columnwise) {
-  FP8KIT_VALUE_CHECK(!from_columnwise, kFn, ": scaling_mode 'per_row' reads the rowwise copy; "
-                     "pass it with from_columnwise=False");
-  FP8KIT_TYPE_CHECK(scale_inv.scalar_type() == at::kFloat, kFn, ": scale_inv has dtype ",
+  FP8KIT_VALUE_CHECK(!from_columnwise, kStatsFn,
+                     ": scaling_mode 'per_row' reads the rowwise copy; pass it with "
+                     "from_columnwise=False");
+  FP8KIT_TYPE_CHECK(scale_inv.scalar_type() == at::kFloat, kStatsFn, ": scale_inv has dtype ",
                     scale_inv.scalar_type(), "; pass float32 (one scale_inv per row)");
-  check_same_device(kFn, "scale_inv", scale_inv, "x", x);
+  check_same_device(kStatsFn, "scale_inv", scale_inv, "x", x);
   int64_t rows = 1;
   for (int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.size(d);
-  FP8KIT_VALUE_CHECK(scale_inv.numel() == rows, kFn,
+  FP8KIT_VALUE_CHECK(scale_inv.numel() == rows, kStatsFn,
                      ": scale_inv has ", scale_inv.numel(), " elements but x (shape ",
                      shape_str(x.sizes()), ") has ", rows, " rows; under 'per_row' pass one "
                      "scale_inv per row");
-  check_contiguous(kFn, "scale_inv", scale_inv);
+  check_contiguous(kStatsFn, "scale_inv", scale_inv);
 }
 
 // `data` is x's FP8 copy in the layout read (the core describes the copy
 // with x's shape, so a copy of another shape must be refused here).
 fp8kit_dtype check_copy_of(const at::Tensor& data, const at::Tensor& x, bool from_columnwise) {
-  const fp8kit_dtype f = check_fp8(kFn, "data", data);
-  check_same_device(kFn, "data", data, "x", x);
+  const fp8kit_dtype f = check_fp8(kStatsFn, "data", data);
+  check_same_device(kStatsFn, "data", data, "x", x);
   const std::vector<int64_t> want =
       from_columnwise ? columnwise_shape(x.sizes()) : x.sizes().vec();
-  FP8KIT_VALUE_CHECK(data.sizes() == at::IntArrayRef(want), kFn, ": data has shape ",
+  FP8KIT_VALUE_CHECK(data.sizes() == at::IntArrayRef(want), kStatsFn, ": data has shape ",
                      shape_str(data.sizes()), " but x has shape ", shape_str(x.sizes()),
                      ", whose ", from_columnwise ? "columnwise" : "rowwise", " copy is ",
                      shape_str(want), "; pass the FP8 copy of x itself");
-  check_contiguous(kFn, "data", data);
+  check_contiguous(kStatsFn, "data", data);
   return f;
 }
 
@@ -74,17 +75,17 @@ Statistics cast_statistics_op(const at::Tensor& x_in, const at::Tensor& data,
                               bool from_columnwise) {
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   const fp8kit_scaling_mode mode = parse_scaling_mode(scaling_mode);
-  const at::Tensor x = contiguous_high_precision(kFn, "x", x_in);
-  device_type_of(x, kFn, "x");  // a CPU or CUDA tensor
+  const at::Tensor x = contiguous_high_precision(kStatsFn, "x", x_in);
+  device_type_of(x, kStatsFn, "x");  // a CPU or CUDA tensor
   const fp8kit_dtype fp8 = check_copy_of(data, x, from_columnwise);
   const bool per_row = scaling_mode == kPerRow;
   if (per_row) {
     check_row_scales(scale_inv, x, from_columnwise);
   } else if (mode == FP8KIT_SCALING_PER_TENSOR) {
-    check_f32_scalar(kFn, "scale_inv", scale_inv, "x", x);
-    check_contiguous(kFn, "scale_inv", scale_inv);
+    check_f32_scalar(kStatsFn, "scale_inv", scale_inv, "x", x);
+    check_contiguous(kStatsFn, "scale_inv", scale_inv);
   } else {
-    check_block_scales(kFn, "scale_inv", scale_inv,
+    check_block_scales(kStatsFn, "scale_inv", scale_inv,
                        block_scale_inv_shape(x.sizes(), mode, from_columnwise), "x", x);
   }
   DeviceScope scope(x.device());

@@ -171,6 +171,12 @@ void check_amax_epsilon(const char* fn, double amax_epsilon) {
                      "; it must be a finite float >= 0 (0 disables it)");
 }
 
+void check_quantizer_usage(const char* fn, bool rowwise, bool columnwise) {
+  FP8KIT_VALUE_CHECK(rowwise || columnwise, fn,
+                     ": rowwise and columnwise are both False; a quantizer must produce at least "
+                     "one copy");
+}
+
 at::Tensor contiguous_high_precision(const char* fn, const char* arg, const at::Tensor& x) {
   check_high_precision(fn, arg, x);
   check_rank(fn, arg, x);

@@ -62,6 +62,8 @@ void check_f32_scalar(const char* fn, const char* arg, const at::Tensor& t,
 void check_rank(const char* fn, const char* arg, const at::Tensor& t);
 // The current-scaling floor of amax: a finite float >= 0 (0 disables it).
 void check_amax_epsilon(const char* fn, double amax_epsilon);
+// A quantizer's usage: at least one of its two copies asked for.
+void check_quantizer_usage(const char* fn, bool rowwise, bool columnwise);
 // A high-precision input checked (dtype, rank, device) and made contiguous
 // (a copy when it is not).
 at::Tensor contiguous_high_precision(const char* fn, const char* arg, const at::Tensor& x);
@@ -95,6 +97,17 @@ fp8kit_status call_core(bool on_cpu, F&& f) {
     return f();
   }
   return f();
+}
+
+// A dispatcher op's stand-in for an output not asked for: its schema
+// returns Tensor, never None, so a missing tensor is an empty [0] one
+// (the fake kernels give it the same dtype).
+inline at::Tensor or_empty(const at::Tensor& t, const at::TensorOptions& options) {
+  return t.defined() ? t : at::empty({0}, options);
+}
+inline at::Tensor or_empty(const std::optional<at::Tensor>& t,
+                           const at::TensorOptions& options) {
+  return t ? *t : at::empty({0}, options);
 }
 
 }  // namespace fp8kit_torch

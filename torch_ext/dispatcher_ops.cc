@@ -34,11 +34,6 @@ fp8kit_dtype fp8_arg(const char* fn, const char* arg, at::ScalarType t) {
   return *f;
 }
 
-// The dispatcher's stand-in for a layout not asked for (see the top).
-at::Tensor or_empty(const OptTensor& t, const at::Tensor& x, at::ScalarType fp8) {
-  return t ? *t : at::empty({0}, x.options().dtype(fp8));
-}
-
 at::Tensor amax_op(const at::Tensor& x) { return amax("fp8kit::amax", x); }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_op(
@@ -49,8 +44,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_op(
   at::Tensor amax_out = at::empty({1}, x.options().dtype(at::kFloat));
   auto [data, columnwise_data, scale_inv] =
       quantize(fn, x, scale, f, rowwise, columnwise, amax_out);
-  return {or_empty(data, x, fp8_dtype), or_empty(columnwise_data, x, fp8_dtype), scale_inv,
-          amax_out};
+  const at::TensorOptions fp8 = x.options().dtype(fp8_dtype);
+  return {or_empty(data, fp8), or_empty(columnwise_data, fp8), scale_inv, amax_out};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_current_scaling_op(
@@ -60,8 +55,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_
   const fp8kit_dtype f = fp8_arg(fn, "fp8_dtype", fp8_dtype);
   auto [data, columnwise_data, scale, scale_inv, amax_t] =
       quantize_current_scaling(fn, x, f, rowwise, columnwise, amax_epsilon, power_2_scale);
-  return {or_empty(data, x, fp8_dtype), or_empty(columnwise_data, x, fp8_dtype), scale,
-          scale_inv, amax_t};
+  const at::TensorOptions fp8 = x.options().dtype(fp8_dtype);
+  return {or_empty(data, fp8), or_empty(columnwise_data, fp8), scale, scale_inv, amax_t};
 }
 
 at::Tensor dequantize_op(const at::Tensor& data, const at::Tensor& scale_inv,

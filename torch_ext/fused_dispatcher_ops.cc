@@ -55,10 +55,6 @@ struct StateArgs {
   }
 };
 
-Tensor or_empty(const Tensor& t, const at::TensorOptions& opts) {
-  return t.defined() ? t : at::empty({0}, opts);
-}
-
 // A cast's three outputs: its FP8 copies (empty when not asked for) and
 // its scale_inv.
 std::tuple<Tensor, Tensor, Tensor> cast_outputs(const FusedCastOut& out, const LinearState& st,

@@ -24,7 +24,7 @@
 namespace fp8kit_torch {
 namespace {
 
-using Quantized = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using BlockQuantized = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
 // A flat float32 scale array of `floats` elements on ref's device.
 void check_scales(const char* fn, const char* arg, const at::Tensor& t, int64_t floats,
@@ -63,7 +63,7 @@ at::Tensor grouped_check_sizes_op(const at::Tensor& group_sizes, int64_t tokens)
   return group_sizes.clone();
 }
 
-Quantized grouped_quantize_block_op(const at::Tensor& x_in, const at::Tensor& group_sizes,
+BlockQuantized grouped_quantize_block_op(const at::Tensor& x_in, const at::Tensor& group_sizes,
                                     at::ScalarType fp8_dtype, const std::string& scaling_mode,
                                     bool rowwise, bool columnwise, double amax_epsilon,
                                     bool power_2_scale) {
@@ -125,7 +125,7 @@ at::Tensor run(fp8kit_grouped_gemm_kind kind, fp8kit_tensor& a, fp8kit_tensor& b
   return out;
 }
 
-void check_out_dtype(const char* fn, at::ScalarType out_dtype) {
+void check_block_out_dtype(const char* fn, at::ScalarType out_dtype) {
   FP8KIT_TYPE_CHECK(out_dtype == at::kBFloat16 || out_dtype == at::kFloat, fn, ": out_dtype is ",
                     dtype_str(out_dtype), "; block-scaled GEMMs write torch.bfloat16 or "
                     "torch.float32");
@@ -143,7 +143,7 @@ at::Tensor grouped_gemm_block_tokens_op(const at::Tensor& a, const at::Tensor& a
                                         const at::Tensor& group_sizes, at::ScalarType out_dtype) {
   constexpr const char* fn = "fp8kit::grouped_gemm_block_tokens";
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  check_out_dtype(fn, out_dtype);
+  check_block_out_dtype(fn, out_dtype);
   FP8KIT_VALUE_CHECK(a.dim() == 2, fn, ": a has shape ", shape_str(a.sizes()),
                      "; it must be [rows, K] in the padded row layout");
   FP8KIT_VALUE_CHECK(b.has_value() != b_columnwise.has_value(), fn,
@@ -194,7 +194,7 @@ at::Tensor grouped_gemm_block_contract_op(const at::Tensor& a_columnwise,
                                           at::ScalarType out_dtype) {
   constexpr const char* fn = "fp8kit::grouped_gemm_block_contract";
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  check_out_dtype(fn, out_dtype);
+  check_block_out_dtype(fn, out_dtype);
   check_group_sizes(fn, group_sizes, a_columnwise);
   FP8KIT_VALUE_CHECK(rows > 0, fn, ": rows is ", rows, "; it must be > 0");
   const int64_t groups = group_sizes.size(0);
@@ -229,7 +229,7 @@ at::Tensor grouped_gemm_block_contract_op(const at::Tensor& a_columnwise,
   return run(FP8KIT_GROUPED_GEMM_CONTRACT_TOKENS, ts[0], ts[1], false, out, group_sizes);
 }
 
-void register_kernels(torch::Library& m) {
+void register_grouped_block_kernels(torch::Library& m) {
   m.impl("grouped_check_sizes", &grouped_check_sizes_op);
   m.impl("grouped_quantize_block", &grouped_quantize_block_op);
   m.impl("grouped_gemm_block_tokens", &grouped_gemm_block_tokens_op);
@@ -255,8 +255,8 @@ TORCH_LIBRARY_FRAGMENT(fp8kit, m) {
       "Tensor b_scales, Tensor group_sizes, int rows, ScalarType out_dtype) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(fp8kit, CPU, m) { fp8kit_torch::register_kernels(m); }
+TORCH_LIBRARY_IMPL(fp8kit, CPU, m) { fp8kit_torch::register_grouped_block_kernels(m); }
 
 #ifdef FP8KIT_TORCH_CUDA
-TORCH_LIBRARY_IMPL(fp8kit, CUDA, m) { fp8kit_torch::register_kernels(m); }
+TORCH_LIBRARY_IMPL(fp8kit, CUDA, m) { fp8kit_torch::register_grouped_block_kernels(m); }
 #endif

@@ -27,10 +27,10 @@
 namespace fp8kit_torch {
 namespace {
 
-using Quantized = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using GroupedQuantized = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
 
-Quantized grouped_quantize_op(const at::Tensor& x_in, const at::Tensor& group_sizes,
+GroupedQuantized grouped_quantize_op(const at::Tensor& x_in, const at::Tensor& group_sizes,
                               at::ScalarType fp8_dtype, bool rowwise, bool columnwise,
                               const std::optional<at::Tensor>& scale, double amax_epsilon,
                               bool power_2_scale) {
@@ -128,7 +128,7 @@ at::Tensor run_grouped_gemm(fp8kit_grouped_gemm_kind kind, fp8kit_tensor& a,
   return out;
 }
 
-fp8kit_dtype check_out_dtype(const char* fn, at::ScalarType out_dtype) {
+fp8kit_dtype check_grouped_out_dtype(const char* fn, at::ScalarType out_dtype) {
   const std::optional<fp8kit_dtype> d = high_precision_dtype(out_dtype);
   FP8KIT_TYPE_CHECK(d.has_value(), fn, ": out_dtype is ", dtype_str(out_dtype),
                     "; use torch.float32, torch.bfloat16 or torch.float16");
@@ -147,7 +147,7 @@ at::Tensor grouped_gemm_tokens_op(const at::Tensor& a, const at::Tensor& a_scale
                                   bool use_split_accumulator) {
   constexpr const char* fn = "fp8kit::grouped_gemm_tokens";
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  check_out_dtype(fn, out_dtype);
+  check_grouped_out_dtype(fn, out_dtype);
   const fp8kit_device_type dev = device_type_of(a, fn, "a");
   FP8KIT_VALUE_CHECK(a.dim() == 2, fn, ": a has shape ", shape_str(a.sizes()),
                      "; it must be [tokens, K]");
@@ -206,7 +206,7 @@ at::Tensor grouped_gemm_contract_op(const at::Tensor& a_columnwise, const at::Te
                                     at::ScalarType out_dtype, bool use_split_accumulator) {
   constexpr const char* fn = "fp8kit::grouped_gemm_contract";
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  check_out_dtype(fn, out_dtype);
+  check_grouped_out_dtype(fn, out_dtype);
   const fp8kit_device_type dev = device_type_of(a_columnwise, fn, "a_columnwise");
   const int64_t groups = check_group_sizes(fn, group_sizes, a_columnwise);
   FP8KIT_VALUE_CHECK(tokens >= 0, fn, ": tokens is ", tokens, "; it must be >= 0");

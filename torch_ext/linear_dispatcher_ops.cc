@@ -80,10 +80,6 @@ void check_state(const char* fn, const Tensor& history, const Tensor& amax, cons
 
 namespace {
 
-Tensor or_empty(const Tensor& t, const at::TensorOptions& opts) {
-  return t.defined() ? t : at::empty({0}, opts);
-}
-
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> linear_forward_op(
     const Tensor& input, const Tensor& weight, const std::optional<Tensor>& bias,
     const Tensor& amax_history, const Tensor& amax, const Tensor& scale, const Tensor& scale_inv,

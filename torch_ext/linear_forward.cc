@@ -15,7 +15,7 @@
 namespace fp8kit_torch {
 namespace {
 
-constexpr const char* kFn = "fp8kit.torch.Linear";
+constexpr const char* kLinearFn = "fp8kit.torch.Linear";
 
 std::vector<int64_t> out_sizes(const at::Tensor& x, int64_t n) {
   std::vector<int64_t> s = x.sizes().vec();
@@ -383,12 +383,12 @@ at::Tensor linear_forward(LinearState& st, const at::Tensor& x, const at::Tensor
   const at::Tensor b = bias && bias->defined() ? *bias : at::Tensor();
   const bool grad = at::GradMode::is_enabled();
   LinearCall p =
-      linear_call(kFn, st, x, w, b, grad && x.requires_grad(), grad && w.requires_grad(),
+      linear_call(kLinearFn, st, x, w, b, grad && x.requires_grad(), grad && w.requires_grad(),
                   grad && b.defined() && b.requires_grad(), fast_accumulation);
   DeviceScope scope(st.device);
   FP8Weight given;
   const FP8Weight* given_ptr =
-      check_forward_extras(kFn, st, w, statistics, fp8_weight, &p, &given);
+      check_forward_extras(kLinearFn, st, w, statistics, fp8_weight, &p, &given);
   if (!p.dgrad && !p.wgrad && !p.bgrad) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return linear_forward_below_autograd(st, x, w, b, p, nullptr, given_ptr);

@@ -11,7 +11,7 @@ namespace py = pybind11;
 namespace fp8kit_torch {
 namespace {
 
-constexpr const char* kFn = "fp8kit.torch.Linear";
+constexpr const char* kRecipeFn = "fp8kit.torch.Linear";
 
 // fp8kit.recipe's classes, looked up once.
 struct RecipeTypes {
@@ -41,16 +41,16 @@ LinearRecipe recipe_from_python(py::handle recipe, bool* fast_accumulation) {
   const RecipeTypes& t = recipe_types();
   LinearRecipe r;
   r.delayed = is_instance(recipe, t.delayed);
-  FP8KIT_TYPE_CHECK(r.delayed || is_instance(recipe, t.current), kFn, ": recipe is ",
+  FP8KIT_TYPE_CHECK(r.delayed || is_instance(recipe, t.current), kRecipeFn, ": recipe is ",
                     value_str(recipe),
                     "; use fp8kit.recipe.DelayedScaling or fp8kit.recipe.CurrentScaling");
-  auto where = [](const char* field) { return c10::str(kFn, ": recipe.", field); };
+  auto where = [](const char* field) { return c10::str(kRecipeFn, ": recipe.", field); };
   const py::object fmt = recipe.attr("fp8_format");
   FP8KIT_TYPE_CHECK(is_instance(fmt, t.format), where("fp8_format"), " is ", value_str(fmt),
                     "; it must be an fp8kit.recipe.Format");
-  r.forward_dtype = parse_fp8_name(fmt.attr("forward_dtype").cast<std::string>(), kFn,
+  r.forward_dtype = parse_fp8_name(fmt.attr("forward_dtype").cast<std::string>(), kRecipeFn,
                                    "recipe.fp8_format.forward_dtype");
-  r.backward_dtype = parse_fp8_name(fmt.attr("backward_dtype").cast<std::string>(), kFn,
+  r.backward_dtype = parse_fp8_name(fmt.attr("backward_dtype").cast<std::string>(), kRecipeFn,
                                     "recipe.fp8_format.backward_dtype");
   const bool fast =
       read_bool(recipe.attr("forward_fast_accumulation"), where("forward_fast_accumulation"));
@@ -63,7 +63,7 @@ LinearRecipe recipe_from_python(py::handle recipe, bool* fast_accumulation) {
     const py::object red = recipe.attr("amax_reduction");
     FP8KIT_TYPE_CHECK(is_instance(red, t.amax_reduction), where("amax_reduction"), " is ",
                       value_str(red), "; it must be an fp8kit.recipe.AmaxReduction");
-    r.amax_reduction = parse_amax_reduction(red.attr("value").cast<std::string>(), kFn,
+    r.amax_reduction = parse_amax_reduction(red.attr("value").cast<std::string>(), kRecipeFn,
                                             "recipe.amax_reduction");
   } else {
     r.amax_epsilon =

@@ -11,14 +11,16 @@ namespace fp8kit_torch {
 namespace {
 
 // Float8BlockTensor._FIELDS, in its order.
-enum Field : size_t {
-  kData,
-  kBlockScaleInv,
-  kColumnwiseData,
-  kColumnwiseBlockScaleInv,
-  kFp8Dtype,
-  kScalingMode,
-  kQuantizer
+struct BlockField {
+  enum : size_t {
+    kData,
+    kBlockScaleInv,
+    kColumnwiseData,
+    kColumnwiseBlockScaleInv,
+    kFp8Dtype,
+    kScalingMode,
+    kQuantizer
+  };
 };
 
 struct BlockTensorRefs {
@@ -26,7 +28,7 @@ struct BlockTensorRefs {
   py::object block_1x128, block_128x128;  // the values of _scaling_mode
 };
 
-const BlockTensorRefs& refs() {
+const BlockTensorRefs& block_tensor_refs() {
   PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<BlockTensorRefs> storage;
   return storage
       .call_once_and_store_result([] {
@@ -48,7 +50,7 @@ py::object make_float8_block_tensor(at::IntArrayRef shape, at::ScalarType dtype,
                                     const at::Device& device, const BlockBuffers& b,
                                     fp8kit_dtype fp8, fp8kit_scaling_mode mode,
                                     py::handle quantizer, bool requires_grad) {
-  const BlockTensorRefs& r = refs();
+  const BlockTensorRefs& r = block_tensor_refs();
   return r.cls.make(shape, dtype, device, requires_grad,
                     {wrap_tensor(b.data), wrap_tensor(b.block_scale_inv),
                      wrap_tensor(b.columnwise_data), wrap_tensor(b.columnwise_block_scale_inv),
@@ -59,14 +61,15 @@ py::object make_float8_block_tensor(at::IntArrayRef shape, at::ScalarType dtype,
 
 BlockBuffers float8_block_parts(py::handle t, const char* fn, const char* arg,
                                 fp8kit_scaling_mode* mode) {
-  const WrapperClass& c = refs().cls;
+  const WrapperClass& c = block_tensor_refs().cls;
   c.check_instance(t, fn, arg);
   BlockBuffers b;
-  b.data = tensor_attr(t, c.field(kData), fn, arg);
-  b.block_scale_inv = tensor_attr(t, c.field(kBlockScaleInv), fn, arg);
-  b.columnwise_data = tensor_attr(t, c.field(kColumnwiseData), fn, arg);
-  b.columnwise_block_scale_inv = tensor_attr(t, c.field(kColumnwiseBlockScaleInv), fn, arg);
-  PyObject* m = PyObject_GetAttr(t.ptr(), c.field(kScalingMode).ptr());
+  b.data = tensor_attr(t, c.field(BlockField::kData), fn, arg);
+  b.block_scale_inv = tensor_attr(t, c.field(BlockField::kBlockScaleInv), fn, arg);
+  b.columnwise_data = tensor_attr(t, c.field(BlockField::kColumnwiseData), fn, arg);
+  b.columnwise_block_scale_inv =
+      tensor_attr(t, c.field(BlockField::kColumnwiseBlockScaleInv), fn, arg);
+  PyObject* m = PyObject_GetAttr(t.ptr(), c.field(BlockField::kScalingMode).ptr());
   if (m == nullptr) throw py::error_already_set();
   const py::object mode_obj = py::reinterpret_steal<py::object>(m);
   FP8KIT_TYPE_CHECK(PyUnicode_Check(mode_obj.ptr()), fn, ": ", arg,

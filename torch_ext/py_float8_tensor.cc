@@ -9,7 +9,9 @@ namespace fp8kit_torch {
 namespace {
 
 // Float8Tensor._FIELDS, in its order.
-enum Field : size_t { kData, kColumnwiseData, kScaleInv, kFp8Dtype, kQuantizer };
+struct Float8Field {
+  enum : size_t { kData, kColumnwiseData, kScaleInv, kFp8Dtype, kQuantizer };
+};
 
 const WrapperClass& float8_tensor_class() {
   PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<WrapperClass> storage;
@@ -38,9 +40,9 @@ Float8Parts float8_parts(py::handle t, const char* fn, const char* arg) {
   const WrapperClass& c = float8_tensor_class();
   c.check_instance(t, fn, arg);
   Float8Parts p;
-  p.data = tensor_attr(t, c.field(kData), fn, arg);
-  p.columnwise_data = tensor_attr(t, c.field(kColumnwiseData), fn, arg);
-  p.scale_inv = tensor_attr(t, c.field(kScaleInv), fn, arg);
+  p.data = tensor_attr(t, c.field(Float8Field::kData), fn, arg);
+  p.columnwise_data = tensor_attr(t, c.field(Float8Field::kColumnwiseData), fn, arg);
+  p.scale_inv = tensor_attr(t, c.field(Float8Field::kScaleInv), fn, arg);
   return p;
 }
 

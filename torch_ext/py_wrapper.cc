@@ -16,7 +16,7 @@ struct WrapperRefs {
   py::object e4m3, e5m2;  // the values of _fp8_dtype
 };
 
-const WrapperRefs& refs() {
+const WrapperRefs& wrapper_refs() {
   PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<WrapperRefs> storage;
   return storage
       .call_once_and_store_result([] {
@@ -59,7 +59,7 @@ py::object interned(const char* s) {
 py::object new_quantized_tensor(const py::object& cls, at::IntArrayRef shape,
                                 at::ScalarType dtype, const at::Device& device,
                                 bool requires_grad) {
-  const WrapperRefs& r = refs();
+  const WrapperRefs& r = wrapper_refs();
   py::tuple dims(shape.size());
   for (size_t i = 0; i < shape.size(); ++i) {
     PyObject* d = PyLong_FromLongLong(shape[i]);
@@ -109,7 +109,7 @@ at::Tensor tensor_attr(py::handle obj, const py::object& name, const char* fn, c
 }
 
 py::handle fp8_name_str(fp8kit_dtype f) {
-  const WrapperRefs& r = refs();
+  const WrapperRefs& r = wrapper_refs();
   return f == FP8KIT_E5M2 ? r.e5m2 : r.e4m3;
 }
 

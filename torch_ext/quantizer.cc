@@ -14,12 +14,6 @@ namespace py = pybind11;
 namespace fp8kit_torch {
 namespace {
 
-void check_usage(const char* fn, bool rowwise, bool columnwise) {
-  FP8KIT_VALUE_CHECK(rowwise || columnwise, fn,
-                     ": rowwise and columnwise are both False; a quantizer must produce at least "
-                     "one layout");
-}
-
 void check_state_scalar(const char* fn, const char* arg, const at::Tensor& t) {
   check_dense(fn, arg, t);
   FP8KIT_TYPE_CHECK(t.scalar_type() == at::kFloat, fn, ": ", arg, " has dtype ",
@@ -118,7 +112,7 @@ Float8Quantizer::Float8Quantizer(at::Tensor scale_, std::optional<at::Tensor> am
                                  fp8kit_dtype fp8_, bool rowwise_, bool columnwise_)
     : Quantizer(fp8_, rowwise_, columnwise_), scale(std::move(scale_)), amax(std::move(amax_)) {
   constexpr const char* fn = "fp8kit.torch.Float8Quantizer";
-  check_usage(fn, rowwise, columnwise);
+  check_quantizer_usage(fn, rowwise, columnwise);
   check_state_scalar(fn, "scale", scale);
   device_type_of(scale, fn, "scale");
   if (amax) {
@@ -149,7 +143,7 @@ Float8CurrentScalingQuantizer::Float8CurrentScalingQuantizer(fp8kit_dtype fp8_, 
       amax_epsilon(amax_epsilon_),
       power_2_scale(power_2_scale_) {
   constexpr const char* fn = "fp8kit.torch.Float8CurrentScalingQuantizer";
-  check_usage(fn, rowwise, columnwise);
+  check_quantizer_usage(fn, rowwise, columnwise);
   check_amax_epsilon(fn, amax_epsilon);
 }
 
@@ -243,7 +237,7 @@ void register_quantizers(py::module_& m) {
           [](py::handle self, std::optional<bool> rowwise, std::optional<bool> columnwise) {
             Quantizer& q = quantizer_self(self);
             const bool r = rowwise.value_or(q.rowwise), c = columnwise.value_or(q.columnwise);
-            check_usage("fp8kit Quantizer.set_usage", r, c);
+            check_quantizer_usage("fp8kit Quantizer.set_usage", r, c);
             q.rowwise = r;
             q.columnwise = c;
           },
