@@ -1,5 +1,6 @@
 #include "gemm_cpu.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -59,11 +60,12 @@ double gelu_tanh(double x) {
   return 0.5 * x * (1.0 + std::tanh(kSqrt2OverPi * (x + 0.044715 * x * x * x)));
 }
 
-// The operand decoded as row-major [rows, K], whichever layout it is stored
-// in; a block-scaled operand (always K-major) times its blocks' scale_inv,
-// exact in double (a 4-bit significand times a 24-bit one). A per-tensor
-// scale_inv is applied to the dot products instead.
-std::vector<double> decode_k_major(const GemmOperand& op, int64_t rows, int64_t k) {
+// The operand decoded to double, as row-major [rows, K] (k_major_out) or
+// [K, rows], whichever layout it is stored in; a block-scaled operand
+// (always K-major) times its blocks' scale_inv, exact in double (a 4-bit
+// significand times a 24-bit one). A per-tensor scale_inv is applied to
+// the dot products instead.
+std::vector<double> decode(const GemmOperand& op, int64_t rows, int64_t k, bool k_major_out) {
   double lut[256];
   for (int v = 0; v < 256; ++v) lut[v] = fp8_bits_to_float(uint8_t(v), op.dtype);
   const uint8_t* q = static_cast<const uint8_t*>(op.data);
@@ -73,7 +75,8 @@ std::vector<double> decode_k_major(const GemmOperand& op, int64_t rows, int64_t 
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < k; ++c) {
       const double v = lut[op.k_major ? q[r * k + c] : q[c * rows + r]];
-      out[size_t(r * k + c)] = block ? v * double(op.scale_inv[blocks.index(r, c)]) : v;
+      out[size_t(k_major_out ? r * k + c : c * rows + r)] =
+          block ? v * double(op.scale_inv[blocks.index(r, c)]) : v;
     }
   }
   return out;
@@ -83,6 +86,37 @@ double per_tensor_scale_inv(const GemmOperand& op) {
   return is_block_scaling(op.scaling_mode) ? 1.0 : double(*op.scale_inv);
 }
 
+// The dot products of a tile of kRows x kCols outputs: a [m, K] row-major,
+// b_t [K, n] (B transposed). Every output's sum runs over K in order, one
+// product added at a time, exactly as a plain dot product would; the tile
+// only keeps kRows x kCols independent sums in flight, which the compiler
+// vectorizes across columns. rows / cols < the tile's size at the edges.
+constexpr int kRows = 4, kCols = 4;
+
+void dot_tile(const double* a, const double* b_t, int64_t n, int64_t k, int64_t rows,
+              int64_t cols, double (&acc)[kRows][kCols]) {
+  for (auto& row : acc) {
+    for (double& x : row) x = 0.0;
+  }
+  if (rows == kRows && cols == kCols) {
+    for (int64_t kk = 0; kk < k; ++kk) {
+      const double* b = b_t + kk * n;
+      for (int r = 0; r < kRows; ++r) {
+        const double x = a[r * k + kk];
+        for (int c = 0; c < kCols; ++c) acc[r][c] += x * b[c];
+      }
+    }
+    return;
+  }
+  for (int64_t kk = 0; kk < k; ++kk) {
+    const double* b = b_t + kk * n;
+    for (int64_t r = 0; r < rows; ++r) {
+      const double x = a[r * k + kk];
+      for (int64_t c = 0; c < cols; ++c) acc[r][c] += x * b[c];
+    }
+  }
+}
+
 }  // namespace
 
 void gemm_cpu(const GemmProblem& p) {
@@ -90,37 +124,45 @@ void gemm_cpu(const GemmProblem& p) {
   const bool d_fp8 = p.d_dtype == FP8KIT_E4M3 || p.d_dtype == FP8KIT_E5M2;
   float amax = 0.0f;
   if (m > 0 && n > 0) {
-    const std::vector<double> a = decode_k_major(p.a, m, k);
-    const std::vector<double> b = decode_k_major(p.b, n, k);
+    const std::vector<double> a = decode(p.a, m, k, /*k_major_out=*/true);
+    const std::vector<double> b_t = decode(p.b, n, k, /*k_major_out=*/false);
     const double scale_ab =
         double(p.alpha) * per_tensor_scale_inv(p.a) * per_tensor_scale_inv(p.b);
     const float d_scale = d_fp8 ? *p.d_scale : 1.0f;
-    for (int64_t i = 0; i < m; ++i) {
-      const double* ai = &a[size_t(i * k)];
-      for (int64_t j = 0; j < n; ++j) {
-        const double* bj = &b[size_t(j * k)];
-        double acc = 0.0;
-        for (int64_t kk = 0; kk < k; ++kk) acc += ai[kk] * bj[kk];
-        const int64_t idx = i * n + j;
-        double x = scale_ab * acc;
-        // beta == 0 never reads D, which may hold garbage (NaN) as with cuBLASLt.
-        if (p.beta != 0.0f) x += double(p.beta) * double(load_high_precision(p.d, p.d_dtype, idx));
-        if (p.bias != nullptr) x += double(load_high_precision(p.bias, p.bias_dtype, j));
-        if (epilogue_has_gelu(p.epilogue)) {
-          if (p.gelu_aux != nullptr) store_high_precision(p.gelu_aux, p.d_dtype, idx, float(x));
-          x = gelu_tanh(x);
-        }
-        const float v = float(x);
-        if (d_fp8) {
-          const float mag = std::fabs(v);
-          if (std::isnan(mag) || std::isnan(amax)) {
-            amax = NAN;
-          } else if (mag > amax) {
-            amax = mag;
+    double acc[kRows][kCols];
+    for (int64_t i0 = 0; i0 < m; i0 += kRows) {
+      const int64_t rows = std::min<int64_t>(kRows, m - i0);
+      for (int64_t j0 = 0; j0 < n; j0 += kCols) {
+        const int64_t cols = std::min<int64_t>(kCols, n - j0);
+        dot_tile(&a[size_t(i0 * k)], &b_t[size_t(j0)], n, k, rows, cols, acc);
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t c = 0; c < cols; ++c) {
+            const int64_t idx = (i0 + r) * n + j0 + c;
+            double x = scale_ab * acc[r][c];
+            // beta == 0 never reads D, which may hold garbage (NaN) as with
+            // cuBLASLt.
+            if (p.beta != 0.0f) {
+              x += double(p.beta) * double(load_high_precision(p.d, p.d_dtype, idx));
+            }
+            if (p.bias != nullptr) x += double(load_high_precision(p.bias, p.bias_dtype, j0 + c));
+            if (epilogue_has_gelu(p.epilogue)) {
+              if (p.gelu_aux != nullptr) store_high_precision(p.gelu_aux, p.d_dtype, idx, float(x));
+              x = gelu_tanh(x);
+            }
+            const float v = float(x);
+            if (d_fp8) {
+              // max |D| over the outputs; a NaN anywhere makes it NaN.
+              const float mag = std::fabs(v);
+              if (std::isnan(mag) || std::isnan(amax)) {
+                amax = NAN;
+              } else if (mag > amax) {
+                amax = mag;
+              }
+              static_cast<uint8_t*>(p.d)[idx] = quantize_to_fp8(v, d_scale, p.d_dtype);
+            } else {
+              store_high_precision(p.d, p.d_dtype, idx, v);
+            }
           }
-          static_cast<uint8_t*>(p.d)[idx] = quantize_to_fp8(v, d_scale, p.d_dtype);
-        } else {
-          store_high_precision(p.d, p.d_dtype, idx, v);
         }
       }
     }
