@@ -49,6 +49,28 @@ std::pair<void*, size_t> workspace_for(const at::Device& device) {
   return {t.data_ptr(), static_cast<size_t>(t.numel())};
 }
 
+// Tensors per grouped quantize call: a Linear quantizes at most two.
+constexpr int kMaxItems = 4;
+
+void check_item_count(int count) {
+  FP8KIT_VALUE_CHECK(count >= 0 && count <= kMaxItems, "fp8kit: ", count,
+                     " tensors in one grouped quantize call; at most ", kMaxItems);
+}
+
+// The descriptors of one per-tensor cast of contiguous high-precision x
+// into the FP8 buffers data / columnwise_data (either may be undefined),
+// with no scale pointers yet.
+void describe_cast(const at::Tensor& x, fp8kit_dtype fp8, const at::Tensor& data,
+                   const at::Tensor& columnwise_data, fp8kit_device_type dev, fp8kit_tensor* in,
+                   fp8kit_tensor* out) {
+  *in = describe(x, *high_precision_dtype(x.scalar_type()), dev);
+  *out = *in;
+  out->dtype = fp8;
+  out->scaling_mode = FP8KIT_SCALING_PER_TENSOR;
+  out->data = data.defined() ? data.data_ptr() : nullptr;
+  out->columnwise_data = columnwise_data.defined() ? columnwise_data.data_ptr() : nullptr;
+}
+
 }  // namespace
 
 void quantize_into(const at::Tensor& x, fp8kit_dtype fp8, const at::Tensor& data,
@@ -57,12 +79,8 @@ void quantize_into(const at::Tensor& x, fp8kit_dtype fp8, const at::Tensor& data
                    const fp8kit_column_sums* sums) {
   FP8KIT_PROFILE_SCOPE(current ? "fp8kit::quantize_current_scaling" : "fp8kit::quantize");
   const fp8kit_device_type dev = fp8kit_device(x.device());
-  const fp8kit_tensor in = describe(x, *high_precision_dtype(x.scalar_type()), dev);
-  fp8kit_tensor out = in;
-  out.dtype = fp8;
-  out.scaling_mode = FP8KIT_SCALING_PER_TENSOR;
-  out.data = data.defined() ? data.data_ptr() : nullptr;
-  out.columnwise_data = columnwise_data.defined() ? columnwise_data.data_ptr() : nullptr;
+  fp8kit_tensor in, out;
+  describe_cast(x, fp8, data, columnwise_data, dev, &in, &out);
   out.scale = s.scale;
   out.scale_inv = s.scale_inv;
   out.amax = s.amax;
@@ -175,22 +193,14 @@ void quantize_delayed_update_into(const DelayedQuantizeItem* items, int count,
                                   const fp8kit_delayed_scaling_config& config, bool record,
                                   const at::Device& device) {
   FP8KIT_PROFILE_SCOPE("fp8kit::quantize_delayed_update");
-  constexpr int kMax = 4;  // a Linear quantizes at most two tensors per call
-  FP8KIT_VALUE_CHECK(count >= 0 && count <= kMax, "fp8kit: ", count,
-                     " tensors in one fused quantize call; at most ", kMax);
+  check_item_count(count);
   const fp8kit_device_type dev = fp8kit_device(device);
-  fp8kit_tensor in[kMax], out[kMax];
-  fp8kit_delayed_quantize_state st[kMax];
-  fp8kit_column_sums sums[kMax];
+  fp8kit_tensor in[kMaxItems], out[kMaxItems];
+  fp8kit_delayed_quantize_state st[kMaxItems];
+  fp8kit_column_sums sums[kMaxItems];
   for (int i = 0; i < count; ++i) {
     const DelayedQuantizeItem& it = items[i];
-    in[i] = describe(*it.x, *high_precision_dtype(it.x->scalar_type()), dev);
-    out[i] = in[i];
-    out[i].dtype = it.fp8;
-    out[i].scaling_mode = FP8KIT_SCALING_PER_TENSOR;
-    out[i].data = it.data->defined() ? it.data->data_ptr() : nullptr;
-    out[i].columnwise_data =
-        it.columnwise_data->defined() ? it.columnwise_data->data_ptr() : nullptr;
+    describe_cast(*it.x, it.fp8, *it.data, *it.columnwise_data, dev, &in[i], &out[i]);
     out[i].scale = nullptr;
     out[i].scale_inv = it.scale_inv;
     out[i].amax = nullptr;
@@ -201,6 +211,27 @@ void quantize_delayed_update_into(const DelayedQuantizeItem* items, int count,
   check_status(call_core(dev == FP8KIT_DEVICE_CPU, [&] {
     return fp8kit_quantize_delayed_update(in, out, st, sums, count, &config, record ? 1 : 0,
                                           stream);
+  }));
+}
+
+void quantize_current_into(const CurrentQuantizeItem* items, int count,
+                           const fp8kit_current_scaling_config& config, const at::Device& device) {
+  FP8KIT_PROFILE_SCOPE("fp8kit::quantize_current_scaling_many");
+  check_item_count(count);
+  const fp8kit_device_type dev = fp8kit_device(device);
+  fp8kit_tensor in[kMaxItems], out[kMaxItems];
+  fp8kit_column_sums sums[kMaxItems];
+  for (int i = 0; i < count; ++i) {
+    const CurrentQuantizeItem& it = items[i];
+    describe_cast(*it.x, it.fp8, *it.data, *it.columnwise_data, dev, &in[i], &out[i]);
+    out[i].scale = it.s.scale;
+    out[i].scale_inv = it.s.scale_inv;
+    out[i].amax = it.s.amax;
+    sums[i] = it.sums;
+  }
+  void* stream = current_stream(device);
+  check_status(call_core(dev == FP8KIT_DEVICE_CPU, [&] {
+    return fp8kit_quantize_current_scaling_many(in, out, sums, count, &config, stream);
   }));
 }
 

@@ -87,6 +87,22 @@ void quantize_delayed_update_into(const DelayedQuantizeItem* items, int count,
                                   const fp8kit_delayed_scaling_config& config, bool record,
                                   const at::Device& device);
 
+// One tensor of a current-scaling call for several: as quantize_into's
+// arguments, its own scale, scale_inv and amax all set.
+struct CurrentQuantizeItem {
+  const at::Tensor* x;
+  fp8kit_dtype fp8;
+  const at::Tensor* data;
+  const at::Tensor* columnwise_data;
+  ScalePtrs s;
+  fp8kit_column_sums sums;  // sums.sums == NULL: no column sums
+};
+
+// One fp8kit_quantize_current_scaling_many call for `count` items on
+// `device`: the launches of one tensor's current scaling for all of them.
+void quantize_current_into(const CurrentQuantizeItem* items, int count,
+                           const fp8kit_current_scaling_config& config, const at::Device& device);
+
 // A GEMM operand: rows x cols is the logical 2-D shape of its rowwise
 // layout; data / columnwise_data may be null (not both).
 fp8kit_tensor gemm_operand(const at::Device& device, fp8kit_dtype fp8, int64_t rows, int64_t cols,

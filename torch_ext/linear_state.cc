@@ -92,15 +92,18 @@ void LinearState::quantize_slots(const SlotJob* jobs, int n, bool record) {
     fp8kit_current_scaling_config cfg;
     cfg.amax_epsilon = recipe.amax_epsilon;
     cfg.power_2_scale = recipe.power_2_scale ? 1 : 0;
+    // One call for all: its launches are one tensor's, whatever n.
+    std::array<CurrentQuantizeItem, kSlots> items{};
     for (int i = 0; i < n; ++i) {
       const SlotJob& j = jobs[i];
       ScalePtrs s;
       s.scale = j.scalars + kScale;
       s.scale_inv = j.scalars + kScaleInv;
       s.amax = j.scalars + kAmax;
-      quantize_into(*j.x, slot_dtype(j.slot), j.data, j.columnwise_data, s, &cfg,
-                    j.sums.sums != nullptr ? &j.sums : nullptr);
+      items[i] = CurrentQuantizeItem{j.x, slot_dtype(j.slot), &j.data, &j.columnwise_data, s,
+                                     j.sums};
     }
+    quantize_current_into(items.data(), n, cfg, device);
     return;
   }
   std::array<DelayedQuantizeItem, kSlots> items{};

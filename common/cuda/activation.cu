@@ -304,19 +304,19 @@ void launch_passes(ActParams p, const FusedCastPasses& passes, cudaStream_t stre
   const unsigned blocks = unsigned(tiles > 0 ? tiles : 1);  // an empty h: one block for the state
   if (passes.values_only) {  // launch_op passes kE4M3 true (unused), kSums false
     if constexpr (kE4M3 && !kSums) {
-      launch_fused_pass(act_kernel<kIn, kE4M3, kOp, FusedPass::kValues, false>, blocks, kThreads,
-                        p, false, stream, op, "launching the activation kernel");
+      launch_pdl_or_plain(act_kernel<kIn, kE4M3, kOp, FusedPass::kValues, false>, blocks, kThreads,
+                          p, false, stream, op, "launching the activation kernel");
     }
     return;
   }
   if (passes.amax_pass) {
     p.cast = passes.amax;
-    launch_fused_pass(act_kernel<kIn, kE4M3, kOp, FusedPass::kAmax, false>, blocks, kThreads, p,
-                      passes.pdl, stream, op, "launching the activation amax pass");
+    launch_pdl_or_plain(act_kernel<kIn, kE4M3, kOp, FusedPass::kAmax, false>, blocks, kThreads, p,
+                        passes.pdl, stream, op, "launching the activation amax pass");
   }
   p.cast = passes.cast;
-  launch_fused_pass(act_kernel<kIn, kE4M3, kOp, FusedPass::kCast, kSums>, blocks, kThreads, p,
-                    passes.pdl, stream, op, "launching the activation kernel");
+  launch_pdl_or_plain(act_kernel<kIn, kE4M3, kOp, FusedPass::kCast, kSums>, blocks, kThreads, p,
+                      passes.pdl, stream, op, "launching the activation kernel");
 }
 
 // fp8: the FP8 output's format, E4M3 when the op casts nothing.

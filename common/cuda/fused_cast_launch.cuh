@@ -73,18 +73,6 @@ inline FusedCastPasses prepare_fused_cast(const fp8kit_tensor* out_ptr,
   return p;
 }
 
-// One pass's launch: programmatic dependent or plain.
-template <typename Params>
-void launch_fused_pass(void (*kernel)(Params), unsigned blocks, int threads, const Params& params,
-                       bool pdl, cudaStream_t stream, const char* op, const char* what) {
-  if (pdl) {
-    launch_pdl(kernel, dim3(blocks), dim3(threads), stream, op, what, params);
-  } else {
-    kernel<<<blocks, threads, 0, stream>>>(params);
-    check_launch(op, what);
-  }
-}
-
 }  // namespace cuda
 }  // namespace fp8kit
 

@@ -211,20 +211,20 @@ void launch_typed(NormForwardParams p, const FusedCastPasses& passes, cudaStream
   const unsigned blocks = norm_blocks(p);
   if (passes.amax_pass) {
     p.cast = passes.amax;
-    launch_fused_pass(norm_forward_kernel<kIn, kE4M3, FusedPass::kAmax>, blocks, kNormThreads, p,
-                      passes.pdl, stream, op, "launching the normalization amax pass");
+    launch_pdl_or_plain(norm_forward_kernel<kIn, kE4M3, FusedPass::kAmax>, blocks, kNormThreads, p,
+                        passes.pdl, stream, op, "launching the normalization amax pass");
   }
   p.cast = passes.cast;
-  launch_fused_pass(norm_forward_kernel<kIn, kE4M3, FusedPass::kCast>, blocks, kNormThreads, p,
-                    passes.pdl, stream, op, "launching the normalization kernel");
+  launch_pdl_or_plain(norm_forward_kernel<kIn, kE4M3, FusedPass::kCast>, blocks, kNormThreads, p,
+                      passes.pdl, stream, op, "launching the normalization kernel");
 }
 
 template <int kIn>
 void launch_in(const NormForwardParams& p, fp8kit_dtype fp8, const FusedCastPasses& passes,
                cudaStream_t stream, const char* op) {
   if (passes.values_only) {  // no FP8 format: the kernel's kE4M3 is unused
-    launch_fused_pass(norm_forward_kernel<kIn, true, FusedPass::kValues>, norm_blocks(p),
-                      kNormThreads, p, false, stream, op, "launching the normalization kernel");
+    launch_pdl_or_plain(norm_forward_kernel<kIn, true, FusedPass::kValues>, norm_blocks(p),
+                        kNormThreads, p, false, stream, op, "launching the normalization kernel");
   } else if (fp8 == FP8KIT_E4M3) {
     launch_typed<kIn, true>(p, passes, stream, op);
   } else {

@@ -19,6 +19,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <utility>
 
 #include "cuda_check.h"
@@ -65,6 +66,20 @@ void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t s
     e = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
   }
   cuda_check(e, op, what);
+}
+
+// One launch of `blocks` blocks of `kernel`: with launch_pdl when `pdl`,
+// else a plain one.
+template <typename Params>
+void launch_pdl_or_plain(void (*kernel)(Params), int64_t blocks, int threads,
+                         const Params& params, bool pdl, cudaStream_t stream, const char* op,
+                         const char* what) {
+  if (pdl) {
+    launch_pdl(kernel, dim3(unsigned(blocks)), dim3(threads), stream, op, what, params);
+  } else {
+    kernel<<<unsigned(blocks), threads, 0, stream>>>(params);
+    check_launch(op, what);
+  }
 }
 
 }  // namespace cuda

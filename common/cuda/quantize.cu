@@ -28,17 +28,6 @@ namespace fp8kit {
 namespace cuda {
 namespace {
 
-template <typename Params>
-void launch(void (*kernel)(Params), int64_t blocks, int threads, const Params& p, bool pdl,
-            cudaStream_t stream, const char* op, const char* what) {
-  if (pdl) {
-    launch_pdl(kernel, dim3(unsigned(blocks)), dim3(threads), stream, op, what, p);
-  } else {
-    kernel<<<unsigned(blocks), threads, 0, stream>>>(p);
-    check_launch(op, what);
-  }
-}
-
 // The cast+transpose kernel that also writes column sums.
 struct CastTransposeSumsParams {
   CastTransposeParams cast;
@@ -60,31 +49,33 @@ void launch_cast_typed(const CastJob& job, const fp8kit_column_sums* sums, cudaS
   if (sums != nullptr) {
     const CastTransposeSumsParams p{transpose_params(job), sums_job(*sums, job.rows)};
     if (cast_kind(job) == CastKind::kTransposeWithRowwise) {
-      launch(cast_transpose_sums_kernel<kIn, kE4M3, true>, transpose_blocks(p.cast), kCtThreads,
-             p, job.pdl, stream, op, "launching the cast+transpose kernel with column sums");
+      launch_pdl_or_plain(cast_transpose_sums_kernel<kIn, kE4M3, true>, transpose_blocks(p.cast),
+                          kCtThreads, p, job.pdl, stream, op,
+                          "launching the cast+transpose kernel with column sums");
     } else {
-      launch(cast_transpose_sums_kernel<kIn, kE4M3, false>, transpose_blocks(p.cast), kCtThreads,
-             p, job.pdl, stream, op, "launching the cast+transpose kernel with column sums");
+      launch_pdl_or_plain(cast_transpose_sums_kernel<kIn, kE4M3, false>, transpose_blocks(p.cast),
+                          kCtThreads, p, job.pdl, stream, op,
+                          "launching the cast+transpose kernel with column sums");
     }
     return;
   }
   switch (cast_kind(job)) {
     case CastKind::kFlat: {
       const CastFlatParams p = flat_params(job);
-      launch(cast_flat_kernel<kIn, kE4M3>, flat_blocks(p), kFlatThreads, p, job.pdl, stream, op,
-             "launching the cast kernel");
+      launch_pdl_or_plain(cast_flat_kernel<kIn, kE4M3>, flat_blocks(p), kFlatThreads, p, job.pdl,
+                          stream, op, "launching the cast kernel");
       return;
     }
     case CastKind::kTransposeWithRowwise: {
       const CastTransposeParams p = transpose_params(job);
-      launch(cast_transpose_kernel<kIn, kE4M3, true>, transpose_blocks(p), kCtThreads, p,
-             job.pdl, stream, op, "launching the cast+transpose kernel");
+      launch_pdl_or_plain(cast_transpose_kernel<kIn, kE4M3, true>, transpose_blocks(p), kCtThreads,
+                          p, job.pdl, stream, op, "launching the cast+transpose kernel");
       return;
     }
     case CastKind::kTransposeOnly: {
       const CastTransposeParams p = transpose_params(job);
-      launch(cast_transpose_kernel<kIn, kE4M3, false>, transpose_blocks(p), kCtThreads, p,
-             job.pdl, stream, op, "launching the cast+transpose kernel");
+      launch_pdl_or_plain(cast_transpose_kernel<kIn, kE4M3, false>, transpose_blocks(p), kCtThreads,
+                          p, job.pdl, stream, op, "launching the cast+transpose kernel");
       return;
     }
   }

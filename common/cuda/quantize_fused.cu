@@ -1,10 +1,13 @@
 // fp8kit::cuda::quantize_delayed_update: delayed-scaling quantization of
 // several tensors in one launch, each followed by its delayed-scaling
-// update, with no zeroing or update launches of its own.
+// update, with no zeroing or update launches of its own; and
+// quantize_current_scaling_many: current scaling of several tensors in
+// three launches (zero every amax, reduce every amax, cast all).
 //
 // Why: a small layer's step is bound by launches, not bandwidth. The
-// one-tensor path costs three launches per tensor (zero amax, cast,
-// update); here a Linear forward quantizes its input and weight in one.
+// one-tensor paths cost three launches per tensor (delayed: zero amax,
+// cast, update; current: zero amax, amax, cast); here a Linear forward
+// quantizes its input and weight in one (delayed) or three (current).
 //
 // How, per tensor ("job") of a group:
 //   - its blocks cast as the one-tensor kernels do (cast_transpose_block /
@@ -26,7 +29,10 @@
 // own amax atomics cannot raise it (same data), so the last block sees the
 // value the seed came from.
 // Every block has read the old scale, the flag and the accumulator before
-// it counts itself done, so the last block can overwrite them. A group
+// it counts itself done, so the last block can overwrite them.
+// Current scaling uses the same cast kernels with no state (update_states
+// 0): each block derives the scale from its tensor's finished amax, which
+// launch_amax_many wrote before (read_scale). A group
 // holds jobs that use the same kernel (kind, input dtype, FP8 dtype,
 // column sums or not), up to kMaxGroup; a call makes one launch per group.
 #include <cuda_runtime.h>
@@ -41,7 +47,9 @@
 #include "delayed_update_device.cuh"
 #include "fused_update_device.cuh"
 #include "launch_config.h"
+#include "pdl.cuh"
 #include "quantize_device.cuh"
+#include "quantize_launch.h"
 
 namespace fp8kit {
 namespace cuda {
@@ -57,6 +65,7 @@ struct GroupParams {
   SumsJob sums[kMaxGroup];  // used by the kSums kernels only
   int64_t first_block[kMaxGroup + 1];  // job j owns blocks [first_block[j], first_block[j+1])
   int count;
+  int update_states;  // 1: delayed scaling (finish_job); 0: current scaling, no state
   UpdateConfig config;
 };
 
@@ -82,7 +91,9 @@ __global__ void __launch_bounds__(kCtThreads, kIn == FP8KIT_FLOAT32 ? 2 : 4)
   } else if (threadIdx.x == 0) {
     (void)read_scale(p.scale, true);  // an empty tensor still gets its scale_inv
   }
-  finish_job(g.state[j], g.config, unsigned(g.first_block[j + 1] - g.first_block[j]));
+  if (g.update_states) {
+    finish_job(g.state[j], g.config, unsigned(g.first_block[j + 1] - g.first_block[j]));
+  }
 }
 
 template <int kIn, bool kE4M3>
@@ -96,7 +107,9 @@ __global__ void __launch_bounds__(kFlatThreads)
   } else if (threadIdx.x == 0) {
     (void)read_scale(p.scale, true);
   }
-  finish_job(g.state[j], g.config, unsigned(g.first_block[j + 1] - g.first_block[j]));
+  if (g.update_states) {
+    finish_job(g.state[j], g.config, unsigned(g.first_block[j + 1] - g.first_block[j]));
+  }
 }
 
 // One tensor of the call, as the kernels see it.
@@ -114,12 +127,22 @@ struct Group {
   int count;
 };
 
+// How a group is launched: with the delayed-scaling update (update, the
+// members' states) or without (current scaling), and as the programmatic
+// dependent of the launch before it (pdl: that launch is the amax pass).
+struct GroupLaunch {
+  bool update_states;
+  UpdateConfig update;
+  bool pdl;
+};
+
 template <typename CastParams, typename MakeParams, typename Blocks>
-GroupParams<CastParams> group_params(const Group& group, const UpdateConfig& config,
+GroupParams<CastParams> group_params(const Group& group, const GroupLaunch& how,
                                      MakeParams make, Blocks blocks) {
   GroupParams<CastParams> g{};
   g.count = group.count;
-  g.config = config;
+  g.update_states = how.update_states ? 1 : 0;
+  g.config = how.update;
   g.first_block[0] = 0;
   for (int j = 0; j < g.count; ++j) {
     g.job[j] = make(group.member[j]->job);
@@ -131,50 +154,45 @@ GroupParams<CastParams> group_params(const Group& group, const UpdateConfig& con
 }
 
 template <int kIn, bool kE4M3>
-void launch_group_typed(const Group& group, const UpdateConfig& config,
-                        cudaStream_t stream, const char* op) {
+void launch_group_typed(const Group& group, const GroupLaunch& how, cudaStream_t stream,
+                        const char* op) {
+  constexpr const char* kWhat = "launching the grouped cast kernel";
   const CastKind kind = group.member[0]->kind;
   if (kind == CastKind::kFlat) {
-    const auto g = group_params<CastFlatParams>(group, config, flat_params, flat_blocks);
-    grouped_cast_flat_kernel<kIn, kE4M3>
-        <<<unsigned(g.first_block[g.count]), kFlatThreads, 0, stream>>>(g);
-  } else {
-    auto g = group_params<CastTransposeParams>(group, config, transpose_params, transpose_blocks);
-    const bool sums = group.member[0]->sums != nullptr;
-    for (int j = 0; sums && j < g.count; ++j) {
-      g.sums[j] = sums_job(*group.member[j]->sums, g.job[j].rows);
-    }
-    const unsigned blocks = unsigned(g.first_block[g.count]);
-    const bool rowwise = kind == CastKind::kTransposeWithRowwise;
-    if (rowwise && sums) {
-      grouped_cast_transpose_kernel<kIn, kE4M3, true, true><<<blocks, kCtThreads, 0, stream>>>(g);
-    } else if (rowwise) {
-      grouped_cast_transpose_kernel<kIn, kE4M3, true, false><<<blocks, kCtThreads, 0, stream>>>(g);
-    } else if (sums) {
-      grouped_cast_transpose_kernel<kIn, kE4M3, false, true><<<blocks, kCtThreads, 0, stream>>>(g);
-    } else {
-      grouped_cast_transpose_kernel<kIn, kE4M3, false, false><<<blocks, kCtThreads, 0, stream>>>(g);
-    }
+    const auto g = group_params<CastFlatParams>(group, how, flat_params, flat_blocks);
+    launch_pdl_or_plain(grouped_cast_flat_kernel<kIn, kE4M3>, g.first_block[g.count],
+                        kFlatThreads, g, how.pdl, stream, op, kWhat);
+    return;
   }
-  check_launch(op, "launching the fused quantize+update kernel");
+  auto g = group_params<CastTransposeParams>(group, how, transpose_params, transpose_blocks);
+  const bool sums = group.member[0]->sums != nullptr;
+  for (int j = 0; sums && j < g.count; ++j) {
+    g.sums[j] = sums_job(*group.member[j]->sums, g.job[j].rows);
+  }
+  const bool rowwise = kind == CastKind::kTransposeWithRowwise;
+  auto kernel = rowwise ? (sums ? grouped_cast_transpose_kernel<kIn, kE4M3, true, true>
+                                : grouped_cast_transpose_kernel<kIn, kE4M3, true, false>)
+                        : (sums ? grouped_cast_transpose_kernel<kIn, kE4M3, false, true>
+                                : grouped_cast_transpose_kernel<kIn, kE4M3, false, false>);
+  launch_pdl_or_plain(kernel, g.first_block[g.count], kCtThreads, g, how.pdl, stream, op, kWhat);
 }
 
 template <int kIn>
-void launch_group_in(const Group& group, const UpdateConfig& config,
-                     cudaStream_t stream, const char* op) {
+void launch_group_in(const Group& group, const GroupLaunch& how, cudaStream_t stream,
+                     const char* op) {
   if (group.member[0]->fp8_dtype == FP8KIT_E4M3) {
-    launch_group_typed<kIn, true>(group, config, stream, op);
+    launch_group_typed<kIn, true>(group, how, stream, op);
   } else {
-    launch_group_typed<kIn, false>(group, config, stream, op);
+    launch_group_typed<kIn, false>(group, how, stream, op);
   }
 }
 
-void launch_group(const Group& group, const UpdateConfig& config,
-                  cudaStream_t stream, const char* op) {
+void launch_group(const Group& group, const GroupLaunch& how, cudaStream_t stream,
+                  const char* op) {
   switch (group.member[0]->in_dtype) {
-    case FP8KIT_FLOAT32: launch_group_in<FP8KIT_FLOAT32>(group, config, stream, op); break;
-    case FP8KIT_BFLOAT16: launch_group_in<FP8KIT_BFLOAT16>(group, config, stream, op); break;
-    default: launch_group_in<FP8KIT_FLOAT16>(group, config, stream, op); break;
+    case FP8KIT_FLOAT32: launch_group_in<FP8KIT_FLOAT32>(group, how, stream, op); break;
+    case FP8KIT_BFLOAT16: launch_group_in<FP8KIT_BFLOAT16>(group, how, stream, op); break;
+    default: launch_group_in<FP8KIT_FLOAT16>(group, how, stream, op); break;
   }
 }
 
@@ -254,6 +272,28 @@ void launch_seed_amax(const fp8kit_tensor* inputs, const fp8kit_delayed_quantize
   check_launch(op, "launching the seeding amax kernel");
 }
 
+// Greedy grouping in call order: each launch takes the first unplaced
+// member and every later one with the same kernel, up to kMaxGroup. Only
+// the first launch is a programmatic dependent (how.pdl): each later one
+// then starts after every earlier kernel has completed.
+void launch_groups(const Member* members, int count, GroupLaunch how, cudaStream_t stream,
+                   const char* op) {
+  bool placed[kMaxMembers] = {};
+  for (int i = 0; i < count; ++i) {
+    if (placed[i]) continue;
+    Group group{{&members[i]}, 1};
+    placed[i] = true;
+    for (int k = i + 1; k < count && group.count < kMaxGroup; ++k) {
+      if (!placed[k] && same_kernel(members[i], members[k])) {
+        group.member[group.count++] = &members[k];
+        placed[k] = true;
+      }
+    }
+    launch_group(group, how, stream, op);
+    how.pdl = false;
+  }
+}
+
 }  // namespace
 
 void quantize_delayed_update(const fp8kit_tensor* inputs, fp8kit_tensor* outputs,
@@ -283,24 +323,39 @@ void quantize_delayed_update(const fp8kit_tensor* inputs, fp8kit_tensor* outputs
     m.in_dtype = inputs[i].dtype;
     m.fp8_dtype = outputs[i].dtype;
   }
-  const UpdateConfig update{config.amax_history_len, config.margin,
+  GroupLaunch how{};
+  how.update_states = true;
+  how.update = UpdateConfig{config.amax_history_len, config.margin,
                             config.amax_reduction == FP8KIT_AMAX_MOST_RECENT ? 1 : 0,
                             record ? 1 : 0};
-  // Greedy grouping in call order: each launch takes the first unplaced
-  // member and every later one with the same kernel, up to kMaxGroup.
-  bool placed[kMaxMembers] = {};
+  launch_groups(members, count, how, stream, op);
+}
+
+void quantize_current_scaling_many(const fp8kit_tensor* inputs, fp8kit_tensor* outputs,
+                                   const fp8kit_column_sums* sums, int count,
+                                   const fp8kit_current_scaling_config& config,
+                                   void* stream_ptr) {
+  const char* op = "quantize_current_scaling_many";
+  ScopedDevice device(inputs[0].device_index, op);
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  float* amaxes[kMaxMembers];
+  Member members[kMaxMembers];
   for (int i = 0; i < count; ++i) {
-    if (placed[i]) continue;
-    Group group{{&members[i]}, 1};
-    placed[i] = true;
-    for (int k = i + 1; k < count && group.count < kMaxGroup; ++k) {
-      if (!placed[k] && same_kernel(members[i], members[k])) {
-        group.member[group.count++] = &members[k];
-        placed[k] = true;
-      }
-    }
-    launch_group(group, update, stream, op);
+    amaxes[i] = outputs[i].amax;
+    Member& m = members[i];
+    m.job = make_job(inputs[i], outputs[i]);
+    m.job.amax = nullptr;  // the cast reads the finished amax instead
+    m.job.scale = current_scale_source(outputs[i].amax, fp8kit_fp8_max(outputs[i].dtype), config,
+                                       outputs[i].scale, outputs[i].scale_inv);
+    m.sums = sums != nullptr && sums[i].sums != nullptr ? &sums[i] : nullptr;
+    m.kind = cast_kind(m.job);
+    m.in_dtype = inputs[i].dtype;
+    m.fp8_dtype = outputs[i].dtype;
   }
+  launch_amax_many(inputs, amaxes, count, stream, op);
+  GroupLaunch how{};
+  how.pdl = true;  // the first cast launch follows the amax pass
+  launch_groups(members, count, how, stream, op);
 }
 
 }  // namespace cuda

@@ -1,5 +1,6 @@
 // Launchers shared between the quantization .cu files (amax.cu,
-// compute_scale.cu, quantize.cu). Each checks its launch.
+// compute_scale.cu, quantize.cu, quantize_fused.cu). Each checks its
+// launch.
 #ifndef FP8KIT_CUDA_QUANTIZE_LAUNCH_H_
 #define FP8KIT_CUDA_QUANTIZE_LAUNCH_H_
 
@@ -24,6 +25,13 @@ void launch_zero_amax(float* amax, cudaStream_t stream, const char* op);
 // kernel's programmatic dependent). n > 0.
 void launch_amax(const void* data, fp8kit_dtype dtype, int64_t n, float* amax,
                  cudaStream_t stream, const char* op);
+
+// The amaxes of count (<= 64) tensors, all on this device: amaxes[i] = max
+// |inputs[i]| in two launches (zero all, then one reduction over all,
+// programmatic dependent of the zeroing). The next kernel on `stream` may
+// be launched with launch_pdl and read the amaxes after pdl_wait.
+void launch_amax_many(const fp8kit_tensor* inputs, float* const* amaxes, int count,
+                      cudaStream_t stream, const char* op);
 
 // One thread: computes the scale as a cast kernel would (read_scale) and
 // writes scale_out / scale_inv_out. Used by compute_scale and for empty

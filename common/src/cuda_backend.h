@@ -47,6 +47,10 @@ void quantize(const fp8kit_tensor& input, fp8kit_tensor& output, void* stream);
 void quantize_current_scaling(const fp8kit_tensor& input, fp8kit_tensor& output,
                               const fp8kit_current_scaling_config& config,
                               const fp8kit_column_sums* sums, void* stream);
+// `sums`: NULL or `count` entries (entries with a NULL `sums` field skip).
+void quantize_current_scaling_many(const fp8kit_tensor* inputs, fp8kit_tensor* outputs,
+                                   const fp8kit_column_sums* sums, int count,
+                                   const fp8kit_current_scaling_config& config, void* stream);
 void quantize_block_scaling(const fp8kit_tensor& input, fp8kit_tensor& output,
                             const fp8kit_current_scaling_config& config, void* stream);
 // Each group of a padded grouped tensor (fp8kit/grouped.h) as

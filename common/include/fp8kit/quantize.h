@@ -84,6 +84,19 @@ FP8KIT_API fp8kit_status fp8kit_quantize_current_scaling(
     const fp8kit_tensor* input, fp8kit_tensor* output,
     const fp8kit_current_scaling_config* config, const fp8kit_column_sums* sums, void* stream);
 
+/* fp8kit_quantize_current_scaling of count tensors (0..64) on one device,
+ * with the same outputs, bit for bit, as one call per tensor (sums: NULL
+ * or count entries, an entry with a NULL `sums` field writing none). Each
+ * output's amax, scale and scale_inv are its own: no two outputs may share
+ * one. Why: a small layer is bound by launches, and one tensor takes three
+ * (zero the amax, the amax pass, the cast pass); on CUDA this takes three
+ * for all of them, and one cast launch for up to four tensors that share
+ * a kernel (input dtype, FP8 dtype, copies, column sums or not), as
+ * fp8kit_quantize_delayed_update groups its casts. */
+FP8KIT_API fp8kit_status fp8kit_quantize_current_scaling_many(
+    const fp8kit_tensor* inputs, fp8kit_tensor* outputs, const fp8kit_column_sums* sums,
+    int count, const fp8kit_current_scaling_config* config, void* stream);
+
 /* Scale from an amax already on the device: the step current scaling uses
  * between its two passes, exposed for callers that reduce amax themselves
  * (for example across devices). All three pointers are one float on
