@@ -140,7 +140,7 @@ FP8KIT_HD float sigmoid_f32(float x) { return sigmoid_pair_f32(x).s; }
 #if defined(__CUDA_ARCH__)
 // The CUDA kernels' sigmoid pair: the same selection of the smaller and
 // the larger value as sigmoid_pair_f32, from the special function unit's
-// 2^t and reciprocal (ex2.approx.ftz, div.approx): 5 instructions where
+// 2^t and reciprocal (ex2.approx.ftz, rcp.approx.ftz): 5 instructions where
 // the exact pair takes about 30, which bound the activation kernels.
 // Against sigmoid_pair_f32: e = e^-|x| is off by the MUFU's 2 ulp plus
 // |x| log2(e) ulp of t's rounding (CUDA's own bound for __expf), and is 0
@@ -152,7 +152,12 @@ __device__ __forceinline__ Sigmoid sigmoid_pair_fast(float x) {
   constexpr float kLog2E = 0x1.715476p+0f;
   float e;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(__fmul_rn(negative_abs(x), kLog2E)));
-  const float smaller = __fdividef(e, __fadd_rn(1.0f, e));
+  // e / (1 + e) as the reciprocal times e: what __fdividef computes, without
+  // its guard for divisors beyond 2^+-126 (a compare and two scalings each
+  // call), as 1 + e lies in [1, 2].
+  float reciprocal;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(reciprocal) : "f"(__fadd_rn(1.0f, e)));
+  const float smaller = __fmul_rn(e, reciprocal);
   const float larger = sub_rn(1.0f, smaller);
   const bool nonnegative = x >= 0.0f;
   return {nonnegative ? larger : smaller, nonnegative ? smaller : larger};
