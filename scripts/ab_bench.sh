@@ -68,11 +68,14 @@ swap() {  # to_base | to_change
   if [ "$1" = to_base ]; then : >"$AB/on_base"; else rm -rf "$AB/on_base" "$AB/change"; fi
 }
 
+# The build's log stays in the side's folder only when the build fails, and
+# the bench draws no plots: each side's folder holds what is compared
+# (bench.json and the bench's log), few files to copy back.
 build() {
   if [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
   python3 -m pip install -q --no-build-isolation --no-deps --force-reinstall \
     -Ccmake.define.FP8KIT_CUDA=ON -Ccmake.define.FP8KIT_CUDA_ARCHITECTURES=90 \
-    -Cbuild-dir=build/gpu-pip-sysgcc . >"$1/build.log" 2>&1
+    -Cbuild-dir=build/gpu-pip-sysgcc . >"$1/build.log" 2>&1 && rm -f "$1/build.log"
 }
 
 measure() {  # out dir
@@ -81,8 +84,8 @@ measure() {  # out dir
   if [ -n "${AB_COMMAND:-}" ]; then
     (cd /tmp && AB_OUT=$1 bash -c "$AB_COMMAND") >"$1/measure.log" 2>&1
   else
-    (cd /tmp && python3 -m fp8kit.bench --full --out "$1" --plain-progress "${sections[@]}") \
-      >"$1/measure.log" 2>&1
+    (cd /tmp && python3 -m fp8kit.bench --full --out "$1" --plain-progress --no-plots \
+      "${sections[@]}") >"$1/measure.log" 2>&1
   fi
 }
 
