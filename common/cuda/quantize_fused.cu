@@ -345,6 +345,7 @@ void quantize_current_scaling_many(const fp8kit_tensor* inputs, fp8kit_tensor* o
     Member& m = members[i];
     m.job = make_job(inputs[i], outputs[i]);
     m.job.amax = nullptr;  // the cast reads the finished amax instead
+    m.state = FusedState{};  // no state: the casts run with update_states 0
     m.job.scale = current_scale_source(outputs[i].amax, fp8kit_fp8_max(outputs[i].dtype), config,
                                        outputs[i].scale, outputs[i].scale_inv);
     m.sums = sums != nullptr && sums[i].sums != nullptr ? &sums[i] : nullptr;
