@@ -186,7 +186,7 @@ void launch_amax(const void* data, fp8kit_dtype dtype, int64_t n, float* amax,
   }
 }
 
-void launch_amax_many(const fp8kit_tensor* inputs, float* const* amaxes, int count,
+void launch_amax_many(const fp8kit_tensor* inputs, const fp8kit_tensor* outputs, int count,
                       cudaStream_t stream, const char* op) {
   AmaxJobs jobs{};
   jobs.count = count;
@@ -194,7 +194,8 @@ void launch_amax_many(const fp8kit_tensor* inputs, float* const* amaxes, int cou
   for (int i = 0; i < count; ++i) {
     const int64_t n = fp8kit_tensor_numel(&inputs[i]);
     const AmaxSplit split = amax_split(inputs[i].data, inputs[i].dtype, n);
-    jobs.job[i] = AmaxJob{inputs[i].data, split.head, split.n_vec, n, inputs[i].dtype, amaxes[i]};
+    jobs.job[i] = AmaxJob{inputs[i].data, split.head, split.n_vec, n, inputs[i].dtype,
+                        outputs[i].amax};
     if (n > 0 && split.blocks > blocks) blocks = split.blocks;
   }
   zero_amaxes_kernel<<<1, kMaxAmaxJobs, 0, stream>>>(jobs);

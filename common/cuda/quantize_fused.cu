@@ -121,6 +121,20 @@ struct Member {
   fp8kit_dtype in_dtype, fp8_dtype;
 };
 
+// Tensor i of a call with its kernel choice and column sums (entry i of
+// `sums`, if any); its job's amax and scale, and its state, are the
+// caller's to set.
+Member member_of(const fp8kit_tensor* inputs, const fp8kit_tensor* outputs,
+                 const fp8kit_column_sums* sums, int i) {
+  Member m{};
+  m.job = make_job(inputs[i], outputs[i]);
+  m.sums = sums != nullptr && sums[i].sums != nullptr ? &sums[i] : nullptr;
+  m.kind = cast_kind(m.job);
+  m.in_dtype = inputs[i].dtype;
+  m.fp8_dtype = outputs[i].dtype;
+  return m;
+}
+
 // Up to kMaxGroup members launched together.
 struct Group {
   const Member* member[kMaxGroup];
@@ -310,7 +324,7 @@ void quantize_delayed_update(const fp8kit_tensor* inputs, fp8kit_tensor* outputs
     const fp8kit_delayed_quantize_state& s = states[i];
     const float fp8_max = fp8kit_fp8_max(outputs[i].dtype);
     Member& m = members[i];
-    m.job = make_job(inputs[i], outputs[i]);
+    m = member_of(inputs, outputs, sums, i);
     m.job.amax = record ? s.amax : nullptr;  // not recording: no amax is needed
     m.job.scale = delayed_scale_source(s.scale, fp8_max, outputs[i].scale_inv);
     m.job.scale.seeded = s.seeded;
@@ -318,10 +332,6 @@ void quantize_delayed_update(const fp8kit_tensor* inputs, fp8kit_tensor* outputs
     m.job.scale.margin = config.margin;
     m.state = FusedState{s.amax_history, s.amax, s.scale, s.scale_inv, s.counter, s.seeded,
                          fp8_max};
-    m.sums = sums != nullptr && sums[i].sums != nullptr ? &sums[i] : nullptr;
-    m.kind = cast_kind(m.job);
-    m.in_dtype = inputs[i].dtype;
-    m.fp8_dtype = outputs[i].dtype;
   }
   GroupLaunch how{};
   how.update_states = true;
@@ -338,22 +348,15 @@ void quantize_current_scaling_many(const fp8kit_tensor* inputs, fp8kit_tensor* o
   const char* op = "quantize_current_scaling_many";
   ScopedDevice device(inputs[0].device_index, op);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  float* amaxes[kMaxMembers];
   Member members[kMaxMembers];
   for (int i = 0; i < count; ++i) {
-    amaxes[i] = outputs[i].amax;
-    Member& m = members[i];
-    m.job = make_job(inputs[i], outputs[i]);
-    m.job.amax = nullptr;  // the cast reads the finished amax instead
-    m.state = FusedState{};  // no state: the casts run with update_states 0
-    m.job.scale = current_scale_source(outputs[i].amax, fp8kit_fp8_max(outputs[i].dtype), config,
-                                       outputs[i].scale, outputs[i].scale_inv);
-    m.sums = sums != nullptr && sums[i].sums != nullptr ? &sums[i] : nullptr;
-    m.kind = cast_kind(m.job);
-    m.in_dtype = inputs[i].dtype;
-    m.fp8_dtype = outputs[i].dtype;
+    // No state (the casts run with update_states 0), no amax atomics: the
+    // cast reads the finished amax instead.
+    members[i] = member_of(inputs, outputs, sums, i);
+    members[i].job.scale = current_scale_source(outputs[i].amax, fp8kit_fp8_max(outputs[i].dtype),
+                                                config, outputs[i].scale, outputs[i].scale_inv);
   }
-  launch_amax_many(inputs, amaxes, count, stream, op);
+  launch_amax_many(inputs, outputs, count, stream, op);
   GroupLaunch how{};
   how.pdl = true;  // the first cast launch follows the amax pass
   launch_groups(members, count, how, stream, op);

@@ -26,11 +26,12 @@ void launch_zero_amax(float* amax, cudaStream_t stream, const char* op);
 void launch_amax(const void* data, fp8kit_dtype dtype, int64_t n, float* amax,
                  cudaStream_t stream, const char* op);
 
-// The amaxes of count (<= 64) tensors, all on this device: amaxes[i] = max
-// |inputs[i]| in two launches (zero all, then one reduction over all,
-// programmatic dependent of the zeroing). The next kernel on `stream` may
-// be launched with launch_pdl and read the amaxes after pdl_wait.
-void launch_amax_many(const fp8kit_tensor* inputs, float* const* amaxes, int count,
+// The amaxes of count (<= 64) tensors, all on this device:
+// *outputs[i].amax = max |inputs[i]| in two launches (zero all, then one
+// reduction over all, programmatic dependent of the zeroing). The next
+// kernel on `stream` may be launched with launch_pdl and read the amaxes
+// after pdl_wait.
+void launch_amax_many(const fp8kit_tensor* inputs, const fp8kit_tensor* outputs, int count,
                       cudaStream_t stream, const char* op);
 
 // One thread: computes the scale as a cast kernel would (read_scale) and

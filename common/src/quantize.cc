@@ -57,8 +57,10 @@ namespace {
 
 constexpr int kMaxMany = 64;
 
-// Each tensor as fp8kit_quantize_current_scaling checks it (its index in
-// the op's name), all on inputs[0]'s device, no scale pointer shared.
+// Each tensor as fp8kit_quantize_current_scaling checks it (its index
+// added to the message), all on inputs[0]'s device, no scale pointer
+// shared. No string is built unless a check fails or a tensor has sums:
+// a small layer calls this on every step.
 void check_many_args(const char* op, const fp8kit_tensor* inputs, const fp8kit_tensor* outputs,
                      const fp8kit_column_sums* sums, int count,
                      const fp8kit_current_scaling_config* config) {
@@ -68,24 +70,27 @@ void check_many_args(const char* op, const fp8kit_tensor* inputs, const fp8kit_t
                ": inputs and outputs must each be an array of count (", count, ") entries");
   check_current_scaling_config(op, config);
   for (int i = 0; i < count; ++i) {
-    const std::string at = "[" + std::to_string(i) + "]";
-    const std::string op_i = std::string(op) + " (tensor " + std::to_string(i) + ")";
-    check_quantize_args(op_i.c_str(), &inputs[i], &outputs[i], /*current_scaling=*/true);
+    try {
+      check_quantize_args(op, &inputs[i], &outputs[i], /*current_scaling=*/true);
+    } catch (const Error& e) {
+      fail(e.status(), e.what(), " (tensor ", i, ")");
+    }
     if (sums != nullptr && sums[i].sums != nullptr) {
+      const std::string at = "[" + std::to_string(i) + "]";
       check_column_sums(op, "sums" + at, "inputs" + at, "outputs" + at + ".columnwise_data",
                         inputs[i], outputs[i], sums[i]);
     }
     FP8KIT_CHECK(inputs[i].device_type == inputs[0].device_type &&
                      inputs[i].device_index == inputs[0].device_index,
-                 op, ": inputs", at, " is on another device than inputs[0]; one call runs on one "
-                 "device");
+                 op, ": inputs[", i, "] is on another device than inputs[0]; one call runs on "
+                 "one device");
     const float* mine[3] = {outputs[i].amax, outputs[i].scale, outputs[i].scale_inv};
     for (int j = 0; j < i; ++j) {
       const float* theirs[3] = {outputs[j].amax, outputs[j].scale, outputs[j].scale_inv};
       for (const float* a : mine) {
         for (const float* b : theirs) {
-          FP8KIT_CHECK(a != b, op, ": outputs[", j, "] and outputs", at, " share an amax, scale "
-                       "or scale_inv buffer; each tensor of a call needs its own");
+          FP8KIT_CHECK(a != b, op, ": outputs[", j, "] and outputs[", i, "] share an amax, "
+                       "scale or scale_inv buffer; each tensor of a call needs its own");
         }
       }
     }
