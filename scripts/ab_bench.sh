@@ -1,25 +1,31 @@
 #!/usr/bin/env bash
-# A change measured against the tree before it on one GPU machine, in one
-# call: the two builds and their benchmarks interleaved (base, change, base,
-# change, ...), so both see the same card, clocks and power state, and the
-# rows compared by compare_bench.py.
+# A change measured against the tree before it on one GPU machine: the two
+# builds, then their benchmarks interleaved (base, change, base, change,
+# ...), so both see the same card, clocks and power state, and the rows
+# compared by compare_bench.py.
 #
 #   scripts/ab_bench.sh prepare REV
 #       (here, in the repo root) copies every file the working tree changed
 #       since REV, as it was at REV, into .ab/base (git-ignored), and lists
 #       the paths in .ab/paths;
 #   scripts/ab_bench.sh run OUTDIR [ROUNDS]
-#       (on the GPU machine, with .ab carried there) builds and measures the
-#       base, then the change, ROUNDS times (default 1): OUTDIR/base<i>,
+#       (on the GPU machine, with .ab carried there) builds both sides, then
+#       measures them ROUNDS times (default 1): OUTDIR/base<i>,
 #       OUTDIR/change<i>, each the bench's --out folder, then compares each
 #       round's two bench.json. BENCH_SECTIONS picks the bench's sections
 #       (default: all); AB_COMMAND replaces the bench (run with $AB_OUT set
-#       to the folder it writes to);
+#       to the folder it writes to, and its JSON files compared by name);
+#   scripts/ab_bench.sh build | measure OUTDIR [ROUNDS]
+#       the two halves of run, for a machine that stays up between calls:
+#       measure reuses the last build, so a second benchmark (the decoder's,
+#       say) or more rounds cost no rebuild;
 #   scripts/ab_bench.sh base | change
 #       puts the base's files in the tree (the change's kept in .ab/change),
 #       or the change's back: to build or test either by hand.
-# Each build is the pip path of gpu_check.sh into one build folder, so the
-# second and later builds recompile only what the swap touched.
+# Both sides are the pip path of gpu_check.sh through one build folder (the
+# second build recompiles only what the swap touched), each installed into
+# its own folder (build/ab-site/<side>, put first on PYTHONPATH when it is
+# measured), so measuring either needs no rebuild.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO" || exit 1
@@ -68,48 +74,65 @@ swap() {  # to_base | to_change
   if [ "$1" = to_base ]; then : >"$AB/on_base"; else rm -rf "$AB/on_base" "$AB/change"; fi
 }
 
+SITES=build/ab-site
+
 # The build's log stays in the side's folder only when the build fails, and
 # the bench draws no plots: each side's folder holds what is compared
 # (bench.json and the bench's log), few files to copy back.
-build() {
+build_side() {  # side, log dir
   if [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
-  python3 -m pip install -q --no-build-isolation --no-deps --force-reinstall \
+  rm -rf "$SITES/$1"
+  python3 -m pip install -q --no-build-isolation --no-deps --target "$SITES/$1" \
     -Ccmake.define.FP8KIT_CUDA=ON -Ccmake.define.FP8KIT_CUDA_ARCHITECTURES=90 \
-    -Cbuild-dir=build/gpu-pip-sysgcc . >"$1/build.log" 2>&1 && rm -f "$1/build.log"
+    -Cbuild-dir=build/gpu-pip-sysgcc . >"$2/build-$1.log" 2>&1 && rm -f "$2/build-$1.log"
 }
 
-measure() {  # out dir
-  local sections=()
+build_both() {  # log dir
+  local side built
+  mkdir -p "$1"
+  for side in base change; do
+    if [ "$side" = base ]; then swap to_base || exit 1; fi
+    build_side "$side" "$1"
+    built=$?
+    [ "$side" = base ] && swap to_change  # the tree is the change's again
+    if [ "$built" != 0 ]; then
+      echo "ab_bench.sh: the $side build failed:"
+      tail -30 "$1/build-$side.log"
+      exit 1
+    fi
+    echo "built: $side"
+  done
+}
+
+measure_side() {  # side, out dir
+  local site sections=()
+  site=$(cd "$SITES/$1" && pwd)
   [ -n "${BENCH_SECTIONS:-}" ] && sections=(--sections "$BENCH_SECTIONS")
   if [ -n "${AB_COMMAND:-}" ]; then
-    (cd /tmp && AB_OUT=$1 bash -c "$AB_COMMAND") >"$1/measure.log" 2>&1
+    (cd /tmp && PYTHONPATH="$site" AB_OUT=$2 bash -c "$AB_COMMAND") >"$2/measure.log" 2>&1
   else
-    (cd /tmp && python3 -m fp8kit.bench --full --out "$1" --plain-progress --no-plots \
-      "${sections[@]}") >"$1/measure.log" 2>&1
+    (cd /tmp && PYTHONPATH="$site" python3 -m fp8kit.bench --full --out "$2" --plain-progress \
+      --no-plots "${sections[@]}") >"$2/measure.log" 2>&1
   fi
 }
 
-run() {
-  local out=$1 rounds=${2:-1} i side
+measure() {  # out dir, rounds
+  local out=$1 rounds=${2:-1} i side json
+  for side in base change; do
+    [ -d "$SITES/$side" ] || { echo "ab_bench.sh: no $side build; run 'build' first" >&2; exit 2; }
+  done
   for i in $(seq 1 "$rounds"); do
     for side in base change; do
       mkdir -p "$out/$side$i"
-      if [ "$side" = base ]; then swap to_base || exit 1; fi
-      build "$out/$side$i"
-      local built=$?
-      [ "$side" = base ] && swap to_change  # the tree is the change's again
-      if [ "$built" != 0 ]; then
-        echo "ab_bench.sh: the $side build failed:"
-        tail -30 "$out/$side$i/build.log"
-        exit 1
-      fi
-      measure "$out/$side$i" || echo "ab_bench.sh: the $side measurement failed:" \
+      measure_side "$side" "$out/$side$i" || echo "ab_bench.sh: the $side measurement failed:" \
         "$out/$side$i/measure.log"
       echo "round $i: $side measured"
     done
-    if [ -z "${AB_COMMAND:-}" ]; then
-      python3 scripts/compare_bench.py "$out/base$i/bench.json" "$out/change$i/bench.json"
-    fi
+    for json in "$out/change$i"/*.json; do
+      [ -f "$json" ] && [ -f "$out/base$i/${json##*/}" ] || continue
+      echo "== ${json##*/}"
+      python3 scripts/compare_bench.py "$out/base$i/${json##*/}" "$json"
+    done
   done
 }
 
@@ -119,9 +142,12 @@ prepared() {
 
 case "${1:-}" in
   prepare) prepare "${2:?prepare REV}" ;;
-  run) prepared; run "${2:?run OUTDIR [ROUNDS]}" "${3:-1}" ;;
+  run) prepared; build_both "${2:?run OUTDIR [ROUNDS]}" && measure "$2" "${3:-1}" ;;
+  build) prepared; build_both "${2:-build/ab-logs}" ;;
+  measure) prepared; measure "${2:?measure OUTDIR [ROUNDS]}" "${3:-1}" ;;
   base) prepared; swap to_base ;;
   change) prepared; swap to_change ;;
-  *) echo "usage: scripts/ab_bench.sh prepare REV | run OUTDIR [ROUNDS] | base | change" >&2
+  *) echo "usage: scripts/ab_bench.sh prepare REV | run OUTDIR [ROUNDS] | build [LOGDIR]" \
+       "| measure OUTDIR [ROUNDS] | base | change" >&2
      exit 2 ;;
 esac

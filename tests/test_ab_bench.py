@@ -85,7 +85,14 @@ def test_the_change_is_never_overwritten(repo):
 
 
 def test_run_and_swaps_need_prepare_first(repo):
-    for args in (["run", "out"], ["base"], ["change"]):
+    for args in (["run", "out"], ["build"], ["measure", "out"], ["base"], ["change"]):
         result = _ab(repo, *args, check=False)
         assert result.returncode == 2 and "prepare REV" in result.stderr
     assert _tree(repo) == CHANGE
+
+
+def test_measure_needs_both_sides_built(repo):
+    _ab(repo, "prepare", "HEAD")
+    result = _ab(repo, "measure", "out", check=False)
+    assert result.returncode == 2 and "run 'build' first" in result.stderr
+    assert not (repo / "out").exists()
