@@ -18,7 +18,9 @@
 #   scripts/ab_bench.sh build | measure OUTDIR [ROUNDS]
 #       the two halves of run, for a machine that stays up between calls:
 #       measure reuses the last build, so a second benchmark (the decoder's,
-#       say) or more rounds cost no rebuild;
+#       say) or more rounds cost no rebuild. AB_SIDES="base" or "change"
+#       measures one side, for a benchmark whose two sides outlast one call
+#       (compare the two folders' JSON files with compare_bench.py after);
 #   scripts/ab_bench.sh base | change
 #       puts the base's files in the tree (the change's kept in .ab/change),
 #       or the change's back: to build or test either by hand.
@@ -118,11 +120,13 @@ measure_side() {  # side, out dir
 
 measure() {  # out dir, rounds
   local out=$1 rounds=${2:-1} i side json
-  for side in base change; do
+  local sides=${AB_SIDES:-base change}
+  for side in $sides; do
+    case $side in base | change) ;; *) echo "ab_bench.sh: AB_SIDES: no side '$side'" >&2; exit 2 ;; esac
     [ -d "$SITES/$side" ] || { echo "ab_bench.sh: no $side build; run 'build' first" >&2; exit 2; }
   done
   for i in $(seq 1 "$rounds"); do
-    for side in base change; do
+    for side in $sides; do
       mkdir -p "$out/$side$i"
       measure_side "$side" "$out/$side$i" || echo "ab_bench.sh: the $side measurement failed:" \
         "$out/$side$i/measure.log"

@@ -3,6 +3,7 @@ was at REV, `base` puts exactly that in the tree (modified files back,
 deleted ones restored, added ones out), `change` puts the change back, and
 neither ever overwrites the change's files (the tree's state is kept in
 .ab/on_base)."""
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -96,3 +97,23 @@ def test_measure_needs_both_sides_built(repo):
     result = _ab(repo, "measure", "out", check=False)
     assert result.returncode == 2 and "run 'build' first" in result.stderr
     assert not (repo / "out").exists()
+
+
+def test_measure_names_a_bad_side(repo):
+    _ab(repo, "prepare", "HEAD")
+    result = subprocess.run(["bash", "scripts/ab_bench.sh", "measure", "out"], cwd=repo,
+                            capture_output=True, text=True, env={**os.environ, "AB_SIDES": "bsae"})
+    assert result.returncode == 2 and "no side 'bsae'" in result.stderr
+
+
+def test_measure_runs_only_the_sides_named(repo):
+    _ab(repo, "prepare", "HEAD")
+    for side in ("base", "change"):
+        (repo / "build" / "ab-site" / side).mkdir(parents=True)
+    env = {**os.environ, "AB_SIDES": "base", "AB_COMMAND": 'echo "$PYTHONPATH" > "$AB_OUT/site"'}
+    result = subprocess.run(["bash", "scripts/ab_bench.sh", "measure", str(repo / "out")],
+                            cwd=repo, capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (repo / "out").iterdir()) == ["base1"]
+    site = (repo / "out" / "base1" / "site").read_text().strip()
+    assert site == str(repo / "build" / "ab-site" / "base")
