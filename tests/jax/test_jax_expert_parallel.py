@@ -10,18 +10,24 @@ As in test_jax_sharding.py, the cases run in a child process started with
 XLA_FLAGS=--xla_force_host_platform_device_count=8 (this file run as a
 script), once per mesh; each parametrized test asserts one case.
 
-Checks: with no pair dropped the output, the gradient of the tokens, the
-experts' kernel gradients and (DelayedScaling) each expert's new scaling
-state are bit for bit the unsharded block's on the CPU under every FP8
-recipe: each expert sees the same tokens in the same order (the zero rows
-of unfilled capacity slots change no amax and add only zeros), except
-BlockScaling's kernel gradients, whose 1x128 tiles along the tokens the
-empty slots shift; those, the router's gradient (a sum over every
-device's tokens) and the bf16 block (XLA's ragged_dot may group its sums
-otherwise) to rounding. The load-balancing loss is the whole batch's on
-every device, its value and its gradients (the router's, the tokens')
-the unsharded block's to float32 rounding (each device sums its tokens'
-router probabilities before the axis sums the devices').
+Checks: with no pair dropped the experts' kernel gradients and
+(DelayedScaling) each expert's new scaling state are bit for bit the
+unsharded block's on the CPU under every FP8 recipe: each expert sees the
+same tokens in the same order (the zero rows of unfilled capacity slots
+change no amax and add only zeros), except BlockScaling's kernel
+gradients, whose 1x128 tiles along the tokens the empty slots shift;
+those, the router's gradient (a sum over every device's tokens), the bf16
+block (XLA's ragged_dot may group its sums otherwise), and the output and
+the tokens' gradient to rounding. The last two also pass through XLA's
+router and combine (a dot whose blocking may follow the per-device token
+count, a scatter-add), whose float32 rounding differs between the sharded
+and the whole program on some CPUs (an AMD EPYC without AVX-512: a bf16
+step in a few outputs, then FP8 casts in the backward that round the
+other way; the two agreed bit for bit on the machines before it). The load-balancing loss is the whole batch's on
+every device, its value and the router's gradient the unsharded block's
+to float32 rounding (each device sums its tokens' router probabilities
+before the axis sums the devices'), its gradient of the bf16 tokens equal
+or one bf16 rounding step apart.
 """
 
 import sys
@@ -71,6 +77,25 @@ def _child(platform: str, mesh_shape: tuple[int, int]):
     recipes = {"current": CurrentScaling(), "delayed": DelayedScaling(),
                "block": BlockScaling(), "bf16": None}
 
+    def within_one_bf16_step(got, want, what):
+        """bf16 arrays equal to float32 rounding of their sums (1e-5 of the
+        largest |want|, as for the router's float32 gradient), or one bf16
+        rounding step apart: the float32 sums before the rounding run in
+        another order sharded (and in another again where XLA's CPU code is
+        vectorized otherwise), which moves a value near a rounding boundary
+        by one step."""
+        def ordered(a):  # bf16 bits as integers in value order (-0 and +0 both 0)
+            assert a.dtype.itemsize == 2, f"{what}: {a.dtype}, not bf16"
+            bits = a.view(np.uint16).astype(np.int32)
+            return np.where(bits & 0x8000, -(bits & 0x7FFF), bits)
+        got, want = np.asarray(got), np.asarray(want)
+        steps = np.abs(ordered(got) - ordered(want))
+        diff = np.abs(got.astype(np.float32) - want.astype(np.float32))
+        bad = (steps > 1) & (diff > 1e-5 * np.abs(want.astype(np.float32)).max())
+        assert not bad.any(), (
+            f"{what}: {int(bad.sum())} elements beyond float32 rounding and more than one "
+            f"bf16 step apart, up to {int(steps[bad].max())} steps")
+
     def check(what, got, want, exact_here):
         got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
         if exact_here:
@@ -109,18 +134,20 @@ def _child(platform: str, mesh_shape: tuple[int, int]):
             lambda p, h: fn(p, h, states)[1], argnums=(0, 1)))(p, h)
         want_aux_grad = aux_grad(lambda p, h, s: whole(p, h, states=s))
         got_aux_grad = aux_grad(sharded)
-        for what, got_g, want_g in (("router", got_aux_grad[0]["router"],
-                                     want_aux_grad[0]["router"]),
-                                    ("h", got_aux_grad[1], want_aux_grad[1])):
-            want_g, got_g = np.asarray(want_g, np.float32), np.asarray(got_g, np.float32)
-            assert np.abs(want_g).max() > 0, what
-            np.testing.assert_allclose(got_g, want_g, rtol=1e-5,
-                                       atol=1e-5 * np.abs(want_g).max(), err_msg=f"aux d{what}")
+        router_got = np.asarray(got_aux_grad[0]["router"], np.float32)
+        router_want = np.asarray(want_aux_grad[0]["router"], np.float32)
+        assert np.abs(router_want).max() > 0
+        np.testing.assert_allclose(router_got, router_want, rtol=1e-5,
+                                   atol=1e-5 * np.abs(router_want).max(), err_msg="aux drouter")
+        assert np.abs(np.asarray(want_aux_grad[1], np.float32)).max() > 0
+        within_one_bf16_step(got_aux_grad[1], want_aux_grad[1], "aux dh")
         want = jax.jit(jax.grad(functools.partial(loss, lambda p, h, s: whole(p, h, states=s)),
                                 argnums))(p, h, states)
         got = jax.jit(jax.grad(functools.partial(loss, sharded), argnums))(p, h, states)
-        check("y", got_y, want_y, exact_fp8)
-        check("dh", got[1], want[1], exact_fp8)
+        # y and dh also carry XLA's router and combine arithmetic (see the
+        # module doc): to rounding under every recipe.
+        check("y", got_y, want_y, False)
+        check("dh", got[1], want[1], False)
         for k in p:
             # Under BlockScaling the weight gradient reads the tokens in 1x128
             # tiles along the token axis, which the capacity slots shift.
