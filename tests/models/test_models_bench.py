@@ -100,12 +100,18 @@ def test_compile_runs_each_torch_recipe_eager_and_compiled(tmp_path, capsys):
     assert bench.main(SMOKE + ["--frameworks", "torch", "--recipes", "bf16,delayed",
                                "--compile", "--json", str(out)]) == 0
     stdout = capsys.readouterr().out
-    runs = [(r["recipe"], r["mode"]) for r in json.loads(out.read_text())["runs"]]
+    results = json.loads(out.read_text())["runs"]
+    runs = [(r["recipe"], r["mode"]) for r in results]
     assert runs == [("bf16", "eager"), ("bf16", "compile"), ("delayed", "eager"),
                     ("delayed", "compile")]
-    for recipe, mode in runs:
-        assert f"torch     {recipe:<12} {mode:<7} cpu" in stdout
-    assert stdout.count("  1.00 ") == 2   # each bf16 run against itself
+    bf16 = {r["mode"]: r["tokens_per_s"] for r in results if r["recipe"] == "bf16"}
+    for r in results:
+        # The row's 'x bf16' column: its tokens/s over the bf16 run's of its
+        # own mode (1.00 for the bf16 runs themselves).
+        ratio = f"{r['tokens_per_s'] / bf16[r['mode']]:6.2f}"
+        row = (f"torch     {r['recipe']:<12} {r['mode']:<7} cpu      | "
+               f"{r['tokens_per_s']:10.0f} {ratio} ")
+        assert row in stdout, (row, stdout)
 
 
 def test_compile_only_leaves_the_eager_runs_out(tmp_path):
