@@ -23,11 +23,12 @@ router and combine (a dot whose blocking may follow the per-device token
 count, a scatter-add), whose float32 rounding differs between the sharded
 and the whole program on some CPUs (an AMD EPYC without AVX-512: a bf16
 step in a few outputs, then FP8 casts in the backward that round the
-other way; the two agreed bit for bit on the machines before it). The load-balancing loss is the whole batch's on
-every device, its value and the router's gradient the unsharded block's
-to float32 rounding (each device sums its tokens' router probabilities
-before the axis sums the devices'), its gradient of the bf16 tokens equal
-or one bf16 rounding step apart.
+other way; the two agreed bit for bit on the machines before it).
+The load-balancing loss is the whole batch's on every device, its value
+and the router's gradient the unsharded block's to float32 rounding (each
+device sums its tokens' router probabilities before the axis sums the
+devices'), its gradient of the bf16 tokens equal or one bf16 rounding
+step apart.
 """
 
 import sys
