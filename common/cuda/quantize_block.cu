@@ -37,7 +37,9 @@ template <int kIn, bool kE4M3, bool k128x128>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kIn>)
     block_cast_kernel(const BlockCastParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  block_cast::cast_tile<kIn, kE4M3, k128x128>(p, blockIdx.x, smem);
+  // A 32-bit tile index (a grid holds fewer than 2^31 blocks): a 64-bit
+  // one left the 1x128 kernel fewer registers and it spilled.
+  block_cast::cast_tile<kIn, kE4M3, k128x128>(p, int32_t(blockIdx.x), smem);
 }
 
 // The non-empty groups of a grouped cast, in order: group i's tiles are

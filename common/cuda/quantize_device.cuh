@@ -148,14 +148,17 @@ __device__ __forceinline__ uint32_t cvt4(float a, float b, float c, float d) {
 // Elements x[k .. k+3] times scale[k .. k+3] to four FP8 bytes (x[k] is
 // byte 0): quantize_to_fp8 of fp8_convert.h, byte for byte. cvt4 converts
 // the products; an infinite element, which satfinite saturates, then gets
-// fp8_code_of_inf instead.
-template <bool kE4M3, int N>
+// fp8_code_of_inf instead. kFinite leaves that fix-up and its registers
+// out, for a caller that knows no element is infinite or that gives
+// infinite elements their codes itself (block_cast_tile.cuh).
+template <bool kE4M3, bool kFinite = false, int N>
 __device__ __forceinline__ uint32_t quantize4(const float (&x)[N], const float (&scale)[N],
                                               int k) {
   float y[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) y[j] = __fmul_rn(x[k + j], scale[k + j]);
   uint32_t q = cvt4<kE4M3>(y[0], y[1], y[2], y[3]);
+  if constexpr (kFinite) return q;
   // One test for all four (3 max, a compare) where testing each took 3
   // instructions an element, a tenth of an activation kernel's; fmaxf
   // passes over NaN, which is not infinite.
@@ -173,13 +176,13 @@ __device__ __forceinline__ uint32_t quantize4(const float (&x)[N], const float (
 }
 
 // Eight elements, all with one scale, to eight FP8 bytes (.x = elements
-// 0..3).
-template <bool kE4M3>
+// 0..3); kFinite as for quantize4.
+template <bool kE4M3, bool kFinite = false>
 __device__ __forceinline__ uint2 quantize8(const float (&x)[8], float scale) {
   float s[8];
 #pragma unroll
   for (int j = 0; j < 8; ++j) s[j] = scale;
-  return make_uint2(quantize4<kE4M3>(x, s, 0), quantize4<kE4M3>(x, s, 4));
+  return make_uint2(quantize4<kE4M3, kFinite>(x, s, 0), quantize4<kE4M3, kFinite>(x, s, 4));
 }
 
 // Scales and casts 8 raw elements to 8 FP8 bytes (.x = elements 0..3), and
