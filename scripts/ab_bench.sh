@@ -12,9 +12,11 @@
 #       (on the GPU machine, with .ab carried there) builds both sides, then
 #       measures them ROUNDS times (default 1): OUTDIR/base<i>,
 #       OUTDIR/change<i>, each the bench's --out folder, then compares each
-#       round's two bench.json. BENCH_SECTIONS picks the bench's sections
-#       (default: all); AB_COMMAND replaces the bench (run with $AB_OUT set
-#       to the folder it writes to, and its JSON files compared by name);
+#       round's two bench.json, and with more rounds all rounds at once (a
+#       row slower only where slower in each). BENCH_SECTIONS picks the
+#       bench's sections (default: all); AB_COMMAND replaces the bench (run
+#       with $AB_OUT set to the folder it writes to, and its JSON files
+#       compared by name);
 #   scripts/ab_bench.sh build | measure OUTDIR [ROUNDS]
 #       the two halves of run, for a machine that stays up between calls:
 #       measure reuses the last build, so a second benchmark (the decoder's,
@@ -137,6 +139,18 @@ measure() {  # out dir, rounds
       echo "== ${json##*/}"
       python3 scripts/compare_bench.py "$out/base$i/${json##*/}" "$json"
     done
+  done
+  [ "$rounds" -gt 1 ] || return 0
+  # All rounds' pairs at once: a row is slower only when slower in each.
+  for json in "$out/change1"/*.json; do
+    local name=${json##*/} pairs=()
+    for i in $(seq 1 "$rounds"); do
+      [ -f "$out/base$i/$name" ] && [ -f "$out/change$i/$name" ] &&
+        pairs+=("$out/base$i/$name" "$out/change$i/$name")
+    done
+    [ "${#pairs[@]}" -gt 2 ] || continue
+    echo "== $name, all rounds"
+    python3 scripts/compare_bench.py "${pairs[@]}"
   done
 }
 

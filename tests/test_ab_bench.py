@@ -117,3 +117,31 @@ def test_measure_runs_only_the_sides_named(repo):
     assert sorted(p.name for p in (repo / "out").iterdir()) == ["base1"]
     site = (repo / "out" / "base1" / "site").read_text().strip()
     assert site == str(repo / "build" / "ab-site" / "base")
+
+
+def test_measure_compares_every_round_then_all_rounds_at_once(repo):
+    """A row slower in one round only is the machine's noise: the
+    all-rounds comparison does not count it."""
+    shutil.copy(SCRIPT.parent / "compare_bench.py", repo / "scripts")
+    _ab(repo, "prepare", "HEAD")
+    for side in ("base", "change"):
+        (repo / "build" / "ab-site" / side).mkdir(parents=True)
+    fake = repo / "fake_decoder_bench.py"
+    fake.write_text(
+        "import json, os\n"
+        "out = os.environ['AB_OUT']\n"
+        "delayed = 120.0 if out.endswith('change1') else 140.0  # slower in round 1 only\n"
+        "runs = [{'framework': 'torch', 'recipe': r, 'mode': 'eager', 'tokens_per_s': t}\n"
+        "        for r, t in (('bf16', 100.0), ('delayed', delayed))]\n"
+        "json.dump({'run': {'gpu': 'G'}, 'config': 'c', 'runs': runs},\n"
+        "          open(os.path.join(out, 'models.json'), 'w'))\n")
+    env = {**os.environ, "AB_COMMAND": f"python3 {fake}"}
+    result = subprocess.run(["bash", "scripts/ab_bench.sh", "measure", str(repo / "out"), "2"],
+                            cwd=repo, capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    rounds = result.stdout.split("== models.json")
+    assert len(rounds) == 4  # round 1, round 2, all rounds
+    assert "2 rows compared, 1 slower" in rounds[1]
+    assert "2 rows compared, 0 slower" in rounds[2]
+    assert rounds[3].startswith(", all rounds")
+    assert "2 rows compared, 0 slower in all 2 pairs" in rounds[3]

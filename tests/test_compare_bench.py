@@ -82,3 +82,22 @@ def test_bad_inputs_are_refused(tmp_path, capsys):
     assert compare_bench.main([old, models]) == 2
     with pytest.raises(SystemExit, match="missing.json"):
         compare_bench.main([old, str(tmp_path / "missing.json")])
+
+
+def test_several_pairs_count_a_row_slower_only_when_slower_in_each(tmp_path, capsys):
+    def run(a, b):
+        new = copy.deepcopy(BENCH)
+        rows = {r["case"]: r for r in new["rows"]}
+        rows["a"]["fp8kit_s"], rows["b"]["fp8kit_s"] = a, b
+        return new
+    old = _write(tmp_path, "old.json", BENCH)
+    pair1 = _write(tmp_path, "new1.json", run(1.10, 1.10))  # a and b slower
+    pair2 = _write(tmp_path, "new2.json", run(1.10, 1.00))  # a slower, b the same
+    assert compare_bench.main([old, pair1, old, pair2]) == 1
+    out = capsys.readouterr().out
+    verdicts = {line.split(" / ")[2].split()[0]: line.split()[-1] for line in out.splitlines()
+                if line.startswith("linear / ")}
+    assert verdicts == {"a": "SLOWER", "b": "same", "c": "same", "gone": "same"}
+    assert "4 rows compared, 1 slower in all 2 pairs" in out
+    assert compare_bench.main([old, pair2, old, pair1, old]) == 2
+    assert "pass the runs in pairs" in capsys.readouterr().err
