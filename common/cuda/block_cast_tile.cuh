@@ -369,7 +369,7 @@ __device__ __forceinline__ void cast_tile(const BlockCastParams& p, int64_t tile
     if (p.columnwise != nullptr) write_block_scale<true>(p, c0, r0, scale);
     // The infinity fix-up only where the block holds an infinity (or a
     // NaN), a branch the whole block takes alike; inlined into every cast,
-    // its registers cost 2-3% (H100).
+    // its registers cost 3-4% (H100).
     if (finite_amax(bits)) {
       cast_part<kIn, kE4M3, true, true>(p, part, stage, scale, nullptr, nullptr);
     } else {
@@ -428,7 +428,7 @@ __device__ __forceinline__ void cast_tile(const BlockCastParams& p, int64_t tile
     }
     // The casts without the infinity fix-up, then patch_infinities where
     // the tile needs it. The fix-up inlined into the casts made this kernel
-    // spill 60 bytes a thread under kBlocksPerSm and run 5-9% slower on an
+    // spill 60 bytes a thread under kBlocksPerSm and run 4-8% slower on an
     // H100; a second, fixed-up copy of the casts, as for 128x128, spilled
     // more still.
     finite = __syncthreads_and(finite);
