@@ -18,8 +18,9 @@
 #   10-minute call); convergence, 1000 steps of the 1b decoder in FP8 and
 #   bf16, with the FP8 runs' cast statistics every 50 steps and their
 #   plots (CONVERGENCE_ARGS: more demo flags, e.g. "--seed 1");
-#   step_profile, where a 1b step's GPU time goes; fsdp, an FSDP2 step on
-#   every GPU (scripts/fsdp_bench.py, FSDP_ARGS: its flags); power_cap,
+#   step_profile, where a 1b step's GPU time goes and its 20 longest
+#   kernels; fsdp, an FSDP2 step on every GPU (scripts/fsdp_bench.py,
+#   FSDP_ARGS: its flags); power_cap,
 #   the GPU's speed against its power cap (scripts/power_cap.py,
 #   POWER_CAP_ARGS))
 #   The sanitizer stage runs each (suite, tool) pair split into
@@ -464,7 +465,7 @@ convergence() {
 step_profile() {
   (cd /tmp && without_torch_cudnn show "$PY" -m fp8kit.models.step_profile --config 1b \
     --batch 8 --frameworks "${STEP_PROFILE_FRAMEWORKS:-torch}" \
-    --recipes bf16,delayed,te-current)
+    --recipes bf16,delayed,te-current --kernels 20)
 }
 # FSDP2 with one rank per GPU of the machine; FSDP_ARGS: more fsdp_bench.py
 # flags (after --ranks, so they may replace it), e.g. "--model decoder".

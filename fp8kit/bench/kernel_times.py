@@ -1,11 +1,13 @@
 """GPU kernel times from a torch.profiler trace (CUPTI sees every kernel of
-the process, XLA's too): the busy time of a set of kernels, and a step's
-time split into kinds of work.
+the process, XLA's too): the busy time of a set of kernels, a step's time
+split into kinds of work, and the kernels that take the most of it.
 
 Kinds, by kernel name (the first pattern that matches wins):
     gemm       cuBLAS / cuBLASLt kernels (nvjet, cutlass, xmma, gemm)
     attention  flash / fused multi-head attention and cuDNN's SDPA kernels
     fp8kit     fp8kit's own kernels (casts, norms, activations, updates)
+    te         TransformerEngine's own kernels (the same jobs as fp8kit's:
+               a TE step's casts would otherwise hide among 'other')
     optimizer  the optimizer's fused or foreach kernels (AdamW)
     other      everything else: elementwise, reductions, copies, XLA fusions
 idle is the step's window (first kernel start to last kernel end) minus
@@ -14,12 +16,14 @@ the time some kernel was running: launch gaps and host-side waits.
 
 from __future__ import annotations
 
+import collections
 import re
 
-KINDS = ("gemm", "attention", "fp8kit", "optimizer", "other")
+KINDS = ("gemm", "attention", "fp8kit", "te", "optimizer", "other")
 _PATTERNS = (
     ("attention", re.compile(r"flash|fmha|attention|sdpa|cudnn", re.I)),
     ("fp8kit", re.compile(r"fp8kit")),
+    ("te", re.compile(r"transformer_engine")),
     ("gemm", re.compile(r"nvjet|cutlass|xmma|gemm|sm90_.*tensorop|cublas", re.I)),
     ("optimizer", re.compile(r"adam|multi_tensor_apply|foreach|fused_.*optim", re.I)),
 )
@@ -67,4 +71,48 @@ def table(times: dict) -> str:
     for kind in (*KINDS, "idle"):
         lines.append(f"{kind:<10} {times[kind] / 1e3:8.2f} {100 * times[kind] / window:6.1f}%")
     lines.append(f"{'step':<10} {window / 1e3:8.2f}")
+    return "\n".join(lines)
+
+
+def short_name(kernel_name: str) -> str:
+    """A demangled kernel name without its return type, its parameter list
+    and the namespaces and classes that qualify its names (template
+    arguments kept: they tell a kernel's variants apart)."""
+    name = kernel_name.strip()
+    if name.startswith("void "):
+        name = name[len("void "):]
+    if name.endswith(")"):   # drop the parameter list: from its '(' to the end
+        depth = 0
+        for i in range(len(name) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(name[i], 0)
+            if depth == 0:
+                if name[i - 1:i] != " ":   # "Memset (Device)" has no parameters
+                    name = name[:i]
+                break
+    return _QUALIFIER.sub("", name)
+
+
+_QUALIFIER = re.compile(r"(?:[A-Za-z_]\w*|\(anonymous namespace\))::")
+
+
+def top_kernels(kernels, steps: int, count: int) -> list[tuple]:
+    """The `count` kernels (by short_name) that ran longest, as (name, kind,
+    calls per step, microseconds per step), longest first, from kernels
+    given as (name, start_us, end_us) over `steps` steps."""
+    time, calls, kinds = collections.Counter(), collections.Counter(), {}
+    for name, start, end in kernels:
+        short = short_name(name)
+        time[short] += (end - start) / steps
+        calls[short] += 1
+        kinds.setdefault(short, kind_of(name))
+    return [(name, kinds[name], calls[name] / steps, us) for name, us in time.most_common(count)]
+
+
+def kernel_table(top, width: int = 100) -> str:
+    """top_kernels' rows as lines 'us/step  calls/step  kind  name' (names
+    cut to `width` characters)."""
+    lines = [f"{'us/step':>9} {'calls':>6} {'kind':<9} kernel"]
+    for name, kind, calls, us in top:
+        shown = name if len(name) <= width else name[:width - 3] + "..."
+        lines.append(f"{us:9.1f} {calls:6.1f} {kind:<9} {shown}")
     return "\n".join(lines)

@@ -1,10 +1,11 @@
 """python -m fp8kit.models.step_profile: where the GPU time of one training
 step of the Llama-style decoder goes, per kind of kernel (GEMMs, attention,
-fp8kit's casts, norms and activations, the optimizer, the rest) and idle
-time, for each (framework, recipe) asked for.
+fp8kit's or TransformerEngine's casts, norms and activations, the
+optimizer, the rest) and idle time, for each (framework, recipe) asked for;
+with --kernels N, also the N kernels that took longest, by name.
 
     python -m fp8kit.models.step_profile --config 1b [--steps 5] \\
-        [--frameworks torch,jax] [--recipes bf16,delayed,current]
+        [--frameworks torch,jax] [--recipes bf16,delayed,te-delayed] [--kernels 25]
 
 Each run, in a fresh process: fp8kit.models.bench's trainer, `--warmup`
 untimed steps, then `--steps` steps under torch.profiler (CUPTI sees JAX's
@@ -25,9 +26,10 @@ from fp8kit.models.schedule import peak_learning_rate
 
 
 def profile_run(framework: str, model_cfg, recipe_name: str, batch: int, warmup: int,
-                steps: int, lr: float | None = None) -> dict:
-    """{kind: microseconds per step} of one (framework, recipe) run, at
-    peak learning rate lr (None: TrainConfig's) as the benchmark's runs."""
+                steps: int, lr: float | None = None, kernels: int = 0) -> tuple:
+    """({kind: microseconds per step}, kernel_times.top_kernels' `kernels`
+    longest) of one (framework, recipe) run, at peak learning rate lr
+    (None: TrainConfig's) as the benchmark's runs."""
     import torch
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
@@ -41,9 +43,9 @@ def profile_run(framework: str, model_cfg, recipe_name: str, batch: int, warmup:
         trainer.train_step()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         trainer.train_steps(steps)   # as the benchmark times them; returns once all have run
-    kernels = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
-               if e.device_type == DeviceType.CUDA]
-    return kernel_times.breakdown(kernels, steps)
+    ran = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+           if e.device_type == DeviceType.CUDA]
+    return kernel_times.breakdown(ran, steps), kernel_times.top_kernels(ran, steps, kernels)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,6 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--frameworks", default=",".join(bench.FRAMEWORKS))
     p.add_argument("--recipes", default=",".join(bench.RECIPES))
+    p.add_argument("--kernels", type=int, default=0, metavar="N",
+                   help="also list the N kernels that took longest (0: none)")
     return p
 
 
@@ -63,6 +67,8 @@ def main(argv=None) -> int:
     try:
         frameworks = bench.choices(args.frameworks, bench.FRAMEWORKS, "--frameworks")
         recipes = bench.choices(args.recipes, bench.RECIPES + bench.TE_RECIPES, "--recipes")
+        if args.kernels < 0:
+            raise ValueError(f"--kernels={args.kernels} must be >= 0 (0: no kernel list)")
         import torch
         if not torch.cuda.is_available():
             raise ValueError("no CUDA GPU: a step on the CPU has no GPU kernels to attribute")
@@ -77,10 +83,12 @@ def main(argv=None) -> int:
         for recipe in recipes:
             ctx = multiprocessing.get_context("spawn")
             with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
-                times = pool.submit(profile_run, fw, model_cfg, recipe, args.batch,
-                                    args.warmup, args.steps,
-                                    peak_learning_rate(args.config)).result()
+                times, top = pool.submit(profile_run, fw, model_cfg, recipe, args.batch,
+                                         args.warmup, args.steps,
+                                         peak_learning_rate(args.config), args.kernels).result()
             print(f"\n== {fw} {recipe}\n{kernel_times.table(times)}", flush=True)
+            if top:
+                print(kernel_times.kernel_table(top), flush=True)
     return 0
 
 
