@@ -52,6 +52,15 @@ collapsed times one expert's GEMM doing every token's work.
 round-robin (LlamaConfig.router_balanced), so every expert does the same
 work, however the router trains.
 
+The accumulation column says how each run's FP8 GEMMs accumulate
+(bench_peers.accumulation): fp8kit's "split" (FP32-promoted) by default,
+TE-PyTorch's and torchao's "fast fwd", TE-JAX's "fast" (every GEMM). For
+rows that compare like with like, --forward-fast-accumulation runs fp8kit's
+delayed and current recipes with the forward GEMM fast (the recipes'
+forward_fast_accumulation, TE-PyTorch's setting) and
+--te-jax-split-accumulation runs TE-JAX with every GEMM split (fp8kit's
+setting).
+
 By default fp8kit's fused layers take bf16 at their seams, as the bf16
 model's layers and TransformerEngine's have it (fp8kit/models/llama_torch.py
 says why); --float32-seams has them read the float32 residual stream and
@@ -95,6 +104,7 @@ import importlib.util
 import json
 import math
 import multiprocessing
+import os
 import pathlib
 import sys
 import tempfile
@@ -113,9 +123,12 @@ CPU_NOTE = ("On the CPU the FP8 runs use fp8kit's reference kernels, written for
             "these numbers check that the benchmark works, they are not performance claims.")
 
 
-def _recipe(name: str):
+def _recipe(name: str, forward_fast: bool = False):
+    """fp8kit's recipe of that name; forward_fast: the per-tensor recipes'
+    forward_fast_accumulation."""
     from fp8kit.recipe import BlockScaling, CurrentScaling, DelayedScaling
-    return {"bf16": None, "delayed": DelayedScaling(), "current": CurrentScaling(),
+    fast = {"forward_fast_accumulation": forward_fast}
+    return {"bf16": None, "delayed": DelayedScaling(**fast), "current": CurrentScaling(**fast),
             "block": BlockScaling()}[name]
 
 
@@ -130,12 +143,14 @@ def _statistics_log(inspect_every: int):
 
 
 def torch_trainer(model_cfg, train_cfg, recipe_name, params, compile: bool = False,
-                  float32_seams: bool = False, inspect_every: int = 0):
+                  float32_seams: bool = False, inspect_every: int = 0,
+                  forward_fast: bool = False):
     """(TorchTrainer for the recipe named (RECIPES or TORCH_ONLY), compiled
     when asked, reset the peak-memory counter, read it); RuntimeError when
     TE or torchao is asked for but missing. float32_seams: fp8kit's fused
     layers read the float32 residual stream at their seams (by default they
-    take bf16, as the bf16 model's layers do)."""
+    take bf16, as the bf16 model's layers do); forward_fast: fp8kit's
+    delayed and current recipes run the forward GEMM with fast accumulation."""
     import torch
     from fp8kit.models.llama_torch import FP8KIT_LAYERS
     from fp8kit.models.train_torch import TorchTrainer, default_device
@@ -147,8 +162,9 @@ def torch_trainer(model_cfg, train_cfg, recipe_name, params, compile: bool = Fal
         trainer = TorchTrainer(model_cfg, train_cfg, None, params=params,
                                convert=bench_peers.torchao_convert(), compile=compile)
     else:
-        trainer = TorchTrainer(model_cfg, train_cfg, _recipe(recipe_name), params=params,
-                               compile=compile, layers=_seams(FP8KIT_LAYERS, float32_seams),
+        trainer = TorchTrainer(model_cfg, train_cfg, _recipe(recipe_name, forward_fast),
+                               params=params, compile=compile,
+                               layers=_seams(FP8KIT_LAYERS, float32_seams),
                                statistics=_statistics_log(inspect_every))
     if trainer.device.type != "cuda":
         return trainer, lambda: None, lambda: None
@@ -157,17 +173,22 @@ def torch_trainer(model_cfg, train_cfg, recipe_name, params, compile: bool = Fal
 
 
 def jax_trainer(model_cfg, train_cfg, recipe_name, params, float32_seams: bool = False,
-                inspect_every: int = 0):
-    """As torch_trainer, for JAX (whose allocator's peak has no reset)."""
+                inspect_every: int = 0, forward_fast: bool = False, te_split: bool = False):
+    """As torch_trainer, for JAX (whose allocator's peak has no reset);
+    te_split: TE-JAX's GEMMs accumulate split (set in this process's
+    environment, which TE reads as it traces a GEMM: call it in the run's
+    own process)."""
     from fp8kit.models.llama_jax import FP8KIT_LAYERS
     from fp8kit.models.train_jax import JaxTrainer
     if recipe_name in TE_RECIPES:
+        if te_split:
+            os.environ[bench_peers.TE_JAX_SPLIT_ENV] = "1"
         trainer = JaxTrainer(model_cfg, train_cfg, _recipe(recipe_name[len("te-"):]),
                              params=params,
                              layers=bench_peers.jax_te_layers(model_cfg, recipe_name))
     else:
-        trainer = JaxTrainer(model_cfg, train_cfg, _recipe(recipe_name), params=params,
-                             layers=_seams(FP8KIT_LAYERS, float32_seams),
+        trainer = JaxTrainer(model_cfg, train_cfg, _recipe(recipe_name, forward_fast),
+                             params=params, layers=_seams(FP8KIT_LAYERS, float32_seams),
                              statistics=_statistics_log(inspect_every))
     return trainer, lambda: None, lambda: (trainer.device.memory_stats() or {}).get(
         "peak_bytes_in_use")
@@ -214,11 +235,13 @@ def diverged(loss: float, model_cfg, first_loss: float | None = None) -> bool:
 
 def measure(framework: str, model_cfg, recipe_name: str, mode: str, batch: int, warmup: int,
             steps: int, float32_seams: bool = False, inspect_every: int = 0,
-            lr: float | None = None) -> dict:
+            lr: float | None = None, forward_fast: bool = False,
+            te_split: bool = False) -> dict:
     """One (framework, recipe, mode) run in this process, with the FP8 cast
     statistics logged every inspect_every steps (0: not), at peak learning
-    rate lr (None: TrainConfig's); a dict of plain values (with 'error'
-    instead of the numbers when the run could not be made)."""
+    rate lr (None: TrainConfig's), forward_fast and te_split as
+    jax_trainer's; a dict of plain values (with 'error' instead of the
+    numbers when the run could not be made)."""
     from fp8kit.models.init import init_params
     train_cfg = train_config(batch, warmup, steps, lr)
     run = {"framework": framework, "recipe": recipe_name, "mode": mode}
@@ -229,13 +252,14 @@ def measure(framework: str, model_cfg, recipe_name: str, mode: str, batch: int, 
         if framework == "torch":
             made = torch_trainer(model_cfg, train_cfg, recipe_name,
                                  init_params(model_cfg, train_cfg.seed), mode == "compile",
-                                 float32_seams, inspect_every)
+                                 float32_seams, inspect_every, forward_fast)
         else:
             made = jax_trainer(model_cfg, train_cfg, recipe_name,
                                init_params(model_cfg, train_cfg.seed), float32_seams,
-                               inspect_every)
+                               inspect_every, forward_fast, te_split)
     except RuntimeError as e:
         return {**run, "error": str(e)}
+    run["accumulation"] = bench_peers.accumulation(framework, recipe_name, forward_fast)
     trainer, reset_peak, peak = made
     compile_error = _compile_error() if mode == "compile" else ()   # (): catches nothing
     first_loss = None
@@ -306,6 +330,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="fp8kit's fused layers read the float32 residual stream at their "
                         "seams, keeping SwiGLU's input in float32 for backward; costs memory "
                         "(default: bf16 seams, as the bf16 model's layers and TE's have)")
+    p.add_argument("--forward-fast-accumulation", action="store_true",
+                   help="fp8kit's delayed and current runs accumulate the forward GEMM "
+                        "fast, as TE-PyTorch and torchao do (default: split, as every "
+                        "fp8kit GEMM)")
+    p.add_argument("--te-jax-split-accumulation", action="store_true",
+                   help="TE-JAX's runs accumulate every GEMM split, as fp8kit does "
+                        "(default: TE-JAX's own, fast)")
     p.add_argument("--inspect-every", type=int, default=0, metavar="N",
                    help="also run each fp8kit FP8 recipe (eager, jit) with its cast "
                         "statistics logged every N steps, to time inspection's cost")
@@ -363,6 +394,13 @@ def _checked(args):
         # without them at the first other one: both belong in the warm-up.
         raise ValueError(f"--warmup={args.warmup} with --inspect-every would time a "
                          "compilation: use --warmup >= 2")
+    if args.forward_fast_accumulation and not {"delayed", "current"} & set(recipes):
+        raise ValueError("--forward-fast-accumulation changes fp8kit's delayed and current "
+                         "runs: add one of them to --recipes")
+    if args.te_jax_split_accumulation and not (
+            "jax" in frameworks and set(bench_peers.TE_JAX_RECIPES) & set(recipes)):
+        raise ValueError("--te-jax-split-accumulation changes TE-JAX's runs: add jax to "
+                         "--frameworks and te-delayed or te-current to --recipes")
     if args.json:
         args.json = cli_support.output_path(args.json, "models_bench.json")
         cli_support.writable_dir(args.json.parent, "--json")
@@ -419,7 +457,8 @@ def main(argv=None) -> int:
         print(f"  {fw} {label} {mode} ...", end=" ", flush=True)
         rows.append(_in_fresh_process(measure, fw, model_cfg, recipe, mode, args.batch,
                                       args.warmup, args.steps, args.float32_seams,
-                                      inspect_every, lr))
+                                      inspect_every, lr, args.forward_fast_accumulation,
+                                      args.te_jax_split_accumulation))
         print(bench_table.summary(rows[-1]), flush=True)
         # After every run, so a run cut short by a time limit keeps what it measured.
         if args.json:

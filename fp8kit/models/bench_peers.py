@@ -12,14 +12,43 @@ te-delayed, te-current and te-block (Float8BlockScaling, which TE's
 GroupedLinear runs since TE 2.3, on Hopper). In JAX: its flax layers for
 a dense config (fp8kit/bench/te_peer.py's jax_layers), te-delayed and
 te-current (TE-JAX has no Float8BlockScaling).
+
+The libraries accumulate their FP8 GEMMs differently by default
+(accumulation() says how each run does): fp8kit promotes every GEMM's sums
+to FP32 ("split"), and its forward GEMM's fast accumulation is an opt-in;
+TE in PyTorch and torchao run the forward GEMM fast and the gradients
+split; TE in JAX runs every GEMM fast unless
+NVTE_FP8_GEMM_HIGH_PRECISION_ACCUMULATION=1 (TE_JAX_SPLIT_ENV). Block
+scaling is split in every library (cuBLASLt's block-scaled GEMM has no
+fast mode). Fast accumulation is faster and less exact, so a row compares
+like with like only where the two runs' accumulation is the same.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 TE_RECIPES = ("te-delayed", "te-current", "te-block")
 TE_JAX_RECIPES = ("te-delayed", "te-current")
+TE_JAX_SPLIT_ENV = "NVTE_FP8_GEMM_HIGH_PRECISION_ACCUMULATION"
+
+
+def accumulation(framework: str, recipe_name: str, forward_fast: bool) -> str | None:
+    """How a run's FP8 GEMMs accumulate (the module's docstring): "split"
+    (every GEMM's sums promoted to FP32), "fast fwd" (the forward GEMM in
+    the tensor cores' own precision, the gradients split) or "fast" (every
+    GEMM); None for bf16. forward_fast: fp8kit's per-tensor recipes' opt-in.
+    TE-JAX's is read from this process's environment."""
+    if recipe_name == "bf16":
+        return None
+    if recipe_name in ("block", "te-block"):
+        return "split"
+    if recipe_name == "torchao" or (recipe_name in TE_RECIPES and framework == "torch"):
+        return "fast fwd"
+    if recipe_name in TE_RECIPES:
+        return "split" if os.environ.get(TE_JAX_SPLIT_ENV) == "1" else "fast"
+    return "fast fwd" if forward_fast else "split"
 
 
 def torch_te(model_cfg, recipe_name: str) -> dict:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 
 def table(rows) -> str:
-    """One line per run; 'x bf16' is tokens/s over that of the bf16 run of
-    the same framework and mode."""
-    header = f"{'framework':<9} {'recipe':<12} {'mode':<7} {'device':<8} | {'tokens/s':>10} " \
-             f"{'x bf16':>6} {'step ms':>9} {'peak GiB':>8} | {'loss':>7}"
+    """One line per run; 'acc' is how its FP8 GEMMs accumulate
+    (bench_peers.accumulation), 'x bf16' its tokens/s over that of the bf16
+    run of the same framework and mode."""
+    header = f"{'framework':<9} {'recipe':<12} {'mode':<7} {'device':<8} {'acc':<8} | " \
+             f"{'tokens/s':>10} {'x bf16':>6} {'step ms':>9} {'peak GiB':>8} | {'loss':>7}"
     lines = [header, "-" * len(header)]
     bf16 = {(r["framework"], r["mode"]): r["tokens_per_s"] for r in rows
             if r["recipe"] == "bf16" and "error" not in r}
@@ -21,7 +22,8 @@ def table(rows) -> str:
         peak = f"{peak / 2**30:8.2f}" if peak is not None else f"{'n/a':>8}"
         base = bf16.get((r["framework"], r["mode"]))
         ratio = f"{r['tokens_per_s'] / base:6.2f}" if base else f"{'-':>6}"
-        lines.append(f"{name} {r['device']:<8} | "
+        acc = r.get("accumulation") or "-"
+        lines.append(f"{name} {r['device']:<8} {acc:<8} | "
                      f"{r['tokens_per_s']:10.0f} {ratio} {r['step_ms']:9.1f} {peak} | "
                      f"{r['last_loss']:7.3f}" + (" diverged" if r["diverged"] else ""))
     return "\n".join(lines + _inspection_costs(rows) + _routing_balances(rows))

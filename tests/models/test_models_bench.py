@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from fp8kit.models import bench, bench_table
+from fp8kit.models import bench, bench_peers, bench_table
 from fp8kit.models.config import CONFIGS
 from fp8kit.models.train_torch import TorchTrainer
 
@@ -36,6 +36,7 @@ def test_smoke_run_reports_every_framework_and_recipe(tmp_path, capsys):
         assert 5.0 < r["first_loss"] < 6.5            # the untrained model's
         assert r["diverged"] is False
         assert r["peak_memory_bytes"] is None          # no device allocator on a CPU
+        assert r["accumulation"] == (None if r["recipe"] == "bf16" else "split")
         assert f"{r['framework']:<9} {r['recipe']:<12} {r['mode']:<7} cpu" in stdout
     assert doc["model"]["layers"] == 1 and doc["model"]["hidden"] == 128
 
@@ -109,7 +110,8 @@ def test_compile_runs_each_torch_recipe_eager_and_compiled(tmp_path, capsys):
         # The row's 'x bf16' column: its tokens/s over the bf16 run's of its
         # own mode (1.00 for the bf16 runs themselves).
         ratio = f"{r['tokens_per_s'] / bf16[r['mode']]:6.2f}"
-        row = (f"torch     {r['recipe']:<12} {r['mode']:<7} cpu      | "
+        acc = r["accumulation"] or "-"
+        row = (f"torch     {r['recipe']:<12} {r['mode']:<7} cpu      {acc:<8} | "
                f"{r['tokens_per_s']:10.0f} {ratio} ")
         assert row in stdout, (row, stdout)
 
@@ -192,6 +194,12 @@ def test_a_model_that_does_not_compile_is_reported(monkeypatch):
     (["--frameworks", "mxnet"], "--frameworks: unknown ['mxnet']"),
     (["--steps", "0"], "--steps=0 is too small"),
     (["--config", "tiny", "--seq-len", "0"], "seq_len must be an int >= 1"),
+    (["--forward-fast-accumulation", "--recipes", "bf16,block"],
+     "--forward-fast-accumulation changes fp8kit's delayed and current runs"),
+    (["--te-jax-split-accumulation", "--frameworks", "torch", "--recipes", "te-delayed"],
+     "--te-jax-split-accumulation changes TE-JAX's runs"),
+    (["--te-jax-split-accumulation", "--recipes", "delayed,te-block"],
+     "--te-jax-split-accumulation changes TE-JAX's runs"),
 ])
 def test_bad_arguments_are_reported(args, message, capsys):
     assert bench.main(args) == 2
@@ -297,8 +305,9 @@ def test_mixtral_slice_trains_at_its_own_learning_rate(monkeypatch, capsys, tmp_
         assert peak_learning_rate(config) == TrainConfig().lr
     seen = []
 
-    def run(fn, framework, model_cfg, recipe, mode, *args):
-        seen.append(args[-1])
+    def run(fn, framework, model_cfg, recipe, mode, batch, warmup, steps, seams, every, lr,
+            *accumulation):
+        seen.append(lr)
         return {"framework": framework, "recipe": recipe, "mode": mode, "device": "cpu",
                 "tokens_per_s": 1000.0, "step_ms": 1.0, "peak_memory_bytes": None,
                 "last_loss": 5.0, "first_loss": 6.0, "diverged": False}
@@ -313,7 +322,8 @@ def test_mixtral_slice_trains_at_its_own_learning_rate(monkeypatch, capsys, tmp_
 
 
 def test_inspect_every_adds_an_inspected_run_after_each_fp8kit_one(monkeypatch, capsys):
-    def run(fn, framework, model_cfg, recipe, mode, batch, warmup, steps, seams, every, lr):
+    def run(fn, framework, model_cfg, recipe, mode, batch, warmup, steps, seams, every, lr,
+            *accumulation):
         label = f"{recipe}/i{every}" if every else recipe
         return {"framework": framework, "recipe": label, "mode": mode, "device": "cpu",
                 "tokens_per_s": 900.0 if every else 1000.0, "step_ms": 1.0,
@@ -337,3 +347,46 @@ def test_inspect_every_adds_an_inspected_run_after_each_fp8kit_one(monkeypatch, 
 def test_inspect_every_is_checked_before_any_run(flags, message, capsys):
     assert bench.main(SMOKE + flags) == 2
     assert message in capsys.readouterr().err
+
+
+def test_forward_fast_accumulation_reaches_fp8kit_per_tensor_recipes(tmp_path):
+    """The flag sets the recipes' opt-in, and the rows say so (block
+    scaling has no fast mode, bf16 no FP8 GEMM)."""
+    assert bench._recipe("delayed", True).forward_fast_accumulation is True
+    assert bench._recipe("current", True).forward_fast_accumulation is True
+    assert bench._recipe("current").forward_fast_accumulation is False
+    out = tmp_path / "bench.json"
+    assert bench.main(SMOKE + ["--frameworks", "torch", "--recipes", "bf16,delayed,block",
+                               "--forward-fast-accumulation", "--json", str(out)]) == 0
+    runs = {r["recipe"]: r["accumulation"] for r in json.loads(out.read_text())["runs"]}
+    assert runs == {"bf16": None, "delayed": "fast fwd", "block": "split"}
+
+
+@pytest.mark.parametrize("framework,recipe,forward_fast,te_env,expected", [
+    ("torch", "bf16", False, None, None),
+    ("jax", "delayed", False, None, "split"),
+    ("jax", "current", True, None, "fast fwd"),
+    ("torch", "block", True, None, "split"),
+    ("torch", "te-delayed", False, None, "fast fwd"),   # TE-PyTorch: forward fast
+    ("torch", "te-block", False, None, "split"),
+    ("torch", "torchao", False, None, "fast fwd"),
+    ("jax", "te-current", False, None, "fast"),          # TE-JAX: every GEMM fast
+    ("jax", "te-delayed", False, "1", "split"),          # unless its variable says split
+])
+def test_each_run_names_its_accumulation(framework, recipe, forward_fast, te_env, expected,
+                                         monkeypatch):
+    if te_env is None:
+        monkeypatch.delenv(bench_peers.TE_JAX_SPLIT_ENV, raising=False)
+    else:
+        monkeypatch.setenv(bench_peers.TE_JAX_SPLIT_ENV, te_env)
+    assert bench_peers.accumulation(framework, recipe, forward_fast) == expected
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is not None,
+                    reason="TransformerEngine is installed: the TE-JAX trainer would be built")
+def test_te_jax_split_accumulation_sets_te_s_variable_before_its_layers(monkeypatch):
+    monkeypatch.delenv(bench_peers.TE_JAX_SPLIT_ENV, raising=False)
+    cfg = dataclasses.replace(CONFIGS["tiny"], layers=1, seq_len=32)
+    with pytest.raises(RuntimeError, match="TransformerEngine"):
+        bench.jax_trainer(cfg, bench.train_config(2, 1, 2), "te-delayed", None, te_split=True)
+    assert bench_peers.accumulation("jax", "te-delayed", False) == "split"
