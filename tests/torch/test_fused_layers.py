@@ -4,6 +4,8 @@ backward, within the bounds derived there; against the unfused composition
 (torch's norm + fp8kit.torch.Linear + activation); and outside autocast
 against torch's own modules exactly."""
 
+import weakref
+
 import numpy as np
 import pytest
 import torch
@@ -12,6 +14,7 @@ import torch.nn.functional as F
 import fp8kit.torch as ft
 from fused_layer_reference import Reference
 from fp8kit.recipe import CurrentScaling, DelayedScaling
+from fp8kit.torch import _fused_steps
 from torch_reference import to_numpy_f32
 
 RECIPES = {"delayed": DelayedScaling(), "current": CurrentScaling()}
@@ -189,3 +192,48 @@ def test_no_grad_forward_records_nothing_and_matches(kind):
         assert torch.equal(s.amax_history, h) and torch.equal(s.scale, sc)
     # The no-grad pass casts with the recorded scales, not the fresh ones.
     assert y2.shape == y.shape and torch.isfinite(y2).all()
+
+
+@pytest.mark.parametrize("activation", ["gelu", "swiglu"])
+def test_backward_drops_each_gradient_buffer_once_read(activation, monkeypatch):
+    """LayerNormMLP's backward lets fc2's d_a go once the activation
+    backward has read it, and dh's casts once fc1's GEMMs have: by the
+    norm's backward, its last step, neither is allocated (holding them
+    raised the layer's peak memory above TransformerEngine's)."""
+    eager = _fused_steps.EAGER
+    original = {name: getattr(eager, name)
+                for name in ("linear_backward", "activation_backward", "norm_backward")}
+    refs = {}
+
+    def keep(name, t):
+        if t is not None:
+            refs[name] = weakref.ref(t)
+
+    def linear_backward(*args):
+        out = original["linear_backward"](*args)
+        keep("d_a", out[0])
+        return out
+
+    def activation_backward(*args):
+        out = original["activation_backward"](*args)
+        keep("dh rowwise", out[0])
+        keep("dh columnwise", out[1])
+        return out
+
+    alive_at_norm = []
+
+    def norm_backward(*args):
+        alive_at_norm.extend(name for name, ref in refs.items() if ref() is not None)
+        return original["norm_backward"](*args)
+
+    layer = make_mlp(activation, "RMSNorm", bias=False, dtype=torch.bfloat16)
+    x = torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True)
+    with ft.autocast(recipe=RECIPES["delayed"]):
+        y = layer(x)
+    monkeypatch.setattr(eager, "linear_backward", staticmethod(linear_backward))
+    monkeypatch.setattr(eager, "activation_backward", staticmethod(activation_backward))
+    monkeypatch.setattr(eager, "norm_backward", staticmethod(norm_backward))
+    y.backward(torch.randn_like(y))
+    assert {"d_a", "dh rowwise", "dh columnwise"} <= set(refs)   # the check saw them
+    assert alive_at_norm == []
+    assert x.grad is not None and layer.fc1_weight.grad is not None
