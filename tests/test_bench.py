@@ -828,3 +828,24 @@ def test_jax_dense_rows_against_te_where_it_runs(tmp_path, monkeypatch):
     for r in rows:
         assert r["error"] is None and r["fp8kit_s"] > 0 and r["anchor_s"] > 0, r
         assert "; TE rel err" in r["check"]
+
+
+def test_te_jax_import_failing_on_cudnn_symbols_names_the_fix(monkeypatch):
+    """TE-JAX imported after torch's cuDNN fails on the system cuDNN's
+    symbols; the row's note then says which folder to put first on
+    LD_LIBRARY_PATH. Other import errors are reported as they are."""
+    import builtins
+    from fp8kit.bench import te_peer
+    error = ("/lib/x86_64-linux-gnu/libcudnn_heuristic.so.9: undefined symbol: "
+             "_ZTVN5cudnn7backend12OperationSetE, version libcudnn_graph.so.9")
+    real_import = builtins.__import__
+
+    def failing_import(name, *args, **kwargs):
+        if name.startswith("transformer_engine"):
+            raise OSError(error)
+        return real_import(name, *args, **kwargs)
+    monkeypatch.setattr(builtins, "__import__", failing_import)
+    tej, missing = te_peer.jax_module()
+    assert tej is None and error in missing
+    assert "torch loaded its own cuDNN first" in missing and "first on LD_LIBRARY_PATH" in missing
+    assert te_peer._cudnn_hint("No module named 'transformer_engine'") == ""

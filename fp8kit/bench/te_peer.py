@@ -14,6 +14,9 @@ blocks for weights, power-of-two scales).
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 
 def torch_module():
     """(transformer_engine.pytorch, None) or (None, why it is missing)."""
@@ -118,8 +121,23 @@ def jax_module():
         import transformer_engine.jax as tej
         import transformer_engine.jax.flax  # noqa: F401
     except Exception as e:  # noqa: BLE001
-        return None, f"TransformerEngine (JAX) not available ({type(e).__name__}: {e})"
+        return None, (f"TransformerEngine (JAX) not available ({type(e).__name__}: {e})"
+                      + _cudnn_hint(str(e)))
     return tej, None
+
+
+def _cudnn_hint(error: str) -> str:
+    """The fix for TE-JAX's import in a process that loaded torch's cuDNN
+    first: the system's cuDNN sub-libraries do not match it (undefined
+    symbols), unless torch's cuDNN folder comes first on the loader's path."""
+    if "libcudnn" not in error or "undefined symbol" not in error:
+        return ""
+    spec = importlib.util.find_spec("nvidia.cudnn")
+    folder = (os.path.join(list(spec.submodule_search_locations)[0], "lib")
+              if spec is not None and spec.submodule_search_locations else
+              "the nvidia/cudnn/lib folder of torch's environment")
+    return (f"; torch loaded its own cuDNN first: start Python with {folder} first on "
+            "LD_LIBRARY_PATH")
 
 
 def jax_autocast(tej, recipe_name: str):
