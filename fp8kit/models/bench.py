@@ -261,6 +261,11 @@ def measure(framework: str, model_cfg, recipe_name: str, mode: str, batch: int, 
         return {**run, "error": str(e)}
     run["accumulation"] = bench_peers.accumulation(framework, recipe_name, forward_fast)
     trainer, reset_peak, peak = made
+    if framework == "torch" and trainer.device.type == "cuda":
+        import torch
+        # The cuDNN this process loaded (a peer imported first can load its
+        # own): bench_table flags runs whose versions differ.
+        run["cudnn"] = torch.backends.cudnn.version()
     compile_error = _compile_error() if mode == "compile" else ()   # (): catches nothing
     first_loss = None
     try:

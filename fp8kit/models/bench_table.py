@@ -26,7 +26,8 @@ def table(rows) -> str:
         lines.append(f"{name} {r['device']:<8} {acc:<8} | "
                      f"{r['tokens_per_s']:10.0f} {ratio} {r['step_ms']:9.1f} {peak} | "
                      f"{r['last_loss']:7.3f}" + (" diverged" if r["diverged"] else ""))
-    return "\n".join(lines + _inspection_costs(rows) + _routing_balances(rows))
+    return "\n".join(lines + _inspection_costs(rows) + _routing_balances(rows)
+                     + _cudnn_versions(rows))
 
 
 def _routing_balances(rows) -> list[str]:
@@ -41,6 +42,20 @@ def _routing_balances(rows) -> list[str]:
     return ["routing balance over the timed steps (load-balancing loss per layer; 1 is "
             "even): " + ", ".join(f"{r['framework']} {r['recipe']} {r['mode']} "
                                   f"{r['routing_balance']:.2f}" for r in timed)]
+
+
+def _cudnn_versions(rows) -> list[str]:
+    """A line when the PyTorch runs loaded different cuDNN versions: a peer
+    imported before torch first used cuDNN can bring its own, and torch's
+    attention and other cuDNN kernels then differ between the runs, which
+    is no part of what the rows compare."""
+    versions = {f"{r['recipe']} {r['mode']}": r["cudnn"] for r in rows if r.get("cudnn")}
+    if len(set(versions.values())) < 2:
+        return []
+    return ["the PyTorch runs loaded different cuDNN versions ("
+            + ", ".join(f"{run} {v}" for run, v in versions.items())
+            + "): start Python with torch's cuDNN folder (nvidia/cudnn/lib) first on "
+            "LD_LIBRARY_PATH so that every run uses torch's own"]
 
 
 def _inspection_costs(rows) -> list[str]:

@@ -390,3 +390,18 @@ def test_te_jax_split_accumulation_sets_te_s_variable_before_its_layers(monkeypa
     with pytest.raises(RuntimeError, match="TransformerEngine"):
         bench.jax_trainer(cfg, bench.train_config(2, 1, 2), "te-delayed", None, te_split=True)
     assert bench_peers.accumulation("jax", "te-delayed", False) == "split"
+
+
+def test_torch_runs_on_different_cudnn_versions_are_flagged():
+    """A peer that loads its own cuDNN changes torch's attention kernels
+    under its rows: the table says so, and says nothing when all agree."""
+    def row(recipe, cudnn):
+        return {"framework": "torch", "recipe": recipe, "mode": "eager", "device": "cuda",
+                "accumulation": "split", "tokens_per_s": 1000.0, "step_ms": 1.0,
+                "peak_memory_bytes": None, "last_loss": 5.0, "diverged": False, "cudnn": cudnn}
+    same = bench_table.table([row("delayed", 91002), row("te-delayed", 91002)])
+    assert "cuDNN" not in same
+    mixed = bench_table.table([row("delayed", 91002), row("te-delayed", 90100)])
+    assert ("the PyTorch runs loaded different cuDNN versions (delayed eager 91002, "
+            "te-delayed eager 90100)") in mixed
+    assert "first on LD_LIBRARY_PATH" in mixed
