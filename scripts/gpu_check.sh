@@ -46,9 +46,10 @@ OUTDIR=${1:-${OUT:-$REPO/out/gpu}}
 # The settings this run was given, as a command that repeats it (run.txt):
 # the environment variables this script reads, before the defaults below.
 KNOBS=(STAGES BENCH_SECTIONS PYTEST_ARGS KPROFILE_ARGS MODEL_RECIPES MODEL_CONFIGS MODELS_ARGS
-  CONVERGENCE_ARGS STEP_PROFILE_FRAMEWORKS FSDP_ARGS POWER_CAP_ARGS COMPUTE_SANITIZER
-  SANITIZE_CPP_TOOLS SANITIZE_PY_TOOLS SANITIZE_SHARDS SANITIZE_TIMEOUT_S SANITIZE_DEADLINE_S
-  SANITIZE_FLAGS SANITIZE_PY_FILES SANITIZE_XLA_ALLOCATOR SANITIZE_TARGET_PROCESSES)
+  CONVERGENCE_ARGS STEP_PROFILE_FRAMEWORKS STEP_PROFILE_ARGS FSDP_ARGS POWER_CAP_ARGS
+  COMPUTE_SANITIZER SANITIZE_CPP_TOOLS SANITIZE_PY_TOOLS SANITIZE_SHARDS SANITIZE_TIMEOUT_S
+  SANITIZE_DEADLINE_S SANITIZE_FLAGS SANITIZE_PY_FILES SANITIZE_XLA_ALLOCATOR
+  SANITIZE_TARGET_PROCESSES)
 INVOCATION=""
 for knob in "${KNOBS[@]}"; do
   [ -n "${!knob+x}" ] && INVOCATION+="$knob=\"${!knob}\" "
@@ -461,11 +462,15 @@ convergence() {
     --out "$OUTDIR/convergence_1b.png")
 }
 # STEP_PROFILE_FRAMEWORKS: the decoders profiled (torch, jax or torch,jax;
-# default torch).
+# default torch); STEP_PROFILE_ARGS: more step_profile flags, after the
+# defaults so they replace them (e.g. "--config 8b_slice --batch 1
+# --recipes delayed,te-delayed --kernels 25").
 step_profile() {
+  local extra=()
+  read -r -a extra <<<"${STEP_PROFILE_ARGS:-}"
   (cd /tmp && without_torch_cudnn show "$PY" -m fp8kit.models.step_profile --config 1b \
     --batch 8 --frameworks "${STEP_PROFILE_FRAMEWORKS:-torch}" \
-    --recipes bf16,delayed,te-current --kernels 20)
+    --recipes bf16,delayed,te-current --kernels 20 "${extra[@]}")
 }
 # FSDP2 with one rank per GPU of the machine; FSDP_ARGS: more fsdp_bench.py
 # flags (after --ranks, so they may replace it), e.g. "--model decoder".
