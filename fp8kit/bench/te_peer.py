@@ -132,12 +132,21 @@ def _cudnn_hint(error: str) -> str:
     symbols), unless torch's cuDNN folder comes first on the loader's path."""
     if "libcudnn" not in error or "undefined symbol" not in error:
         return ""
+    return f"; torch loaded its own cuDNN first: {torch_cudnn_first()}"
+
+
+def torch_cudnn_folder() -> str:
+    """Where torch's own cuDNN libraries are (the nvidia.cudnn package)."""
     spec = importlib.util.find_spec("nvidia.cudnn")
-    folder = (os.path.join(list(spec.submodule_search_locations)[0], "lib")
-              if spec is not None and spec.submodule_search_locations else
-              "the nvidia/cudnn/lib folder of torch's environment")
-    return (f"; torch loaded its own cuDNN first: start Python with {folder} first on "
-            "LD_LIBRARY_PATH")
+    if spec is None or not spec.submodule_search_locations:
+        return "the nvidia/cudnn/lib folder of torch's environment"
+    return os.path.join(list(spec.submodule_search_locations)[0], "lib")
+
+
+def torch_cudnn_first() -> str:
+    """The fix wherever two cuDNNs meet in one process (TE-JAX's import
+    above, the models bench's PyTorch runs)."""
+    return f"start Python with {torch_cudnn_folder()} first on LD_LIBRARY_PATH"
 
 
 def jax_autocast(tej, recipe_name: str):

@@ -52,10 +52,10 @@ def _cudnn_versions(rows) -> list[str]:
     versions = {f"{r['recipe']} {r['mode']}": r["cudnn"] for r in rows if r.get("cudnn")}
     if len(set(versions.values())) < 2:
         return []
+    from fp8kit.bench.te_peer import torch_cudnn_first
     return ["the PyTorch runs loaded different cuDNN versions ("
             + ", ".join(f"{run} {v}" for run, v in versions.items())
-            + "): start Python with torch's cuDNN folder (nvidia/cudnn/lib) first on "
-            "LD_LIBRARY_PATH so that every run uses torch's own"]
+            + f"): {torch_cudnn_first()}, so that every run uses torch's own"]
 
 
 def _inspection_costs(rows) -> list[str]:
