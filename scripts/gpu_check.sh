@@ -383,8 +383,8 @@ bench() {
   local sections=()
   rm -rf "$OUTDIR/bench"
   [ -n "${BENCH_SECTIONS:-}" ] && sections=(--sections "$BENCH_SECTIONS")
-  (cd /tmp && show "$PY" -m fp8kit.bench --full --out "$OUTDIR/bench" --plain-progress \
-    "${sections[@]}")
+  (cd /tmp && with_torch_cudnn show "$PY" -m fp8kit.bench --full --out "$OUTDIR/bench" \
+    --plain-progress "${sections[@]}")
 }
 demo() {
   rm -f "$OUTDIR"/demo_loss.*
@@ -395,7 +395,7 @@ demo() {
 kprofile() {
   local extra=()
   read -r -a extra <<<"${KPROFILE_ARGS:-}"
-  (cd /tmp && show "$PY" "$REPO/scripts/kernel_profile.py" "${extra[@]}")
+  (cd /tmp && with_torch_cudnn show "$PY" "$REPO/scripts/kernel_profile.py" "${extra[@]}")
 }
 # The decoder (python -m fp8kit.models.bench; each compile of the 1b step
 # takes 1.5-2 minutes on the H200).
@@ -419,11 +419,22 @@ models_in() {  # framework
       --json "$OUTDIR/models_${config}_$1.json") || return 1
   done
 }
-# TransformerEngine's install for the GPU machine puts torch's cuDNN
-# (.../nvidia/cudnn/lib) on LD_LIBRARY_PATH. With that entry, the JAX
-# decoder's cuDNN attention fails to build (CUDNN_STATUS_SUBLIBRARY_LOADING_
-# FAILED) once TE-JAX is imported; without it, TE-JAX imports and cuDNN's
-# attention runs (both seen on the H200). The JAX stages run without it.
+# Two cuDNNs on the GPU machine: torch's (.../nvidia/cudnn/lib) and the
+# system's. The PyTorch stages run with torch's first on LD_LIBRARY_PATH:
+# without it TransformerEngine, imported before torch first used cuDNN,
+# brought the system's, and TE's decoder step spent 7.40 ms a step in
+# attention against 4.24 ms with it (H100, 8b_slice, the same SDPA call),
+# a slowdown of the peer that is no part of what the rows compare; TE-JAX,
+# imported after torch, fails on cuDNN symbols without it. The JAX-only
+# stages run without it: with it the JAX decoder's cuDNN attention fails to
+# build (CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED) once TE-JAX is imported.
+with_torch_cudnn() {
+  local folder
+  folder=$("$PY" -c 'import importlib.util, os
+spec = importlib.util.find_spec("nvidia.cudnn")
+print(os.path.join(list(spec.submodule_search_locations)[0], "lib") if spec else "")' 2>/dev/null)
+  LD_LIBRARY_PATH=${folder:+$folder${LD_LIBRARY_PATH:+:}}${LD_LIBRARY_PATH:-} "$@"
+}
 without_torch_cudnn() {
   local kept
   kept=$(tr ':' '\n' <<<"${LD_LIBRARY_PATH:-}" | grep -v -e '/nvidia/cudnn/lib' -e '^$' | paste -sd:)
@@ -433,7 +444,7 @@ without_torch_cudnn() {
     "$@"
   )
 }
-models() { models_in torch; }
+models() { with_torch_cudnn models_in torch; }
 models_jax() { without_torch_cudnn models_in jax; }
 # torchao first: its compilation takes the longest (for the 1b decoder it
 # had not finished after 150 s, twice), and a call's time limit should cut
@@ -444,8 +455,8 @@ models_compile() {
   local extra=()
   read -r -a extra <<<"${MODELS_ARGS:-}"
   rm -f "$OUTDIR/models_1b_compile.json"
-  (cd /tmp && show "$PY" -m fp8kit.models.bench --config 1b --batch 8 --frameworks torch \
-    --recipes torchao,bf16,delayed --compile-only --steps 15 "${extra[@]}" \
+  (cd /tmp && with_torch_cudnn show "$PY" -m fp8kit.models.bench --config 1b --batch 8 \
+    --frameworks torch --recipes torchao,bf16,delayed --compile-only --steps 15 "${extra[@]}" \
     --json "$OUTDIR/models_1b_compile.json")
 }
 # CONVERGENCE_ARGS: more demo flags, one run per OUTDIR. "--seed 1" (other
@@ -468,9 +479,15 @@ convergence() {
 step_profile() {
   local extra=()
   read -r -a extra <<<"${STEP_PROFILE_ARGS:-}"
-  (cd /tmp && without_torch_cudnn show "$PY" -m fp8kit.models.step_profile --config 1b \
-    --batch 8 --frameworks "${STEP_PROFILE_FRAMEWORKS:-torch}" \
-    --recipes bf16,delayed,te-current --kernels 20 "${extra[@]}")
+  local framework env frameworks=${STEP_PROFILE_FRAMEWORKS:-torch}
+  # One process per framework, each with its cuDNN (with_torch_cudnn says why).
+  for framework in ${frameworks//,/ }; do
+    env=with_torch_cudnn
+    [ "$framework" = jax ] && env=without_torch_cudnn
+    (cd /tmp && $env show "$PY" -m fp8kit.models.step_profile --config 1b --batch 8 \
+      --frameworks "$framework" --recipes bf16,delayed,te-current --kernels 20 \
+      "${extra[@]}") || return 1
+  done
 }
 # FSDP2 with one rank per GPU of the machine; FSDP_ARGS: more fsdp_bench.py
 # flags (after --ranks, so they may replace it), e.g. "--model decoder".
