@@ -143,6 +143,19 @@ def torch_cudnn_folder() -> str:
     return os.path.join(list(spec.submodule_search_locations)[0], "lib")
 
 
+def loaded_cudnn_folders(maps: str = "/proc/self/maps") -> list[str]:
+    """The folders whose cuDNN libraries this process has mapped, sorted
+    (Linux; [] where `maps` cannot be read). cuDNN 9 loads its
+    sub-libraries as it needs them, so a process that found two cuDNNs
+    (torch's and the system's) can run kernels of both."""
+    try:
+        with open(maps) as f:
+            paths = {line.split()[-1] for line in f if "/libcudnn" in line}
+    except OSError:
+        return []
+    return sorted({os.path.dirname(path) for path in paths})
+
+
 def torch_cudnn_first() -> str:
     """The fix wherever two cuDNNs meet in one process (TE-JAX's import
     above, the models bench's PyTorch runs)."""

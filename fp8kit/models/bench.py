@@ -110,6 +110,7 @@ import sys
 import tempfile
 import time
 
+from fp8kit.bench import te_peer
 from fp8kit.models import bench_peers, bench_table, cli_support
 from fp8kit.models.config import CONFIGS
 from fp8kit.models.schedule import TrainConfig, peak_learning_rate
@@ -264,7 +265,7 @@ def measure(framework: str, model_cfg, recipe_name: str, mode: str, batch: int, 
     if framework == "torch" and trainer.device.type == "cuda":
         import torch
         # The cuDNN this process loaded (a peer imported first can load its
-        # own): bench_table flags runs whose versions differ.
+        # own): bench_table flags runs whose versions or folders differ.
         run["cudnn"] = torch.backends.cudnn.version()
     compile_error = _compile_error() if mode == "compile" else ()   # (): catches nothing
     first_loss = None
@@ -288,6 +289,8 @@ def measure(framework: str, model_cfg, recipe_name: str, mode: str, batch: int, 
               "tokens_per_s": batch * model_cfg.seq_len * steps / seconds,
               "step_ms": 1e3 * seconds / steps, "peak_memory_bytes": peak(), "last_loss": loss,
               "first_loss": first_loss, "diverged": diverged(loss, model_cfg, first_loss)}
+    if "cudnn" in run:   # the folders only once the steps have loaded cuDNN's sub-libraries
+        result["cudnn_folders"] = te_peer.loaded_cudnn_folders()
     if model_cfg.experts and trainer.aux_losses:
         result["routing_balance"] = sum(trainer.aux_losses) / len(trainer.aux_losses) / \
             model_cfg.layers

@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+from fp8kit.bench import te_peer
 from fp8kit.models import bench, bench_peers, bench_table
 from fp8kit.models.config import CONFIGS
 from fp8kit.models.train_torch import TorchTrainer
@@ -405,3 +406,36 @@ def test_torch_runs_on_different_cudnn_versions_are_flagged():
     assert ("the PyTorch runs loaded different cuDNN versions (delayed eager 91002, "
             "te-delayed eager 90100)") in mixed
     assert "first on LD_LIBRARY_PATH" in mixed
+
+
+def test_torch_runs_on_cudnn_libraries_from_two_folders_are_flagged():
+    """One version number, but torch's cuDNN and the system's both mapped
+    (cuDNN loads its sub-libraries as it needs them): flagged too."""
+    def row(recipe, folders):
+        return {"framework": "torch", "recipe": recipe, "mode": "eager", "device": "cuda",
+                "accumulation": "split", "tokens_per_s": 1000.0, "step_ms": 1.0,
+                "peak_memory_bytes": None, "last_loss": 5.0, "diverged": False,
+                "cudnn": 91900, "cudnn_folders": folders}
+    torch_lib = "/venv/nvidia/cudnn/lib"
+    one = bench_table.table([row("delayed", [torch_lib]), row("te-delayed", [torch_lib])])
+    assert "cuDNN" not in one
+    two = bench_table.table([row("delayed", [torch_lib]),
+                             row("te-delayed", ["/usr/lib/x86_64-linux-gnu", torch_lib])])
+    assert ("the PyTorch runs loaded cuDNN libraries from 2 folders "
+            f"(/usr/lib/x86_64-linux-gnu, {torch_lib})") in two
+    assert "first on LD_LIBRARY_PATH" in two
+
+
+def test_loaded_cudnn_folders_reads_the_process_maps(tmp_path):
+    """The folders of every mapped libcudnn*, once each; none where the
+    maps file cannot be read."""
+    maps = tmp_path / "maps"
+    maps.write_text(
+        "7f00-7f01 r-xp 00000000 08:01 1 /venv/nvidia/cudnn/lib/libcudnn.so.9\n"
+        "7f01-7f02 r--p 00001000 08:01 1 /venv/nvidia/cudnn/lib/libcudnn.so.9\n"
+        "7f02-7f03 r-xp 00000000 08:01 2 /usr/lib/x86_64-linux-gnu/libcudnn_graph.so.9\n"
+        "7f03-7f04 r-xp 00000000 08:01 3 /usr/lib/x86_64-linux-gnu/libc.so.6\n"
+        "7f04-7f05 rw-p 00000000 00:00 0\n")
+    assert te_peer.loaded_cudnn_folders(str(maps)) == ["/usr/lib/x86_64-linux-gnu",
+                                                       "/venv/nvidia/cudnn/lib"]
+    assert te_peer.loaded_cudnn_folders(str(tmp_path / "missing")) == []
