@@ -151,7 +151,8 @@ TORCH_LIBRARY(fp8kit, m) {
       "scale, Tensor(d!) scale_inv, Tensor(e!) counters, Tensor(f!) seeded, str scaling, str "
       "forward_dtype, str backward_dtype, int margin, str amax_reduction, float amax_epsilon, bool "
       "power_2_scale, SymInt[] input_shape, bool forward_dgrad, bool forward_wgrad, bool dgrad, "
-      "bool wgrad, bool bgrad) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
+      "bool wgrad, bool bgrad, ScalarType? weight_dtype=None) -> (Tensor grad_input, Tensor "
+      "grad_weight, Tensor grad_bias)");
   m.def("norm_forward(Tensor x, Tensor gamma, Tensor? beta, str normalization, float epsilon, "
         FP8KIT_STATE_SCHEMA_ARGS
         ", int slot, bool record, bool rowwise, bool columnwise) -> (Tensor data, Tensor "
@@ -176,8 +177,8 @@ TORCH_LIBRARY(fp8kit, m) {
         "(Tensor data, Tensor columnwise_data, Tensor scale_inv, Tensor sums)");
   m.def("linear_forward_cast_input(Tensor input_fp8, Tensor input_scale_inv, Tensor weight, "
         "Tensor? bias, " FP8KIT_STATE_SCHEMA_ARGS
-        ", bool fast_accumulation, bool record, bool dgrad, bool wgrad) -> (Tensor out, Tensor "
-        "weight_fp8, Tensor weight_scale_inv)");
+        ", bool fast_accumulation, bool record, bool dgrad, bool wgrad, ScalarType? out_dtype="
+        "None) -> (Tensor out, Tensor weight_fp8, Tensor weight_scale_inv)");
   // Reads the state (its recipe and device), writes none of it.
   m.def("linear_backward_cast_grad(Tensor grad_output_fp8, Tensor grad_output_columnwise, Tensor "
         "grad_output_scale_inv, Tensor input_fp8, Tensor input_scale_inv, Tensor weight_fp8, "
@@ -185,7 +186,8 @@ TORCH_LIBRARY(fp8kit, m) {
         "scale_inv, Tensor counters, Tensor seeded, str scaling, str forward_dtype, str "
         "backward_dtype, int margin, str amax_reduction, float amax_epsilon, bool power_2_scale, "
         "SymInt[] input_shape, int out_features, ScalarType dtype, bool forward_dgrad, bool "
-        "forward_wgrad, bool dgrad, bool wgrad) -> (Tensor grad_input, Tensor grad_weight)");
+        "forward_wgrad, bool dgrad, bool wgrad, ScalarType? weight_dtype=None) -> (Tensor "
+        "grad_input, Tensor grad_weight)");
 }
 
 TORCH_LIBRARY_IMPL(fp8kit, CPU, m) { fp8kit_torch::register_kernels(m); }

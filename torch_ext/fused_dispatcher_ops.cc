@@ -162,14 +162,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> quantize_slot_op(
 std::tuple<Tensor, Tensor, Tensor> linear_forward_cast_input_op(
     const Tensor& input_fp8, const Tensor& input_scale_inv, const Tensor& weight,
     const std::optional<Tensor>& bias, FP8KIT_STATE_PARAMS, bool fast_accumulation, bool record,
-    bool dgrad, bool wgrad) {
+    bool dgrad, bool wgrad, std::optional<at::ScalarType> out_dtype) {
   constexpr const char* fn = "fp8kit::linear_forward_cast_input";
   LinearState st = FP8KIT_STATE_ARGS.make(fn);
   const CastInput x{input_fp8, Tensor(), input_scale_inv, Tensor()};
   const CastInputForwardOut out =
       linear_forward_cast_input(fn, st, x, weight, bias ? *bias : Tensor(), nullptr,
                                 fast_accumulation, record, dgrad, wgrad, Tensor(),
-                                /*own_buffers=*/true);
+                                /*own_buffers=*/true, out_dtype);
   const auto opts = weight.options();
   return {out.y, or_empty(out.w_q, opts.dtype(torch_fp8_type(st.recipe.forward_dtype))),
           or_empty(out.w_scale_inv, opts.dtype(at::kFloat))};
@@ -180,16 +180,16 @@ std::tuple<Tensor, Tensor> linear_backward_cast_grad_op(
     const Tensor& grad_output_scale_inv, const Tensor& input_fp8, const Tensor& input_scale_inv,
     const Tensor& weight_fp8, const Tensor& weight_scale_inv, FP8KIT_STATE_PARAMS,
     at::IntArrayRef input_shape, int64_t out_features, at::ScalarType dtype, bool forward_dgrad,
-    bool forward_wgrad, bool dgrad, bool wgrad) {
+    bool forward_wgrad, bool dgrad, bool wgrad, std::optional<at::ScalarType> weight_dtype) {
   constexpr const char* fn = "fp8kit::linear_backward_cast_grad";
   const CastInput dy{grad_output_fp8, grad_output_columnwise, grad_output_scale_inv, Tensor()};
   const LinearGrads g = linear_backward_saved(
       fn, FP8KIT_STATE_ARGS.make_ptr(fn), Tensor(), &dy,
       SavedCopies{input_fp8, input_scale_inv, weight_fp8, weight_scale_inv}, input_shape,
       out_features, dtype, forward_dgrad, forward_wgrad, dgrad, wgrad, /*bgrad=*/false,
-      Tensor());
+      Tensor(), weight_dtype);
   const auto opts = amax_history.options().dtype(dtype);
-  return {or_empty(g.dx, opts), or_empty(g.dw, opts)};
+  return {or_empty(g.dx, opts), or_empty(g.dw, opts.dtype(weight_dtype.value_or(dtype)))};
 }
 
 #undef FP8KIT_STATE_PARAMS

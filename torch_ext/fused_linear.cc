@@ -34,9 +34,10 @@ CastInputForwardOut linear_forward_cast_input(const char* fn, LinearState& st, c
                                               const FP8Weight* fp8_weight,
                                               bool fast_accumulation, bool record, bool dgrad,
                                               bool wgrad, const at::Tensor& statistics,
-                                              bool own_buffers) {
+                                              bool own_buffers,
+                                              std::optional<at::ScalarType> out_dtype) {
   LinearCall p = linear_call(fn, st, x.data, w, b, dgrad, wgrad, /*bgrad=*/false,
-                             fast_accumulation, /*x_cast=*/true);
+                             fast_accumulation, /*x_cast=*/true, out_dtype);
   check_f32_scalar(fn, "input_scale_inv", x.scale_inv, "input", x.data);
   DeviceScope scope(st.device);
   FP8Weight given;
@@ -55,6 +56,11 @@ CastInputForwardOut linear_forward_cast_input(const char* fn, LinearState& st, c
 
 namespace {
 
+std::optional<at::ScalarType> optional_dtype(py::handle v, const char* fn, const char* arg) {
+  if (v.is_none()) return std::nullopt;
+  return read_high_precision_dtype(v, fn, arg);
+}
+
 at::Tensor tensor_or_undefined(py::handle v, const char* fn, const char* arg) {
   return v.is_none() ? at::Tensor() : read_tensor(v, c10::str(fn, ": ", arg));
 }
@@ -72,7 +78,8 @@ py::tuple forward_binding(py::handle state, const std::string& name, py::handle 
                           py::handle x_scale_inv,
                           py::handle weight, py::handle fp8_weight, py::handle bias,
                           py::handle fast_accumulation, py::handle record, py::handle dgrad,
-                          py::handle wgrad, py::handle statistics, py::handle x_values) {
+                          py::handle wgrad, py::handle statistics, py::handle x_values,
+                          py::handle out_dtype) {
   FP8KIT_PROFILE_SCOPE("fp8kit::linear_forward_cast_input");
   const char* fn = name.c_str();
   LinearState& st = read_linear_state(state, c10::str(fn, ": state"));
@@ -88,7 +95,8 @@ py::tuple forward_binding(py::handle state, const std::string& name, py::handle 
       read_bool(fast_accumulation, c10::str(fn, ": fast_accumulation")),
       read_bool(record, c10::str(fn, ": record")), read_bool(dgrad, c10::str(fn, ": dgrad")),
       read_bool(wgrad, c10::str(fn, ": wgrad")),
-      tensor_or_undefined(statistics, fn, "statistics"), /*own_buffers=*/false);
+      tensor_or_undefined(statistics, fn, "statistics"), /*own_buffers=*/false,
+      optional_dtype(out_dtype, fn, "out_dtype"));
   return py::make_tuple(out.y, optional_tensor(out.w_q), optional_tensor(out.w_scale_inv));
 }
 
@@ -108,19 +116,21 @@ void register_fused_linear(py::module_& m) {
         py::arg("input_scale_inv"), py::arg("weight"), py::arg("fp8_weight"), py::arg("bias"),
         py::arg("fast_accumulation"), py::arg("record"), py::arg("dgrad"), py::arg("wgrad"),
         py::arg("statistics") = py::none(), py::arg("input_values") = py::none(),
+        py::arg("out_dtype") = py::none(),
         "fp8kit.torch.Linear's forward below autograd (errors name `name`, the layer and its "
         "weight) on an input already cast into `state`'s "
         "input slot (input_fp8 [M, K] its rowwise copy, input_scale_inv float32 [1]): the "
         "weight's cast (recorded when `record`; fp8_weight as linear_forward's), the FP8 "
         "GEMM with the bias. Returns (y, weight_fp8, weight_scale_inv): the weight copy the "
         "core's plan keeps for the gradients dgrad / wgrad (None when none). statistics: as "
-        "linear_forward's, the input's row from input_values (the values input_fp8 holds).");
+        "linear_forward's, the input's row from input_values (the values input_fp8 holds). "
+        "out_dtype: y's dtype (None: the weight's).");
   m.def(
       "linear_backward",
       [](py::handle state, py::handle grad_output, py::handle x_q, py::handle x_scale_inv,
          py::handle w_q, py::handle w_scale_inv, std::vector<int64_t> input_shape,
          bool forward_dgrad, bool forward_wgrad, bool dgrad, bool wgrad, bool bgrad,
-         py::handle statistics) {
+         py::handle statistics, py::handle weight_dtype) {
         FP8KIT_PROFILE_SCOPE("fp8kit::linear_backward");
         constexpr const char* fn = "fp8kit.torch.linear_backward";
         const at::Tensor dy = read_tensor(grad_output, c10::str(fn, ": grad_output"));
@@ -128,21 +138,23 @@ void register_fused_linear(py::module_& m) {
             fn, state_ptr(state, fn), dy, nullptr,
             read_saved(fn, x_q, x_scale_inv, w_q, w_scale_inv), input_shape, dy.size(-1),
             dy.scalar_type(), forward_dgrad, forward_wgrad, dgrad, wgrad, bgrad,
-            tensor_or_undefined(statistics, fn, "statistics")));
+            tensor_or_undefined(statistics, fn, "statistics"),
+            optional_dtype(weight_dtype, fn, "weight_dtype")));
       },
       py::arg("state"), py::arg("grad_output"), py::arg("input_fp8"), py::arg("input_scale_inv"),
       py::arg("weight_fp8"), py::arg("weight_scale_inv"), py::arg("input_shape"),
       py::arg("forward_dgrad"), py::arg("forward_wgrad"), py::arg("dgrad"), py::arg("wgrad"),
-      py::arg("bgrad"), py::arg("statistics") = py::none(),
+      py::arg("bgrad"), py::arg("statistics") = py::none(), py::arg("weight_dtype") = py::none(),
       "fp8kit.torch.Linear's backward below autograd from the copies its forward kept: "
-      "(dx, dw, db), None where not computed; grad_output in the layer's dtype.");
+      "(dx, dw, db), None where not computed; grad_output in the layer's dtype, dw in "
+      "weight_dtype (None: the same).");
   m.def(
       "linear_backward_cast_grad",
       [](py::handle state, py::handle dy_data, py::handle dy_columnwise, py::handle dy_scale_inv,
          py::handle x_q, py::handle x_scale_inv, py::handle w_q, py::handle w_scale_inv,
          std::vector<int64_t> input_shape, int64_t out_features, py::handle dtype,
          bool forward_dgrad, bool forward_wgrad, bool dgrad, bool wgrad, py::handle statistics,
-         py::handle dy_values) {
+         py::handle dy_values, py::handle weight_dtype) {
         FP8KIT_PROFILE_SCOPE("fp8kit::linear_backward_cast_grad");
         constexpr const char* fn = "fp8kit.torch.linear_backward_cast_grad";
         const CastInput dy{tensor_or_undefined(dy_data, fn, "grad_output_fp8"),
@@ -153,7 +165,8 @@ void register_fused_linear(py::module_& m) {
             fn, state_ptr(state, fn), at::Tensor(), &dy,
             read_saved(fn, x_q, x_scale_inv, w_q, w_scale_inv), input_shape, out_features,
             read_high_precision_dtype(dtype, fn, "dtype"), forward_dgrad, forward_wgrad, dgrad,
-            wgrad, /*bgrad=*/false, tensor_or_undefined(statistics, fn, "statistics"));
+            wgrad, /*bgrad=*/false, tensor_or_undefined(statistics, fn, "statistics"),
+            optional_dtype(weight_dtype, fn, "weight_dtype"));
         return py::make_tuple(optional_tensor(g.dx), optional_tensor(g.dw));
       },
       py::arg("state"), py::arg("grad_output_fp8"), py::arg("grad_output_columnwise"),
@@ -162,9 +175,11 @@ void register_fused_linear(py::module_& m) {
       py::arg("out_features"), py::arg("dtype"), py::arg("forward_dgrad"),
       py::arg("forward_wgrad"), py::arg("dgrad"), py::arg("wgrad"),
       py::arg("statistics") = py::none(), py::arg("grad_output_values") = py::none(),
+      py::arg("weight_dtype") = py::none(),
       "linear_backward's dgrad and wgrad on a grad_output already cast into `state`'s "
-      "grad_output slot (its copies per the core's plan and scale_inv): (dx, dw) in `dtype`, "
-      "None where not computed; statistics' grad_output row from grad_output_values.");
+      "grad_output slot (its copies per the core's plan and scale_inv): (dx, dw) in `dtype` "
+      "(dw in weight_dtype when given), None where not computed; statistics' grad_output row "
+      "from grad_output_values.");
 }
 
 }  // namespace fp8kit_torch

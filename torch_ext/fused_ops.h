@@ -80,7 +80,8 @@ QuantizeSlotOut quantize_slot(const char* fn, const at::Tensor& x, const CastArg
 // has already cast into st's input slot (linear_autograd.h, CastInput):
 // y, and, when `record`, the weight copy the plan keeps for the gradients
 // dgrad / wgrad (undefined when none) and its scale_inv. own_buffers: as
-// LinearSaved's (a dispatcher op's call).
+// LinearSaved's (a dispatcher op's call). out_dtype: y's (none: the
+// weight's; a float32 weight beside a bf16 layer under torch.autocast).
 struct CastInputForwardOut {
   at::Tensor y, w_q, w_scale_inv;
 };
@@ -89,7 +90,8 @@ CastInputForwardOut linear_forward_cast_input(const char* fn, LinearState& st, c
                                               const FP8Weight* fp8_weight,
                                               bool fast_accumulation, bool record, bool dgrad,
                                               bool wgrad, const at::Tensor& statistics,
-                                              bool own_buffers);
+                                              bool own_buffers,
+                                              std::optional<at::ScalarType> out_dtype);
 
 // The pybind11 bindings.
 

@@ -22,6 +22,10 @@ struct LinearCall {
   // The recipe's forward_fast_accumulation, per call: recipes that share
   // one scaling state may differ in it.
   bool fast_accumulation = false;
+  // y's dtype: the input's, which a float32 weight (master weights under
+  // torch.autocast, cast straight to FP8) need not share; for an input
+  // already cast, the caller's (default: the weight's).
+  at::ScalarType out_dtype = at::kFloat;
   fp8kit_linear_plan plan{};
   // Where an inspected call writes its casts' statistics (see
   // LinearStatistics below); undefined for every other call.
@@ -64,10 +68,15 @@ fp8kit_linear_plan linear_plan(const LinearCall& call);
 // error names `fn`) and returns what the call computes: the gradients asked
 // for, its sizes and the core's plan. b may be undefined (no bias).
 // x_cast: x is the input's rowwise FP8 copy [M, K], already cast (a fused
-// kernel's), in the recipe's forward format.
+// kernel's), in the recipe's forward format; cast_out_dtype then names y's
+// dtype (none: the weight's). A high-precision x shares the weight's dtype,
+// or, where master_weight allows it, is bf16 / fp16 beside a float32 weight
+// (the weight cast to FP8 as it is): y then has x's dtype.
 LinearCall linear_call(const char* fn, const LinearState& st, const at::Tensor& x,
                        const at::Tensor& w, const at::Tensor& b, bool dgrad, bool wgrad,
-                       bool bgrad, bool fast_accumulation, bool x_cast = false);
+                       bool bgrad, bool fast_accumulation, bool x_cast = false,
+                       std::optional<at::ScalarType> cast_out_dtype = std::nullopt,
+                       bool master_weight = true);
 
 // A weight already in FP8 (the FP8 all-gather of a sharded weight): its
 // rowwise [N, K] and columnwise [K, N] copies (either may be undefined when
@@ -163,7 +172,8 @@ struct LinearGrads {
 
 // The backward of one Linear call from what its forward kept, checked
 // (each error names `fn`): input_shape the forward input's shape,
-// out_features N, dtype the layer's (dx's, dw's and db's), the gradients
+// out_features N, dtype the layer's (dx's and db's, and dw's unless
+// weight_dtype names the weight's: a float32 master weight), the gradients
 // the forward planned for and those this backward computes. dy [..., N] in
 // high precision, or, with cast_dy, dy already cast (bgrad then false).
 // statistics: as linear_forward's (grad_output's row), or undefined.
@@ -172,7 +182,8 @@ LinearGrads linear_backward_saved(const char* fn, c10::intrusive_ptr<LinearState
                                   const SavedCopies& saved, at::IntArrayRef input_shape,
                                   int64_t out_features, at::ScalarType dtype, bool forward_dgrad,
                                   bool forward_wgrad, bool dgrad, bool wgrad, bool bgrad,
-                                  const at::Tensor& statistics);
+                                  const at::Tensor& statistics,
+                                  std::optional<at::ScalarType> weight_dtype = std::nullopt);
 
 // FP8 y = x @ w.T + bias with autograd (FP8 dgrad and wgrad), per `st`,
 // with the forward GEMM's fast accumulation when `fast_accumulation`.

@@ -197,7 +197,8 @@ LinearGrads linear_backward_saved(const char* fn, c10::intrusive_ptr<LinearState
                                   const SavedCopies& saved, at::IntArrayRef input_shape,
                                   int64_t out_features, at::ScalarType dtype, bool forward_dgrad,
                                   bool forward_wgrad, bool dgrad, bool wgrad, bool bgrad,
-                                  const at::Tensor& statistics) {
+                                  const at::Tensor& statistics,
+                                  std::optional<at::ScalarType> weight_dtype) {
   FP8KIT_VALUE_CHECK(!input_shape.empty() && input_shape.back() > 0 && out_features > 0, fn,
                      ": input_shape is ", shape_str(input_shape), " and out_features ",
                      out_features, "; pass the forward input's shape and the layer's N");
@@ -215,7 +216,10 @@ LinearGrads linear_backward_saved(const char* fn, c10::intrusive_ptr<LinearState
   check_statistics(fn, statistics, st->device);
   BackwardInfo info;
   info.st = st;
-  info.x_dtype = info.w_dtype = info.b_dtype = dtype;
+  info.x_dtype = info.b_dtype = dtype;
+  info.w_dtype = weight_dtype.value_or(dtype);
+  FP8KIT_TYPE_CHECK(high_precision_dtype(info.w_dtype).has_value(), fn, ": weight_dtype is ",
+                    dtype_str(info.w_dtype), "; use float32, bfloat16 or float16");
   info.x_sizes = input_shape.vec();
   LinearCall& fwd = info.call;
   fwd.n = out_features;

@@ -114,7 +114,8 @@ std::tuple<Tensor, Tensor, Tensor> linear_backward_op(
     const Tensor& seeded, const std::string& scaling, const std::string& forward_dtype,
     const std::string& backward_dtype, int64_t margin, const std::string& amax_reduction,
     double amax_epsilon, bool power_2_scale, at::IntArrayRef input_shape, bool forward_dgrad,
-    bool forward_wgrad, bool dgrad, bool wgrad, bool bgrad) {
+    bool forward_wgrad, bool dgrad, bool wgrad, bool bgrad,
+    std::optional<at::ScalarType> weight_dtype) {
   constexpr const char* fn = "fp8kit::linear_backward";
   check_state(fn, amax_history, amax, scale, scale_inv, counters, seeded);
   const LinearRecipe recipe = recipe_of(fn, scaling, forward_dtype, backward_dtype,
@@ -127,7 +128,8 @@ std::tuple<Tensor, Tensor, Tensor> linear_backward_op(
                      " but input_shape is ", shape_str(input_shape),
                      "; pass the forward input's shape");
   DeviceScope scope(amax_history.device());
-  // y, and so dy, has the dtype of the input, the weight and the bias.
+  // y, and so dy, has the dtype of the input and the bias, and of the
+  // weight unless weight_dtype names it (a float32 master weight).
   const LinearGrads g = linear_backward_saved(
       fn,
       c10::make_intrusive<LinearState>(recipe, amax_history, amax, scale, scale_inv, counters,
@@ -135,9 +137,11 @@ std::tuple<Tensor, Tensor, Tensor> linear_backward_op(
       grad_output, nullptr,
       SavedCopies{input_fp8, input_scale_inv, weight_fp8, weight_scale_inv}, input_shape,
       grad_output.size(-1), grad_output.scalar_type(), forward_dgrad, forward_wgrad, dgrad,
-      wgrad, bgrad, at::Tensor());
+      wgrad, bgrad, at::Tensor(), weight_dtype);
   const auto opts = grad_output.options();
-  return {or_empty(g.dx, opts), or_empty(g.dw, opts), or_empty(g.db, opts)};
+  return {or_empty(g.dx, opts), or_empty(g.dw, opts.dtype(weight_dtype.value_or(
+                                                    grad_output.scalar_type()))),
+          or_empty(g.db, opts)};
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include <ATen/autocast_mode.h>
+
 #include "carve.h"
 #include "core_calls.h"
 #include "descriptors.h"
@@ -180,7 +182,7 @@ at::Tensor linear_forward_below_autograd(LinearState& st, const at::Tensor& x_in
   }
   at::Tensor y = forward_gemm(st, x_data, x_scale_inv, w_data, w_scale_inv, b, p,
                               cast_x_here ? out_sizes(x, p.n) : std::vector<int64_t>{p.m, p.n},
-                              w_in.options());
+                              w_in.options().dtype(p.out_dtype));
   if (saved) {
     saved->x_q = kept_copy(x_keep, x_data, x_columnwise);
     saved->x_scale_inv = x_scale_inv.tensor();
@@ -308,9 +310,16 @@ fp8kit_linear_plan linear_plan(const LinearCall& call) {
 
 LinearCall linear_call(const char* fn, const LinearState& st, const at::Tensor& x,
                        const at::Tensor& w, const at::Tensor& b, bool dgrad, bool wgrad,
-                       bool bgrad, bool fast_accumulation, bool x_cast) {
+                       bool bgrad, bool fast_accumulation, bool x_cast,
+                       std::optional<at::ScalarType> cast_out_dtype, bool master_weight) {
   check_high_precision(fn, "weight", w);
+  at::ScalarType out_dtype = w.scalar_type();
   if (x_cast) {
+    if (cast_out_dtype) {
+      FP8KIT_TYPE_CHECK(high_precision_dtype(*cast_out_dtype).has_value(), fn, ": out_dtype is ",
+                        dtype_str(*cast_out_dtype), "; use float32, bfloat16 or float16");
+      out_dtype = *cast_out_dtype;
+    }
     check_dense(fn, "input", x);
     const fp8kit_dtype fmt = check_fp8(fn, "input", x);
     FP8KIT_TYPE_CHECK(fmt == st.recipe.forward_dtype, fn, ": the cast input is ",
@@ -323,12 +332,17 @@ LinearCall linear_call(const char* fn, const LinearState& st, const at::Tensor& 
   } else {
     check_high_precision(fn, "input", x);
     // torch.nn.Linear's rule (and its exception type, RuntimeError): one
-    // dtype for input, weight and bias.
-    TORCH_CHECK(x.scalar_type() == w.scalar_type(), fn, ": input has dtype ",
+    // dtype for input, weight and bias; but for FP8 a float32 weight beside
+    // a bf16 / fp16 input is cast to FP8 as it is (master weights under
+    // torch.autocast: one rounding, and no bf16 copy of the weight).
+    const bool mixed = master_weight && w.scalar_type() == at::kFloat &&
+                       (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf);
+    TORCH_CHECK(x.scalar_type() == w.scalar_type() || mixed, fn, ": input has dtype ",
                 dtype_str(x.scalar_type()), " but weight has dtype ", dtype_str(w.scalar_type()),
                 "; as in torch.nn.Linear they must match: convert the input (input.to(",
                 dtype_str(w.scalar_type()), ")) or the layer (layer.to(",
                 dtype_str(x.scalar_type()), ")), or run under torch.autocast");
+    out_dtype = x.scalar_type();
   }
   FP8KIT_VALUE_CHECK(w.dim() == 2, fn, ": weight has shape ", shape_str(w.sizes()),
                      "; it must be [out_features, in_features]");
@@ -356,9 +370,17 @@ LinearCall linear_call(const char* fn, const LinearState& st, const at::Tensor& 
                      "fp8kit.torch.autocast");
   if (b.defined()) {
     check_high_precision(fn, "bias", b);
-    TORCH_CHECK(b.scalar_type() == w.scalar_type(), fn, ": bias has dtype ",
-                dtype_str(b.scalar_type()), " but weight has dtype ", dtype_str(w.scalar_type()),
-                "; as in torch.nn.Linear they must match (convert the layer with layer.to(dtype))");
+    if (out_dtype == w.scalar_type()) {
+      TORCH_CHECK(b.scalar_type() == w.scalar_type(), fn, ": bias has dtype ",
+                  dtype_str(b.scalar_type()), " but weight has dtype ", dtype_str(w.scalar_type()),
+                  "; as in torch.nn.Linear they must match (convert the layer with "
+                  "layer.to(dtype))");
+    } else {
+      TORCH_CHECK(b.scalar_type() == out_dtype, fn, ": bias has dtype ",
+                  dtype_str(b.scalar_type()), " but the output has dtype ", dtype_str(out_dtype),
+                  "; beside a float32 weight the bias has the output's dtype (as "
+                  "torch.autocast casts it): convert it with bias.to(", dtype_str(out_dtype), ")");
+    }
     FP8KIT_VALUE_CHECK(b.dim() == 1 && b.size(0) == n, fn, ": bias has shape ",
                        shape_str(b.sizes()), " but out_features is ", n);
     check_same_device(fn, "bias", b, "weight", w);
@@ -372,6 +394,7 @@ LinearCall linear_call(const char* fn, const LinearState& st, const at::Tensor& 
   p.bgrad = bgrad && b.defined();
   p.non_tn = st.non_tn;
   p.fast_accumulation = fast_accumulation;
+  p.out_dtype = out_dtype;
   p.plan = linear_plan(p);
   return p;
 }
@@ -382,9 +405,15 @@ at::Tensor linear_forward(LinearState& st, const at::Tensor& x, const at::Tensor
   FP8KIT_PROFILE_SCOPE("fp8kit::linear_forward");
   const at::Tensor b = bias && bias->defined() ? *bias : at::Tensor();
   const bool grad = at::GradMode::is_enabled();
+  // Outside torch.autocast the dtypes match as torch.nn.Linear's must; under
+  // it fp8kit.torch.Linear passes a float32 weight as it is (linear.py).
+  const bool master_weight = x.scalar_type() != w.scalar_type() &&
+                             (x.device().is_cpu() || x.device().is_cuda()) &&
+                             at::autocast::is_autocast_enabled(x.device().type());
   LinearCall p =
       linear_call(kLinearFn, st, x, w, b, grad && x.requires_grad(), grad && w.requires_grad(),
-                  grad && b.defined() && b.requires_grad(), fast_accumulation);
+                  grad && b.defined() && b.requires_grad(), fast_accumulation, /*x_cast=*/false,
+                  std::nullopt, master_weight);
   DeviceScope scope(st.device);
   FP8Weight given;
   const FP8Weight* given_ptr =

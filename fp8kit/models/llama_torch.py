@@ -4,10 +4,11 @@
 
 Precision: parameters are float32 (the optimizer's master weights); the
 forward computes in bf16 under torch.autocast, which casts each weight to
-bf16 as a projection reads it. The residual stream, the norms' statistics
-and the rotary rotation stay in float32; attention runs in bf16
-(scaled_dot_product_attention, causal). fp8kit/models/llama_jax.py is the
-same model in JAX.
+bf16 as a projection reads it (fp8kit's per-tensor FP8 layers cast a
+float32 weight straight to FP8 instead: fp8kit/torch/linear.py). The
+residual stream, the norms' statistics and the rotary rotation stay in
+float32; attention runs in bf16 (scaled_dot_product_attention, causal).
+fp8kit/models/llama_jax.py is the same model in JAX.
 
 With recipe=None every projection is a torch.nn.Linear and the model
 contains no fp8kit layer. With a recipe the model runs under
@@ -25,9 +26,9 @@ model's layers and TransformerEngine's do: they run under torch.autocast
 like the other projections (as fast as float32 seams, with less memory).
 FP8Layers(float32_seams=True), the opt-in, runs them outside
 torch.autocast on the float32 residual stream and master weights: their
-norm reads the stream itself, their weights are cast to FP8 straight from
-float32, and their outputs are float32 (q, k, v then go to bf16), at the
-cost of SwiGLU's input kept for backward in float32.
+norm reads the stream itself and their outputs are float32 (q, k, v then
+go to bf16), at the cost of SwiGLU's input kept for backward in float32.
+(Both ways the FP8 layers cast the float32 weights to FP8 as they are.)
 
 A mixture-of-experts config (experts > 0) replaces each MLP with
 moe_torch.MoEMLP: its RMSNorm, a float32 router and the experts as two

@@ -175,10 +175,12 @@ def _linear_backward(grad_output, input_fp8, input_scale_inv, weight_fp8, weight
                      amax_history, amax, scale, scale_inv, counters, seeded, scaling,
                      forward_dtype, backward_dtype, margin, amax_reduction, amax_epsilon,
                      power_2_scale, input_shape, forward_dgrad, forward_wgrad, dgrad, wgrad,
-                     bgrad):
+                     bgrad, weight_dtype=None):
     n, k = grad_output.shape[-1], input_shape[-1]
-    grad = (lambda wanted, shape: grad_output.new_empty(shape if wanted else (0,)))
-    return grad(dgrad, input_shape), grad(wgrad, (n, k)), grad(bgrad, (n,))
+    grad = (lambda wanted, shape, dtype=None: grad_output.new_empty(shape if wanted else (0,),
+                                                                    dtype=dtype))
+    return (grad(dgrad, input_shape), grad(wgrad, (n, k), weight_dtype),
+            grad(bgrad, (n,)))
 
 
 # ----------------------------------------------------- the fused layers' steps
@@ -268,8 +270,9 @@ def _quantize_slot(x, amax_history, amax, scale, scale_inv, counters, seeded, sc
 def _linear_forward_cast_input(input_fp8, input_scale_inv, weight, bias, amax_history, amax,
                                scale, scale_inv, counters, seeded, scaling, forward_dtype,
                                backward_dtype, margin, amax_reduction, amax_epsilon,
-                               power_2_scale, fast_accumulation, record, dgrad, wgrad):
-    out = weight.new_empty((input_fp8.shape[0], weight.shape[0]))
+                               power_2_scale, fast_accumulation, record, dgrad, wgrad,
+                               out_dtype=None):
+    out = weight.new_empty((input_fp8.shape[0], weight.shape[0]), dtype=out_dtype or weight.dtype)
     fp8 = TORCH_FP8[forward_dtype]
     if not record:
         return out, weight.new_empty((0,), dtype=fp8), _f32_empty(weight, 0)
@@ -284,7 +287,8 @@ def _linear_backward_cast_grad(grad_output_fp8, grad_output_columnwise, grad_out
                                amax_history, amax, scale, scale_inv, counters, seeded, scaling,
                                forward_dtype, backward_dtype, margin, amax_reduction,
                                amax_epsilon, power_2_scale, input_shape, out_features, dtype,
-                               forward_dgrad, forward_wgrad, dgrad, wgrad):
+                               forward_dgrad, forward_wgrad, dgrad, wgrad, weight_dtype=None):
     k = input_shape[-1]
-    grad = (lambda wanted, shape: amax_history.new_empty(shape if wanted else (0,), dtype=dtype))
-    return grad(dgrad, input_shape), grad(wgrad, (out_features, k))
+    grad = (lambda wanted, shape, dt=dtype: amax_history.new_empty(shape if wanted else (0,),
+                                                                   dtype=dt))
+    return grad(dgrad, input_shape), grad(wgrad, (out_features, k), weight_dtype or dtype)

@@ -72,6 +72,22 @@ def weight_args(weight: torch.Tensor) -> tuple:
     return stand_in(weight), (weight.rowwise_data, weight.columnwise_data, weight.scale_inv)
 
 
+def _is_master(index: int, param, master: tuple) -> bool:
+    """Whether params[index] is a float32 GEMM weight the FP8 casts read as
+    it is (a master weight: see FusedLayer._fp8_inputs)."""
+    return index in master and param is not None and param.dtype == torch.float32
+
+
+def master_dtype(weight, x: torch.Tensor):
+    """torch.float32 for a float32 master weight beside a 16-bit x (its
+    gradient comes out of the wgrad GEMM in float32), else None (the
+    gradient has x's dtype, the weight's too)."""
+    if weight.dtype == torch.float32 and x.dtype != torch.float32 and not isinstance(
+            weight, Float8Tensor):
+        return torch.float32
+    return None
+
+
 def init_linear(weight: torch.nn.Parameter, bias) -> None:
     """torch.nn.Linear's initialization."""
     torch.nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
@@ -148,12 +164,13 @@ class FusedLayer(FP8ExtraState, torch.nn.Module):
             return F.layer_norm(x, shape, gamma, beta, self.eps)
         return F.rms_norm(x, shape, gamma, self.eps)
 
-    def _fp8_inputs(self, x: torch.Tensor, params: list) -> tuple:
+    def _fp8_inputs(self, x: torch.Tensor, params: list, master: tuple = ()) -> tuple:
         """x and the parameters as the FP8 path takes them: in torch.autocast's
         dtype when it is on (as fp8kit.torch.Linear casts; a weight already
-        in FP8 stays as it is), one dtype and device for all (RuntimeError /
-        ValueError naming the fix otherwise), x with 16-byte aligned data
-        (the fused kernels' vectors)."""
+        in FP8 stays as it is, and so does a float32 GEMM weight whose index
+        in params is in `master`: the per-tensor casts read it as it is), one
+        dtype and device for all (RuntimeError / ValueError naming the fix
+        otherwise), x with 16-byte aligned data (the fused kernels' vectors)."""
         cls = self._LAYER
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"fp8kit.torch.{cls}: input must be a torch.Tensor, got "
@@ -161,12 +178,13 @@ class FusedLayer(FP8ExtraState, torch.nn.Module):
         if _tracing() and any(isinstance(p, Float8Tensor) for p in params):
             raise untraceable(cls)
         if _any_autocast():
-            params = [p if isinstance(p, Float8Tensor) else _autocast_cast(x, p, None)[1]
-                      for p in params]
+            params = [p if isinstance(p, Float8Tensor) or _is_master(i, p, master)
+                      else _autocast_cast(x, p, None)[1] for i, p in enumerate(params)]
             x = _autocast_cast(x, x, None)[0]
         ref = params[0]
-        for p in params:
-            if p is not None and p.dtype != x.dtype:
+        for i, p in enumerate(params):
+            if p is not None and p.dtype != x.dtype and not (
+                    _is_master(i, p, master) and x.dtype in (torch.bfloat16, torch.float16)):
                 raise RuntimeError(
                     f"fp8kit.torch.{cls}: input has dtype {x.dtype} but the layer's parameters "
                     f"have dtype {p.dtype}; convert the input (input.to({p.dtype})) or the layer "

@@ -98,33 +98,35 @@ def _tensor(t, like):
 
 
 def _linear_forward_cast_input(st, name, x_data, x_scale_inv, weight, fp8_weight, bias, fast,
-                               record, dgrad, wgrad, statistics=None, input_values=None):
+                               record, dgrad, wgrad, statistics=None, input_values=None,
+                               out_dtype=None):
     # Traced layers take high-precision weights and are never inspected.
     assert fp8_weight is None and statistics is None
     return _ops.linear_forward_cast_input(x_data, x_scale_inv, weight, bias, *st.tensors,
-                                          *st.recipe, fast, record, dgrad, wgrad)
+                                          *st.recipe, fast, record, dgrad, wgrad, out_dtype)
 
 
 def _linear_backward(st, dy, x_q, x_scale_inv, w_q, w_scale_inv, input_shape, forward_dgrad,
-                     forward_wgrad, dgrad, wgrad, bgrad, statistics=None):
+                     forward_wgrad, dgrad, wgrad, bgrad, statistics=None, weight_dtype=None):
     assert statistics is None
     dx, dw, db = _ops.linear_backward(
         dy, _tensor(x_q, dy), _tensor(x_scale_inv, dy), _tensor(w_q, dy),
         _tensor(w_scale_inv, dy), *st.tensors, *st.recipe, input_shape, forward_dgrad,
-        forward_wgrad, dgrad, wgrad, bgrad)
+        forward_wgrad, dgrad, wgrad, bgrad, weight_dtype)
     return dx if dgrad else None, dw if wgrad else None, db if bgrad else None
 
 
 def _linear_backward_cast_grad(st, dy_data, dy_columnwise, dy_scale_inv, x_q, x_scale_inv, w_q,
                                w_scale_inv, input_shape, out_features, dtype, forward_dgrad,
                                forward_wgrad, dgrad, wgrad, statistics=None,
-                               grad_output_values=None):
+                               grad_output_values=None, weight_dtype=None):
     assert statistics is None
     like = dy_scale_inv
     dx, dw = _ops.linear_backward_cast_grad(
         _tensor(dy_data, like), _tensor(dy_columnwise, like), dy_scale_inv, _tensor(x_q, like),
         _tensor(x_scale_inv, like), _tensor(w_q, like), _tensor(w_scale_inv, like), *st.tensors,
-        *st.recipe, input_shape, out_features, dtype, forward_dgrad, forward_wgrad, dgrad, wgrad)
+        *st.recipe, input_shape, out_features, dtype, forward_dgrad, forward_wgrad, dgrad, wgrad,
+        weight_dtype)
     return dx if dgrad else None, dw if wgrad else None
 
 

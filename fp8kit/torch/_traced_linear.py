@@ -97,6 +97,7 @@ class _LinearFunction(torch.autograd.Function):
         ctx.recipe_args = recipe_args
         ctx.input_shape = list(input.shape)
         ctx.forward_grads = (dgrad, wgrad)
+        ctx.weight_dtype = weight.dtype  # float32 beside a bf16 input: a master weight
         return out
 
     @staticmethod
@@ -107,7 +108,8 @@ class _LinearFunction(torch.autograd.Function):
         dgrad, wgrad = forward_dgrad and need_input, forward_wgrad and need_weight
         dx, dw, db = _ops.linear_backward(
             grad_output, x_q, x_scale_inv, w_q, w_scale_inv, *ctx.state, *ctx.recipe_args,
-            ctx.input_shape, forward_dgrad, forward_wgrad, dgrad, wgrad, need_bias)
+            ctx.input_shape, forward_dgrad, forward_wgrad, dgrad, wgrad, need_bias,
+            ctx.weight_dtype)
         return (dx if dgrad else None, dw if wgrad else None, db if need_bias else None,
                 None, None, None, None, None, None)
 

@@ -53,7 +53,7 @@ from fp8kit.recipe import BlockScaling
 from fp8kit.torch._block_fused import block_norm
 from fp8kit.torch._block_linear import block_linear
 from fp8kit.torch._fused_module import (FusedLayer, check_features, check_normalization,
-                                        init_linear, read_norm, weight_args)
+                                        init_linear, master_dtype, read_norm, weight_args)
 from fp8kit.torch._fused_steps import INPUT
 from fp8kit.torch._outputs import layer_output
 from fp8kit.torch._plan import kept, plan
@@ -114,7 +114,9 @@ class LayerNormLinear(FusedLayer):
             return F.linear(self._norm(input), self.weight, self.bias)
         p = self._parameters
         params = [p["layer_norm_weight"], p["layer_norm_bias"], p["weight"], p["bias"]]
-        x, (gamma, beta, weight, bias) = self._fp8_inputs(input, params)
+        # The per-tensor casts read a float32 weight as it is (_fp8_inputs).
+        master = () if type(recipe) is BlockScaling else (2,)
+        x, (gamma, beta, weight, bias) = self._fp8_inputs(input, params, master)
         if type(recipe) is BlockScaling:
             y = block_linear("LayerNormLinear", recipe,
                              block_norm(x, gamma, beta, self.normalization, self._fp8_eps),
@@ -164,9 +166,10 @@ def _forward(call, x, gamma, beta, weight, bias, ctx):
     statistics = None if inspect is None else inspect.linear_statistics("", m, weight)
     y, w_kept, w_sinv = steps.linear_forward_cast_input(
         st, "fp8kit.torch.LayerNormLinear (weight)", x_data, x_sinv, *weight_args(weight), bias, call.fast, record, dgrad, wgrad,
-        statistics, x_norm)
+        statistics, x_norm, out_dtype=x.dtype)
     if record:
         ctx.call, ctx.grads, ctx.statistics = call, (dgrad, wgrad), statistics
+        ctx.weight_dtype = master_dtype(weight, x)
         ctx.save_for_backward(x, mean, rsigma, gamma, kept(p.saved_input, x_data, x_cw), x_sinv,
                               w_kept, w_sinv)
     return y
@@ -197,7 +200,7 @@ class _LayerNormLinearFunction(torch.autograd.Function):
         dy = dy.reshape(m, n).contiguous()
         d_norm, dw, db = steps.linear_backward(st, dy, x_kept, x_sinv, w_kept, w_sinv, (m, k),
                                                dgrad, wgrad, dgrad, wgrad, needs[5],
-                                               ctx.statistics)
+                                               ctx.statistics, weight_dtype=ctx.weight_dtype)
         if dgrad:
             dx, dgamma, dbeta = steps.norm_backward(d_norm, x, mean, rsigma, gamma,
                                                     call.normalization, call.eps)

@@ -62,7 +62,7 @@ from fp8kit.recipe import BlockScaling
 from fp8kit.torch._block_fused import block_activation, block_norm
 from fp8kit.torch._block_linear import block_linear
 from fp8kit.torch._fused_module import (FusedLayer, check_features, check_normalization,
-                                        init_linear, read_norm, weight_args)
+                                        init_linear, master_dtype, read_norm, weight_args)
 from fp8kit.torch._fused_steps import GRAD_OUTPUT, INPUT
 from fp8kit.torch._outputs import layer_output
 from fp8kit.torch._plan import kept, plan
@@ -151,7 +151,9 @@ class LayerNormMLP(FusedLayer):
         p = self._parameters
         params = [p["layer_norm_weight"], p["layer_norm_bias"], p["fc1_weight"], p["fc1_bias"],
                   p["fc2_weight"], p["fc2_bias"]]
-        x, params = self._fp8_inputs(input, params)
+        # The per-tensor casts read float32 fc weights as they are (_fp8_inputs).
+        master = () if type(recipe) is BlockScaling else (2, 4)
+        x, params = self._fp8_inputs(input, params, master)
         if type(recipe) is BlockScaling:
             gamma, beta, w1, b1, w2, b2 = params
             inspect = self._fp8_inspect
@@ -224,13 +226,16 @@ def _forward(call, x, gamma, beta, w1, b1, w2, b2, ctx):
         x, gamma, beta, call.normalization, call.eps, st1, INPUT, record, *p1.input,
         inspect is not None)
     h, w1_kept, w1_sinv = steps.linear_forward_cast_input(
-        st1, "fp8kit.torch.LayerNormMLP (fc1_weight)", x_data, x_sinv, *weight_args(w1), b1, call.fast, record, *grads1, stats1, x_norm)
+        st1, "fp8kit.torch.LayerNormMLP (fc1_weight)", x_data, x_sinv, *weight_args(w1), b1, call.fast, record, *grads1, stats1, x_norm,
+        out_dtype=x.dtype)
     a_data, a_cw, a_sinv, a = steps.activation_forward(h, call.activation, st2, INPUT, record,
                                                        *p2.input, inspect is not None)
     y, w2_kept, w2_sinv = steps.linear_forward_cast_input(
-        st2, "fp8kit.torch.LayerNormMLP (fc2_weight)", a_data, a_sinv, *weight_args(w2), b2, call.fast, record, *grads2, stats2, a)
+        st2, "fp8kit.torch.LayerNormMLP (fc2_weight)", a_data, a_sinv, *weight_args(w2), b2, call.fast, record, *grads2, stats2, a,
+        out_dtype=x.dtype)
     if record:
         ctx.call, ctx.grads, ctx.statistics = call, (grads1, grads2), (stats1, stats2)
+        ctx.weight_dtypes = master_dtype(w1, x), master_dtype(w2, x)
         ctx.save_for_backward(x, mean, rsigma, gamma, kept(p1.saved_input, x_data, x_cw), x_sinv,
                               w1_kept, w1_sinv, h, kept(p2.saved_input, a_data, a_cw), a_sinv,
                               w2_kept, w2_sinv)
@@ -269,7 +274,7 @@ class _LayerNormMLPFunction(torch.autograd.Function):
         # are fc2's bias gradient; dgrad gives d_a, wgrad dw2).
         d_a, grads[_W2], grads[_B2] = steps.linear_backward(
             st2, dy, a_kept, a_sinv, w2_kept, w2_sinv, (m, f), dgrad2, wgrad2, dgrad2, wgrad2,
-            needs[_B2], stats2)
+            needs[_B2], stats2, weight_dtype=ctx.weight_dtypes[1])
         if not dgrad2:
             return tuple(grads)
         # The activation backward casts dh for fc1's GEMMs, in the copies
@@ -290,7 +295,8 @@ class _LayerNormMLPFunction(torch.autograd.Function):
         if dgrad1 or wgrad1:
             d_norm, grads[_W1] = steps.linear_backward_cast_grad(
                 st1, dh_data, dh_cw, dh_sinv, x_kept, x_sinv, w1_kept, w1_sinv, (m, k), f1,
-                x.dtype, dgrad1, wgrad1, dgrad1, wgrad1, stats1, dh)
+                x.dtype, dgrad1, wgrad1, dgrad1, wgrad1, stats1, dh,
+                weight_dtype=ctx.weight_dtypes[0])
         del dh_data, dh_cw, dh
         if dgrad1:
             grads[_X], grads[_GAMMA], grads[_BETA] = steps.norm_backward(

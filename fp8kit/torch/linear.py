@@ -40,9 +40,13 @@ the dispatcher ops torch.ops.fp8kit.linear_forward / linear_backward instead
 and backward with no graph break, the scaling state updated in the graph.
 
 As torch.nn.Linear, the input, the weight and the bias must have one dtype
-(RuntimeError otherwise); under torch.autocast they are cast to its dtype
-first, as torch.nn.Linear's are (the cast weight is a new tensor each
-call, so cache_fp8_weight does not apply there).
+(RuntimeError otherwise); under torch.autocast the input and the bias are
+cast to its dtype first, as torch.nn.Linear's are, and so is the weight
+under BlockScaling, while the per-tensor recipes cast a float32 weight (the
+master weight) to FP8 as it is: one rounding instead of two, and no bf16
+copy of the weight each step. The output has the autocast dtype and the
+weight's gradient float32 either way. (A weight cast to the autocast dtype
+is a new tensor each call, so cache_fp8_weight does not apply there.)
 
 FP8 GEMMs need in_features and out_features to be multiples of the
 extension's GEMM_DIM_MULTIPLE (cuBLASLt's FP8 alignment).
@@ -139,7 +143,7 @@ class Linear(FP8ExtraState, torch.nn.Linear):
             return linear_with_fp8_weight(self._fp8_states, recipe, input, weight, bias,
                                           self._fp8_cache_weight, self._fp8_inspect)
         if _any_autocast() and isinstance(input, torch.Tensor):
-            input, weight, bias = _autocast_cast(input, weight, bias)
+            input, weight, bias = _autocast_cast(input, weight, bias, master_weight=True)
         inspect = self._fp8_inspect
         if _tracing():  # dispatcher ops trace, the pybind11 call does not
             if inspect is not None:
@@ -226,9 +230,11 @@ class Linear(FP8ExtraState, torch.nn.Linear):
         return self.weight.device
 
 
-def _autocast_cast(input, weight, bias):
+def _autocast_cast(input, weight, bias, master_weight=False):
     """input, weight and bias in torch.autocast's dtype, as torch.nn.Linear
-    computes under it."""
+    computes under it. master_weight: a float32 weight stays float32 (the
+    per-tensor FP8 cast reads it as it is: one rounding, and no bf16 copy of
+    the weight each step; the output still has the autocast dtype)."""
     device = input.device.type
     # fp8kit runs on these (torch.is_autocast_enabled raises for some others).
     if device not in ("cpu", "cuda") or not torch.is_autocast_enabled(device):
@@ -240,4 +246,5 @@ def _autocast_cast(input, weight, bias):
         if t is None or t.dtype in (dtype, torch.float64) or not t.is_floating_point():
             return t
         return t.to(dtype)
-    return cast(input), cast(weight), cast(bias)
+    keep = master_weight and weight is not None and weight.dtype == torch.float32
+    return cast(input), weight if keep else cast(weight), cast(bias)

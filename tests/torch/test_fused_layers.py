@@ -209,8 +209,8 @@ def test_backward_drops_each_gradient_buffer_once_read(activation, monkeypatch):
         if t is not None:
             refs[name] = weakref.ref(t)
 
-    def linear_backward(*args):
-        out = original["linear_backward"](*args)
+    def linear_backward(*args, **kwargs):
+        out = original["linear_backward"](*args, **kwargs)
         keep("d_a", out[0])
         return out
 

@@ -172,9 +172,9 @@ class _StepSpy:
                                         eager.linear_backward_cast_grad)
 
         def spy_forward(st, name, x_data, x_sinv, weight, fp8_weight, bias, fast, record, dgrad,
-                        wgrad, statistics=None, values=None):
+                        wgrad, statistics=None, values=None, **kwargs):
             out = forward(st, name, x_data, x_sinv, weight, fp8_weight, bias, fast, record,
-                          dgrad, wgrad, statistics, values)
+                          dgrad, wgrad, statistics, values, **kwargs)
             if statistics is not None:
                 _, w_kept, w_sinv = out  # the weight's columnwise copy on TN devices
                 self.wanted.append((statistics, 0, op_stats(values, x_data, x_sinv)))
@@ -182,22 +182,22 @@ class _StepSpy:
                     weight, w_kept, w_sinv, columnwise=w_kept.shape != weight.shape)))
             return out
 
-        def spy_backward(st, dy, *args):
+        def spy_backward(st, dy, *args, **kwargs):
             statistics = args[-1]
             if statistics is not None:
                 before = tuple(t.clone() for t in st.tensors)
                 data, _, sinv, _ = _ops.quantize_slot(dy, *before, *_recipe_args(st), 2, True,
                                                       True, False, None)
                 self.wanted.append((statistics, 2, op_stats(dy, data, sinv)))
-            return backward(st, dy, *args)
+            return backward(st, dy, *args, **kwargs)
 
-        def spy_cast_grad(st, data, columnwise, sinv, *args):
+        def spy_cast_grad(st, data, columnwise, sinv, *args, **kwargs):
             statistics, values = args[-2:]
             if statistics is not None:
                 copy = data if data is not None else columnwise
                 self.wanted.append((statistics, 2, op_stats(values, copy, sinv,
                                                             columnwise=data is None)))
-            return cast_grad(st, data, columnwise, sinv, *args)
+            return cast_grad(st, data, columnwise, sinv, *args, **kwargs)
 
         for name, fn in (("linear_forward_cast_input", spy_forward),
                          ("linear_backward", spy_backward),

@@ -38,18 +38,20 @@ def test_mixed_dtypes_are_refused_as_nn_linear_refuses_them(recipe):
 
 @pytest.mark.parametrize("recipe", [DELAYED, CURRENT])
 def test_under_torch_autocast_it_casts_as_nn_linear_does(recipe):
+    """torch.autocast casts the input and the bias as torch.nn.Linear's (the
+    float32 weight goes to FP8 as it is: test_torch_master_weights.py)."""
     torch.manual_seed(0)
     lin = ft.Linear(32, 16)   # float32 weights
-    twin = ft.Linear(32, 16, dtype=torch.bfloat16)
+    twin = ft.Linear(32, 16)
     with torch.no_grad():
         twin.weight.copy_(lin.weight)
-        twin.bias.copy_(lin.bias)
+    twin.bias = torch.nn.Parameter(lin.bias.detach().bfloat16())
     x = torch.randn(8, 32)
     with ft.autocast(recipe=recipe):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             y = lin(x)
             assert y.dtype == torch.nn.Linear(32, 16)(x).dtype == torch.bfloat16
-        want = twin(x.bfloat16())
+            want = twin(x.bfloat16())
     assert torch.equal(y, want)
 
 

@@ -9,6 +9,7 @@ one compilation and no graph break, and exported without dynamo.
 Eager mode is the reference: test_fused_layers.py checks its numerics
 against a float64 reference."""
 
+import contextlib
 import copy
 
 import pytest
@@ -244,7 +245,7 @@ def _states(layer):
     return [st for sts in layer.fp8_states.values() for st in sts]
 
 
-def _train_steps(kind, dev, backend, steps):
+def _train_steps(kind, dev, backend, steps, torch_autocast=False):
     eager = _layer(kind, dev)
     model = copy.deepcopy(eager)
     counter = torch._dynamo.testing.CompileCounterWithBackend(backend)
@@ -256,7 +257,9 @@ def _train_steps(kind, dev, backend, steps):
         x_eager, x_compiled = x.clone().requires_grad_(), x.clone().requires_grad_()
         for m in (eager, model):
             m.zero_grad()
-        with ft.autocast(recipe=recipe):
+        outer = (torch.autocast(dev.type, dtype=torch.bfloat16) if torch_autocast
+                 else contextlib.nullcontext())
+        with outer, ft.autocast(recipe=recipe):
             want, got = eager(x_eager), compiled(x_compiled)
         dy = torch.randn_like(want)
         want.backward(dy)
@@ -276,6 +279,14 @@ def test_compiled_layer_equals_eager_with_one_compilation(device, kind):
     """20 delayed-scaling training steps: same bits as eager every step
     (outputs, gradients, scaling state), one compilation, no graph break."""
     _train_steps(kind, device_of(device), "aot_eager", 20)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["LayerNormLinear", "LayerNormMLP-swiglu"])
+def test_compiled_layer_under_torch_autocast_equals_eager(device, kind):
+    """Under bf16 torch.autocast the float32 weights go to FP8 as they are
+    and their gradients come out in float32, compiled as eager."""
+    _train_steps(kind, device_of(device), "aot_eager", 5, torch_autocast=True)
 
 
 @pytest.mark.parametrize("device", DEVICES)
