@@ -7,7 +7,9 @@ Kinds, by kernel name (the first pattern that matches wins):
     attention  flash / fused multi-head attention and cuDNN's SDPA kernels
     fp8kit     fp8kit's own kernels (casts, norms, activations, updates)
     te         TransformerEngine's own kernels (the same jobs as fp8kit's:
-               a TE step's casts would otherwise hide among 'other')
+               a TE step's casts would otherwise hide among 'other'), its
+               runtime-compiled (NVRTC) cast+transpose kernels too, which
+               carry no namespace
     optimizer  the optimizer's fused or foreach kernels (AdamW)
     other      everything else: elementwise, reductions, copies, XLA fusions
 idle is the step's window (first kernel start to last kernel end) minus
@@ -23,7 +25,7 @@ KINDS = ("gemm", "attention", "fp8kit", "te", "optimizer", "other")
 _PATTERNS = (
     ("attention", re.compile(r"flash|fmha|attention|sdpa|cudnn", re.I)),
     ("fp8kit", re.compile(r"fp8kit")),
-    ("te", re.compile(r"transformer_engine")),
+    ("te", re.compile(r"transformer_engine|^(cast_)?transpose_optimized_kernel")),
     ("gemm", re.compile(r"nvjet|cutlass|xmma|gemm|sm90_.*tensorop|cublas", re.I)),
     ("optimizer", re.compile(r"adam|multi_tensor_apply|foreach|fused_.*optim", re.I)),
 )

@@ -13,6 +13,8 @@ from fp8kit.models import step_profile
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "gemm"),
     ("void fp8kit::cuda::(anonymous namespace)::act_kernel<1, true>", "fp8kit"),
     ("void transformer_engine::(anonymous namespace)::cast_transpose_kernel<8, 4>", "te"),
+    ("cast_transpose_optimized_kernel", "te"),   # TE's NVRTC kernels: no namespace
+    ("transpose_optimized_kernel", "te"),
     ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits>", "attention"),
     ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop", "attention"),
     ("void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>", "optimizer"),
