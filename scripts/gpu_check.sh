@@ -430,9 +430,8 @@ models_in() {  # framework
 # build (CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED) once TE-JAX is imported.
 with_torch_cudnn() {
   local folder
-  folder=$("$PY" -c 'import importlib.util, os
-spec = importlib.util.find_spec("nvidia.cudnn")
-print(os.path.join(list(spec.submodule_search_locations)[0], "lib") if spec else "")' 2>/dev/null)
+  folder=$("$PY" -c 'from fp8kit.bench.te_peer import torch_cudnn_lib
+print(torch_cudnn_lib() or "")' 2>/dev/null)
   LD_LIBRARY_PATH=${folder:+$folder${LD_LIBRARY_PATH:+:}}${LD_LIBRARY_PATH:-} "$@"
 }
 without_torch_cudnn() {

@@ -135,12 +135,19 @@ def _cudnn_hint(error: str) -> str:
     return f"; torch loaded its own cuDNN first: {torch_cudnn_first()}"
 
 
-def torch_cudnn_folder() -> str:
-    """Where torch's own cuDNN libraries are (the nvidia.cudnn package)."""
+def torch_cudnn_lib() -> str | None:
+    """Where torch's own cuDNN libraries are (the nvidia.cudnn package's
+    lib folder); None where that package is not installed.
+    scripts/gpu_check.sh puts it first on LD_LIBRARY_PATH for PyTorch runs."""
     spec = importlib.util.find_spec("nvidia.cudnn")
     if spec is None or not spec.submodule_search_locations:
-        return "the nvidia/cudnn/lib folder of torch's environment"
+        return None
     return os.path.join(list(spec.submodule_search_locations)[0], "lib")
+
+
+def torch_cudnn_folder() -> str:
+    """torch_cudnn_lib, or words for it where the package is missing."""
+    return torch_cudnn_lib() or "the nvidia/cudnn/lib folder of torch's environment"
 
 
 def loaded_cudnn_folders(maps: str = "/proc/self/maps") -> list[str]:
