@@ -37,7 +37,8 @@ int repetitions(const GemmProblem& p) {
 
 int pick_fastest_algo(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const GemmPlan& plan,
                       const std::vector<cublasLtMatmulAlgo_t>& algos, const GemmProblem& p,
-                      void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+                      void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                      std::vector<float>* us_per_call) {
   TuningResources r;
   void* d = p.d;
   if (p.beta != 0.0f) {
@@ -89,6 +90,9 @@ int pick_fastest_algo(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const 
     if (best[i] < best[fastest]) fastest = i;
   }
   if (!std::isfinite(best[fastest])) return 0;  // nothing ran: let the real call report it
+  if (us_per_call != nullptr) {
+    for (float ms : best) us_per_call->push_back(1e3f * ms);
+  }
   // Keep the heuristic's first choice unless another is clearly faster.
   if (!failed[0] && fastest != 0 && best[fastest] > 0.99f * best[0]) fastest = 0;
   return int(fastest);

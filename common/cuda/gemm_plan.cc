@@ -1,8 +1,10 @@
 #include "gemm_plan.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <sstream>
 #include <tuple>
 #include <vector>
 
@@ -109,6 +111,51 @@ bool autotune_enabled() {
     return v == nullptr || std::strcmp(v, "0") != 0;
   }();
   return enabled;
+}
+
+// FP8KIT_GEMM_LOG=1: one line on stderr per new plan, naming the shape,
+// the candidate it runs and what each candidate took while timing, to set
+// fp8kit's choice beside another library's kernel for the same GEMM.
+bool plan_log_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("FP8KIT_GEMM_LOG");
+    return v != nullptr && std::strcmp(v, "0") != 0 && v[0] != '\0';
+  }();
+  return enabled;
+}
+
+int32_t algo_config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  int32_t value = -1;
+  size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &value, sizeof(value), &written) !=
+      CUBLAS_STATUS_SUCCESS) {
+    return -1;
+  }
+  return value;
+}
+
+void log_plan(const GemmProblem& p, const GemmPlan& plan, const std::vector<float>& us) {
+  std::ostringstream os;
+  os << "fp8kit gemm plan: M=" << p.m << " N=" << p.n << " K=" << p.k << " A "
+     << fp8kit_dtype_name(p.a.dtype) << (p.a.k_major ? "" : " (M-major)") << " B "
+     << fp8kit_dtype_name(p.b.dtype) << (p.b.k_major ? "" : " (N-major)") << " D "
+     << fp8kit_dtype_name(p.d_dtype) << " epilogue " << int(p.epilogue)
+     << (p.fast_accumulation ? " fast" : " split") << " accumulation, beta " << p.beta
+     << ": candidate " << plan.chosen << " of " << plan.candidates << " (algo "
+     << algo_config(plan.algo, CUBLASLT_ALGO_CONFIG_ID) << ", tile "
+     << algo_config(plan.algo, CUBLASLT_ALGO_CONFIG_TILE_ID) << ", stages "
+     << algo_config(plan.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID) << ")"
+     << (plan.timed ? ", timed" : ", untimed")
+     << (plan.provisional ? " (provisional, under graph capture)" : "");
+  if (!us.empty()) {
+    os << "; us per call:";
+    char buf[32];
+    for (float t : us) {
+      std::snprintf(buf, sizeof(buf), " %.1f", double(t));
+      os << buf;
+    }
+  }
+  std::fprintf(stderr, "%s\n", os.str().c_str());
 }
 
 bool stream_is_capturing(cudaStream_t stream) {
@@ -306,6 +353,7 @@ std::unique_ptr<GemmPlan> build_plan(cublasLtHandle_t handle, cublasLtMatmulDesc
   }
   plan->candidates = int(candidates.size());
   int chosen = 0;
+  std::vector<float> us_per_call;
   plan->timed = false;
   plan->provisional = false;
   if (candidates.size() > 1 && p.autotune && autotune_enabled()) {
@@ -316,13 +364,15 @@ std::unique_ptr<GemmPlan> build_plan(cublasLtHandle_t handle, cublasLtMatmulDesc
     } else {
       std::vector<cublasLtMatmulAlgo_t> algos;
       for (const auto& c : candidates) algos.push_back(c.algo);
-      chosen = pick_fastest_algo(handle, desc, *plan, algos, p, workspace, workspace_bytes, stream);
+      chosen = pick_fastest_algo(handle, desc, *plan, algos, p, workspace, workspace_bytes, stream,
+                                 plan_log_enabled() ? &us_per_call : nullptr);
       plan->timed = true;
     }
   }
   plan->chosen = chosen;
   plan->algo = candidates[size_t(chosen)].algo;
   plan->algo_workspace_bytes = candidates[size_t(chosen)].workspaceSize;
+  if (plan_log_enabled()) log_plan(p, *plan, us_per_call);
   return plan;
 }
 

@@ -156,7 +156,8 @@ except Exception as e:
 @pytest.mark.parametrize("env, expect", [
     ({"FP8KIT_GEMM_CANDIDATES": "3"}, "max err"),
     ({"FP8KIT_GEMM_CANDIDATES": "0"}, "ValueError fp8kit: FP8KIT_GEMM_CANDIDATES=\"0\" must be an"),
-], ids=["candidates", "bad-candidates"])
+    ({"FP8KIT_GEMM_CANDIDATES": "4", "FP8KIT_GEMM_LOG": "1"}, "max err"),
+], ids=["candidates", "bad-candidates", "log"])
 def test_cuda_gemm_candidates_environment(env, expect):
     """FP8KIT_GEMM_CANDIDATES (read once per process, so each case runs in a
     child): a valid count tunes and gives the right product; a bad one is a
@@ -172,3 +173,15 @@ def test_cuda_gemm_candidates_environment(env, expect):
     assert proc.returncode == 0 and out.startswith(expect), out + proc.stderr[-3000:]
     if expect == "max err":
         assert float(out.split()[-1]) < 2e-2
+    plan_lines = [l for l in proc.stderr.splitlines() if l.startswith("fp8kit gemm plan:")]
+    if "FP8KIT_GEMM_LOG" not in env:
+        assert plan_lines == []
+    else:
+        # One GEMM, one new plan: its shape, and a time per timed candidate.
+        assert len(plan_lines) == 1, proc.stderr[-3000:]
+        line = plan_lines[0]
+        assert "M=256 N=384 K=512 A e4m3 B e4m3 D float32" in line, line
+        candidates = int(line.split(" of ")[1].split()[0])
+        if candidates > 1:
+            times = line.split("us per call:")[1].split()
+            assert len(times) == candidates and all(float(t) > 0 for t in times), line
