@@ -1,9 +1,9 @@
 // fp8kit::cuda::norm_backward: dx, dgamma and dbeta of LayerNorm / RMSNorm
 // in the order fp8kit/normalization.h documents.
 //
-// Kernel 1, a block of 256 threads per tile of 32 rows
-// (FP8KIT_NORM_BACKWARD_TILE_ROWS):
-//   1. per row (warp w takes rows 4w..4w+3): c1 = sum(xhat * g) / H and
+// Kernel 1, a block of 256 threads (512 from hidden 4096 on) per tile of 32
+// rows (FP8KIT_NORM_BACKWARD_TILE_ROWS):
+//   1. per row (each warp takes 32 / warps rows in a row): c1 = sum(xhat * g) / H and
 //      c2 = sum(g) / H in the row-sum order (lane l adds chunks l, l+32,
 //      ... in order; then the xor butterfly), one read of dy and x;
 //   2. the block walks the columns, a thread owning 8 of them: for each
@@ -12,8 +12,9 @@
 //      with 16-byte stores and adds dy * xhat and dy to its column
 //      partials, which end in the workspace: [tiles][hidden] for dgamma,
 //      then [tiles][hidden] for dbeta.
-// Kernel 2: one thread per column adds the tile partials in tile order and
-// rounds to the output dtype.
+// Kernel 2 adds each group of FP8KIT_NORM_BACKWARD_GROUP_TILES tile partials,
+// kernel 3 the group partials: two short chains per column instead of one
+// long one (a chain of 256 dependent loads took 32 us at 8192 rows).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -31,9 +32,13 @@ namespace fp8kit {
 namespace cuda {
 namespace {
 
-constexpr int kBwdThreads = 256;
-constexpr int kBwdWarps = kBwdThreads / 32;
 constexpr int kBwdTileRows = FP8KIT_NORM_BACKWARD_TILE_ROWS;
+// One block per tile of 32 rows leaves a GPU with few blocks per SM at the
+// token counts of a training step (4096 rows: 128 blocks), so the block is
+// as wide as the hidden size allows: 512 threads cover 4096 columns in one
+// pass. Every thread still walks its columns' rows in order, so the sums
+// (and the results) are those of any other width.
+constexpr int kBwdMaxThreads = 512;
 
 struct NormBackwardParams {
   const void* dy;
@@ -49,8 +54,10 @@ struct NormBackwardParams {
   bool layernorm;
 };
 
-template <int kIn>
+template <int kIn, int kBwdThreads>
 __global__ void __launch_bounds__(kBwdThreads) norm_backward_kernel(const NormBackwardParams p) {
+  constexpr int kBwdWarps = kBwdThreads / 32;
+  static_assert(kBwdTileRows % kBwdWarps == 0, "each warp takes whole rows of the tile");
   __shared__ float tile_mean[kBwdTileRows], tile_rsigma[kBwdTileRows];
   __shared__ float tile_c1[kBwdTileRows], tile_c2[kBwdTileRows];
   const int tid = threadIdx.x;
@@ -136,8 +143,8 @@ __global__ void __launch_bounds__(kBwdThreads) norm_backward_kernel(const NormBa
 }
 
 struct ParamGradParams {
-  const float* dgamma_partials;
-  const float* dbeta_partials;
+  float* dgamma_partials;  // tile partials in; group partials written over them
+  float* dbeta_partials;
   void* dgamma;
   void* dbeta;  // NULL for RMSNorm
   fp8kit_dtype dgamma_dtype, dbeta_dtype;
@@ -146,17 +153,65 @@ struct ParamGradParams {
 };
 
 constexpr int kSumThreads = 256;
+constexpr int kGroupTiles = FP8KIT_NORM_BACKWARD_GROUP_TILES;
 
+// Kernel 2: a thread per (group of tiles, column) adds the group's tile
+// partials in tile order (all its loads in flight at once) and writes the
+// sum over the group's first tile partial, which only it reads.
+__global__ void __launch_bounds__(kSumThreads) group_sum_kernel(const ParamGradParams p) {
+  const int64_t c = int64_t(blockIdx.y) * kSumThreads + threadIdx.x;
+  if (c >= p.hidden) return;
+  const int64_t t0 = int64_t(blockIdx.x) * kGroupTiles;
+  const int64_t n = p.tiles - t0 < kGroupTiles ? p.tiles - t0 : kGroupTiles;
+  const bool with_dbeta = p.dbeta != nullptr;
+  float dg[kGroupTiles], db[kGroupTiles];
+#pragma unroll
+  for (int i = 0; i < kGroupTiles; ++i) {
+    if (i < n) {
+      dg[i] = p.dgamma_partials[(t0 + i) * p.hidden + c];
+      db[i] = with_dbeta ? p.dbeta_partials[(t0 + i) * p.hidden + c] : 0.0f;
+    }
+  }
+  float dgamma = 0.0f, dbeta = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kGroupTiles; ++i) {
+    if (i < n) {
+      dgamma = add_rn(dgamma, dg[i]);
+      dbeta = add_rn(dbeta, db[i]);
+    }
+  }
+  p.dgamma_partials[t0 * p.hidden + c] = dgamma;
+  if (with_dbeta) p.dbeta_partials[t0 * p.hidden + c] = dbeta;
+}
+
+// Kernel 3: one thread per column adds the group partials in group order
+// and rounds to the output dtype.
 __global__ void __launch_bounds__(kSumThreads) param_grad_kernel(const ParamGradParams p) {
   const int64_t c = int64_t(blockIdx.x) * kSumThreads + threadIdx.x;
   if (c >= p.hidden) return;
   float dgamma = 0.0f, dbeta = 0.0f;
-  for (int64_t t = 0; t < p.tiles; ++t) {
+  for (int64_t t = 0; t < p.tiles; t += kGroupTiles) {
     dgamma = add_rn(dgamma, p.dgamma_partials[t * p.hidden + c]);
     if (p.dbeta != nullptr) dbeta = add_rn(dbeta, p.dbeta_partials[t * p.hidden + c]);
   }
   store_rounded(p.dgamma, p.dgamma_dtype, c, dgamma);
   if (p.dbeta != nullptr) store_rounded(p.dbeta, p.dbeta_dtype, c, dbeta);
+}
+
+template <int kThreads>
+void launch_norm_backward(fp8kit_dtype dtype, unsigned tiles, const NormBackwardParams& p,
+                          cudaStream_t stream) {
+  switch (dtype) {
+    case FP8KIT_FLOAT32:
+      norm_backward_kernel<FP8KIT_FLOAT32, kThreads><<<tiles, kThreads, 0, stream>>>(p);
+      break;
+    case FP8KIT_BFLOAT16:
+      norm_backward_kernel<FP8KIT_BFLOAT16, kThreads><<<tiles, kThreads, 0, stream>>>(p);
+      break;
+    default:
+      norm_backward_kernel<FP8KIT_FLOAT16, kThreads><<<tiles, kThreads, 0, stream>>>(p);
+      break;
+  }
 }
 
 }  // namespace
@@ -181,23 +236,23 @@ void norm_backward(const fp8kit_norm_config& config, const fp8kit_tensor& dy,
   p.dbeta_partials = workspace + tiles * p.hidden;
   p.layernorm = config.type == FP8KIT_LAYERNORM;
   if (tiles > 0) {
-    switch (x.dtype) {
-      case FP8KIT_FLOAT32:
-        norm_backward_kernel<FP8KIT_FLOAT32><<<unsigned(tiles), kBwdThreads, 0, stream>>>(p);
-        break;
-      case FP8KIT_BFLOAT16:
-        norm_backward_kernel<FP8KIT_BFLOAT16><<<unsigned(tiles), kBwdThreads, 0, stream>>>(p);
-        break;
-      default:
-        norm_backward_kernel<FP8KIT_FLOAT16><<<unsigned(tiles), kBwdThreads, 0, stream>>>(p);
-        break;
+    if (p.hidden >= 8 * kBwdMaxThreads) {
+      launch_norm_backward<kBwdMaxThreads>(x.dtype, unsigned(tiles), p, stream);
+    } else {
+      launch_norm_backward<kBwdMaxThreads / 2>(x.dtype, unsigned(tiles), p, stream);
     }
     check_launch(op, "launching the normalization backward kernel");
   }
   const ParamGradParams s{p.dgamma_partials, p.dbeta_partials, dgamma.data,
                           dbeta != nullptr ? dbeta->data : nullptr, dgamma.dtype,
                           dbeta != nullptr ? dbeta->dtype : FP8KIT_FLOAT32, tiles, p.hidden};
-  param_grad_kernel<<<unsigned(ceil_div(p.hidden, kSumThreads)), kSumThreads, 0, stream>>>(s);
+  const unsigned column_blocks = unsigned(ceil_div(p.hidden, kSumThreads));
+  if (tiles > 0) {
+    const dim3 groups(unsigned(ceil_div(tiles, kGroupTiles)), column_blocks);
+    group_sum_kernel<<<groups, kSumThreads, 0, stream>>>(s);
+    check_launch(op, "launching the dgamma/dbeta group sums");
+  }
+  param_grad_kernel<<<column_blocks, kSumThreads, 0, stream>>>(s);
   check_launch(op, "launching the dgamma/dbeta reduction kernel");
 }
 

@@ -75,8 +75,15 @@ void norm_backward_cpu(const fp8kit_norm_config& config, const fp8kit_tensor& dy
   const float* rs = static_cast<const float*>(rsigma.data);
   const size_t n = static_cast<size_t>(hidden);
   std::vector<float> dgamma_total(n, 0.0f), dbeta_total(n, 0.0f), dgamma_tile(n), dbeta_tile(n);
+  std::vector<float> dgamma_group(n), dbeta_group(n);
   std::vector<float> xhat(n), g(n);
+  const int64_t group_rows =
+      int64_t(FP8KIT_NORM_BACKWARD_TILE_ROWS) * FP8KIT_NORM_BACKWARD_GROUP_TILES;
   for (int64_t r0 = 0; r0 < rows; r0 += FP8KIT_NORM_BACKWARD_TILE_ROWS) {
+    if (r0 % group_rows == 0) {
+      std::fill(dgamma_group.begin(), dgamma_group.end(), 0.0f);
+      std::fill(dbeta_group.begin(), dbeta_group.end(), 0.0f);
+    }
     std::fill(dgamma_tile.begin(), dgamma_tile.end(), 0.0f);
     std::fill(dbeta_tile.begin(), dbeta_tile.end(), 0.0f);
     for (int64_t r = r0; r < rows && r < r0 + FP8KIT_NORM_BACKWARD_TILE_ROWS; ++r) {
@@ -100,8 +107,15 @@ void norm_backward_cpu(const fp8kit_norm_config& config, const fp8kit_tensor& dy
       }
     }
     for (int64_t c = 0; c < hidden; ++c) {
-      dgamma_total[size_t(c)] = add_rn(dgamma_total[size_t(c)], dgamma_tile[size_t(c)]);
-      dbeta_total[size_t(c)] = add_rn(dbeta_total[size_t(c)], dbeta_tile[size_t(c)]);
+      dgamma_group[size_t(c)] = add_rn(dgamma_group[size_t(c)], dgamma_tile[size_t(c)]);
+      dbeta_group[size_t(c)] = add_rn(dbeta_group[size_t(c)], dbeta_tile[size_t(c)]);
+    }
+    const int64_t next = r0 + FP8KIT_NORM_BACKWARD_TILE_ROWS;
+    if (next % group_rows == 0 || next >= rows) {
+      for (int64_t c = 0; c < hidden; ++c) {
+        dgamma_total[size_t(c)] = add_rn(dgamma_total[size_t(c)], dgamma_group[size_t(c)]);
+        dbeta_total[size_t(c)] = add_rn(dbeta_total[size_t(c)], dbeta_group[size_t(c)]);
+      }
     }
   }
   for (int64_t c = 0; c < hidden; ++c) {

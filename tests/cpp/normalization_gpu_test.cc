@@ -18,7 +18,8 @@
 namespace {
 
 const std::vector<std::vector<int64_t>> kGpuShapes = {
-    {3, 5, 64}, {130, 48}, {257, 4096}, {33, 16384}, {64, 14336}, {0, 64}, {1, 16}};
+    {3, 5, 64}, {130, 48}, {257, 4096}, {33, 16384}, {64, 14336}, {0, 64}, {1, 16},
+    {1100, 64}};  // 1100 rows: three groups of tiles in the dgamma sum, the last cut
 
 TEST(NormGpu, ForwardAndBackwardEqualCpu) {
   QTEST_SKIP_WITHOUT_GPU();

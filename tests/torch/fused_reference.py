@@ -66,15 +66,19 @@ def norm_forward(x, gamma, beta, layernorm: bool, eps: float):
     return y.astype(F32), mean, rsigma
 
 
-def _tile_sums(v: np.ndarray, tile: int = 32) -> np.ndarray:
-    """Column sums: tiles of `tile` rows add in order to 0, the tile
-    partials add in order to 0 (the norm backward's order)."""
+def _tile_sums(v: np.ndarray, tile: int = 32, group: int = 16) -> np.ndarray:
+    """Column sums in the norm backward's order: tiles of `tile` rows add
+    in order to 0, groups of `group` tile partials add in order to 0, the
+    group partials add in order to 0."""
     total = np.zeros(v.shape[1], F32)
-    for start in range(0, v.shape[0], tile):
-        part = np.zeros(v.shape[1], F32)
-        for row in v[start:start + tile]:
-            part = part + row
-        total = total + part
+    for group_start in range(0, v.shape[0], tile * group):
+        group_part = np.zeros(v.shape[1], F32)
+        for start in range(group_start, min(group_start + tile * group, v.shape[0]), tile):
+            part = np.zeros(v.shape[1], F32)
+            for row in v[start:start + tile]:
+                part = part + row
+            group_part = group_part + part
+        total = total + group_part
     return total
 
 

@@ -74,7 +74,7 @@ def test_norm_forward_bits(normalization, dtype, recipe, rows):
 
 
 @pytest.mark.parametrize("normalization", ["LayerNorm", "RMSNorm"])
-@pytest.mark.parametrize("rows", [1, 45])
+@pytest.mark.parametrize("rows", [1, 45, 1100])  # 1100: three groups of tiles, the last cut
 def test_norm_backward_bits(normalization, rows):
     hidden = 64
     ln = normalization == "LayerNorm"

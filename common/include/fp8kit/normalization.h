@@ -35,8 +35,10 @@
  * and per column c: dgamma[c] = sum over rows of dy * xhat, dbeta[c] = sum
  * over rows of dy, in this order: rows are cut into tiles of
  * FP8KIT_NORM_BACKWARD_TILE_ROWS; a tile's partial adds its rows in order
- * to 0.0f; the total adds the tile partials in order to 0.0f; then it is
- * rounded to the output's dtype (RNE, NaN canonical). */
+ * to 0.0f; tiles are cut into groups of FP8KIT_NORM_BACKWARD_GROUP_TILES,
+ * a group's partial adds its tiles' partials in order to 0.0f; the total
+ * adds the group partials in order to 0.0f; then it is rounded to the
+ * output's dtype (RNE, NaN canonical). */
 #ifndef FP8KIT_NORMALIZATION_H_
 #define FP8KIT_NORMALIZATION_H_
 
@@ -52,6 +54,7 @@ extern "C" {
 #endif
 
 #define FP8KIT_NORM_BACKWARD_TILE_ROWS 32
+#define FP8KIT_NORM_BACKWARD_GROUP_TILES 16
 
 typedef enum fp8kit_norm_type {
   FP8KIT_LAYERNORM = 0, /* (x - mean) / sigma * gamma + beta */
