@@ -36,7 +36,7 @@ from fp8kit.torch._fp8_weight import stand_in, untraceable
 from fp8kit.torch._linear_states import RecipeStates
 from fp8kit.torch._traced_linear import traced_state
 from fp8kit.torch.float8_tensor import Float8Tensor
-from fp8kit.torch.linear import _autocast_cast, _tracing
+from fp8kit.torch.linear import _autocast_dtype, _autocast_to, _tracing
 
 _EXTRA_STATE_FORMAT = 2
 _READABLE_FORMATS = (1, 2)
@@ -178,9 +178,11 @@ class FusedLayer(FP8ExtraState, torch.nn.Module):
         if _tracing() and any(isinstance(p, Float8Tensor) for p in params):
             raise untraceable(cls)
         if _any_autocast():
+            # Each tensor cast once: x is the size of the activations.
+            dtype = _autocast_dtype(x.device.type)
             params = [p if isinstance(p, Float8Tensor) or _is_master(i, p, master)
-                      else _autocast_cast(x, p, None)[1] for i, p in enumerate(params)]
-            x = _autocast_cast(x, x, None)[0]
+                      else _autocast_to(p, dtype) for i, p in enumerate(params)]
+            x = _autocast_to(x, dtype)
         ref = params[0]
         for i, p in enumerate(params):
             if p is not None and p.dtype != x.dtype and not (

@@ -230,21 +230,28 @@ class Linear(FP8ExtraState, torch.nn.Linear):
         return self.weight.device
 
 
+def _autocast_dtype(device_type: str):
+    """torch.autocast's dtype on this device type, or None where it is off."""
+    # fp8kit runs on these (torch.is_autocast_enabled raises for some others).
+    if device_type not in ("cpu", "cuda") or not torch.is_autocast_enabled(device_type):
+        return None
+    return torch.get_autocast_dtype(device_type)
+
+
+def _autocast_to(t, dtype):
+    """t as torch.autocast computes with it: floating tensors other than
+    float64 in `dtype` (None: autocast is off, t as it is)."""
+    if dtype is None or t is None or t.dtype in (dtype, torch.float64) or not t.is_floating_point():
+        return t
+    return t.to(dtype)
+
+
 def _autocast_cast(input, weight, bias, master_weight=False):
     """input, weight and bias in torch.autocast's dtype, as torch.nn.Linear
     computes under it. master_weight: a float32 weight stays float32 (the
     per-tensor FP8 cast reads it as it is: one rounding, and no bf16 copy of
     the weight each step; the output still has the autocast dtype)."""
-    device = input.device.type
-    # fp8kit runs on these (torch.is_autocast_enabled raises for some others).
-    if device not in ("cpu", "cuda") or not torch.is_autocast_enabled(device):
-        return input, weight, bias
-    dtype = torch.get_autocast_dtype(device)
-
-    def cast(t):
-        # autocast's rule: floating tensors other than float64 are cast.
-        if t is None or t.dtype in (dtype, torch.float64) or not t.is_floating_point():
-            return t
-        return t.to(dtype)
+    dtype = _autocast_dtype(input.device.type)
     keep = master_weight and weight is not None and weight.dtype == torch.float32
-    return cast(input), weight if keep else cast(weight), cast(bias)
+    return (_autocast_to(input, dtype), weight if keep else _autocast_to(weight, dtype),
+            _autocast_to(bias, dtype))
