@@ -20,7 +20,8 @@ pytest.importorskip("jax")
 pytest.importorskip("matplotlib")
 
 from fp8kit import bench  # noqa: E402
-from fp8kit.bench import act_cast, fused_torch, gemm_block, norm_cast, progress, results, timing  # noqa: E402
+from fp8kit.bench import (act_cast, fused_torch, gemm_block, norm_backward, norm_cast,  # noqa: E402
+                          progress, results, timing)
 from fp8kit.bench.results import Row  # noqa: E402
 
 SECTIONS = ("gemm", "quantize", "linear", "overhead", "fused", "grouped", "compile")
@@ -257,6 +258,14 @@ def test_fused_rows(suite):
         assert r["target"] == "P7-norm" and r["error"] is None and r["unit"] == "TB/s"
         assert r["check"].startswith("columnwise = rowwise.T bit-exact; vs float64 rel err")
         assert r["fp8kit_s"] > 0 and r["anchor_s"] > 0
+    backward_rows = [r for r in fused if r["group"] == norm_backward.GROUP]
+    assert {r["case"].split()[0] for r in backward_rows} == {"RMSNorm", "LayerNorm"}
+    for r in backward_rows:   # the norm backward alone, checked, against a copy
+        assert r["target"] is None and r["error"] is None and r["unit"] == "TB/s"
+        assert r["check"].startswith("dx: rel err"), r["check"]
+        assert "dgamma: rel err" in r["check"]
+        assert ("dbeta: rel err" in r["check"]) == r["case"].startswith("LayerNorm")
+        assert r["fp8kit_s"] > 0 and r["anchor_s"] > 0
     act_rows = [r for r in fused if r["group"] == act_cast.GROUP]
     assert {" ".join(r["case"].split()[:2]) for r in act_rows} == {
         "swiglu forward", "swiglu backward", "gelu forward", "gelu backward"}
@@ -267,7 +276,7 @@ def test_fused_rows(suite):
     # Peak memory rows need CUDA's allocator.
     assert any("extra peak memory" in r["group"] for r in fused) == GPU
     rows = [r for r in fused if r not in jax_rows and r not in norm_rows and r not in act_rows
-            and "extra peak memory" not in r["group"]]
+            and r not in backward_rows and "extra peak memory" not in r["group"]]
     groups = {r["group"] for r in rows}
     assert any("LayerNormMLP" in g and "swiglu" in g for g in groups)
     assert any("LayerNormMLP" in g and "gelu" in g for g in groups)

@@ -39,7 +39,8 @@ _MODULES = {"gemm": ["fp8kit.bench.gemm", "fp8kit.bench.gemm_block"],
             "linear": ["fp8kit.bench.linear_torch", "fp8kit.bench.dense_jax"],
             "overhead": ["fp8kit.bench.overhead"],
             "fused": ["fp8kit.bench.fused_torch", "fp8kit.bench.norm_cast",
-                      "fp8kit.bench.act_cast", "fp8kit.bench.mlp_jax"],
+                      "fp8kit.bench.norm_backward", "fp8kit.bench.act_cast",
+                      "fp8kit.bench.mlp_jax"],
             "grouped": ["fp8kit.bench.grouped_torch"],
             "compile": ["fp8kit.bench.compile_torch"]}
 # --sections also takes one module of a section with two (the PyTorch or the JAX
