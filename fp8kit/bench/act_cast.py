@@ -26,10 +26,8 @@ bias gradient match the float64 column sums within bf16's rounding.
 
 from __future__ import annotations
 
-import functools
-
 from fp8kit.bench import checks, timing
-from fp8kit.bench.context import Case, Context
+from fp8kit.bench.context import Case, Context, shape_cases
 from fp8kit.bench.quantize import bf16_inputs
 from fp8kit.bench.results import Row
 
@@ -125,7 +123,5 @@ def run_shape(ctx: Context, tokens: int, f: int, seed: int) -> list[Row]:
 
 
 def cases(ctx: Context) -> list[Case]:
-    shapes = QUICK_SHAPES if ctx.quick else SHAPES
-    return [Case(SECTION, GROUP, f"activation + cast {t}x{f}",
-                 functools.partial(run_shape, ctx, t, f, i))
-            for i, (t, f) in enumerate(shapes)]
+    return shape_cases(ctx, SECTION, GROUP, "activation + cast", run_shape, SHAPES,
+                       QUICK_SHAPES)

@@ -4,6 +4,7 @@ settings, and the Case type sections return."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
 from fp8kit.bench.timing import Settings
@@ -36,3 +37,12 @@ class Case:
     group: str                    # used for the error row if run() raises
     name: str
     run: Callable[[], list]
+
+
+def shape_cases(ctx: Context, section: str, group: str, label: str, run_shape: Callable,
+                shapes: list, quick_shapes: list) -> list[Case]:
+    """One Case per (rows, cols) shape of a kernel section, named
+    "<label> <rows>x<cols>": run_shape(ctx, rows, cols, seed), the shape's
+    index its seed; quick_shapes in quick mode."""
+    return [Case(section, group, f"{label} {r}x{c}", functools.partial(run_shape, ctx, r, c, i))
+            for i, (r, c) in enumerate(quick_shapes if ctx.quick else shapes)]

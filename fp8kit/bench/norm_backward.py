@@ -17,10 +17,8 @@ rounding.
 
 from __future__ import annotations
 
-import functools
-
 from fp8kit.bench import checks, timing
-from fp8kit.bench.context import Case, Context
+from fp8kit.bench.context import Case, Context, shape_cases
 from fp8kit.bench.quantize import bf16_inputs
 from fp8kit.bench.results import Row
 
@@ -105,7 +103,4 @@ def run_shape(ctx: Context, tokens: int, hidden: int, seed: int) -> list[Row]:
 
 
 def cases(ctx: Context) -> list[Case]:
-    shapes = QUICK_SHAPES if ctx.quick else SHAPES
-    return [Case(SECTION, GROUP, f"norm backward {t}x{h}",
-                 functools.partial(run_shape, ctx, t, h, i))
-            for i, (t, h) in enumerate(shapes)]
+    return shape_cases(ctx, SECTION, GROUP, "norm backward", run_shape, SHAPES, QUICK_SHAPES)

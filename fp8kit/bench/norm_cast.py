@@ -19,10 +19,8 @@ the float64 normalization within E4M3's rounding.
 
 from __future__ import annotations
 
-import functools
-
 from fp8kit.bench import checks, timing
-from fp8kit.bench.context import Case, Context
+from fp8kit.bench.context import Case, Context, shape_cases
 from fp8kit.bench.quantize import bf16_inputs
 from fp8kit.bench.results import Row
 
@@ -110,7 +108,5 @@ def run_shape(ctx: Context, tokens: int, hidden: int, seed: int) -> list[Row]:
 
 
 def cases(ctx: Context) -> list[Case]:
-    shapes = QUICK_SHAPES if ctx.quick else SHAPES
-    return [Case(SECTION, GROUP, f"norm forward + cast {t}x{h}",
-                 functools.partial(run_shape, ctx, t, h, i))
-            for i, (t, h) in enumerate(shapes)]
+    return shape_cases(ctx, SECTION, GROUP, "norm forward + cast", run_shape, SHAPES,
+                       QUICK_SHAPES)

@@ -33,10 +33,8 @@ allocator); the times include that, as the peers' do.
 
 from __future__ import annotations
 
-import functools
-
 from fp8kit.bench import checks, timing
-from fp8kit.bench.context import Case, Context
+from fp8kit.bench.context import Case, Context, shape_cases
 from fp8kit.bench.gemm import cast_e4m3
 from fp8kit.bench.results import Row
 
@@ -253,6 +251,4 @@ def _block_rows(x0, xs, copies, fns, row) -> list[Row]:
 
 
 def cases(ctx: Context) -> list[Case]:
-    shapes = QUICK_SHAPES if ctx.quick else SHAPES
-    return [Case(SECTION, G_DELAYED, f"quantize {r}x{c}",
-                 functools.partial(run_shape, ctx, r, c, i)) for i, (r, c) in enumerate(shapes)]
+    return shape_cases(ctx, SECTION, G_DELAYED, "quantize", run_shape, SHAPES, QUICK_SHAPES)
