@@ -12,7 +12,8 @@
 //      with 16-byte stores and adds dy * xhat and dy to its column
 //      partials, which end in the workspace: [tiles][hidden] for dgamma,
 //      then [tiles][hidden] for dbeta.
-// Kernel 2 adds each group of FP8KIT_NORM_BACKWARD_GROUP_TILES tile partials,
+// Kernel 2 (when there is more than one group) adds each group of
+// FP8KIT_NORM_BACKWARD_GROUP_TILES tile partials,
 // kernel 3 the group partials: two short chains per column instead of one
 // long one (a chain of 256 dependent loads took 32 us at 8192 rows).
 #include <cuda_runtime.h>
@@ -185,12 +186,15 @@ __global__ void __launch_bounds__(kSumThreads) group_sum_kernel(const ParamGradP
 }
 
 // Kernel 3: one thread per column adds the group partials in group order
-// and rounds to the output dtype.
+// and rounds to the output dtype. With a single group kernel 2 is not
+// launched and this kernel adds the tile partials itself: 0 + (the group's
+// sum) is the group's sum, so the result is the same bit for bit.
 __global__ void __launch_bounds__(kSumThreads) param_grad_kernel(const ParamGradParams p) {
   const int64_t c = int64_t(blockIdx.x) * kSumThreads + threadIdx.x;
   if (c >= p.hidden) return;
+  const int64_t stride = p.tiles <= kGroupTiles ? 1 : kGroupTiles;
   float dgamma = 0.0f, dbeta = 0.0f;
-  for (int64_t t = 0; t < p.tiles; t += kGroupTiles) {
+  for (int64_t t = 0; t < p.tiles; t += stride) {
     dgamma = add_rn(dgamma, p.dgamma_partials[t * p.hidden + c]);
     if (p.dbeta != nullptr) dbeta = add_rn(dbeta, p.dbeta_partials[t * p.hidden + c]);
   }
@@ -247,7 +251,7 @@ void norm_backward(const fp8kit_norm_config& config, const fp8kit_tensor& dy,
                           dbeta != nullptr ? dbeta->data : nullptr, dgamma.dtype,
                           dbeta != nullptr ? dbeta->dtype : FP8KIT_FLOAT32, tiles, p.hidden};
   const unsigned column_blocks = unsigned(ceil_div(p.hidden, kSumThreads));
-  if (tiles > 0) {
+  if (tiles > kGroupTiles) {
     const dim3 groups(unsigned(ceil_div(tiles, kGroupTiles)), column_blocks);
     group_sum_kernel<<<groups, kSumThreads, 0, stream>>>(s);
     check_launch(op, "launching the dgamma/dbeta group sums");
