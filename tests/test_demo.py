@@ -166,6 +166,21 @@ TINY = ["--steps", "2", "--batch", "1", "--seq-len", "32", "--hidden", "64", "--
         "--ffn", "128", "--cpu", "--frameworks", "torch"]
 
 
+def test_forward_fast_accumulation_reaches_the_recipe_and_its_name(tmp_path):
+    """--forward-fast-accumulation sets the per-tensor recipes' forward GEMM
+    mode (the CPU reference GEMM accumulates in float32 either way, so the
+    losses say nothing here) and the recipe's name in the JSON says so."""
+    from fp8kit.demo import cli
+    for name in ("delayed", "current"):
+        assert cli._recipe(name, True).forward_fast_accumulation is True
+        assert cli._recipe(name).forward_fast_accumulation is False
+    out = tmp_path / "fast.png"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert demo.main(TINY + ["--forward-fast-accumulation", "--out", str(out)]) == 0
+    doc, _ = _runs(out)
+    assert doc["recipe"] == "delayed scaling, HYBRID format, fast forward accumulation"
+
+
 @pytest.mark.parametrize("out,written", [("existing", "existing/demo_loss.png"),
                                          ("new/", "new/demo_loss.png"),
                                          ("noext", "noext.png")])
@@ -200,6 +215,8 @@ def _refused(args, capsys) -> str:
     (["--seed", "-1"], "--seed=-1 must be >= 0"),
     (["--log-every", "-5"], "--log-every=-5 must be >= 0"),
     (["--out", "loss.jpg"], "--out loss.jpg: the plot is written as .png, .svg, .pdf"),
+    (["--recipe", "block", "--forward-fast-accumulation"],
+     "--forward-fast-accumulation: block scaling's GEMMs have no fast accumulation"),
 ])
 def test_impossible_arguments_are_one_line_before_training(args, message, capsys):
     assert message in _refused(TINY + args, capsys)

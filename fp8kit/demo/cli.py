@@ -57,6 +57,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--recipe", choices=("delayed", "current", "block"), default="delayed",
                    help="FP8 scaling: delayed (amax history, the default), current or "
                         "block (1x128 activations and gradients, 128x128 weights)")
+    p.add_argument("--forward-fast-accumulation", action="store_true",
+                   help="the per-tensor recipes' forward GEMMs accumulate in the tensor cores' "
+                        "fast mode (TransformerEngine's default) instead of fp8kit's split "
+                        "accumulation; the convergence check of that choice")
     p.add_argument("--float32-seams", action="store_true",
                    help="the FP8 runs' fused layers read the float32 residual stream at their "
                         "seams and return float32, keeping SwiGLU's input in float32 for "
@@ -75,13 +79,14 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _recipe(name: str):
+def _recipe(name: str, fast: bool = False):
     from fp8kit.recipe import BlockScaling, CurrentScaling, DelayedScaling, Format
     if name == "delayed":
-        return DelayedScaling(fp8_format=Format.HYBRID, amax_history_len=16, margin=0)
+        return DelayedScaling(fp8_format=Format.HYBRID, amax_history_len=16, margin=0,
+                              forward_fast_accumulation=fast)
     if name == "block":  # E4M3 everywhere, as block-scaled training usually runs
         return BlockScaling()
-    return CurrentScaling(fp8_format=Format.HYBRID)
+    return CurrentScaling(fp8_format=Format.HYBRID, forward_fast_accumulation=fast)
 
 
 def _load_trainers(names, cpu: bool):
@@ -139,6 +144,10 @@ def _checked(args):
     bad = [n for n in names if n not in FRAMEWORKS]
     if bad or not names:
         raise ValueError(f"--frameworks: unknown {bad}; choose from {', '.join(FRAMEWORKS)}")
+    if args.forward_fast_accumulation and args.recipe == "block":
+        raise ValueError("--forward-fast-accumulation: block scaling's GEMMs have no fast "
+                         "accumulation (cuBLASLt's block-scaled GEMM); use it with --recipe "
+                         "delayed or current")
     for name in ("seed", "log_every", "inspect_every"):
         value = getattr(args, name)
         if value is not None and value < 0:
@@ -173,8 +182,9 @@ def main(argv=None) -> int:
     from fp8kit.demo import inspection, report, run
     from fp8kit.models.init import init_params
 
-    recipe = _recipe(args.recipe)
+    recipe = _recipe(args.recipe, args.forward_fast_accumulation)
     recipe_name = f"{args.recipe} scaling, {recipe.fp8_format.name} format" + (
+        ", fast forward accumulation" if args.forward_fast_accumulation else "") + (
         ", float32 seams" if args.float32_seams else "")
     every = args.log_every or max(1, train_cfg.steps // 10)
     inspect_every = (max(1, train_cfg.steps // 20) if args.inspect_every is None
