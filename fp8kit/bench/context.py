@@ -46,3 +46,17 @@ def shape_cases(ctx: Context, section: str, group: str, label: str, run_shape: C
     index its seed; quick_shapes in quick mode."""
     return [Case(section, group, f"{label} {r}x{c}", functools.partial(run_shape, ctx, r, c, i))
             for i, (r, c) in enumerate(quick_shapes if ctx.quick else shapes)]
+
+
+def copy_anchored(rows: dict, t: dict, n: int, copies: int, bytes_per_element: float) -> None:
+    """Fills the rows of a kernel section timed beside a 4-byte-per-element
+    device copy (t["copy"], n elements, `copies` input copies rotated past
+    L2): each row's note, its kernel time t[name] where it was timed, and
+    as anchor the copy's time scaled to the kernel's bytes_per_element."""
+    t_copy = t["copy"].median_s
+    for name, row in rows.items():
+        row.note = f"copy {4 * n / t_copy / 1e12:.3g} TB/s (4 B/el), {copies} input copies"
+        if name in t:
+            row.fp8kit_s = t[name].median_s
+            row.anchor_s = t_copy * bytes_per_element / 4
+            row.timing = {"fp8kit": t[name].to_json(), "copy": t["copy"].to_json()}

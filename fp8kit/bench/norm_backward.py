@@ -18,7 +18,7 @@ rounding.
 from __future__ import annotations
 
 from fp8kit.bench import checks, timing
-from fp8kit.bench.context import Case, Context, shape_cases
+from fp8kit.bench.context import Case, Context, copy_anchored, shape_cases
 from fp8kit.bench.quantize import bf16_inputs
 from fp8kit.bench.results import Row
 
@@ -89,13 +89,7 @@ def run_shape(ctx: Context, tokens: int, hidden: int, seed: int) -> list[Row]:
         except checks.Mismatch as e:
             row.error = f"not timed: {e}"
     t = timing.measure(fns, timing.torch_clock(dev), ctx.settings)
-    t_copy = t["copy"].median_s
-    for norm, row in rows.items():
-        row.note = f"copy {4 * n / t_copy / 1e12:.3g} TB/s (4 B/el), {copies} input copies"
-        if norm in t:
-            row.fp8kit_s = t[norm].median_s
-            row.anchor_s = t_copy * BYTES_PER_ELEMENT / 4   # the copy's time for 6 B/el
-            row.timing = {"fp8kit": t[norm].to_json(), "copy": t["copy"].to_json()}
+    copy_anchored(rows, t, n, copies, BYTES_PER_ELEMENT)
     del xs, dys, copy, fns
     if dev == "cuda":
         torch.cuda.empty_cache()

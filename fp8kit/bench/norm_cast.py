@@ -20,7 +20,7 @@ the float64 normalization within E4M3's rounding.
 from __future__ import annotations
 
 from fp8kit.bench import checks, timing
-from fp8kit.bench.context import Case, Context, shape_cases
+from fp8kit.bench.context import Case, Context, copy_anchored, shape_cases
 from fp8kit.bench.quantize import bf16_inputs
 from fp8kit.bench.results import Row
 
@@ -92,15 +92,11 @@ def run_shape(ctx: Context, tokens: int, hidden: int, seed: int) -> list[Row]:
         except checks.Mismatch as e:
             row.error = f"not timed: {e}"
     t = timing.measure(fns, timing.torch_clock(dev), ctx.settings)
-    t_copy = t["copy"].median_s
+    copy_anchored(rows, t, n, copies, 4)
     for norm, row in rows.items():
-        row.note = f"copy {4 * n / t_copy / 1e12:.3g} TB/s (4 B/el), {copies} input copies"
-        if norm in t:
-            row.fp8kit_s, row.anchor_s = t[norm].median_s, t_copy
-            row.timing = {"fp8kit": t[norm].to_json(), "copy": t["copy"].to_json()}
-            if dev == "cuda":
-                hbm = 4 * n / t[norm].median_s / 1e12 / HBM_DATASHEET_TBS
-                row.check += f"; {100 * hbm:.0f}% of the {HBM_DATASHEET_TBS:g} TB/s datasheet HBM"
+        if norm in t and dev == "cuda":
+            hbm = 4 * n / t[norm].median_s / 1e12 / HBM_DATASHEET_TBS
+            row.check += f"; {100 * hbm:.0f}% of the {HBM_DATASHEET_TBS:g} TB/s datasheet HBM"
     del xs, copy, fns
     if dev == "cuda":
         torch.cuda.empty_cache()
