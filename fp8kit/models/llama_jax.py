@@ -169,12 +169,14 @@ def create_fp8_states(cfg: LlamaConfig, recipe, layers: JaxLayers = FP8KIT_LAYER
 
 
 def project(x, kernel, fp8_kwargs, recipe, layers: JaxLayers = FP8KIT_LAYERS):
-    """x bf16 [..., in] @ kernel [in, out], the float32 kernel cast to bf16
-    first (as torch.autocast does): FP8 through layers.dense with a recipe
-    (fp8_kwargs: its state and statistics keyword arguments)."""
-    kernel = kernel.astype(BF16)
+    """x bf16 [..., in] @ kernel [in, out]: in bf16 with recipe=None, the
+    float32 kernel cast to bf16 first (as torch.autocast does); else FP8
+    through layers.dense (fp8_kwargs: its state and statistics keyword
+    arguments), which takes the float32 kernel as it is, as the fused
+    layers take theirs: one rounding to FP8, no bf16 copy of the kernel
+    each step, and its gradient float32 from the GEMM."""
     if recipe is None:
-        return jnp.dot(x, kernel)
+        return jnp.dot(x, kernel.astype(BF16))
     return layers.dense(x, kernel, recipe=recipe, **fp8_kwargs)
 
 

@@ -28,17 +28,22 @@ _INSTRUCTION = re.compile(r"= (\w+)\[([\d,]*)\]\S* ([\w-]+)\(")
 _FP8_SOURCES = {"custom-call", "get-tuple-element", "tuple", "bitcast", "parameter", "constant"}
 
 
+def _lowered(trainer):
+    """The trainer's step, lowered for its device."""
+    batch = jax.device_put(trainer.sampler.next(), trainer.device)
+    return _train_step.lower(
+        trainer.params, trainer.fp8_states, trainer.opt_state, batch, np.float32(1e-3), None,
+        model_cfg=trainer.model_cfg, train_cfg=trainer.train_cfg, recipe=trainer.recipe,
+        layers=trainer.layers, attention_impl=trainer.attention_impl)
+
+
 def _moves(recipe, cfg, device) -> list:
     """The instructions of the compiled step on `device` that move FP8 data
     or a history-shaped array."""
     trainer = JaxTrainer(cfg, SMALL_TRAIN, recipe, device=device)
     states = jax.tree.leaves(trainer.fp8_states, is_leaf=lambda s: hasattr(s, "amax_history"))
     histories = {tuple(s.amax_history.shape) for s in states}
-    batch = jax.device_put(trainer.sampler.next(), device)
-    program = _train_step.lower(
-        trainer.params, trainer.fp8_states, trainer.opt_state, batch, np.float32(1e-3), None,
-        model_cfg=trainer.model_cfg, train_cfg=trainer.train_cfg, recipe=trainer.recipe,
-        layers=trainer.layers, attention_impl=trainer.attention_impl).compile().as_text()
+    program = _lowered(trainer).compile().as_text()
     moves = []
     for line in program.splitlines():
         m = _INSTRUCTION.search(line)
@@ -81,3 +86,21 @@ def test_the_gpu_step_moves_no_fp8_array_or_scaling_state(recipe, experts):
         pytest.skip("needs a CUDA GPU and fp8kit built with CUDA")
     cfg = dataclasses.replace(SMALL, experts=experts, top_k=2 if experts else SMALL.top_k)
     assert _moves(RECIPES[recipe], cfg, gpu) == []
+
+
+# The FP8 layers' kernels in model_params' layout (a dense config).
+_FP8_KERNELS = ("wqkv", "wo", "w_gate_up", "w_down")
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_the_fp8_layers_take_the_float32_kernels_as_they_are(recipe):
+    """Each FP8 layer's kernel reaches fp8kit's calls as the float32 master
+    weight: the step converts none of them (a bf16 copy of a kernel would
+    cost a pass over it each step, and its gradient another). The step's
+    arguments start with the params' leaves, in tree order."""
+    trainer = JaxTrainer(SMALL, SMALL_TRAIN, RECIPES[recipe], device=jax.devices("cpu")[0])
+    leaves = jax.tree_util.tree_flatten_with_path(trainer.params)[0]
+    kernels = {i for i, (path, _) in enumerate(leaves) if path[-1].key in _FP8_KERNELS}
+    converted = {int(n) for n in re.findall(r"stablehlo\.convert %arg(\d+) ",
+                                            _lowered(trainer).as_text())}
+    assert len(kernels) == 4 * SMALL.layers and not kernels & converted
