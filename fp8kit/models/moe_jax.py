@@ -63,10 +63,11 @@ def load_balancing_loss(scores, counts, top_k: int, axis_name=None):
 
 def _experts(x, kernel, counts, recipe, state=None, statistics=None):
     """x [pairs, in] @ each expert's kernel [E, in, out] over its pairs;
-    statistics: the call's statistics rows, or None."""
-    kernel = kernel.astype(BF16)
+    statistics: the call's statistics rows, or None. The FP8 layer takes
+    the float32 kernel as it is (one rounding, no bf16 copy of every
+    expert's kernel each step), as project() hands the dense layers theirs."""
     if recipe is None:
-        return jax.lax.ragged_dot(x, kernel, counts)
+        return jax.lax.ragged_dot(x, kernel.astype(BF16), counts)
     return fj.grouped_dense(x, kernel, counts, state=state, recipe=recipe, statistics=statistics)
 
 

@@ -48,6 +48,11 @@ grouped_gemm_contract: wgrad, over each expert's tokens). Backward keeps
 x and w in FP8 only. The bias gradient is each expert's sum of the
 output gradient, in float32.
 
+Under torch.autocast the input and the bias take its dtype; the weight
+too under BlockScaling, while the per-tensor recipes cast a float32
+weight to FP8 as it is and give it a float32 gradient, as
+fp8kit.torch.Linear does.
+
 Outside autocast the layer runs in high precision: torch._grouped_mm on
 CUDA for bfloat16 where PyTorch has it, else one matmul per expert.
 Under BlockScaling (1x128 tiles for x and dy, 128x128 blocks for each
@@ -122,12 +127,18 @@ class GroupedLinear(torch.nn.Module):
         x = _check_input(input, self.in_features)
         sizes = _group_sizes(group_sizes, self.num_experts, x)
         weight, bias = self.weight, self.bias
+        recipe = _AUTOCAST.recipe
+        # As fp8kit.torch.Linear: the per-tensor recipes cast a float32
+        # (master) weight to FP8 as it is, one rounding and no copy of all
+        # the experts' weights in the autocast dtype each step.
+        master = torch.is_autocast_enabled(x.device.type) and weight.dtype == torch.float32 \
+            and type(recipe) in (CurrentScaling, DelayedScaling)
         if torch.is_autocast_enabled(x.device.type):
             dtype = torch.get_autocast_dtype(x.device.type)
-            x, weight = x.to(dtype), weight.to(dtype)
+            x = x.to(dtype)
+            weight = weight if master else weight.to(dtype)
             bias = None if bias is None else bias.to(dtype)
-        _check_dtypes(x, weight, bias)
-        recipe = _AUTOCAST.recipe
+        _check_dtypes(x, weight, bias, master)
         if recipe is not None:
             _check_fp8_dims(weight)
         inspect = self._fp8_inspect
@@ -289,8 +300,10 @@ class _Config(NamedTuple):
     amax_reduction: str    # DelayedScaling
 
 
-def _check_dtypes(x, weight, bias) -> None:
+def _check_dtypes(x, weight, bias, master_weight: bool) -> None:
     for name, t in (("weight", weight), ("bias", bias)):
+        if name == "weight" and master_weight:
+            continue
         if t is not None and t.dtype != x.dtype:
             raise RuntimeError(f"{_NAME}: input has dtype {x.dtype} but {name} has dtype "
                                f"{t.dtype}; they must match (convert one, or run under "
@@ -386,7 +399,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
                                               dy.dtype)
             if wgrad:
                 dw = _ops.grouped_gemm_contract(dy_cw, dy_sinv, x_cw, x_sinv, sizes,
-                                                dy.shape[0], dy.dtype)
+                                                dy.shape[0], ctx.weight_dtype)
         if need_b:
             db = bias_grad(dy, sizes).to(ctx.bias_dtype)
         return dx, dw, db, None, None, None, None
@@ -418,6 +431,7 @@ def _forward(ctx, x, weight, bias, sizes, cfg, state, stats):
         # The state is not saved: the backward's cast updates the buffers.
         ctx.state, ctx.stats = state, stats
         ctx.bias_dtype = None if bias is None else bias.dtype
+        ctx.weight_dtype = weight.dtype
         w_kept = w_cw[:experts * k * n].view(experts, k, n) if cfg.dgrad else None
         ctx.save_for_backward(x_cw if cfg.wgrad else None, x_sinv, w_kept, w_sinv, sizes)
     return y

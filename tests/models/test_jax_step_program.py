@@ -88,17 +88,20 @@ def test_the_gpu_step_moves_no_fp8_array_or_scaling_state(recipe, experts):
     assert _moves(RECIPES[recipe], cfg, gpu) == []
 
 
-# The FP8 layers' kernels in model_params' layout (a dense config).
+# The FP8 layers' kernels in model_params' layout (with a recipe; in a
+# mixture of experts w_gate_up and w_down hold every expert's kernel).
 _FP8_KERNELS = ("wqkv", "wo", "w_gate_up", "w_down")
 
 
+@pytest.mark.parametrize("experts", [0, 4])
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_the_fp8_layers_take_the_float32_kernels_as_they_are(recipe):
+def test_the_fp8_layers_take_the_float32_kernels_as_they_are(recipe, experts):
     """Each FP8 layer's kernel reaches fp8kit's calls as the float32 master
     weight: the step converts none of them (a bf16 copy of a kernel would
     cost a pass over it each step, and its gradient another). The step's
     arguments start with the params' leaves, in tree order."""
-    trainer = JaxTrainer(SMALL, SMALL_TRAIN, RECIPES[recipe], device=jax.devices("cpu")[0])
+    cfg = dataclasses.replace(SMALL, experts=experts, top_k=2 if experts else SMALL.top_k)
+    trainer = JaxTrainer(cfg, SMALL_TRAIN, RECIPES[recipe], device=jax.devices("cpu")[0])
     leaves = jax.tree_util.tree_flatten_with_path(trainer.params)[0]
     kernels = {i for i, (path, _) in enumerate(leaves) if path[-1].key in _FP8_KERNELS}
     converted = {int(n) for n in re.findall(r"stablehlo\.convert %arg(\d+) ",

@@ -83,6 +83,41 @@ def test_equals_one_linear_per_expert(device, dtype, sizes):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", [CurrentScaling(), DelayedScaling(amax_history_len=4)],
+                         ids=lambda r: type(r).__name__)
+def test_under_torch_autocast_a_float32_weight_is_a_master_weight(device, recipe):
+    """As fp8kit.torch.Linear: under torch.autocast(bf16) the per-tensor
+    recipes cast the float32 weight to FP8 as it is, so each expert still
+    computes one Linear's bits; the output has the autocast dtype and the
+    weight gradient the weight's."""
+    dev = device_of(device)
+    sizes = [5, 0, 37, 16]
+    layer = make(len(sizes), 32, 48, device=dev)
+    x, dy = inputs(sizes, 32, 48, device=dev)
+    dy = dy.bfloat16()
+    with torch.autocast(dev.type, dtype=torch.bfloat16):
+        got = run(layer, x, dy, sizes, recipe)
+        want = per_expert_linears(layer, x, dy, sizes, recipe)
+    assert got[0].dtype == torch.bfloat16 and got[2].dtype == torch.float32
+    for g, w in zip(got[:3], want[:3]):
+        assert_bits_equal(g, w)
+
+
+def test_under_torch_autocast_the_weight_is_cast_from_float32_not_from_bf16():
+    """1.0625 + 2**-12 at scale 1 (amax 448) rounds to 1.125 in E4M3, but to
+    bf16's 1.0625 first, a tie E4M3 rounds to 1.0: each output of a ones
+    input tells one rounding (448 + 255 x 1.125) from two (448 + 255)."""
+    k = 256
+    layer = make(2, k, 16, bias=False)
+    with torch.no_grad():
+        layer.weight.fill_(1.0625 + 2.0 ** -12)
+        layer.weight[:, :, 0] = 448.0
+    with torch.autocast("cpu", dtype=torch.bfloat16), autocast(recipe=RECIPE):
+        y = layer(torch.ones(32, k), [16, 16]).float()
+    assert torch.allclose(y, torch.full_like(y, 448 + (k - 1) * 1.125), rtol=1e-2), y[0, :4]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_close_to_high_precision(device):
     dev = device_of(device)
     sizes = [40, 3, 0, 21]
