@@ -247,15 +247,21 @@ def test_dispatcher_ops_pass_opcheck():
                  "max", record))
 
 
-def test_compiles_with_no_graph_break():
+@pytest.mark.parametrize("torch_autocast", [False, True], ids=["float32", "bf16-autocast"])
+def test_compiles_with_no_graph_break(torch_autocast):
+    """Also under torch.autocast, where the float32 weight is a master
+    weight and its gradient comes from the GEMM in float32."""
     sizes = torch.tensor([5, 0, 27])
     layer = make(3, 32, 16)
     compiled = copy.deepcopy(layer)
     counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
     fn = torch.compile(compiled, backend=counter, fullgraph=True)
     x, dy = inputs([5, 0, 27], 32, 16)
-    want = run(layer, x, dy, sizes)
-    got = run_compiled(fn, compiled, x, dy, sizes)
+    if torch_autocast:
+        dy = dy.bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=torch_autocast):
+        want = run(layer, x, dy, sizes)
+        got = run_compiled(fn, compiled, x, dy, sizes)
     for g, w in zip(got, want):
         assert_bits_equal(g, w)
     assert counter.frame_count == 1
